@@ -1,0 +1,164 @@
+//! Per-request token sampling.
+//!
+//! Order of operations (vLLM's): repetition / presence / frequency penalties on the raw logits,
+//! then (unless greedy) temperature, top-k, top-p, min-p, and a draw from the request's own
+//! seeded [`Rng`]. Greedy picks the lowest index among equal maxima.
+//!
+//! Cost: greedy and penalties are `O(vocab)`; top-k/top-p select candidates with
+//! `select_nth_unstable` and sort only those, so a step never sorts the whole vocabulary unless
+//! top-p needs more than the best [`TOP_P_FIRST_GUESS`] tokens to reach its mass.
+
+use std::collections::{HashMap, HashSet};
+
+use kiln_core::{SamplingParams, TokenId};
+
+use crate::Rng;
+
+/// Candidates sorted first when top-p is on and top-k is not.
+const TOP_P_FIRST_GUESS: usize = 512;
+
+/// Sampling state of one request.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Output token → occurrences (presence / frequency penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Prompt and output tokens seen (repetition penalty).
+    seen: HashSet<u32>,
+    /// `(token, logit)` scratch reused across steps.
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// `seed` is used when the params carry none.
+    pub fn new(params: SamplingParams, prompt: &[u32], seed: u64) -> Self {
+        let rng = Rng::new(params.seed.unwrap_or(seed));
+        let seen = if params.repetition_penalty == 1.0 {
+            HashSet::new()
+        } else {
+            prompt.iter().copied().collect()
+        };
+        Self { params, rng, output_counts: HashMap::new(), seen, candidates: Vec::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a generated token (call after each sample, or for teacher-forced tokens).
+    pub fn observe(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+    }
+
+    /// Picks the next token from `logits` (modified in place by penalties and temperature).
+    pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
+        self.apply_penalties(logits);
+        let token =
+            if self.params.is_greedy() { argmax(logits) } else { self.sample_random(logits) };
+        self.observe(token);
+        TokenId(token)
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &count) in &self.output_counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+
+    fn sample_random(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, l)| (i as u32, l * inv_t)),
+        );
+        if cands.is_empty() {
+            return 0;
+        }
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < cands.len() {
+            cands.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            cands.truncate(p.top_k);
+        }
+        let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let total: f64 = cands.iter().map(|c| f64::from((c.1 - max).exp())).sum();
+        if p.top_p < 1.0 {
+            let target = f64::from(p.top_p) * total;
+            let mut guess = TOP_P_FIRST_GUESS.min(cands.len());
+            loop {
+                if guess < cands.len() {
+                    cands.select_nth_unstable_by(guess - 1, by_logit_desc);
+                }
+                cands[..guess].sort_unstable_by(by_logit_desc);
+                let mut mass = 0.0f64;
+                let keep = cands[..guess].iter().position(|c| {
+                    mass += f64::from((c.1 - max).exp());
+                    mass >= target
+                });
+                match keep {
+                    Some(last) => {
+                        cands.truncate(last + 1);
+                        break;
+                    }
+                    None if guess == cands.len() => break,
+                    None => guess = cands.len(),
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let threshold = max + p.min_p.ln();
+            cands.retain(|c| c.1 >= threshold);
+        }
+        let kept: f64 = cands.iter().map(|c| f64::from((c.1 - max).exp())).sum();
+        let mut u = self.rng.next_f64() * kept;
+        for &(token, logit) in cands.iter() {
+            u -= f64::from((logit - max).exp());
+            if u < 0.0 {
+                return token;
+            }
+        }
+        cands.last().map_or(0, |c| c.0)
+    }
+}
+
+/// Index of the largest value (lowest index among ties; NaN never wins).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_val = f32::NEG_INFINITY;
+    for (i, &v) in values.iter().enumerate() {
+        if v > best_val {
+            best = i;
+            best_val = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests;

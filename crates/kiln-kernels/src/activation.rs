@@ -1,0 +1,66 @@
+//! Gated MLP activations: `gate = act(gate) * up`, element-wise over `[rows, intermediate]`.
+
+use crate::ThreadPool;
+use crate::thread_pool::SharedMut;
+
+/// Elements per parallel task.
+const CHUNK: usize = 16 * 1024;
+
+/// The gate nonlinearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateActivation {
+    /// `x * sigmoid(x)` (Llama, Mistral, Qwen).
+    Silu,
+    /// GeLU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl GateActivation {
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Self::Silu => x / (1.0 + (-x).exp()),
+            Self::GeluTanh => {
+                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+            }
+        }
+    }
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`.
+pub fn gated_act_inplace(pool: &ThreadPool, act: GateActivation, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    let len = gate.len();
+    let g = SharedMut::new(gate);
+    pool.run(len.div_ceil(CHUNK), |task| {
+        let start = task * CHUNK;
+        let end = (start + CHUNK).min(len);
+        // SAFETY: each task owns elements start..end.
+        let gs = unsafe { g.slice(start, end - start) };
+        for (gv, uv) in gs.iter_mut().zip(&up[start..end]) {
+            *gv = act.apply(*gv) * uv;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_values() {
+        let silu = GateActivation::Silu;
+        assert!((silu.apply(0.0)).abs() < 1e-7);
+        assert!((silu.apply(2.0) - 1.761_594_2).abs() < 1e-6);
+        let gelu = GateActivation::GeluTanh;
+        assert!((gelu.apply(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu.apply(-3.0) - -0.003_637_3).abs() < 1e-5);
+        let pool = ThreadPool::new(2);
+        let mut g: Vec<f32> = (0..40_000).map(|i| i as f32 / 10_000.0 - 2.0).collect();
+        let up = vec![2.0; g.len()];
+        let want: Vec<f32> = g.iter().map(|v| silu.apply(*v) * 2.0).collect();
+        gated_act_inplace(&pool, silu, &mut g, &up);
+        assert_eq!(g, want);
+    }
+}

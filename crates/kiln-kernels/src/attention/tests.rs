@@ -1,0 +1,131 @@
+use super::*;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Naive attention over contiguous per-sequence K/V `[len, kv_heads, hd]`.
+fn reference(q: &[f32], k: &[f32], v: &[f32], position: usize, shape: &AttentionShape) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.num_heads / shape.num_kv_heads;
+    let lo = shape.sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
+    let mut out = vec![0.0; shape.num_heads * hd];
+    for h in 0..shape.num_heads {
+        let kvh = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let scores: Vec<f64> = (lo..=position)
+            .map(|j| {
+                let kj = &k[(j * shape.num_kv_heads + kvh) * hd..][..hd];
+                let mut s = qh.iter().zip(kj).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+                    * f64::from(shape.scale);
+                if let Some(cap) = shape.softcap {
+                    s = f64::from(cap) * (s / f64::from(cap)).tanh();
+                }
+                s
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = exps.iter().sum();
+        for (e, j) in exps.iter().zip(lo..=position) {
+            let vj = &v[(j * shape.num_kv_heads + kvh) * hd..][..hd];
+            for d in 0..hd {
+                out[h * hd + d] += (e / total * f64::from(vj[d])) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn paged_varlen_batch_matches_naive_attention() {
+    let pool = ThreadPool::new(2);
+    for (window, softcap) in [(None, None), (Some(5), None), (None, Some(3.0))] {
+        let shape = AttentionShape {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 20,
+            block_size: 4,
+            scale: 0.3,
+            sliding_window: window,
+            softcap,
+        };
+        let kv_row = shape.num_kv_heads * shape.head_dim;
+        let q_row = shape.num_heads * shape.head_dim;
+        // (context_len, query_len): a decode, a prefill, a chunk continuing a prefill.
+        let specs = [(9usize, 1usize), (7, 7), (13, 5)];
+        let num_blocks = 16;
+        let mut k_cache = vec![f32::NAN; num_blocks * shape.block_size * kv_row];
+        let mut v_cache = k_cache.clone();
+        // Physical blocks handed out in a scrambled order.
+        let mut free: Vec<u32> = (0..num_blocks as u32).rev().collect();
+        free.swap(0, 5);
+        let mut tables: Vec<Vec<u32>> = Vec::new();
+        let mut contiguous = Vec::new();
+        for (s, &(ctx, _)) in specs.iter().enumerate() {
+            let table: Vec<u32> =
+                (0..ctx.div_ceil(shape.block_size)).map(|_| free.pop().unwrap()).collect();
+            let k = values(ctx * kv_row, 10 + s as u64);
+            let v = values(ctx * kv_row, 20 + s as u64);
+            let slots: Vec<u32> = (0..ctx)
+                .map(|j| table[j / shape.block_size] * shape.block_size as u32 + (j % 4) as u32)
+                .collect();
+            write_kv(&k, &v, &slots, &mut k_cache, &mut v_cache);
+            tables.push(table);
+            contiguous.push((k, v));
+        }
+        let mut seqs = Vec::new();
+        let mut flat_tables = Vec::new();
+        let mut start = 0;
+        for (s, &(ctx, qlen)) in specs.iter().enumerate() {
+            seqs.push(AttentionSeq {
+                query_start: start,
+                query_len: qlen,
+                context_len: ctx,
+                block_table_start: flat_tables.len(),
+            });
+            flat_tables.extend_from_slice(&tables[s]);
+            start += qlen;
+        }
+        let q = values(start * q_row, 99);
+        let mut out = vec![f32::NAN; start * q_row];
+        paged_attention(&pool, &q, &k_cache, &v_cache, &seqs, &flat_tables, &shape, &mut out);
+        for (s, seq) in seqs.iter().enumerate() {
+            for i in 0..seq.query_len {
+                let t = seq.query_start + i;
+                let position = seq.context_len - seq.query_len + i;
+                let (k, v) = &contiguous[s];
+                let want = reference(&q[t * q_row..(t + 1) * q_row], k, v, position, &shape);
+                for (g, w) in out[t * q_row..(t + 1) * q_row].iter().zip(&want) {
+                    assert!((g - w).abs() < 1e-5, "window {window:?} seq {s} token {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shape_validation() {
+    let mut shape = AttentionShape {
+        num_heads: 6,
+        num_kv_heads: 4,
+        head_dim: 8,
+        block_size: 16,
+        scale: 1.0,
+        sliding_window: None,
+        softcap: None,
+    };
+    assert!(shape.validate().is_err());
+    shape.num_kv_heads = 3;
+    assert!(shape.validate().is_ok());
+    shape.block_size = 0;
+    assert!(shape.validate().is_err());
+}

@@ -1,0 +1,26 @@
+//! CPU kernels of kiln.
+//!
+//! Every kernel has a scalar reference (`*_scalar`) and, where it matters, AVX-512 and AVX2
+//! variants chosen once at run time ([`SimdLevel::detect`]). Tests compare each SIMD variant
+//! with the scalar reference over odd sizes so tails (`n % lanes != 0`) are covered.
+//!
+//! Activations are `f32` row-major buffers; shapes are stated at every entry point. Weights are
+//! [`WeightMatrix`] values in their stored format (f32, f16, bf16), possibly memory-mapped.
+//! Parallel kernels run on a persistent [`ThreadPool`]; hot paths allocate nothing after their
+//! first call (per-thread scratch only grows).
+
+pub mod activation;
+pub mod attention;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+mod simd;
+pub mod softmax;
+mod storage;
+mod thread_pool;
+pub mod vec_ops;
+
+pub use matmul::{LinearJob, WeightData, WeightMatrix, linear, linear_multi};
+pub use simd::SimdLevel;
+pub use storage::{MappedFile, Storage};
+pub use thread_pool::{SharedMut, ThreadPool};

@@ -1,0 +1,91 @@
+//! RMSNorm: `out = x / sqrt(mean(x²) + eps) * weight`, row by row.
+//!
+//! Gemma-style norms scale by `(1 + w)`; loaders fold the `1 +` into the weight so one kernel
+//! serves both. The same kernel normalises per head (q/k norm) with `rows = tokens × heads`.
+
+use crate::thread_pool::SharedMut;
+use crate::{ThreadPool, vec_ops};
+
+/// Rows per parallel task; below one task's worth the pool is not used.
+const ROWS_PER_TASK: usize = 16;
+
+/// `out[rows, d] = rmsnorm(x[rows, d]) * weight[d]`.
+pub fn rms_norm(pool: &ThreadPool, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    assert!(d > 0 && x.len() == out.len() && x.len().is_multiple_of(d));
+    let rows = x.len() / d;
+    let out_ptr = SharedMut::new(out);
+    pool.run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(rows);
+        for r in r0..r1 {
+            // SAFETY: each task writes only its own rows r0..r1.
+            let o = unsafe { out_ptr.slice(r * d, d) };
+            rms_norm_row(&x[r * d..(r + 1) * d], weight, eps, o);
+        }
+    });
+}
+
+/// In-place variant of [`rms_norm`].
+pub fn rms_norm_inplace(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    assert!(d > 0 && x.len().is_multiple_of(d));
+    let rows = x.len() / d;
+    let x_ptr = SharedMut::new(x);
+    pool.run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(rows);
+        for r in r0..r1 {
+            // SAFETY: each task touches only its own rows r0..r1.
+            let row = unsafe { x_ptr.slice(r * d, d) };
+            let inv = inv_rms(row, eps);
+            for (v, w) in row.iter_mut().zip(weight) {
+                *v = *v * inv * w;
+            }
+        }
+    });
+}
+
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let mean_sq = vec_ops::dot(x, x) / x.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
+/// One row; also the scalar reference.
+pub fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = inv_rms(x, eps);
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_definition_and_inplace_agrees() {
+        let pool = ThreadPool::new(2);
+        for d in [1usize, 7, 64, 129] {
+            let rows = 37;
+            let x: Vec<f32> =
+                (0..rows * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+            let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 / d as f32).collect();
+            let mut out = vec![0.0; rows * d];
+            rms_norm(&pool, &x, &w, 1e-6, &mut out);
+            for r in 0..rows {
+                let row = &x[r * d..(r + 1) * d];
+                let ms: f64 =
+                    row.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / d as f64;
+                let inv = 1.0 / (ms + 1e-6).sqrt();
+                for c in 0..d {
+                    let want = f64::from(row[c]) * inv * f64::from(w[c]);
+                    assert!((f64::from(out[r * d + c]) - want).abs() < 1e-5 * (1.0 + want.abs()));
+                }
+            }
+            let mut y = x.clone();
+            rms_norm_inplace(&pool, &mut y, &w, 1e-6);
+            assert_eq!(y, out);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Rotary position embeddings.
+//!
+//! Frequencies: `inv_freq[i] = base^(-2i / rotary_dim)`, optionally rescaled (linear, Llama 3).
+//! The angle of pair `i` at position `p` is `p * inv_freq[i]` computed in f32, as the reference
+//! implementations do. Two pairings exist:
+//! - [`RopeStyle::Neox`]: element `i` pairs with `i + rotary_dim / 2` (HF `rotate_half`);
+//! - [`RopeStyle::Interleaved`]: element `2i` pairs with `2i + 1` (GPT-J, llama.cpp "norm").
+
+use crate::ThreadPool;
+use crate::thread_pool::SharedMut;
+
+/// Tokens per parallel task.
+const TOKENS_PER_TASK: usize = 8;
+/// Largest supported rotary dimension (stack buffers for cos/sin).
+pub const MAX_ROTARY_DIM: usize = 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    Neox,
+    Interleaved,
+}
+
+/// Frequency scaling applied on top of the base frequencies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1: long wavelengths divided by `factor`, short kept, a smooth ramp between.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: f32,
+    },
+}
+
+/// Precomputed rotary parameters of one attention layer.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+}
+
+impl Rope {
+    /// `rotary_dim` must be even and at most [`MAX_ROTARY_DIM`].
+    pub fn new(base: f32, rotary_dim: usize, scaling: RopeScaling, style: RopeStyle) -> Self {
+        assert!(rotary_dim.is_multiple_of(2) && rotary_dim <= MAX_ROTARY_DIM && rotary_dim > 0);
+        let half = rotary_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / rotary_dim as f32;
+                1.0 / base.powf(exponent)
+            })
+            .collect();
+        match scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => {
+                let low_freq_wavelen = original_max_position / low_freq_factor;
+                let high_freq_wavelen = original_max_position / high_freq_factor;
+                for f in &mut inv_freq {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    if wavelen > low_freq_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_freq_wavelen {
+                        let smooth = (original_max_position / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+        }
+        Self { inv_freq, style }
+    }
+
+    pub fn rotary_dim(&self) -> usize {
+        self.inv_freq.len() * 2
+    }
+
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// Rotates `x[num_tokens, num_heads, head_dim]` in place; token `t` sits at `positions[t]`.
+    /// Only the first `rotary_dim` elements of each head rotate.
+    pub fn apply(&self, pool: &ThreadPool, x: &mut [f32], num_heads: usize, positions: &[u32]) {
+        let num_tokens = positions.len();
+        if num_tokens == 0 {
+            return;
+        }
+        assert!(x.len().is_multiple_of(num_tokens * num_heads));
+        let head_dim = x.len() / (num_tokens * num_heads);
+        assert!(self.rotary_dim() <= head_dim);
+        let row = num_heads * head_dim;
+        let ptr = SharedMut::new(x);
+        pool.run(num_tokens.div_ceil(TOKENS_PER_TASK), |task| {
+            let t0 = task * TOKENS_PER_TASK;
+            let t1 = (t0 + TOKENS_PER_TASK).min(num_tokens);
+            for (t, &position) in positions.iter().enumerate().take(t1).skip(t0) {
+                // SAFETY: each task owns rows t0..t1.
+                let xs = unsafe { ptr.slice(t * row, row) };
+                self.rotate_token(xs, num_heads, head_dim, position);
+            }
+        });
+    }
+
+    /// Rotates all heads of one token (`x` is `[num_heads, head_dim]`).
+    pub fn rotate_token(&self, x: &mut [f32], num_heads: usize, head_dim: usize, position: u32) {
+        let half = self.inv_freq.len();
+        let mut cos = [0.0f32; MAX_ROTARY_DIM / 2];
+        let mut sin = [0.0f32; MAX_ROTARY_DIM / 2];
+        let pos = position as f32;
+        for i in 0..half {
+            let angle = pos * self.inv_freq[i];
+            (sin[i], cos[i]) = angle.sin_cos();
+        }
+        for h in 0..num_heads {
+            let head = &mut x[h * head_dim..(h + 1) * head_dim];
+            match self.style {
+                RopeStyle::Neox => {
+                    for i in 0..half {
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * cos[i] - b * sin[i];
+                        head[i + half] = b * cos[i] + a * sin[i];
+                    }
+                }
+                RopeStyle::Interleaved => {
+                    for i in 0..half {
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * cos[i] - b * sin[i];
+                        head[2 * i + 1] = b * cos[i] + a * sin[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_preserves_norm_and_position_zero_is_identity() {
+        let pool = ThreadPool::new(2);
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            let rope = Rope::new(10_000.0, 8, RopeScaling::None, style);
+            let orig: Vec<f32> = (0..2 * 3 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut x = orig.clone();
+            rope.apply(&pool, &mut x, 3, &[0, 5]);
+            assert_eq!(&x[..24], &orig[..24]);
+            let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+            assert!((norm(&x[24..]) - norm(&orig[24..])).abs() < 1e-4);
+            assert_ne!(&x[24..], &orig[24..]);
+        }
+    }
+
+    #[test]
+    fn relative_property_q_dot_k_depends_on_distance_only() {
+        let rope = Rope::new(10_000.0, 16, RopeScaling::None, RopeStyle::Neox);
+        let q: Vec<f32> = (0..16).map(|i| (i as f32).cos()).collect();
+        let k: Vec<f32> = (0..16).map(|i| (i as f32 * 0.5).sin()).collect();
+        let score = |pq: u32, pk: u32| {
+            let (mut a, mut b) = (q.clone(), k.clone());
+            rope.rotate_token(&mut a, 1, 16, pq);
+            rope.rotate_token(&mut b, 1, 16, pk);
+            a.iter().zip(&b).map(|(x, y)| x * y).sum::<f32>()
+        };
+        assert!((score(7, 3) - score(104, 100)).abs() < 1e-3);
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let plain = Rope::new(500_000.0, 16, RopeScaling::None, RopeStyle::Neox);
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 64.0,
+        };
+        let scaled = Rope::new(500_000.0, 16, scaling, RopeStyle::Neox);
+        let (p, s) = (plain.inv_freq(), scaled.inv_freq());
+        assert_eq!(p[0], s[0]);
+        assert!((s[7] - p[7] / 8.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,57 @@
+//! Errors of loading and running models. Every message names the file and, where there is one,
+//! the tensor.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Format { path: PathBuf, message: String },
+    #[error("{path}: invalid config: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("{path}: unsupported architecture `{name}` (supported: {supported})")]
+    UnsupportedArchitecture { path: PathBuf, name: String, supported: &'static str },
+    #[error("tensor `{name}` not found in {path}")]
+    MissingTensor { path: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
+    Dtype { path: PathBuf, name: String, dtype: String },
+    #[error("{path}: tokenizer: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+}
+
+impl LoadError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn format(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self::Format { path: path.into(), message: message.into() }
+    }
+
+    pub(crate) fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self::Config { path: path.into(), message: message.into() }
+    }
+}
+
+/// A batch the model cannot run (the engine validates first; this is the last line).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
+    TokenOutOfVocab { token: u32, vocab_size: usize },
+    #[error("block table of sequence {seq} covers {covered} tokens, needs {needed}")]
+    BlockTableTooShort { seq: usize, covered: usize, needed: usize },
+    #[error("block id {block} is outside the KV cache ({num_blocks} blocks)")]
+    BlockOutOfRange { block: u32, num_blocks: usize },
+    #[error("KV cache layout does not match the model: {0}")]
+    KvLayout(String),
+    #[error("malformed batch: {0}")]
+    Batch(String),
+}

@@ -1,0 +1,27 @@
+//! Models of kiln: loading weights, configs and tokenizers, and stateless forward passes over
+//! a paged KV cache that the caller owns.
+//!
+//! Invariants:
+//! - a model never owns KV memory: [`PagedKvCache`] is passed to every [`Model::forward`];
+//! - every file is validated with checked arithmetic before use; bad input yields a
+//!   [`LoadError`] naming the file and tensor, never a panic or an out-of-bounds read;
+//! - `forward` allocates nothing once its [`ForwardScratch`] has grown to the batch size.
+
+mod batch;
+mod config;
+mod error;
+mod kv_cache;
+mod llama;
+mod loader;
+mod model;
+mod safetensors_store;
+mod tokenizer;
+
+pub use batch::{BatchSeq, ForwardBatch, LogitsWanted};
+pub use config::{Architecture, ModelConfig};
+pub use error::{ForwardError, LoadError};
+pub use kv_cache::{KvLayout, PagedKvCache};
+pub use loader::{LoadedModel, load_model};
+pub use model::{ForwardScratch, Logits, Model};
+pub use safetensors_store::WeightStore;
+pub use tokenizer::{GenerationDefaults, Tokenizer};

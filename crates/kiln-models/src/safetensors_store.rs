@@ -1,0 +1,289 @@
+//! Memory-mapped safetensors weights, one file or a sharded set with an index.
+//!
+//! Format: `u64` little-endian header length `N`, `N` bytes of JSON mapping tensor names to
+//! `{dtype, shape, data_offsets: [begin, end]}` (offsets relative to the data section that
+//! follows the header). Every header is checked before any tensor is touched: `N` within the
+//! file and a sane cap, offsets ordered and inside the data section, byte sizes equal to
+//! `product(shape) * dtype size` with checked arithmetic. Tensor data is then viewed in place
+//! when aligned, copied otherwise.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use kiln_kernels::{MappedFile, Storage, WeightData, WeightMatrix};
+use serde_json::Value;
+
+use crate::LoadError;
+
+/// Largest header we accept (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
+const MAX_RANK: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    /// Stored in the file but not loadable as a weight (integers, f64, fp8, ...).
+    Other,
+}
+
+impl Dtype {
+    fn parse(s: &str) -> (Self, usize) {
+        match s {
+            "F32" => (Self::F32, 4),
+            "F16" => (Self::F16, 2),
+            "BF16" => (Self::Bf16, 2),
+            "F64" | "I64" | "U64" => (Self::Other, 8),
+            "I32" | "U32" => (Self::Other, 4),
+            "I16" | "U16" => (Self::Other, 2),
+            _ => (Self::Other, 1),
+        }
+    }
+}
+
+struct TensorEntry {
+    file: usize,
+    dtype: Dtype,
+    dtype_name: String,
+    shape: Vec<usize>,
+    /// Absolute byte offset of the data in the file.
+    start: usize,
+    num_elements: usize,
+}
+
+/// All tensors of a model, across its shards.
+pub struct WeightStore {
+    files: Vec<Arc<MappedFile>>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+impl WeightStore {
+    /// Opens `model.safetensors.index.json` and its shards, or `model.safetensors`.
+    pub fn open_dir(dir: &Path) -> Result<Self, LoadError> {
+        let index = dir.join("model.safetensors.index.json");
+        if index.exists() {
+            let shards = shard_files(&index)?;
+            return Self::open_files(&shards.iter().map(|s| dir.join(s)).collect::<Vec<_>>());
+        }
+        let single = dir.join("model.safetensors");
+        if single.exists() {
+            return Self::open_files(&[single]);
+        }
+        Err(LoadError::format(dir, "no model.safetensors or model.safetensors.index.json"))
+    }
+
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
+        let mut store = Self { files: Vec::new(), tensors: HashMap::new() };
+        for path in paths {
+            let file = Arc::new(MappedFile::open(path).map_err(|e| LoadError::io(path, e))?);
+            let file_idx = store.files.len();
+            for (name, entry) in parse_header(file.bytes(), path, file_idx)? {
+                if store.tensors.insert(name.clone(), entry).is_some() {
+                    return Err(LoadError::format(
+                        path,
+                        format!("tensor `{name}` appears in more than one shard"),
+                    ));
+                }
+            }
+            store.files.push(file);
+        }
+        Ok(store)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn entry(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
+        let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
+            path: self.describe_files(),
+            name: name.to_string(),
+        })?;
+        let path = self.files[entry.file].path();
+        if entry.shape != expected {
+            return Err(LoadError::Shape {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        if entry.dtype == Dtype::Other {
+            return Err(LoadError::Dtype {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                dtype: entry.dtype_name.clone(),
+            });
+        }
+        Ok(entry)
+    }
+
+    fn describe_files(&self) -> PathBuf {
+        match self.files.as_slice() {
+            [one] => one.path().to_path_buf(),
+            many => many.first().and_then(|f| f.path().parent()).unwrap_or(Path::new("")).into(),
+        }
+    }
+
+    /// A `[rows, cols]` weight in its stored dtype, zero-copy when aligned.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError> {
+        let entry = self.entry(name, &[rows, cols])?;
+        let data = self.weight_data(entry);
+        WeightMatrix::new(rows, cols, data).ok_or_else(|| {
+            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` size"))
+        })
+    }
+
+    /// A 1-D tensor of `len` elements converted to f32 (norm weights, biases).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        let entry = self.entry(name, &[len])?;
+        let matrix = WeightMatrix::new(1, len, self.weight_data(entry)).ok_or_else(|| {
+            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` size"))
+        })?;
+        let mut out = vec![0.0; len];
+        matrix.row_to_f32(0, &mut out);
+        Ok(out)
+    }
+
+    fn weight_data(&self, entry: &TensorEntry) -> WeightData {
+        let file = &self.files[entry.file];
+        let n = entry.num_elements;
+        let bytes = &file.bytes()[entry.start..];
+        match entry.dtype {
+            Dtype::F32 => WeightData::F32(
+                Storage::mapped(Arc::clone(file), entry.start, n)
+                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, f32::from_le_bytes))),
+            ),
+            Dtype::F16 => WeightData::F16(
+                Storage::mapped(Arc::clone(file), entry.start, n)
+                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, f16::from_le_bytes))),
+            ),
+            Dtype::Bf16 | Dtype::Other => WeightData::Bf16(
+                Storage::mapped(Arc::clone(file), entry.start, n)
+                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, bf16::from_le_bytes))),
+            ),
+        }
+    }
+}
+
+/// Copies `n` little-endian elements out of unaligned bytes.
+fn decode<T, const B: usize>(bytes: &[u8], n: usize, f: fn([u8; B]) -> T) -> Vec<T> {
+    bytes[..n * B].chunks_exact(B).map(|c| f(c.try_into().unwrap_or([0; B]))).collect()
+}
+
+/// Shard file names listed in an index's `weight_map`, deduplicated, in first-seen order.
+fn shard_files(index: &Path) -> Result<Vec<String>, LoadError> {
+    let text = std::fs::read_to_string(index).map_err(|e| LoadError::io(index, e))?;
+    let json: Value = serde_json::from_str(&text)
+        .map_err(|e| LoadError::format(index, format!("not valid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| LoadError::format(index, "missing `weight_map` object"))?;
+    let mut files: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            LoadError::format(index, format!("weight_map entry `{tensor}` is not a file name"))
+        })?;
+        if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+            return Err(LoadError::format(
+                index,
+                format!("shard name `{file}` is not a plain file name"),
+            ));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+        }
+    }
+    if files.is_empty() {
+        return Err(LoadError::format(index, "weight_map lists no shards"));
+    }
+    Ok(files)
+}
+
+/// Parses and validates one file's header.
+fn parse_header(
+    bytes: &[u8],
+    path: &Path,
+    file: usize,
+) -> Result<Vec<(String, TensorEntry)>, LoadError> {
+    let err = |m: String| LoadError::format(path, m);
+    let len_bytes: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| err(format!("file is {} bytes, too short for a header", bytes.len())))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > MAX_HEADER_BYTES || header_len > (bytes.len() - 8) as u64 {
+        return Err(err(format!(
+            "header length {header_len} exceeds the file ({} bytes) or the {MAX_HEADER_BYTES}-byte cap",
+            bytes.len()
+        )));
+    }
+    let data_start = 8 + header_len as usize;
+    let data_len = bytes.len() - data_start;
+    let json: Value = serde_json::from_slice(&bytes[8..data_start])
+        .map_err(|e| err(format!("header is not valid JSON: {e}")))?;
+    let obj = json.as_object().ok_or_else(|| err("header is not a JSON object".into()))?;
+    let mut out = Vec::with_capacity(obj.len());
+    for (name, info) in obj {
+        if name == "__metadata__" {
+            continue;
+        }
+        let terr = |m: &str| err(format!("tensor `{name}`: {m}"));
+        let dtype_name = info
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| terr("missing dtype"))?
+            .to_string();
+        let (dtype, elem_size) = Dtype::parse(&dtype_name);
+        let shape: Vec<usize> = info
+            .get("shape")
+            .and_then(Value::as_array)
+            .ok_or_else(|| terr("missing shape"))?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| terr("shape must be non-negative integers"))?;
+        if shape.len() > MAX_RANK {
+            return Err(terr("rank exceeds 8"));
+        }
+        let offsets: Vec<usize> = info
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .filter(|a| a.len() == 2)
+            .ok_or_else(|| terr("data_offsets must be [begin, end]"))?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| terr("data_offsets must be non-negative integers"))?;
+        let (begin, end) = (offsets[0], offsets[1]);
+        if begin > end || end > data_len {
+            return Err(terr(&format!(
+                "data_offsets [{begin}, {end}] lie outside the {data_len}-byte data section"
+            )));
+        }
+        let num_elements = shape
+            .iter()
+            .try_fold(1usize, |acc, d| acc.checked_mul(*d))
+            .ok_or_else(|| terr("shape product overflows"))?;
+        let num_bytes =
+            num_elements.checked_mul(elem_size).ok_or_else(|| terr("size overflows"))?;
+        if num_bytes != end - begin {
+            return Err(terr(&format!(
+                "shape {shape:?} of {dtype_name} needs {num_bytes} bytes but data_offsets span {}",
+                end - begin
+            )));
+        }
+        out.push((
+            name.clone(),
+            TensorEntry { file, dtype, dtype_name, shape, start: data_start + begin, num_elements },
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,32 @@
+//! The `kiln` command line: `kiln generate` today; `serve`, `bench`, `tune` and `plan` join it.
+
+mod generate;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "An LLM inference server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for one prompt and stream it to stdout.
+    Generate(generate::GenerateArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
