@@ -17,6 +17,8 @@ pub mod rope;
 mod simd;
 pub mod softmax;
 mod storage;
+#[cfg(test)]
+mod testing;
 mod thread_pool;
 pub mod vec_ops;
 

@@ -1,15 +1,7 @@
 use super::*;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    crate::testing::values(n, seed, 2.0)
 }
 
 /// Naive attention over contiguous per-sequence K/V `[len, kv_heads, hd]`.

@@ -1,8 +1,7 @@
-//! Streaming matmul for few activation rows (decode): each weight row is loaded once and
-//! multiplied with up to four activation rows held in registers.
-//!
-//! Tiles are 4 weight rows × `M` activation rows (`M <= 4`), giving `4·M` independent FMA
-//! chains; `k % lanes` tails are finished in scalar code.
+//! The matmul kernel: register tiles of 4 weight rows × `M` activation rows (`M <= 4`), giving
+//! `4·M` independent FMA chains over 16 (AVX-512) or 8 (AVX2) lanes of `k`; `k % lanes` tails
+//! are finished in scalar code. Each weight tile is loaded once for all activation rows of a
+//! row block, so decode streams the weights once per step whatever the batch size.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -47,72 +46,52 @@ pub fn gemv_rows(
         let mut j = rows.start;
         while j < rows.end {
             let nr = if j + 4 <= rows.end { 4 } else { 1 };
-            let mut r = r0;
-            let tile_rows = j..j + nr;
+            let span = j * k..(j + nr) * k;
+            let out_col = out.ptr().wrapping_add(j);
             if convert {
                 TILE.with_borrow_mut(|tile| {
                     if tile.len() < nr * k {
                         tile.resize(nr * k, 0.0);
                     }
-                    super::convert_to_f32(&w.data, j * k..(j + nr) * k, &mut tile[..nr * k]);
-                    while r < r1 {
-                        let mr = (r1 - r).min(4);
-                        let out_tile = out.ptr().wrapping_add(r * n + j);
-                        tile_dispatch(
-                            level,
-                            &x[r * k..(r + mr) * k],
-                            mr,
-                            &tile[..nr * k],
-                            k,
-                            nr,
-                            out_tile,
-                            n,
-                        );
-                        r += mr;
-                    }
+                    super::convert_to_f32(&w.data, span, &mut tile[..nr * k]);
+                    row_groups(level, x, r0..r1, &tile[..nr * k], k, nr, out_col, n);
                 });
             } else {
-                while r < r1 {
-                    let mr = (r1 - r).min(4);
-                    let out_tile = out.ptr().wrapping_add(r * n + j);
-                    let xs = &x[r * k..(r + mr) * k];
-                    match &w.data {
-                        WeightData::F32(s) => tile_dispatch(
-                            level,
-                            xs,
-                            mr,
-                            &s.as_slice()[tile_rows.start * k..tile_rows.end * k],
-                            k,
-                            nr,
-                            out_tile,
-                            n,
-                        ),
-                        WeightData::F16(s) => tile_dispatch(
-                            level,
-                            xs,
-                            mr,
-                            &s.as_slice()[tile_rows.start * k..tile_rows.end * k],
-                            k,
-                            nr,
-                            out_tile,
-                            n,
-                        ),
-                        WeightData::Bf16(s) => tile_dispatch(
-                            level,
-                            xs,
-                            mr,
-                            &s.as_slice()[tile_rows.start * k..tile_rows.end * k],
-                            k,
-                            nr,
-                            out_tile,
-                            n,
-                        ),
+                match &w.data {
+                    WeightData::F32(s) => {
+                        row_groups(level, x, r0..r1, &s.as_slice()[span], k, nr, out_col, n);
                     }
-                    r += mr;
+                    WeightData::F16(s) => {
+                        row_groups(level, x, r0..r1, &s.as_slice()[span], k, nr, out_col, n);
+                    }
+                    WeightData::Bf16(s) => {
+                        row_groups(level, x, r0..r1, &s.as_slice()[span], k, nr, out_col, n);
+                    }
                 }
             }
             j += nr;
         }
+    }
+}
+
+/// Runs one weight tile (`w_tile`, `[nr, k]`) against activation rows `rows` in groups of 4;
+/// `out_col` points at the tile's first column of row 0 of `out[m, n]`.
+fn row_groups<T: TileElem>(
+    level: SimdLevel,
+    x: &[f32],
+    rows: Range<usize>,
+    w_tile: &[T],
+    k: usize,
+    nr: usize,
+    out_col: *mut f32,
+    n: usize,
+) {
+    let mut r = rows.start;
+    while r < rows.end {
+        let mr = (rows.end - r).min(4);
+        let out_tile = out_col.wrapping_add(r * n);
+        tile_dispatch(level, &x[r * k..(r + mr) * k], mr, w_tile, k, nr, out_tile, n);
+        r += mr;
     }
 }
 
