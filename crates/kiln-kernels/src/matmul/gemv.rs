@@ -90,7 +90,7 @@ fn row_groups<T: TileElem>(
     while r < rows.end {
         let mr = (rows.end - r).min(4);
         let out_tile = out_col.wrapping_add(r * n);
-        tile_dispatch(level, &x[r * k..(r + mr) * k], mr, w_tile, k, nr, out_tile, n);
+        T::tile(level, &x[r * k..(r + mr) * k], mr, w_tile, k, nr, out_tile, n);
         r += mr;
     }
 }
@@ -109,21 +109,6 @@ pub trait TileElem: Copy {
         out: *mut f32,
         n: usize,
     );
-}
-
-#[inline]
-fn tile_dispatch<T: TileElem>(
-    level: SimdLevel,
-    x: &[f32],
-    mr: usize,
-    w: &[T],
-    k: usize,
-    nr: usize,
-    out: *mut f32,
-    n: usize,
-) {
-    debug_assert!(x.len() == mr * k && w.len() == nr * k && mr <= 4 && (nr == 1 || nr == 4));
-    T::tile(level, x, mr, w, k, nr, out, n);
 }
 
 /// Scalar reference: `out[i * n + j] = sum_c x[i * k + c] * w[j * k + c]` for `j in rows`.
