@@ -24,4 +24,4 @@ pub use kv_cache::{KvLayout, PagedKvCache};
 pub use loader::{LoadedModel, load_model};
 pub use model::{ForwardScratch, Logits, Model};
 pub use safetensors_store::WeightStore;
-pub use tokenizer::{GenerationDefaults, Tokenizer};
+pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, Tokenizer};

@@ -1,12 +1,31 @@
-//! Tokenizer of a Hugging Face model directory: `tokenizer.json` through the `tokenizers`
-//! crate, plus `tokenizer_config.json` (BOS/EOS, `add_bos_token`, chat template) and
-//! `generation_config.json` (EOS ids, default sampling values).
+//! The tokenizer of a model, with two backends:
+//! - Hugging Face `tokenizers`: a model directory's `tokenizer.json` (plus `tokenizer_config.json`
+//!   for BOS/EOS, `add_bos_token`, chat template, and `generation_config.json` for EOS ids and
+//!   sampling defaults), or a GGUF `"gpt2"` vocabulary built programmatically (`gpt2`);
+//! - our SentencePiece-style BPE for GGUF `"llama"` vocabularies (`spm`).
+//!
+//! Invariants:
+//! - the public API (encode / decode / decode_stream / eos_token_ids / bos_token_id /
+//!   chat_template) behaves the same whatever the backend;
+//! - special tokens in the input text are always matched as whole tokens (parse_special);
+//! - `encode(text, true)` prepends BOS when `add_bos_token` asks for it, unless the text already
+//!   starts with it, and appends EOS when a GGUF file sets `add_eos_token`;
+//! - `eos_token_ids` is sorted and deduplicated.
+
+mod decode_stream;
+mod gguf_vocab;
+mod gpt2;
+mod special_split;
+mod spm;
 
 use std::path::Path;
 
 use serde_json::Value;
 
 use crate::LoadError;
+
+pub use decode_stream::DecodeStream;
+pub use gguf_vocab::GgufVocab;
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -18,11 +37,18 @@ pub struct GenerationDefaults {
 }
 
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    backend: Backend,
     bos_token_id: Option<u32>,
     add_bos_token: Option<bool>,
+    /// EOS to append on `encode(_, true)` (GGUF `add_eos_token`).
+    append_eos: Option<u32>,
     eos_token_ids: Vec<u32>,
     chat_template: Option<String>,
+}
+
+enum Backend {
+    Hf(Box<tokenizers::Tokenizer>),
+    Spm(Box<spm::Spm>),
 }
 
 /// `"<s>"` or `{"content": "<s>", ...}`.
@@ -50,18 +76,19 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| LoadError::Tokenizer { path: path.clone(), message: e.to_string() })?;
         let mut tok = Self {
-            inner,
             bos_token_id: None,
             add_bos_token: None,
+            append_eos: None,
             eos_token_ids: Vec::new(),
             chat_template: None,
+            backend: Backend::Hf(Box::new(inner)),
         };
         if let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))? {
             tok.bos_token_id =
-                cfg.get("bos_token").and_then(token_content).and_then(|t| tok.inner.token_to_id(t));
+                cfg.get("bos_token").and_then(token_content).and_then(|t| tok.token_to_id(t));
             tok.add_bos_token = cfg.get("add_bos_token").and_then(Value::as_bool);
             if let Some(eos) =
-                cfg.get("eos_token").and_then(token_content).and_then(|t| tok.inner.token_to_id(t))
+                cfg.get("eos_token").and_then(token_content).and_then(|t| tok.token_to_id(t))
             {
                 tok.eos_token_ids.push(eos);
             }
@@ -97,23 +124,100 @@ impl Tokenizer {
         Ok((tok, defaults))
     }
 
-    /// Token ids of `text`. With `add_special_tokens` the tokenizer's post-processor runs (BOS
-    /// etc.), and a BOS is prepended if `add_bos_token` asks for one the processor did not add.
+    /// Builds the tokenizer of a GGUF file from its metadata. `"llama"` vocabularies get our
+    /// SentencePiece-style backend, `"gpt2"` ones a byte-level BPE `tokenizers::Tokenizer`.
+    /// Defaults where the file is silent, as llama.cpp: `"llama"`: BOS 1, EOS 2, unknown 0, BOS
+    /// added, space prefix added; `"gpt2"`: BOS added only for the Llama 3 pre-tokenizer.
+    /// Errors name the offending key; the caller adds the file path.
+    pub fn from_gguf_vocab(mut vocab: GgufVocab) -> Result<Self, String> {
+        let n = vocab.tokens.len() as u32;
+        let spm = match vocab.model.as_str() {
+            "llama" => true,
+            "gpt2" => false,
+            other => {
+                return Err(format!(
+                    "unsupported tokenizer.ggml.model `{other}` (supported: llama, gpt2)"
+                ));
+            }
+        };
+        if spm {
+            let default = |id: u32| (id < n).then_some(id);
+            vocab.bos = vocab.bos.or_else(|| default(1));
+            vocab.eos = vocab.eos.or_else(|| default(2));
+            vocab.unk = vocab.unk.or_else(|| default(0));
+        }
+        vocab.check()?;
+        let kinds = vocab.kinds();
+        let add_bos = vocab.add_bos.unwrap_or(spm || gpt2::is_llama3(vocab.pre.as_deref()));
+        let append_eos = vocab.eos.filter(|_| vocab.add_eos == Some(true));
+        let eos_token_ids = vocab.eog_ids();
+        let backend = if spm {
+            let scores = vocab.scores.take().unwrap_or_else(|| vec![0.0; vocab.tokens.len()]);
+            Backend::Spm(Box::new(spm::Spm::new(
+                std::mem::take(&mut vocab.tokens),
+                kinds,
+                scores,
+                vocab.unk,
+                vocab.add_space_prefix.unwrap_or(true),
+            )))
+        } else {
+            Backend::Hf(Box::new(gpt2::build(&vocab, &kinds)?))
+        };
+        Ok(Self {
+            backend,
+            bos_token_id: vocab.bos,
+            add_bos_token: Some(add_bos),
+            append_eos,
+            eos_token_ids,
+            chat_template: vocab.chat_template,
+        })
+    }
+
+    /// Id of a token text, if it is in the vocabulary.
+    fn token_to_id(&self, text: &str) -> Option<u32> {
+        match &self.backend {
+            Backend::Hf(t) => t.token_to_id(text),
+            Backend::Spm(s) => s.token_to_id(text),
+        }
+    }
+
+    /// Token ids of `text`; special token texts in it become their tokens. With
+    /// `add_special_tokens` the HF post-processor runs (BOS etc.), a BOS is prepended if
+    /// `add_bos_token` asks for one that is not there yet, and a GGUF `add_eos_token` appends EOS.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| e.to_string())?;
-        let mut ids = enc.get_ids().to_vec();
-        if add_special_tokens
-            && self.add_bos_token == Some(true)
-            && let Some(bos) = self.bos_token_id
-            && ids.first() != Some(&bos)
-        {
-            ids.insert(0, bos);
+        let mut ids = match &self.backend {
+            Backend::Hf(t) => {
+                t.encode(text, add_special_tokens).map_err(|e| e.to_string())?.get_ids().to_vec()
+            }
+            Backend::Spm(s) => {
+                let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+                s.encode(text, &mut ids)?;
+                ids
+            }
+        };
+        if add_special_tokens {
+            if self.add_bos_token == Some(true)
+                && let Some(bos) = self.bos_token_id
+                && ids.first() != Some(&bos)
+            {
+                ids.insert(0, bos);
+            }
+            ids.extend(self.append_eos);
         }
         Ok(ids)
     }
 
+    /// Text of `ids`; invalid UTF-8 becomes U+FFFD; `skip_special_tokens` drops control tokens.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| e.to_string())
+        match &self.backend {
+            Backend::Hf(t) => t.decode(ids, skip_special_tokens).map_err(|e| e.to_string()),
+            Backend::Spm(s) => Ok(s.decode(ids, skip_special_tokens)),
+        }
+    }
+
+    /// An incremental decoder for streaming one sequence's output (see [`DecodeStream`]).
+    pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream<'_> {
+        DecodeStream::new(self, skip_special_tokens)
     }
 
     /// Ids that end generation.
@@ -127,10 +231,5 @@ impl Tokenizer {
 
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
-    }
-
-    /// The `tokenizers` object, for incremental decoding.
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
-        &self.inner
     }
 }

@@ -89,7 +89,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     };
     let eos = tokenizer.eos_token_ids().to_vec();
     let mut generator = Generator::new(loaded.model, args.threads, config);
-    let mut decoder = tokenizer.inner().decode_stream(true);
+    let mut decoder = tokenizer.decode_stream(true);
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
     generator.generate(&[(prompt, params)], &eos, |event| {
