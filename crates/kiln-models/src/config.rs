@@ -2,10 +2,12 @@
 //!
 //! Both spellings of the RoPE settings are accepted: the classic `rope_theta` + `rope_scaling`
 //! and transformers 5's `rope_parameters` (flat, or keyed by layer type for Gemma 3).
+//! GGUF files fill the same struct from their metadata (`gguf_config`).
 
 use std::path::Path;
 
-use kiln_kernels::rope::RopeScaling;
+use kiln_kernels::activation::GateActivation;
+use kiln_kernels::rope::{RopeScaling, RopeStyle};
 use serde_json::Value;
 
 use crate::LoadError;
@@ -17,11 +19,12 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    Gemma3,
 }
 
 impl Architecture {
-    pub const SUPPORTED: &'static str =
-        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+         Qwen3ForCausalLM, Gemma3ForCausalLM";
 
     fn from_hf(name: &str) -> Option<Self> {
         Some(match name {
@@ -29,6 +32,7 @@ impl Architecture {
             "MistralForCausalLM" => Self::Mistral,
             "Qwen2ForCausalLM" => Self::Qwen2,
             "Qwen3ForCausalLM" => Self::Qwen3,
+            "Gemma3ForCausalLM" => Self::Gemma3,
             _ => return None,
         })
     }
@@ -52,8 +56,28 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Attention window of every layer (Mistral); `None` is full causal attention.
-    pub sliding_window: Option<usize>,
+    /// Attention window of each layer (`[num_layers]`): `Some(w)` lets a query see the `w`
+    /// most recent positions, itself included (Mistral: every layer; Gemma 3: 5 of every 6);
+    /// `None` is full causal attention.
+    pub layer_windows: Vec<Option<usize>>,
+    /// RoPE base of the sliding-window layers, when it differs from `rope_theta` (Gemma 3's
+    /// local base; those layers then use no frequency scaling).
+    pub rope_local_theta: Option<f32>,
+    pub rope_style: RopeStyle,
+    pub hidden_act: GateActivation,
+    /// Multiplier of attention scores (`1/sqrt(head_dim)`, Gemma: `1/sqrt(query_pre_attn_scalar)`).
+    pub attention_scale: f32,
+    /// Multiplier of the token embeddings (Gemma: `sqrt(hidden_size)`).
+    pub embedding_scale: Option<f32>,
+    /// RMSNorm on the outputs of attention and MLP before the residual add, with the MLP's
+    /// input norm separate (Gemma 2/3's "sandwich" norms).
+    pub sandwich_norms: bool,
+    /// Added to every stored RMSNorm weight at load: Gemma's HF checkpoints store `w` for a
+    /// `(1 + w)` norm; GGUF files store the sum already.
+    pub norm_weight_offset: f32,
+    /// `cap * tanh(x / cap)` on attention scores and on the final logits.
+    pub attn_logit_softcap: Option<f32>,
+    pub final_logit_softcap: Option<f32>,
     /// Bias on the q/k/v projections (Qwen2, or Llama's `attention_bias`).
     pub qkv_bias: bool,
     /// Bias on the output projection (Llama's `attention_bias`).
@@ -166,19 +190,58 @@ impl ModelConfig {
         if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > 1024 {
             return Err(f.err(format!("head_dim = {head_dim} must be even and at most 1024")));
         }
-        let (rope_theta, rope_scaling) = rope_settings(&f)?;
+        let (rope_theta, rope_scaling, keyed_local_theta) = rope_settings(&f)?;
         let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
-        let sliding_window = match architecture {
-            Architecture::Mistral => f.opt_usize("sliding_window")?,
+        let window = f.opt_usize("sliding_window")?.filter(|w| *w > 0);
+        let layer_windows = match architecture {
+            Architecture::Mistral => vec![window; num_layers],
             Architecture::Qwen2 | Architecture::Qwen3 => {
                 if f.opt_bool("use_sliding_window")?.unwrap_or(false) {
                     return Err(f.err("use_sliding_window = true is not supported".into()));
                 }
-                None
+                vec![None; num_layers]
             }
-            Architecture::Llama => None,
+            Architecture::Llama => vec![None; num_layers],
+            Architecture::Gemma3 => gemma_layer_windows(&f, num_layers, window)?,
+        };
+        let gemma = architecture == Architecture::Gemma3;
+        let hidden_act = match json
+            .get("hidden_activation")
+            .or_else(|| json.get("hidden_act"))
+            .and_then(Value::as_str)
+        {
+            None => {
+                if gemma {
+                    GateActivation::GeluTanh
+                } else {
+                    GateActivation::Silu
+                }
+            }
+            Some("silu" | "swish") => GateActivation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_new" | "gelu") => GateActivation::GeluTanh,
+            Some(other) => {
+                return Err(f.err(format!("hidden activation `{other}` is not supported")));
+            }
+        };
+        let query_scalar = if gemma {
+            f.opt_f32("query_pre_attn_scalar")?.unwrap_or(head_dim as f32)
+        } else {
+            head_dim as f32
+        };
+        if query_scalar <= 0.0 {
+            return Err(f.err("query_pre_attn_scalar must be positive".into()));
         }
-        .filter(|w| *w > 0);
+        let rope_local_theta = if gemma {
+            Some(keyed_local_theta.or(f.opt_f32("rope_local_base_freq")?).unwrap_or(10_000.0))
+        } else {
+            None
+        };
+        let softcap = |key: &str| -> Result<Option<f32>, LoadError> {
+            match f.opt_f32(key)? {
+                Some(c) if c <= 0.0 => Err(f.err(format!("`{key}` must be positive"))),
+                c => Ok(c),
+            }
+        };
         Ok(Self {
             architecture,
             vocab_size: f.dim("vocab_size")?,
@@ -192,19 +255,71 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            sliding_window,
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
+            layer_windows,
+            rope_local_theta,
+            rope_style: RopeStyle::Neox,
+            hidden_act,
+            attention_scale: 1.0 / query_scalar.sqrt(),
+            embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+            sandwich_norms: gemma,
+            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            attn_logit_softcap: softcap("attn_logit_softcapping")?,
+            final_logit_softcap: softcap("final_logit_softcapping")?,
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             o_bias: attention_bias,
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
         })
+    }
+
+    /// The attention window of layer `l`.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        self.layer_windows.get(l).copied().flatten()
     }
 }
 
-/// `(rope_theta, scaling)` from either config spelling.
-fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling), LoadError> {
-    let params = f.json.get("rope_parameters").filter(|v| v.is_object());
+/// Gemma 3's per-layer windows: `layer_types`, else every `sliding_window_pattern`-th layer
+/// (default 6) is global.
+fn gemma_layer_windows(
+    f: &Fields<'_>,
+    num_layers: usize,
+    window: Option<usize>,
+) -> Result<Vec<Option<usize>>, LoadError> {
+    let window = window.ok_or_else(|| f.err("Gemma 3 needs a positive `sliding_window`".into()))?;
+    if let Some(types) = f.json.get("layer_types").and_then(Value::as_array) {
+        if types.len() != num_layers {
+            return Err(f.err(format!(
+                "`layer_types` has {} entries for {num_layers} layers",
+                types.len()
+            )));
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(Some(window)),
+                Some("full_attention") => Ok(None),
+                _ => Err(f.err(format!("unknown layer type {t}"))),
+            })
+            .collect();
+    }
+    let pattern = f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+    Ok((0..num_layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect())
+}
+
+/// `(rope_theta, scaling, local theta)` from either config spelling; the local theta comes
+/// from a `rope_parameters` keyed by layer type (`sliding_attention`).
+fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling, Option<f32>), LoadError> {
+    let mut params = f.json.get("rope_parameters").filter(|v| v.is_object());
+    let mut local_theta = None;
+    if let Some(keyed) = params.and_then(|p| p.get("full_attention")) {
+        local_theta = params
+            .and_then(|p| p.get("sliding_attention"))
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .map(|t| t as f32);
+        params = Some(keyed);
+    }
     let scaling = f.json.get("rope_scaling").filter(|v| v.is_object()).or(params);
     let theta = match params.and_then(|p| p.get("rope_theta")) {
         Some(v) => v.as_f64().map(|t| t as f32),
@@ -214,7 +329,7 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling), LoadError> {
     if !(theta.is_finite() && theta > 1.0) {
         return Err(f.err(format!("rope_theta = {theta} must be > 1")));
     }
-    let Some(s) = scaling else { return Ok((theta, RopeScaling::None)) };
+    let Some(s) = scaling else { return Ok((theta, RopeScaling::None, local_theta)) };
     let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str);
     let num = |key: &str| -> Result<f32, LoadError> {
         s.get(key)
@@ -243,57 +358,9 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling), LoadError> {
         }
         Some(other) => return Err(f.err(format!("rope scaling type `{other}` is not supported"))),
     };
-    Ok((theta, scaling))
+    Ok((theta, scaling, local_theta))
 }
 
+mod gguf;
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn base() -> Value {
-        json!({
-            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "vocab_size": 100, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0
-        })
-    }
-
-    #[test]
-    fn parses_classic_and_v5_rope_spellings() {
-        let p = Path::new("config.json");
-        let mut classic = base();
-        classic["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64});
-        let a = ModelConfig::from_json(&classic, p).unwrap();
-        let mut v5 = base();
-        v5.as_object_mut().unwrap().remove("rope_theta");
-        v5["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 500_000.0,
-            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64});
-        let b = ModelConfig::from_json(&v5, p).unwrap();
-        assert_eq!(a, b);
-        assert_eq!(a.head_dim, 16);
-        assert!(matches!(a.rope_scaling, RopeScaling::Llama3 { .. }));
-    }
-
-    #[test]
-    fn rejects_bad_configs_with_a_message_naming_the_field() {
-        let p = Path::new("dir/config.json");
-        let cases = [
-            ("architectures", json!(["GPTNeoXForCausalLM"]), "unsupported architecture"),
-            ("hidden_size", json!(0), "hidden_size"),
-            ("num_key_value_heads", json!(3), "multiple of num_key_value_heads"),
-            ("num_hidden_layers", json!(-1), "num_hidden_layers"),
-            ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "yarn"),
-            ("vocab_size", json!("many"), "vocab_size"),
-        ];
-        for (key, value, needle) in cases {
-            let mut cfg = base();
-            cfg[key] = value;
-            let msg = ModelConfig::from_json(&cfg, p).unwrap_err().to_string();
-            assert!(msg.contains(needle) && msg.contains("dir/config.json"), "{key}: {msg}");
-        }
-    }
-}
+mod tests;

@@ -9,16 +9,22 @@
 
 mod batch;
 mod config;
+mod decoder;
+mod default_model;
 mod error;
+pub mod gguf;
 mod kv_cache;
-mod llama;
 mod loader;
 mod model;
+mod names;
 mod safetensors_store;
 mod tokenizer;
+mod weights;
 
 pub use batch::{BatchSeq, ForwardBatch, LogitsWanted};
 pub use config::{Architecture, ModelConfig};
+pub use decoder::DecoderModel;
+pub use default_model::{DEFAULT_MODEL_NAME, fetch_default_model};
 pub use error::{ForwardError, LoadError};
 pub use kv_cache::{KvLayout, PagedKvCache};
 pub use loader::{LoadedModel, load_model};

@@ -285,5 +285,19 @@ fn parse_header(
     Ok(out)
 }
 
+impl crate::weights::WeightSource for WeightStore {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError> {
+        WeightStore::matrix(self, name, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        WeightStore::vector(self, name, len)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        WeightStore::contains(self, name)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,8 @@ use kiln_models::{
 };
 use serde_json::Value;
 
-const LLAMA_FAMILY: [&str; 5] = ["llama3", "llama2", "mistral", "qwen2", "qwen3"];
+/// Every fixture: the Llama family and Gemma 3 (sandwich norms, sliding layers, GeLU).
+const MODELS: [&str; 6] = ["llama3", "llama2", "mistral", "qwen2", "qwen3", "gemma3"];
 const BLOCK_SIZE: usize = 4;
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;
@@ -143,7 +144,7 @@ fn assert_rows_close(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) 
 
 #[test]
 fn tokenizer_matches_transformers() {
-    for name in LLAMA_FAMILY.iter().chain(&["gemma3"]) {
+    for name in MODELS {
         let (tok, _) = kiln_models::Tokenizer::from_dir(&fixture(name)).unwrap();
         for case in cases(name, None).iter().map(|c| (&c.prompt, &c.prompt_ids)) {
             assert_eq!(&tok.encode(case.0, true).unwrap(), case.1, "{name}: {:?}", case.0);
@@ -153,7 +154,7 @@ fn tokenizer_matches_transformers() {
 
 #[test]
 fn logits_match_transformers() {
-    for name in LLAMA_FAMILY {
+    for name in MODELS {
         let mut runner = Runner::new(name);
         for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
             let tokens: Vec<u32> =
@@ -166,7 +167,7 @@ fn logits_match_transformers() {
 
 #[test]
 fn batch_of_four_gives_each_prompt_its_own_logits() {
-    for name in LLAMA_FAMILY {
+    for name in MODELS {
         let mut runner = Runner::new(name);
         let cases = cases(name, Some(runner.vocab()));
         let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
@@ -191,7 +192,7 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
 
 #[test]
 fn chunked_prefill_of_seven_equals_one_shot() {
-    for name in LLAMA_FAMILY {
+    for name in MODELS {
         let mut runner = Runner::new(name);
         let cases = cases(name, Some(runner.vocab()));
         let case = cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap();
@@ -211,7 +212,7 @@ fn chunked_prefill_of_seven_equals_one_shot() {
 
 #[test]
 fn decode_after_prefill_equals_full_recompute_and_transformers() {
-    for name in LLAMA_FAMILY {
+    for name in MODELS {
         let mut runner = Runner::new(name);
         for case in cases(name, Some(runner.vocab())) {
             let tokens: Vec<u32> =

@@ -1,23 +1,26 @@
-//! The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (q/k/v bias) and Qwen3 (q/k
-//! RMSNorm), with grouped-query attention and optionally tied embeddings.
+//! The decoder-only transformer of every supported family: Llama 2/3, Mistral (sliding
+//! window), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Gemma 3 (q/k RMSNorm, sandwich norms,
+//! GeLU-tanh MLP, scaled embeddings, sliding-window layers with their own RoPE base), with
+//! grouped-query attention and optionally tied embeddings, from safetensors or GGUF weights.
 //!
-//! Per layer: `h += o_proj(attn(rope(q), rope(k), v))` over `rmsnorm(h)`, then
-//! `h += down(act(gate(x)) * up(x))` over `rmsnorm(h)`. Only rows that need logits go through
-//! the final norm and the LM head.
+//! Per layer: `h += [norm](o_proj(attn(rope(q), rope(k), v)))` over `rmsnorm(h)`, then
+//! `h += [norm](down(act(gate(x)) * up(x)))` over `rmsnorm(h)`, where the bracketed output
+//! norms exist only with sandwich norms. Only rows that need logits go through the final norm
+//! and the LM head.
 
-use kiln_kernels::activation::{GateActivation, gated_act_inplace};
+use kiln_kernels::activation::gated_act_inplace;
 use kiln_kernels::attention::{AttentionShape, paged_attention, write_kv};
 use kiln_kernels::norm::{rms_norm, rms_norm_inplace};
-use kiln_kernels::rope::{Rope, RopeStyle};
+use kiln_kernels::rope::{Rope, RopeScaling};
 use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
 
 use crate::model::{ForwardScratch, Logits, Model};
-use crate::{
-    ForwardBatch, ForwardError, KvLayout, LoadError, ModelConfig, PagedKvCache, WeightStore,
-};
+use crate::names::{LayerTensor as L, Tensor};
+use crate::weights::Weights;
+use crate::{ForwardBatch, ForwardError, KvLayout, LoadError, ModelConfig, PagedKvCache};
 
 struct Layer {
-    input_norm: Vec<f32>,
+    attn_norm: Vec<f32>,
     q_proj: WeightMatrix,
     k_proj: WeightMatrix,
     v_proj: WeightMatrix,
@@ -28,16 +31,20 @@ struct Layer {
     o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    post_attention_norm: Vec<f32>,
+    attn_out_norm: Option<Vec<f32>>,
+    mlp_norm: Vec<f32>,
+    mlp_out_norm: Option<Vec<f32>>,
     gate_proj: WeightMatrix,
     up_proj: WeightMatrix,
     down_proj: WeightMatrix,
     gate_bias: Option<Vec<f32>>,
     up_bias: Option<Vec<f32>>,
     down_bias: Option<Vec<f32>>,
+    /// Sliding-window layers use the local RoPE when the model has one.
+    local_rope: bool,
 }
 
-pub struct LlamaModel {
+pub struct DecoderModel {
     config: ModelConfig,
     embed_tokens: WeightMatrix,
     layers: Vec<Layer>,
@@ -45,70 +52,85 @@ pub struct LlamaModel {
     /// `None` when tied to `embed_tokens`.
     lm_head: Option<WeightMatrix>,
     rope: Rope,
+    /// RoPE of sliding-window layers when their base differs (Gemma 3).
+    local_rope: Option<Rope>,
 }
 
-impl LlamaModel {
-    pub fn load(config: ModelConfig, store: &WeightStore) -> Result<Self, LoadError> {
+impl DecoderModel {
+    pub(crate) fn load(config: ModelConfig, w: &Weights<'_>) -> Result<Self, LoadError> {
         let c = &config;
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
-        let opt =
-            |name: String, len: usize, present: bool| -> Result<Option<Vec<f32>>, LoadError> {
-                if present { store.vector(&name, len).map(Some) } else { Ok(None) }
-            };
+        // RMSNorm weights, with the offset of (1 + w) norms folded in.
+        let norm = |t: Tensor, len: usize| -> Result<Vec<f32>, LoadError> {
+            let mut v = w.vector(t, len)?;
+            if c.norm_weight_offset != 0.0 {
+                v.iter_mut().for_each(|x| *x += c.norm_weight_offset);
+            }
+            Ok(v)
+        };
+        let opt_norm = |t: Tensor, len: usize, present: bool| {
+            if present { norm(t, len).map(Some) } else { Ok(None) }
+        };
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
-            let p = format!("model.layers.{l}");
+            let t = |x: L| Tensor::Layer(l, x);
+            let sandwich = c.sandwich_norms;
             layers.push(Layer {
-                input_norm: store.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                q_proj: store.matrix(&format!("{p}.self_attn.q_proj.weight"), q_dim, h)?,
-                k_proj: store.matrix(&format!("{p}.self_attn.k_proj.weight"), kv_dim, h)?,
-                v_proj: store.matrix(&format!("{p}.self_attn.v_proj.weight"), kv_dim, h)?,
-                o_proj: store.matrix(&format!("{p}.self_attn.o_proj.weight"), h, q_dim)?,
-                q_bias: opt(format!("{p}.self_attn.q_proj.bias"), q_dim, c.qkv_bias)?,
-                k_bias: opt(format!("{p}.self_attn.k_proj.bias"), kv_dim, c.qkv_bias)?,
-                v_bias: opt(format!("{p}.self_attn.v_proj.bias"), kv_dim, c.qkv_bias)?,
-                o_bias: opt(format!("{p}.self_attn.o_proj.bias"), h, c.o_bias)?,
-                q_norm: opt(format!("{p}.self_attn.q_norm.weight"), c.head_dim, c.qk_norm)?,
-                k_norm: opt(format!("{p}.self_attn.k_norm.weight"), c.head_dim, c.qk_norm)?,
-                post_attention_norm: store
-                    .vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                gate_proj: store.matrix(&format!("{p}.mlp.gate_proj.weight"), i, h)?,
-                up_proj: store.matrix(&format!("{p}.mlp.up_proj.weight"), i, h)?,
-                down_proj: store.matrix(&format!("{p}.mlp.down_proj.weight"), h, i)?,
-                gate_bias: opt(format!("{p}.mlp.gate_proj.bias"), i, c.mlp_bias)?,
-                up_bias: opt(format!("{p}.mlp.up_proj.bias"), i, c.mlp_bias)?,
-                down_bias: opt(format!("{p}.mlp.down_proj.bias"), h, c.mlp_bias)?,
+                attn_norm: norm(t(L::AttnNorm), h)?,
+                q_proj: w.matrix(t(L::Q), q_dim, h)?,
+                k_proj: w.matrix(t(L::K), kv_dim, h)?,
+                v_proj: w.matrix(t(L::V), kv_dim, h)?,
+                o_proj: w.matrix(t(L::O), h, q_dim)?,
+                q_bias: w.optional_vector(t(L::QBias), q_dim, c.qkv_bias)?,
+                k_bias: w.optional_vector(t(L::KBias), kv_dim, c.qkv_bias)?,
+                v_bias: w.optional_vector(t(L::VBias), kv_dim, c.qkv_bias)?,
+                o_bias: w.optional_vector(t(L::OBias), h, c.o_bias)?,
+                q_norm: opt_norm(t(L::QNorm), c.head_dim, c.qk_norm)?,
+                k_norm: opt_norm(t(L::KNorm), c.head_dim, c.qk_norm)?,
+                attn_out_norm: opt_norm(t(L::AttnOutNorm), h, sandwich)?,
+                mlp_norm: norm(t(L::MlpNorm), h)?,
+                mlp_out_norm: opt_norm(t(L::MlpOutNorm), h, sandwich)?,
+                gate_proj: w.matrix(t(L::Gate), i, h)?,
+                up_proj: w.matrix(t(L::Up), i, h)?,
+                down_proj: w.matrix(t(L::Down), h, i)?,
+                gate_bias: w.optional_vector(t(L::GateBias), i, c.mlp_bias)?,
+                up_bias: w.optional_vector(t(L::UpBias), i, c.mlp_bias)?,
+                down_bias: w.optional_vector(t(L::DownBias), h, c.mlp_bias)?,
+                local_rope: c.layer_window(l).is_some() && c.rope_local_theta.is_some(),
             });
         }
-        let embed_tokens = store.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
-        let lm_head = if c.tie_word_embeddings && !store.contains("lm_head.weight") {
+        let embed_tokens = w.matrix(Tensor::Embed, c.vocab_size, h)?;
+        let lm_head = if c.tie_word_embeddings && !w.contains(Tensor::LmHead) {
             None
         } else {
-            Some(store.matrix("lm_head.weight", c.vocab_size, h)?)
+            Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
         };
-        let rope = Rope::new(c.rope_theta, c.head_dim, c.rope_scaling, RopeStyle::Neox);
+        let rope = Rope::new(c.rope_theta, c.head_dim, c.rope_scaling, c.rope_style);
+        let local_rope =
+            c.rope_local_theta.map(|b| Rope::new(b, c.head_dim, RopeScaling::None, c.rope_style));
         Ok(Self {
             embed_tokens,
             layers,
-            final_norm: store.vector("model.norm.weight", h)?,
+            final_norm: norm(Tensor::FinalNorm, h)?,
             lm_head,
             rope,
+            local_rope,
             config,
         })
     }
 
-    fn attention_shape(&self, block_size: usize) -> AttentionShape {
+    fn attention_shape(&self, block_size: usize, layer: usize) -> AttentionShape {
         let c = &self.config;
         AttentionShape {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             block_size,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            sliding_window: c.sliding_window,
-            softcap: None,
+            scale: c.attention_scale,
+            sliding_window: c.layer_window(layer),
+            softcap: c.attn_logit_softcap,
         }
     }
 }
@@ -119,7 +141,7 @@ fn add_inplace(acc: &mut [f32], x: &[f32]) {
     }
 }
 
-impl Model for LlamaModel {
+impl Model for DecoderModel {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -166,8 +188,11 @@ impl Model for LlamaModel {
             )));
         }
         batch.validate(c.vocab_size, kv.num_blocks())?;
-        let shape = self.attention_shape(batch.block_size());
-        shape.validate().map_err(ForwardError::KvLayout)?;
+        for l in 0..c.num_layers {
+            self.attention_shape(batch.block_size(), l)
+                .validate()
+                .map_err(ForwardError::KvLayout)?;
+        }
         let t = batch.num_tokens();
         let num_rows = batch.logits_rows.len();
         let (h, i) = (c.hidden_size, c.intermediate_size);
@@ -189,9 +214,12 @@ impl Model for LlamaModel {
 
         for (row, &token) in hidden.chunks_exact_mut(h).zip(&batch.token_ids) {
             self.embed_tokens.row_to_f32(token as usize, row);
+            if let Some(scale) = c.embedding_scale {
+                row.iter_mut().for_each(|x| *x *= scale);
+            }
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            rms_norm(pool, hidden, &layer.input_norm, c.rms_norm_eps, normed);
+            rms_norm(pool, hidden, &layer.attn_norm, c.rms_norm_eps, normed);
             linear_multi(
                 pool,
                 normed,
@@ -206,8 +234,12 @@ impl Model for LlamaModel {
                 rms_norm_inplace(pool, q, qn, c.rms_norm_eps);
                 rms_norm_inplace(pool, k, kn, c.rms_norm_eps);
             }
-            self.rope.apply(pool, q, c.num_heads, &batch.positions);
-            self.rope.apply(pool, k, c.num_kv_heads, &batch.positions);
+            let rope = match (&self.local_rope, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &self.rope,
+            };
+            rope.apply(pool, q, c.num_heads, &batch.positions);
+            rope.apply(pool, k, c.num_kv_heads, &batch.positions);
             let (k_cache, v_cache) = kv.layer_mut(l);
             write_kv(k, v, &batch.slot_mapping, k_cache, v_cache);
             paged_attention(
@@ -217,13 +249,16 @@ impl Model for LlamaModel {
                 v_cache,
                 &batch.seqs,
                 &batch.block_tables,
-                &shape,
+                &self.attention_shape(batch.block_size(), l),
                 attn,
             );
             linear(pool, attn, t, &layer.o_proj, layer.o_bias.as_deref(), proj);
+            if let Some(norm) = &layer.attn_out_norm {
+                rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
+            }
             add_inplace(hidden, proj);
 
-            rms_norm(pool, hidden, &layer.post_attention_norm, c.rms_norm_eps, normed);
+            rms_norm(pool, hidden, &layer.mlp_norm, c.rms_norm_eps, normed);
             linear_multi(
                 pool,
                 normed,
@@ -237,8 +272,11 @@ impl Model for LlamaModel {
                     LinearJob { weight: &layer.up_proj, bias: layer.up_bias.as_deref(), out: up },
                 ],
             );
-            gated_act_inplace(pool, GateActivation::Silu, gate, up);
+            gated_act_inplace(pool, c.hidden_act, gate, up);
             linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
+            if let Some(norm) = &layer.mlp_out_norm {
+                rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
+            }
             add_inplace(hidden, proj);
         }
 
@@ -249,6 +287,9 @@ impl Model for LlamaModel {
         logits.reset(num_rows, c.vocab_size);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         linear(pool, rows_normed, num_rows, head, None, logits.as_mut_slice());
+        if let Some(cap) = c.final_logit_softcap {
+            logits.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
         Ok(())
     }
 }

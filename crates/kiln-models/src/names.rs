@@ -1,0 +1,114 @@
+//! Tensor names of one model across file formats: the decoder asks for a role, the naming of
+//! its file answers with the stored name.
+
+/// A tensor of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LayerTensor {
+    /// RMSNorm before attention.
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    QBias,
+    KBias,
+    VBias,
+    OBias,
+    QNorm,
+    KNorm,
+    /// RMSNorm on the attention output (sandwich norms only).
+    AttnOutNorm,
+    /// RMSNorm before the MLP.
+    MlpNorm,
+    /// RMSNorm on the MLP output (sandwich norms only).
+    MlpOutNorm,
+    Gate,
+    Up,
+    Down,
+    GateBias,
+    UpBias,
+    DownBias,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tensor {
+    Embed,
+    FinalNorm,
+    LmHead,
+    Layer(usize, LayerTensor),
+}
+
+/// How a file names its tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// Hugging Face transformers; `sandwich` for Gemma's four norms per layer, whose
+    /// `post_attention_layernorm` is the attention-output norm rather than the MLP-input one.
+    Hf { sandwich: bool },
+    /// llama.cpp's GGUF names.
+    Gguf,
+}
+
+impl Naming {
+    pub(crate) fn name(self, t: Tensor) -> String {
+        use LayerTensor as L;
+        match (self, t) {
+            (Self::Hf { .. }, Tensor::Embed) => "model.embed_tokens.weight".into(),
+            (Self::Hf { .. }, Tensor::FinalNorm) => "model.norm.weight".into(),
+            (Self::Hf { .. }, Tensor::LmHead) => "lm_head.weight".into(),
+            (Self::Gguf, Tensor::Embed) => "token_embd.weight".into(),
+            (Self::Gguf, Tensor::FinalNorm) => "output_norm.weight".into(),
+            (Self::Gguf, Tensor::LmHead) => "output.weight".into(),
+            (Self::Hf { sandwich }, Tensor::Layer(l, t)) => {
+                let leaf = match t {
+                    L::AttnNorm => "input_layernorm.weight",
+                    L::Q => "self_attn.q_proj.weight",
+                    L::K => "self_attn.k_proj.weight",
+                    L::V => "self_attn.v_proj.weight",
+                    L::O => "self_attn.o_proj.weight",
+                    L::QBias => "self_attn.q_proj.bias",
+                    L::KBias => "self_attn.k_proj.bias",
+                    L::VBias => "self_attn.v_proj.bias",
+                    L::OBias => "self_attn.o_proj.bias",
+                    L::QNorm => "self_attn.q_norm.weight",
+                    L::KNorm => "self_attn.k_norm.weight",
+                    L::AttnOutNorm => "post_attention_layernorm.weight",
+                    L::MlpNorm if sandwich => "pre_feedforward_layernorm.weight",
+                    L::MlpNorm => "post_attention_layernorm.weight",
+                    L::MlpOutNorm => "post_feedforward_layernorm.weight",
+                    L::Gate => "mlp.gate_proj.weight",
+                    L::Up => "mlp.up_proj.weight",
+                    L::Down => "mlp.down_proj.weight",
+                    L::GateBias => "mlp.gate_proj.bias",
+                    L::UpBias => "mlp.up_proj.bias",
+                    L::DownBias => "mlp.down_proj.bias",
+                };
+                format!("model.layers.{l}.{leaf}")
+            }
+            (Self::Gguf, Tensor::Layer(l, t)) => {
+                let leaf = match t {
+                    L::AttnNorm => "attn_norm.weight",
+                    L::Q => "attn_q.weight",
+                    L::K => "attn_k.weight",
+                    L::V => "attn_v.weight",
+                    L::O => "attn_output.weight",
+                    L::QBias => "attn_q.bias",
+                    L::KBias => "attn_k.bias",
+                    L::VBias => "attn_v.bias",
+                    L::OBias => "attn_output.bias",
+                    L::QNorm => "attn_q_norm.weight",
+                    L::KNorm => "attn_k_norm.weight",
+                    L::AttnOutNorm => "post_attention_norm.weight",
+                    L::MlpNorm => "ffn_norm.weight",
+                    L::MlpOutNorm => "post_ffw_norm.weight",
+                    L::Gate => "ffn_gate.weight",
+                    L::Up => "ffn_up.weight",
+                    L::Down => "ffn_down.weight",
+                    L::GateBias => "ffn_gate.bias",
+                    L::UpBias => "ffn_up.bias",
+                    L::DownBias => "ffn_down.bias",
+                };
+                format!("blk.{l}.{leaf}")
+            }
+        }
+    }
+}
