@@ -5,7 +5,8 @@
 //! with the scalar reference over odd sizes so tails (`n % lanes != 0`) are covered.
 //!
 //! Activations are `f32` row-major buffers; shapes are stated at every entry point. Weights are
-//! [`WeightMatrix`] values in their stored format (f32, f16, bf16), possibly memory-mapped.
+//! [`WeightMatrix`] values in their stored format (f32, f16, bf16, possibly memory-mapped, or
+//! GGUF block-quantized types repacked at load time, see [`quant`]).
 //! Parallel kernels run on a persistent [`ThreadPool`]; hot paths allocate nothing after their
 //! first call (per-thread scratch only grows).
 
@@ -13,6 +14,7 @@ pub mod activation;
 pub mod attention;
 pub mod matmul;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 mod simd;
 pub mod softmax;
@@ -22,7 +24,8 @@ mod testing;
 mod thread_pool;
 pub mod vec_ops;
 
-pub use matmul::{LinearJob, WeightData, WeightMatrix, linear, linear_multi};
+pub use matmul::{LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_multi};
+pub use quant::{GgmlType, QuantMatrix};
 pub use simd::SimdLevel;
 pub use storage::{MappedFile, Storage};
 pub use thread_pool::{SharedMut, ThreadPool};

@@ -40,7 +40,10 @@ pub fn gemv_rows(
     assert!(x.len() == m * k && rows.end <= n);
     // With many activation rows, f16/bf16 tiles are converted once (exactly, so results do not
     // change) and reused.
-    let convert = m > CONVERT_MIN_ROWS && !matches!(w.data, WeightData::F32(_));
+    // Quantized weights always take the converting path here (`linear` routes them to the
+    // integer kernels instead).
+    let convert = (m > CONVERT_MIN_ROWS && !matches!(w.data, WeightData::F32(_)))
+        || matches!(w.data, WeightData::Quant(_));
     for r0 in (0..m).step_by(ROW_BLOCK) {
         let r1 = (r0 + ROW_BLOCK).min(m);
         let mut j = rows.start;
@@ -67,6 +70,7 @@ pub fn gemv_rows(
                     WeightData::Bf16(s) => {
                         row_groups(level, x, r0..r1, &s.as_slice()[span], k, nr, out_col, n);
                     }
+                    WeightData::Quant(_) => unreachable!("converted above"),
                 }
             }
             j += nr;

@@ -9,11 +9,19 @@
 //! activation rows, computing each output as a dot product in a fixed order. Because that
 //! order never depends on `m`, a row's result is bitwise the same alone, in a batch, or in a
 //! prefill chunk: batching and caching never change outputs.
+//!
+//! Quantized weights ([`WeightData::Quant`]) take the integer-dot kernels of [`crate::quant`]:
+//! `x` is quantized to 8 bits once per call (per activation block size the jobs need, into
+//! per-thread buffers that only grow), then tasks own 16-row groups of weights. Their outputs
+//! obey the same batch invariance.
 
 mod gemv;
 
+use std::cell::RefCell;
+
 use half::{bf16, f16};
 
+use crate::quant::{GgmlType, QuantActs, QuantIsa, QuantMatrix, qgemm_groups, quantize_row};
 use crate::storage::Storage;
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool};
@@ -30,6 +38,8 @@ pub enum WeightData {
     F32(Storage<f32>),
     F16(Storage<f16>),
     Bf16(Storage<bf16>),
+    /// GGUF block-quantized, in the kernel layout.
+    Quant(QuantMatrix),
 }
 
 impl WeightData {
@@ -38,6 +48,7 @@ impl WeightData {
             Self::F32(_) => "f32",
             Self::F16(_) => "f16",
             Self::Bf16(_) => "bf16",
+            Self::Quant(q) => q.ty().name(),
         }
     }
 
@@ -46,6 +57,7 @@ impl WeightData {
             Self::F32(s) => s.len(),
             Self::F16(s) => s.len(),
             Self::Bf16(s) => s.len(),
+            Self::Quant(q) => q.rows() * q.cols(),
         }
     }
 
@@ -55,6 +67,7 @@ impl WeightData {
             Self::F32(s) => s.len() * 4,
             Self::F16(s) => s.len() * 2,
             Self::Bf16(s) => s.len() * 2,
+            Self::Quant(q) => q.num_bytes(),
         }
     }
 }
@@ -69,7 +82,64 @@ pub struct WeightMatrix {
 impl WeightMatrix {
     /// `None` when `data` does not hold exactly `rows * cols` elements.
     pub fn new(rows: usize, cols: usize, data: WeightData) -> Option<Self> {
+        if let WeightData::Quant(q) = &data
+            && (q.rows(), q.cols()) != (rows, cols)
+        {
+            return None;
+        }
         (rows.checked_mul(cols)? == data.len()).then_some(Self { rows, cols, data })
+    }
+
+    /// A matrix from GGUF tensor data: `rows` rows of `ty.row_bytes(cols)` bytes. Float types
+    /// map onto the float variants (viewed in place when `bytes` is mapped and aligned, copied
+    /// otherwise); block-quantized types are repacked ([`QuantMatrix`]). `None` when the sizes
+    /// do not match.
+    #[allow(clippy::needless_pass_by_value)] // takes ownership like `WeightData` does
+    pub fn from_quantized(
+        rows: usize,
+        cols: usize,
+        ty: GgmlType,
+        bytes: Storage<u8>,
+    ) -> Option<Self> {
+        let expected = rows.checked_mul(ty.row_bytes(cols)?)?;
+        if bytes.len() != expected {
+            return None;
+        }
+        let data = match ty {
+            GgmlType::F32 => WeightData::F32(float_storage(bytes, f32::from_le_bytes)),
+            GgmlType::F16 => WeightData::F16(float_storage(bytes, f16::from_le_bytes)),
+            GgmlType::Bf16 => WeightData::Bf16(float_storage(bytes, bf16::from_le_bytes)),
+            _ => WeightData::Quant(QuantMatrix::from_bytes(ty, rows, cols, bytes.as_slice())?),
+        };
+        Self::new(rows, cols, data)
+    }
+
+    /// This matrix converted to `ty` (quantize-on-load), rows in parallel.
+    pub fn quantize(&self, ty: GgmlType) -> Result<Self, QuantizeError> {
+        let row_bytes = ty.row_bytes(self.cols).ok_or(QuantizeError {
+            ty,
+            cols: self.cols,
+            block: ty.block_elems(),
+        })?;
+        let mut bytes = vec![0u8; self.rows * row_bytes];
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let rows_per_thread = self.rows.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (t, chunk) in bytes.chunks_mut(rows_per_thread * row_bytes.max(1)).enumerate() {
+                scope.spawn(move || {
+                    let mut row = vec![0.0f32; self.cols];
+                    for (i, dst) in chunk.chunks_mut(row_bytes).enumerate() {
+                        self.row_to_f32(t * rows_per_thread + i, &mut row);
+                        quantize_row(ty, &row, dst);
+                    }
+                });
+            }
+        });
+        Self::from_quantized(self.rows, self.cols, ty, bytes.into()).ok_or(QuantizeError {
+            ty,
+            cols: self.cols,
+            block: ty.block_elems(),
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -86,14 +156,62 @@ impl WeightMatrix {
 
     /// Row `r` converted to f32 into `out` (`[cols]`): embedding lookups.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        if let WeightData::Quant(q) = &self.data {
+            q.row_to_f32(r, out);
+            return;
+        }
         let range = r * self.cols..(r + 1) * self.cols;
         convert_to_f32(&self.data, range, out);
     }
 }
 
-/// Converts `data[range]` to f32 into `out`.
+/// Why [`WeightMatrix::quantize`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantizeError {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub block: usize,
+}
+
+impl std::fmt::Display for QuantizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot quantize {} columns to {}: not a multiple of {}",
+            self.cols, self.ty, self.block
+        )
+    }
+}
+
+impl std::error::Error for QuantizeError {}
+
+/// `bytes` (little-endian elements of `T`) as a typed storage: a view when mapped and aligned,
+/// else a copy.
+#[allow(clippy::needless_pass_by_value)]
+fn float_storage<T: crate::storage::Pod, const N: usize>(
+    bytes: Storage<u8>,
+    from_le: fn([u8; N]) -> T,
+) -> Storage<T> {
+    if let Storage::Mapped { file, byte_offset, len } = &bytes
+        && let Some(s) = Storage::mapped(file.clone(), *byte_offset, len / N)
+    {
+        return s;
+    }
+    let v: Vec<T> =
+        bytes.as_slice().chunks_exact(N).map(|c| from_le(std::array::from_fn(|i| c[i]))).collect();
+    v.into()
+}
+
+/// Converts `data[range]` to f32 into `out` (for quantized data, `range` must cover whole rows).
 pub(crate) fn convert_to_f32(data: &WeightData, range: std::ops::Range<usize>, out: &mut [f32]) {
     match data {
+        WeightData::Quant(q) => {
+            let cols = q.cols();
+            assert!(range.start.is_multiple_of(cols) && range.len().is_multiple_of(cols));
+            for (i, o) in out.chunks_exact_mut(cols).enumerate() {
+                q.row_to_f32(range.start / cols + i, o);
+            }
+        }
         WeightData::F32(s) => out.copy_from_slice(&s.as_slice()[range]),
         WeightData::F16(s) => {
             for (o, v) in out.iter_mut().zip(&s.as_slice()[range]) {
@@ -129,12 +247,25 @@ pub fn linear(
     linear_multi(pool, x, m, &mut [LinearJob { weight, bias, out }]);
 }
 
+thread_local! {
+    /// Quantized activations of the current call: blocks of 32 and of 256.
+    static ACTS: RefCell<[QuantActs; 2]> = RefCell::new(Default::default());
+}
+
+/// Weight rows per task for a job of `n` rows: 32, or more for big quantized matrices (fewer
+/// tasks, less dispatch overhead per row).
+fn rows_per_task(w: &WeightMatrix, threads: usize) -> usize {
+    match w.data {
+        WeightData::Quant(_) => (w.rows / (threads * 64)).clamp(1, 16) * ROWS_PER_TASK,
+        _ => ROWS_PER_TASK,
+    }
+}
+
 /// Several matrices that share the input `x[m, k]` (q/k/v, gate/up), in one parallel dispatch.
 pub fn linear_multi(pool: &ThreadPool, x: &[f32], m: usize, jobs: &mut [LinearJob<'_>]) {
     if m == 0 {
         return;
     }
-    let rows_per_task = ROWS_PER_TASK;
     for job in jobs.iter() {
         let (n, k) = (job.weight.rows, job.weight.cols);
         assert_eq!(x.len(), m * k, "linear: x is not [m, k]");
@@ -142,15 +273,41 @@ pub fn linear_multi(pool: &ThreadPool, x: &[f32], m: usize, jobs: &mut [LinearJo
         assert!(job.bias.is_none_or(|b| b.len() == n), "linear: bias is not [n]");
     }
     assert!(jobs.len() <= MAX_JOBS, "linear_multi: at most {MAX_JOBS} matrices");
+    ACTS.with_borrow_mut(|acts| {
+        // Quantize x once per activation block size the quantized jobs need.
+        for (slot, block) in acts.iter_mut().zip([32, 256]) {
+            let needed = jobs.iter().any(|j| match &j.weight.data {
+                WeightData::Quant(q) => q.act_block() == block,
+                _ => false,
+            });
+            if needed {
+                let k = x.len() / m;
+                slot.quantize(pool, x, m, k, block);
+            }
+        }
+        run_jobs(pool, x, m, jobs, acts);
+    });
+}
+
+fn run_jobs(
+    pool: &ThreadPool,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [LinearJob<'_>],
+    acts: &[QuantActs; 2],
+) {
     // Task t covers rows [c * rows_per_task, ..) of the job where the running count reaches t.
     let mut num_tasks_per_job = [0usize; MAX_JOBS];
+    let mut task_rows = [0usize; MAX_JOBS];
     let mut outs = [SharedMut::dangling(); MAX_JOBS];
     for (i, job) in jobs.iter_mut().enumerate() {
-        num_tasks_per_job[i] = job.weight.rows.div_ceil(rows_per_task);
+        task_rows[i] = rows_per_task(job.weight, pool.num_threads());
+        num_tasks_per_job[i] = job.weight.rows.div_ceil(task_rows[i]);
         outs[i] = SharedMut::new(job.out);
     }
     let total: usize = num_tasks_per_job.iter().sum();
     let level = SimdLevel::detect();
+    let isa = QuantIsa::for_level(level);
     pool.run(total, |task| {
         let (mut job_idx, mut chunk) = (0, task);
         while chunk >= num_tasks_per_job[job_idx] {
@@ -159,10 +316,16 @@ pub fn linear_multi(pool: &ThreadPool, x: &[f32], m: usize, jobs: &mut [LinearJo
         }
         let job = &jobs[job_idx];
         let w = job.weight;
-        let r0 = chunk * rows_per_task;
-        let r1 = (r0 + rows_per_task).min(w.rows);
+        let r0 = chunk * task_rows[job_idx];
+        let r1 = (r0 + task_rows[job_idx]).min(w.rows);
         let out = outs[job_idx];
-        gemv_rows(level, x, m, w, r0..r1, out);
+        if let WeightData::Quant(q) = &w.data {
+            let a = &acts[usize::from(q.act_block() == 256)];
+            // r0 is a multiple of 16 (task_rows is a multiple of 32).
+            qgemm_groups(isa, a, q, r0 / 16..r1.div_ceil(16), out);
+        } else {
+            gemv_rows(level, x, m, w, r0..r1, out);
+        }
         if let Some(bias) = job.bias {
             for r in 0..m {
                 // SAFETY: this task alone owns columns r0..r1 of every output row.

@@ -1,0 +1,341 @@
+//! The quantized matmul kernel: `out[m, n] = x[m, k] · Wᵀ` for a repacked [`QuantMatrix`] and
+//! activations quantized to 8 bits ([`QuantActs`]).
+//!
+//! Weight-stationary: a task owns whole 16-row groups; for every 256-element unit of a group
+//! the record is unpacked once (into per-thread scratch) and then dotted with up to 64
+//! activation rows (larger `m` is processed in chunks of 64). The 16 lanes of every vector are
+//! the 16 weight rows of the group, so no horizontal sums are needed.
+//!
+//! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that
+//! starts at 0 and, for every weight block in column order, takes
+//! - Q4_0/Q5_0/Q8_0: `acc = fma(t, d_w·d_x, acc)`, `t = Σ (q − offset)·x_q` over the block;
+//! - Q4_K/Q5_K: `acc = fma(t, d·d_x, acc)`, `acc = fma(−u, dmin·d_x, acc)`, with
+//!   `t = Σ_s sc_s · Σ q·x_q` and `u = Σ_s m_s · Σ x_q` over the 8 sub-blocks `s`;
+//! - Q6_K: `acc = fma(t, d·d_x, acc)`, `t = Σ_s sc_s · Σ (q − 32)·x_q` over 16 sub-blocks.
+//!
+//! The `t`, `u` are exact integers (any summation order gives the same value), and the f32
+//! steps are identical on every [`Isa`], so results are bitwise the same for every `m`, batch
+//! composition and SIMD level.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::QuantMatrix;
+use super::act::QuantActs;
+use super::formats::{GgmlType, QK};
+use super::isa::{Isa, Scalar};
+use super::repack::{LANES, Unpacked, unpack};
+use crate::SimdLevel;
+use crate::thread_pool::SharedMut;
+
+/// Activation rows per pass over a group's weights.
+pub(crate) const ROW_CHUNK: usize = 64;
+
+/// The instruction set a quantized kernel runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantIsa {
+    Scalar,
+    Avx2,
+    /// AVX-512 BW without VNNI.
+    Avx512,
+    /// AVX-512 VNNI (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+impl QuantIsa {
+    /// The best kernel at `level` on this CPU.
+    pub fn for_level(level: SimdLevel) -> Self {
+        match level {
+            SimdLevel::Scalar => Self::Scalar,
+            SimdLevel::Avx2 => Self::Avx2,
+            SimdLevel::Avx512 => {
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512vnni") {
+                    return Self::Avx512Vnni;
+                }
+                Self::Avx512
+            }
+        }
+    }
+
+    /// Every variant this CPU can run, for tests.
+    pub fn available() -> Vec<Self> {
+        let mut out = vec![Self::Scalar];
+        let top = SimdLevel::detect();
+        if top >= SimdLevel::Avx2 {
+            out.push(Self::Avx2);
+        }
+        if top >= SimdLevel::Avx512 {
+            out.push(Self::Avx512);
+            if Self::for_level(top) == Self::Avx512Vnni {
+                out.push(Self::Avx512Vnni);
+            }
+        }
+        out
+    }
+}
+
+struct Scratch {
+    un: Box<Unpacked>,
+    /// `[ROW_CHUNK][16]`
+    acc: Vec<[f32; LANES]>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
+/// Writes columns `16·groups.start .. min(16·groups.end, n)` of `out[m, n]`.
+///
+/// `acts` must hold `x[m, k]` quantized with blocks of `w.act_block()`; `out` must point to an
+/// `[m, n]` buffer of which the caller's task owns those columns.
+pub(crate) fn qgemm_groups(
+    isa: QuantIsa,
+    acts: &QuantActs,
+    w: &QuantMatrix,
+    groups: Range<usize>,
+    out: SharedMut<f32>,
+) {
+    assert_eq!(acts.k, w.cols);
+    assert_eq!(acts.block, w.act_block());
+    assert!(groups.end <= w.rows.div_ceil(LANES));
+    SCRATCH.with_borrow_mut(|s| {
+        let s = s.get_or_insert_with(|| Scratch {
+            un: Unpacked::new(),
+            acc: vec![[0.0; LANES]; ROW_CHUNK],
+        });
+        // SAFETY: the dispatched variant's CPU features are checked before each call; the
+        // remaining preconditions were asserted above or are the caller's (`out`).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Avx512Vnni if std::arch::is_x86_feature_detected!("avx512vnni") => {
+                    x86_entry::vnni(acts, w, groups, out, s);
+                }
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Avx512 if SimdLevel::detect() >= SimdLevel::Avx512 => {
+                    x86_entry::avx512(acts, w, groups, out, s);
+                }
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Avx2 if SimdLevel::detect() >= SimdLevel::Avx2 => {
+                    x86_entry::avx2(acts, w, groups, out, s);
+                }
+                _ => kernel::<Scalar>(acts, w, groups, out, s),
+            }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86_entry {
+    use std::ops::Range;
+
+    use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
+    use crate::quant::x86::{Avx2, Avx512, Vnni};
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) unsafe fn vnni(
+        a: &QuantActs,
+        w: &QuantMatrix,
+        g: Range<usize>,
+        o: SharedMut<f32>,
+        s: &mut Scratch,
+    ) {
+        // SAFETY: forwarded; the features are enabled here.
+        unsafe { kernel::<Vnni>(a, w, g, o, s) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    pub(super) unsafe fn avx512(
+        a: &QuantActs,
+        w: &QuantMatrix,
+        g: Range<usize>,
+        o: SharedMut<f32>,
+        s: &mut Scratch,
+    ) {
+        // SAFETY: forwarded; the features are enabled here.
+        unsafe { kernel::<Avx512>(a, w, g, o, s) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn avx2(
+        a: &QuantActs,
+        w: &QuantMatrix,
+        g: Range<usize>,
+        o: SharedMut<f32>,
+        s: &mut Scratch,
+    ) {
+        // SAFETY: forwarded; the features are enabled here.
+        unsafe { kernel::<Avx2>(a, w, g, o, s) }
+    }
+}
+
+/// # Safety
+/// `S`'s features must be available; see [`qgemm_groups`] for the rest.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn kernel<S: Isa>(
+    acts: &QuantActs,
+    w: &QuantMatrix,
+    groups: Range<usize>,
+    out: SharedMut<f32>,
+    s: &mut Scratch,
+) {
+    let (m, n, ty) = (acts.m, w.rows, w.ty);
+    for g in groups {
+        let lanes = (n - g * LANES).min(LANES);
+        for r0 in (0..m).step_by(ROW_CHUNK) {
+            let r1 = (r0 + ROW_CHUNK).min(m);
+            let acc = &mut s.acc[..r1 - r0];
+            acc.fill([0.0; LANES]);
+            for u in 0..w.units {
+                let nb = w.unit_blocks(u);
+                let rec = w.record(g, u);
+                // SAFETY: `rec` is a whole record of `w`; features are the caller's.
+                unsafe { unpack::<S>(ty, nb, rec, &mut s.un) };
+                let quads = if ty == GgmlType::Q8_0 { rec } else { s.un.quads.as_ptr().cast() };
+                let un = &*s.un;
+                for (i, a) in (r0..r1).zip(acc.iter_mut()) {
+                    // SAFETY: `quads` holds the unit's quads; `i < m`, `u` is a unit of `k`.
+                    unsafe {
+                        match ty {
+                            GgmlType::Q8_0 if S::SIGNED_Q8 => {
+                                row_a::<S, true>(0, nb, quads, un, acts, i, u, a);
+                            }
+                            GgmlType::Q8_0 => row_a::<S, false>(7, nb, quads, un, acts, i, u, a),
+                            GgmlType::Q4_0 => row_a::<S, false>(3, nb, quads, un, acts, i, u, a),
+                            GgmlType::Q5_0 => row_a::<S, false>(4, nb, quads, un, acts, i, u, a),
+                            GgmlType::Q4K | GgmlType::Q5K => row_k45::<S>(quads, un, acts, i, u, a),
+                            GgmlType::Q6K => row_q6k::<S>(quads, un, acts, i, u, a),
+                            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+                        }
+                    }
+                }
+            }
+            for (i, a) in (r0..r1).zip(acc.iter()) {
+                // SAFETY: the caller's task owns these columns of every output row.
+                let o = unsafe { out.slice(i * n + g * LANES, lanes) };
+                o.copy_from_slice(&a[..lanes]);
+            }
+        }
+    }
+}
+
+/// One activation row against one unit of Q4_0/Q5_0/Q8_0 blocks. `SIGNED`: the Q8_0 levels go
+/// through [`Isa::dot_q8`]; otherwise `t = dot − (Σx << shift)`.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn row_a<S: Isa, const SIGNED: bool>(
+    shift: u32,
+    nb: usize,
+    quads: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [f32; LANES],
+) {
+    let k = acts.k;
+    let nbk = k / QK;
+    // SAFETY (whole body): block `u·8 + b` of row `i` is inside `acts` (`k` columns), and the
+    // unit holds `nb` blocks of 8 quads.
+    unsafe {
+        let mut a = S::loadf(acc.as_ptr());
+        for b in 0..nb {
+            let bg = u * 8 + b;
+            let x = acts.qs.as_ptr().add(i * k + bg * QK);
+            let w = quads.add(b * 8 * 64);
+            let (mut s0, mut s1) = (S::zero(), S::zero());
+            for q in (0..8).step_by(2) {
+                if SIGNED {
+                    s0 = S::dot_q8(s0, S::load(w.add(q * 64)), x.add(4 * q));
+                    s1 = S::dot_q8(s1, S::load(w.add(q * 64 + 64)), x.add(4 * q + 4));
+                } else {
+                    s0 = S::dot(s0, S::load(w.add(q * 64)), x.add(4 * q));
+                    s1 = S::dot(s1, S::load(w.add(q * 64 + 64)), x.add(4 * q + 4));
+                }
+            }
+            let mut t = S::add32(s0, s1);
+            if !SIGNED {
+                t = S::sub32(t, S::splat32(*acts.s32.get_unchecked(i * nbk + bg) << shift));
+            }
+            let dx = S::splatf(*acts.d.get_unchecked(i * nbk + bg));
+            a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[b].as_ptr()), dx), a);
+        }
+        S::storef(acc.as_mut_ptr(), a);
+    }
+}
+
+/// One activation row against one Q4_K/Q5_K block.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn row_k45<S: Isa>(
+    quads: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [f32; LANES],
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of row `i` is inside `acts`; the unit holds 64 quads.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 256);
+        let mut t = S::zero();
+        for s in 0..8 {
+            let w = quads.add(s * 8 * 64);
+            let xs = x.add(s * 32);
+            let (mut p0, mut p1) = (S::zero(), S::zero());
+            for q in (0..8).step_by(2) {
+                p0 = S::dot(p0, S::load(w.add(q * 64)), xs.add(4 * q));
+                p1 = S::dot(p1, S::load(w.add(q * 64 + 64)), xs.add(4 * q + 4));
+            }
+            let p = S::add32(p0, p1);
+            t = S::add32(t, S::mullo32(p, S::load(un.iscale[s].as_ptr().cast())));
+        }
+        let mut mn = S::zero();
+        let pairs = acts.pairs.as_ptr().add(i * (k / 64) + u * 4);
+        for p in 0..4 {
+            mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
+        }
+        let dx = S::splatf(*acts.d.get_unchecked(i * (k / 256) + u));
+        let mut a = S::loadf(acc.as_ptr());
+        a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[0].as_ptr()), dx), a);
+        a = S::fnmadd(S::cvt(mn), S::mulf(S::loadf(un.fscale[1].as_ptr()), dx), a);
+        S::storef(acc.as_mut_ptr(), a);
+    }
+}
+
+/// One activation row against one Q6_K block.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn row_q6k<S: Isa>(
+    quads: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [f32; LANES],
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of row `i` is inside `acts`; the unit holds 64 quads.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 256);
+        let s16 = acts.s16.as_ptr().add(i * (k / 16) + u * 16);
+        let mut t = S::zero();
+        for s in 0..16 {
+            let w = quads.add(s * 4 * 64);
+            let xs = x.add(s * 16);
+            let mut p0 = S::dot(S::zero(), S::load(w), xs);
+            let mut p1 = S::dot(S::zero(), S::load(w.add(64)), xs.add(4));
+            p0 = S::dot(p0, S::load(w.add(128)), xs.add(8));
+            p1 = S::dot(p1, S::load(w.add(192)), xs.add(12));
+            let p = S::sub32(S::add32(p0, p1), S::splat32(*s16.add(s) << 5));
+            t = S::add32(t, S::mullo32(p, S::load(un.iscale[s].as_ptr().cast())));
+        }
+        let dx = S::splatf(*acts.d.get_unchecked(i * (k / 256) + u));
+        let mut a = S::loadf(acc.as_ptr());
+        a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[0].as_ptr()), dx), a);
+        S::storef(acc.as_mut_ptr(), a);
+    }
+}

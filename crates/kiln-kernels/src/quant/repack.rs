@@ -1,0 +1,328 @@
+//! The kernel layout of a quantized matrix, built once at load time.
+//!
+//! Rows are taken in groups of 16 (the last group padded with zero rows); lane `l` of a group is
+//! row `16·g + l`. Columns are taken in units of 256 elements (for Q4_0/Q5_0/Q8_0 a unit holds
+//! up to 8 blocks of 32; the last unit may hold fewer). Group `g`'s units are consecutive
+//! records; each record starts on a 64-byte boundary and holds, for its 16 rows:
+//!
+//! - the weight levels as unsigned bytes (`q + 128` for Q8_0, the raw 4/5/6-bit `q` otherwise),
+//!   organised in "quads" of 64 bytes: quad `i` holds elements `4i..4i + 4` of the unit for each
+//!   lane, `[lane][4]`, which is the operand layout of one `vpdpbusd` (16 lanes × 4 bytes).
+//!   Q8_0 stores the quads as is; 4-bit types store quads `2v` and `2v + 1` in the low and
+//!   high nibbles of 64-byte vector `v`; Q5 types add one u64 per quad whose bit `i` is bit 4 of
+//!   byte `i`; Q6_K adds vectors whose byte `i` holds bits 4..6 of quads `4v..4v + 4` in bit
+//!   pairs (0,1), (2,3), (4,5), (6,7);
+//! - the scales: f16 `d` per lane per block (`[nb][16]`); K-quants add `dmin` `[16]` and
+//!   sub-block scales `[8][16]` u8 (Q6_K: `[16][16]` i8) and mins as pairs `[4][16][2]` u8.
+//!
+//! [`unpack`] turns a record back into an [`Unpacked`] (quads as bytes, scales widened), which
+//! is what the kernels and [`super::QuantMatrix::row_to_f32`] read; [`pack`] is its inverse.
+
+use super::formats::{GgmlType, QK, QK_K, scale_min_k4};
+use super::isa::Isa;
+
+/// Rows per group: the lanes of one vector.
+pub(crate) const LANES: usize = 16;
+/// Elements per unit.
+pub(crate) const UNIT: usize = QK_K;
+/// Quads per unit.
+const QUADS: usize = UNIT / 4;
+
+/// One record widened for the kernels.
+#[repr(C, align(64))]
+pub(crate) struct Unpacked {
+    /// `[QUADS][16 lanes][4]`: levels (Q8_0: `q + 128`).
+    pub quads: [[u8; 64]; QUADS],
+    /// Per-lane f32 scales: Q4_0/Q5_0/Q8_0 `d` of block `b` at `[b]`; K-quants `d` at `[0]`
+    /// and (Q4_K/Q5_K) `dmin` at `[1]`.
+    pub fscale: [[f32; 16]; 8],
+    /// K-quant sub-block scales as i32 lanes `[sub-block][16]` (8 for Q4_K/Q5_K, 16 for Q6_K).
+    pub iscale: [[i32; 16]; 16],
+    /// Q4_K/Q5_K mins, `[pair p][16]`: `(m[2p], m[2p + 1])` as two i16 in each i32 lane.
+    pub mins: [[i32; 16]; 4],
+}
+
+impl Unpacked {
+    pub fn new() -> Box<Self> {
+        Box::new(Self {
+            quads: [[0; 64]; QUADS],
+            fscale: [[0.0; 16]; 8],
+            iscale: [[0; 16]; 16],
+            mins: [[0; 16]; 4],
+        })
+    }
+}
+
+/// Byte offsets of a record's parts: (nibble/level bytes, high bits, sub-block scales, mins,
+/// f16 scales), and the padded record size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecordLayout {
+    pub hi: usize,
+    pub sc: usize,
+    pub mins: usize,
+    pub d: usize,
+    pub size: usize,
+}
+
+/// Blocks in a unit of `unit_elems` elements.
+pub(crate) fn blocks_in(ty: GgmlType, unit_elems: usize) -> usize {
+    unit_elems / ty.block_elems()
+}
+
+pub(crate) fn record_layout(ty: GgmlType, nb: usize) -> RecordLayout {
+    let (lo, hi, sc, mins, d) = match ty {
+        GgmlType::Q8_0 => (nb * 8 * 64, 0, 0, 0, nb * 32),
+        GgmlType::Q4_0 => (nb * 4 * 64, 0, 0, 0, nb * 32),
+        GgmlType::Q5_0 => (nb * 4 * 64, nb * 8 * 8, 0, 0, nb * 32),
+        GgmlType::Q4K => (2048, 0, 128, 128, 64),
+        GgmlType::Q5K => (2048, 512, 128, 128, 64),
+        GgmlType::Q6K => (2048, 1024, 256, 0, 32),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not a quantized type"),
+    };
+    let hi_at = lo;
+    let sc_at = hi_at + hi;
+    let mins_at = sc_at + sc;
+    let d_at = mins_at + mins;
+    RecordLayout {
+        hi: hi_at,
+        sc: sc_at,
+        mins: mins_at,
+        d: d_at,
+        size: (d_at + d).next_multiple_of(64),
+    }
+}
+
+/// Decoded levels and scales of one block of one row.
+struct Decoded {
+    /// Unsigned levels (Q8_0: `q + 128`), `[block_elems]`.
+    levels: [u8; QK_K],
+    d: [u8; 2],
+    dmin: [u8; 2],
+    /// Sub-block scales (Q6_K: i8 bit patterns).
+    sc: [u8; 16],
+    mins: [u8; 8],
+}
+
+fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
+    let mut out =
+        Decoded { levels: [0; QK_K], d: [b[0], b[1]], dmin: [0; 2], sc: [0; 16], mins: [0; 8] };
+    match ty {
+        GgmlType::Q8_0 => {
+            for (l, q) in out.levels.iter_mut().zip(&b[2..2 + QK]) {
+                *l = q ^ 0x80;
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let (qs, qh) = if ty == GgmlType::Q5_0 {
+                (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]))
+            } else {
+                (&b[2..18], 0)
+            };
+            for (j, q) in qs.iter().enumerate() {
+                out.levels[j] = (q & 0xF) | ((((qh >> j) & 1) as u8) << 4);
+                out.levels[j + 16] = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+            }
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            out.dmin = [b[2], b[3]];
+            let five = ty == GgmlType::Q5K;
+            let qs = if five { &b[48..176] } else { &b[16..144] };
+            for s in 0..8 {
+                (out.sc[s], out.mins[s]) = scale_min_k4(s, &b[4..16]);
+                for l in 0..QK {
+                    let c = qs[(s / 2) * 32 + l];
+                    let nib = if s % 2 == 0 { c & 0xF } else { c >> 4 };
+                    let hi = if five { ((b[16 + l] >> s) & 1) << 4 } else { 0 };
+                    out.levels[s * QK + l] = nib | hi;
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            out.d = [b[208], b[209]];
+            out.sc.copy_from_slice(&b[192..208]);
+            for h in 0..2 {
+                let (ql, qh) = (&b[64 * h..], &b[128 + 32 * h..]);
+                let lv = &mut out.levels[128 * h..];
+                for l in 0..32 {
+                    lv[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                    lv[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                    lv[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                    lv[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                }
+            }
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not a quantized type"),
+    }
+    out
+}
+
+/// Writes the record of `rows` (each the unit's `nb` blocks of original bytes; `None` for
+/// padding lanes) into `rec` (`record_layout(ty, nb).size` bytes, zeroed).
+pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: &mut [u8]) {
+    let lay = record_layout(ty, nb);
+    let be = ty.block_elems();
+    let mut quads = vec![[0u8; 64]; nb * be / 4];
+    for (lane, row) in rows.iter().enumerate() {
+        let Some(row) = row else { continue };
+        for (bi, blk) in row.chunks_exact(ty.block_bytes()).take(nb).enumerate() {
+            let dec = decode(ty, blk);
+            for e in 0..be {
+                let e_unit = bi * be + e;
+                quads[e_unit / 4][lane * 4 + e_unit % 4] = dec.levels[e];
+            }
+            let d_at = lay.d + (bi * LANES + lane) * 2;
+            rec[d_at..d_at + 2].copy_from_slice(&dec.d);
+            match ty {
+                GgmlType::Q4K | GgmlType::Q5K => {
+                    let dmin_at = lay.d + (LANES + lane) * 2;
+                    rec[dmin_at..dmin_at + 2].copy_from_slice(&dec.dmin);
+                    for s in 0..8 {
+                        rec[lay.sc + s * LANES + lane] = dec.sc[s];
+                        rec[lay.mins + (s / 2) * 32 + lane * 2 + s % 2] = dec.mins[s];
+                    }
+                }
+                GgmlType::Q6K => {
+                    for s in 0..16 {
+                        rec[lay.sc + s * LANES + lane] = dec.sc[s];
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    match ty {
+        GgmlType::Q8_0 => {
+            for (i, q) in quads.iter().enumerate() {
+                rec[i * 64..i * 64 + 64].copy_from_slice(q);
+            }
+        }
+        _ => {
+            for v in 0..quads.len() / 2 {
+                for i in 0..64 {
+                    rec[v * 64 + i] = (quads[2 * v][i] & 0xF) | ((quads[2 * v + 1][i] & 0xF) << 4);
+                }
+            }
+        }
+    }
+    match ty {
+        GgmlType::Q5_0 | GgmlType::Q5K => {
+            for (qi, q) in quads.iter().enumerate() {
+                let bits = (0..64).fold(0u64, |a, i| a | (u64::from((q[i] >> 4) & 1) << i));
+                rec[lay.hi + qi * 8..lay.hi + qi * 8 + 8].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        GgmlType::Q6K => {
+            for v in 0..quads.len() / 4 {
+                for i in 0..64 {
+                    rec[lay.hi + v * 64 + i] =
+                        (0..4).fold(0u8, |a, t| a | (((quads[4 * v + t][i] >> 4) & 3) << (2 * t)));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Widens record `rec` (`nb` blocks; `record_layout(ty, nb).size` readable bytes) into `un`.
+/// For Q8_0 the quads are not copied (the kernels read them from the record).
+///
+/// # Safety
+/// `S`'s CPU features must be available; `rec` must point at a whole record.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un: &mut Unpacked) {
+    let lay = record_layout(ty, nb);
+    let q = un.quads.as_mut_ptr().cast::<u8>();
+    // SAFETY (whole body): all offsets are within the record layout computed above, and `un`'s
+    // arrays are sized for the largest record.
+    unsafe {
+        let m4 = S::splat8(0x0F);
+        let nquads = nb * ty.block_elems() / 4;
+        if ty != GgmlType::Q8_0 {
+            for v in 0..nquads / 2 {
+                let x = S::load(rec.add(v * 64));
+                let mut lo = S::and(x, m4);
+                let mut hi = S::and(S::srli16::<4>(x), m4);
+                if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5K) {
+                    let bits = rec.add(lay.hi + v * 16).cast::<[u8; 8]>();
+                    lo = S::or(lo, S::bit4(u64::from_le_bytes(bits.read_unaligned())));
+                    hi = S::or(hi, S::bit4(u64::from_le_bytes(bits.add(1).read_unaligned())));
+                }
+                S::store(q.add(2 * v * 64), lo);
+                S::store(q.add((2 * v + 1) * 64), hi);
+            }
+        }
+        if ty == GgmlType::Q6K {
+            let m3 = S::splat8(0x30);
+            for v in 0..nquads / 4 {
+                let h = S::load(rec.add(lay.hi + v * 64));
+                let parts = [
+                    S::and(S::slli16::<4>(h), m3),
+                    S::and(S::slli16::<2>(h), m3),
+                    S::and(h, m3),
+                    S::and(S::srli16::<2>(h), m3),
+                ];
+                for (t, p) in parts.into_iter().enumerate() {
+                    let at = q.add((4 * v + t) * 64);
+                    S::store(at, S::or(S::load(at), p));
+                }
+            }
+        }
+        let dn = if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) { 2 } else { nb };
+        for b in 0..dn {
+            S::storef(un.fscale[b].as_mut_ptr(), S::load_f16(rec.add(lay.d + b * 32)));
+        }
+        match ty {
+            GgmlType::Q4K | GgmlType::Q5K => {
+                for s in 0..8 {
+                    let v = S::widen_u8_i32(rec.add(lay.sc + s * 16));
+                    S::store(un.iscale[s].as_mut_ptr().cast(), v);
+                }
+                for p in 0..4 {
+                    let v = S::widen_u8_i16(rec.add(lay.mins + p * 32));
+                    S::store(un.mins[p].as_mut_ptr().cast(), v);
+                }
+            }
+            GgmlType::Q6K => {
+                for s in 0..16 {
+                    let v = S::widen_i8_i32(rec.add(lay.sc + s * 16));
+                    S::store(un.iscale[s].as_mut_ptr().cast(), v);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Dequantizes lane `lane` of an unpacked record (`nb` blocks, Q8_0 quads at `quads`) into
+/// `out` (`[nb · block_elems]`), with exactly the arithmetic of [`super::dequantize_row`].
+pub(crate) fn dequant_lane(
+    ty: GgmlType,
+    nb: usize,
+    un: &Unpacked,
+    quads: &[u8],
+    lane: usize,
+    out: &mut [f32],
+) {
+    let be = ty.block_elems();
+    let level = |e: usize| quads[(e / 4) * 64 + lane * 4 + e % 4];
+    for (e, o) in out.iter_mut().enumerate().take(nb * be) {
+        let q = level(e);
+        *o = match ty {
+            GgmlType::Q8_0 => f32::from((q ^ 0x80).cast_signed()) * un.fscale[e / QK][lane],
+            GgmlType::Q4_0 => un.fscale[e / QK][lane] * f32::from(i16::from(q) - 8),
+            GgmlType::Q5_0 => un.fscale[e / QK][lane] * f32::from(i16::from(q) - 16),
+            GgmlType::Q4K | GgmlType::Q5K => {
+                let s = e / QK;
+                let m = un.mins[s / 2][lane] >> (16 * (s % 2)) & 0xFFFF;
+                let dl = un.fscale[0][lane] * un.iscale[s][lane] as f32;
+                dl * f32::from(q) - un.fscale[1][lane] * m as f32
+            }
+            GgmlType::Q6K => {
+                let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
+                dl * f32::from(i16::from(q) - 32)
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+        };
+    }
+}
