@@ -4,7 +4,8 @@
 //! Weight-stationary: a task owns whole 16-row groups; for every 256-element unit of a group
 //! the record is unpacked once (into per-thread scratch) and then dotted with up to 64
 //! activation rows (larger `m` is processed in chunks of 64). The 16 lanes of every vector are
-//! the 16 weight rows of the group, so no horizontal sums are needed.
+//! the 16 weight rows of the group, so no horizontal sums are needed. Activation rows are taken
+//! 4 at a time, so each weight vector loaded from the unpacked record feeds 4 `vpdpbusd`.
 //!
 //! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that
 //! starts at 0 and, for every weight block in column order, takes
@@ -195,19 +196,18 @@ unsafe fn kernel<S: Isa>(
                 unsafe { unpack::<S>(ty, nb, rec, &mut s.un) };
                 let quads = if ty == GgmlType::Q8_0 { rec } else { s.un.quads.as_ptr().cast() };
                 let un = &*s.un;
-                for (i, a) in (r0..r1).zip(acc.iter_mut()) {
-                    // SAFETY: `quads` holds the unit's quads; `i < m`, `u` is a unit of `k`.
+                let mut i = r0;
+                while i < r1 {
+                    let a = &mut acc[i - r0..];
+                    // SAFETY: `quads` holds the unit's quads; rows `i..i + R` are below `m`,
+                    // `u` is a unit of `k`.
                     unsafe {
-                        match ty {
-                            GgmlType::Q8_0 if S::SIGNED_Q8 => {
-                                row_a::<S, true>(0, nb, quads, un, acts, i, u, a);
-                            }
-                            GgmlType::Q8_0 => row_a::<S, false>(7, nb, quads, un, acts, i, u, a),
-                            GgmlType::Q4_0 => row_a::<S, false>(3, nb, quads, un, acts, i, u, a),
-                            GgmlType::Q5_0 => row_a::<S, false>(4, nb, quads, un, acts, i, u, a),
-                            GgmlType::Q4K | GgmlType::Q5K => row_k45::<S>(quads, un, acts, i, u, a),
-                            GgmlType::Q6K => row_q6k::<S>(quads, un, acts, i, u, a),
-                            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+                        if r1 - i >= TILE_ROWS {
+                            rows::<S, TILE_ROWS>(ty, nb, quads, un, acts, i, u, a);
+                            i += TILE_ROWS;
+                        } else {
+                            rows::<S, 1>(ty, nb, quads, un, acts, i, u, a);
+                            i += 1;
                         }
                     }
                 }
@@ -221,11 +221,43 @@ unsafe fn kernel<S: Isa>(
     }
 }
 
-/// One activation row against one unit of Q4_0/Q5_0/Q8_0 blocks. `SIGNED`: the Q8_0 levels go
+/// Activation rows one weight load serves.
+const TILE_ROWS: usize = 4;
+
+/// Activation rows `i..i + R` against one unit.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn rows<S: Isa, const R: usize>(
+    ty: GgmlType,
+    nb: usize,
+    quads: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [[f32; LANES]],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 if S::SIGNED_Q8 => {
+                row_a::<S, true, R>(0, nb, quads, un, acts, i, u, acc);
+            }
+            GgmlType::Q8_0 => row_a::<S, false, R>(7, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q4_0 => row_a::<S, false, R>(3, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q5_0 => row_a::<S, false, R>(4, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q4K | GgmlType::Q5K => row_k45::<S, R>(quads, un, acts, i, u, acc),
+            GgmlType::Q6K => row_q6k::<S, R>(quads, un, acts, i, u, acc),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+        }
+    }
+}
+
+/// Rows `i..i + R` against one unit of Q4_0/Q5_0/Q8_0 blocks. `SIGNED`: the Q8_0 levels go
 /// through [`Isa::dot_q8`]; otherwise `t = dot − (Σx << shift)`.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_a<S: Isa, const SIGNED: bool>(
+unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
     shift: u32,
     nb: usize,
     quads: *const u8,
@@ -233,109 +265,142 @@ unsafe fn row_a<S: Isa, const SIGNED: bool>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [f32; LANES],
+    acc: &mut [[f32; LANES]],
 ) {
     let k = acts.k;
     let nbk = k / QK;
-    // SAFETY (whole body): block `u·8 + b` of row `i` is inside `acts` (`k` columns), and the
-    // unit holds `nb` blocks of 8 quads.
+    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts` (`k` columns),
+    // the unit holds `nb` blocks of 8 quads, and `acc` has at least `R` rows.
     unsafe {
-        let mut a = S::loadf(acc.as_ptr());
+        let mut a: [S::F; R] = std::array::from_fn(|r| S::loadf(acc[r].as_ptr()));
         for b in 0..nb {
             let bg = u * 8 + b;
-            let x = acts.qs.as_ptr().add(i * k + bg * QK);
+            let x: [*const i8; R] =
+                std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
             let w = quads.add(b * 8 * 64);
-            let (mut s0, mut s1) = (S::zero(), S::zero());
+            let mut s0 = [S::zero(); R];
+            let mut s1 = [S::zero(); R];
             for q in (0..8).step_by(2) {
-                if SIGNED {
-                    s0 = S::dot_q8(s0, S::load(w.add(q * 64)), x.add(4 * q));
-                    s1 = S::dot_q8(s1, S::load(w.add(q * 64 + 64)), x.add(4 * q + 4));
-                } else {
-                    s0 = S::dot(s0, S::load(w.add(q * 64)), x.add(4 * q));
-                    s1 = S::dot(s1, S::load(w.add(q * 64 + 64)), x.add(4 * q + 4));
+                let (w0, w1) = (S::load(w.add(q * 64)), S::load(w.add(q * 64 + 64)));
+                for r in 0..R {
+                    if SIGNED {
+                        s0[r] = S::dot_q8(s0[r], w0, x[r].add(4 * q));
+                        s1[r] = S::dot_q8(s1[r], w1, x[r].add(4 * q + 4));
+                    } else {
+                        s0[r] = S::dot(s0[r], w0, x[r].add(4 * q));
+                        s1[r] = S::dot(s1[r], w1, x[r].add(4 * q + 4));
+                    }
                 }
             }
-            let mut t = S::add32(s0, s1);
-            if !SIGNED {
-                t = S::sub32(t, S::splat32(*acts.s32.get_unchecked(i * nbk + bg) << shift));
+            let fs = S::loadf(un.fscale[b].as_ptr());
+            for r in 0..R {
+                let mut t = S::add32(s0[r], s1[r]);
+                if !SIGNED {
+                    let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
+                    t = S::sub32(t, S::splat32(sx << shift));
+                }
+                let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
+                a[r] = S::fmadd(S::cvt(t), S::mulf(fs, dx), a[r]);
             }
-            let dx = S::splatf(*acts.d.get_unchecked(i * nbk + bg));
-            a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[b].as_ptr()), dx), a);
         }
-        S::storef(acc.as_mut_ptr(), a);
+        for r in 0..R {
+            S::storef(acc[r].as_mut_ptr(), a[r]);
+        }
     }
 }
 
-/// One activation row against one Q4_K/Q5_K block.
+/// Rows `i..i + R` against one Q4_K/Q5_K block.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_k45<S: Isa>(
+unsafe fn row_k45<S: Isa, const R: usize>(
     quads: *const u8,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [f32; LANES],
+    acc: &mut [[f32; LANES]],
 ) {
     let k = acts.k;
-    // SAFETY (whole body): block `u` of row `i` is inside `acts`; the unit holds 64 quads.
+    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
+    // quads; `acc` has at least `R` rows.
     unsafe {
-        let x = acts.qs.as_ptr().add(i * k + u * 256);
-        let mut t = S::zero();
+        let x: [*const i8; R] =
+            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
+        let mut t = [S::zero(); R];
         for s in 0..8 {
             let w = quads.add(s * 8 * 64);
-            let xs = x.add(s * 32);
-            let (mut p0, mut p1) = (S::zero(), S::zero());
+            let mut p0 = [S::zero(); R];
+            let mut p1 = [S::zero(); R];
             for q in (0..8).step_by(2) {
-                p0 = S::dot(p0, S::load(w.add(q * 64)), xs.add(4 * q));
-                p1 = S::dot(p1, S::load(w.add(q * 64 + 64)), xs.add(4 * q + 4));
+                let (w0, w1) = (S::load(w.add(q * 64)), S::load(w.add(q * 64 + 64)));
+                for r in 0..R {
+                    p0[r] = S::dot(p0[r], w0, x[r].add(s * 32 + 4 * q));
+                    p1[r] = S::dot(p1[r], w1, x[r].add(s * 32 + 4 * q + 4));
+                }
             }
-            let p = S::add32(p0, p1);
-            t = S::add32(t, S::mullo32(p, S::load(un.iscale[s].as_ptr().cast())));
+            let sc = S::load(un.iscale[s].as_ptr().cast());
+            for r in 0..R {
+                t[r] = S::add32(t[r], S::mullo32(S::add32(p0[r], p1[r]), sc));
+            }
         }
-        let mut mn = S::zero();
-        let pairs = acts.pairs.as_ptr().add(i * (k / 64) + u * 4);
-        for p in 0..4 {
-            mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
+        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
+        for r in 0..R {
+            let mut mn = S::zero();
+            let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
+            for p in 0..4 {
+                mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
+            }
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let mut a = S::loadf(acc[r].as_ptr());
+            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
+            a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
+            S::storef(acc[r].as_mut_ptr(), a);
         }
-        let dx = S::splatf(*acts.d.get_unchecked(i * (k / 256) + u));
-        let mut a = S::loadf(acc.as_ptr());
-        a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[0].as_ptr()), dx), a);
-        a = S::fnmadd(S::cvt(mn), S::mulf(S::loadf(un.fscale[1].as_ptr()), dx), a);
-        S::storef(acc.as_mut_ptr(), a);
     }
 }
 
-/// One activation row against one Q6_K block.
+/// Rows `i..i + R` against one Q6_K block.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_q6k<S: Isa>(
+unsafe fn row_q6k<S: Isa, const R: usize>(
     quads: *const u8,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [f32; LANES],
+    acc: &mut [[f32; LANES]],
 ) {
     let k = acts.k;
-    // SAFETY (whole body): block `u` of row `i` is inside `acts`; the unit holds 64 quads.
+    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
+    // quads; `acc` has at least `R` rows.
     unsafe {
-        let x = acts.qs.as_ptr().add(i * k + u * 256);
-        let s16 = acts.s16.as_ptr().add(i * (k / 16) + u * 16);
-        let mut t = S::zero();
+        let x: [*const i8; R] =
+            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
+        let s16: [*const i32; R] =
+            std::array::from_fn(|r| acts.s16.as_ptr().add((i + r) * (k / 16) + u * 16));
+        let mut t = [S::zero(); R];
         for s in 0..16 {
             let w = quads.add(s * 4 * 64);
-            let xs = x.add(s * 16);
-            let mut p0 = S::dot(S::zero(), S::load(w), xs);
-            let mut p1 = S::dot(S::zero(), S::load(w.add(64)), xs.add(4));
-            p0 = S::dot(p0, S::load(w.add(128)), xs.add(8));
-            p1 = S::dot(p1, S::load(w.add(192)), xs.add(12));
-            let p = S::sub32(S::add32(p0, p1), S::splat32(*s16.add(s) << 5));
-            t = S::add32(t, S::mullo32(p, S::load(un.iscale[s].as_ptr().cast())));
+            let mut p0 = [S::zero(); R];
+            let mut p1 = [S::zero(); R];
+            for q in (0..4).step_by(2) {
+                let (w0, w1) = (S::load(w.add(q * 64)), S::load(w.add(q * 64 + 64)));
+                for r in 0..R {
+                    p0[r] = S::dot(p0[r], w0, x[r].add(s * 16 + 4 * q));
+                    p1[r] = S::dot(p1[r], w1, x[r].add(s * 16 + 4 * q + 4));
+                }
+            }
+            let sc = S::load(un.iscale[s].as_ptr().cast());
+            for r in 0..R {
+                let p = S::sub32(S::add32(p0[r], p1[r]), S::splat32(*s16[r].add(s) << 5));
+                t[r] = S::add32(t[r], S::mullo32(p, sc));
+            }
         }
-        let dx = S::splatf(*acts.d.get_unchecked(i * (k / 256) + u));
-        let mut a = S::loadf(acc.as_ptr());
-        a = S::fmadd(S::cvt(t), S::mulf(S::loadf(un.fscale[0].as_ptr()), dx), a);
-        S::storef(acc.as_mut_ptr(), a);
+        let d = S::loadf(un.fscale[0].as_ptr());
+        for r in 0..R {
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), S::loadf(acc[r].as_ptr()));
+            S::storef(acc[r].as_mut_ptr(), a);
+        }
     }
 }

@@ -1,0 +1,77 @@
+//! Quantized matmul throughput: `cargo run --release -p kiln-kernels --example quant_bench --
+//! [threads] [filter]`. For each (type, n, k) of gemma-3-270m's matrices (plus the LM head) and
+//! m = 1, 4, 16, 64, prints GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs.
+
+use std::time::Instant;
+
+use kiln_kernels::quant::quantize_row;
+use kiln_kernels::{GgmlType, ThreadPool, WeightMatrix, linear};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let filter = args.next().unwrap_or_default();
+    let pool = ThreadPool::new(threads);
+    let shapes = [
+        (GgmlType::Q5_0, 1024usize, 640usize),
+        (GgmlType::Q4K, 640, 1024),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q6K, 640, 2048),
+        (GgmlType::Q8_0, 2048, 640),
+        (GgmlType::Q4_0, 2048, 640),
+        (GgmlType::Q5K, 2048, 1024),
+        (GgmlType::Q8_0, 262_144, 640),
+    ];
+    for (ty, n, k) in shapes {
+        if !ty.name().contains(&filter) && !filter.is_empty() {
+            continue;
+        }
+        let w = make(ty, n, k);
+        let bytes = w.data().num_bytes();
+        for m in [1usize, 4, 16, 64] {
+            let x: Vec<f32> =
+                (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+            let mut out = vec![0.0f32; m * n];
+            linear(&pool, &x, m, &w, None, &mut out);
+            let reps = (3e8 / bytes as f64).clamp(3.0, 2000.0) as usize;
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    linear(&pool, &x, m, &w, None, &mut out);
+                }
+                best = best.min(start.elapsed().as_secs_f64() / reps as f64);
+            }
+            let gops = 2.0 * (m * n * k) as f64 / best / 1e9;
+            let gbs = bytes as f64 / best / 1e9;
+            println!(
+                "{:5} n={n:6} k={k:5} m={m:3}: {:8.3} ms  {gbs:6.1} GB/s  {gops:7.1} GOP/s",
+                ty.name(),
+                best * 1e3
+            );
+        }
+    }
+}
+
+/// An `[n, k]` matrix of `ty` quantized from 64 pseudo-random rows, cycled.
+fn make(ty: GgmlType, n: usize, k: usize) -> WeightMatrix {
+    let rb = ty.row_bytes(k).expect("k is a multiple of the block");
+    let mut src = vec![vec![0u8; rb]; 64];
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for row in &mut src {
+        let vals: Vec<f32> = (0..k)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        quantize_row(ty, &vals, row);
+    }
+    let mut bytes = Vec::with_capacity(n * rb);
+    for r in 0..n {
+        bytes.extend_from_slice(&src[r % 64]);
+    }
+    WeightMatrix::from_quantized(n, k, ty, bytes.into()).expect("shape")
+}
