@@ -81,6 +81,17 @@ impl Rope {
         Self { inv_freq, style }
     }
 
+    /// Divides each frequency by its factor (llama.cpp's `rope_freqs` tensor, which carries
+    /// Llama 3's scaling in GGUF files). `factors` has one entry per rotated pair.
+    #[must_use]
+    pub fn with_freq_factors(mut self, factors: &[f32]) -> Self {
+        assert_eq!(factors.len(), self.inv_freq.len(), "one factor per rotated pair");
+        for (f, factor) in self.inv_freq.iter_mut().zip(factors) {
+            *f /= factor;
+        }
+        self
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.inv_freq.len() * 2
     }

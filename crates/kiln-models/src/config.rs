@@ -64,6 +64,8 @@ pub struct ModelConfig {
     /// local base; those layers then use no frequency scaling).
     pub rope_local_theta: Option<f32>,
     pub rope_style: RopeStyle,
+    /// Per-pair divisors of the global RoPE frequencies (`[head_dim / 2]`; GGUF `rope_freqs`).
+    pub rope_freq_factors: Option<Vec<f32>>,
     pub hidden_act: GateActivation,
     /// Multiplier of attention scores (`1/sqrt(head_dim)`, Gemma: `1/sqrt(query_pre_attn_scalar)`).
     pub attention_scale: f32,
@@ -131,6 +133,24 @@ impl Fields<'_> {
                 .filter(|f| f.is_finite())
                 .map(Some)
                 .ok_or_else(|| self.err(format!("`{key}` must be a finite number"))),
+        }
+    }
+
+    fn opt_positive(&self, key: &str) -> Result<Option<f32>, LoadError> {
+        match self.opt_f32(key)? {
+            Some(c) if c <= 0.0 => Err(self.err(format!("`{key}` must be positive"))),
+            c => Ok(c),
+        }
+    }
+
+    /// The MLP's gate activation (`hidden_activation`, else `hidden_act`).
+    fn hidden_act(&self, gemma: bool) -> Result<GateActivation, LoadError> {
+        let name = self.json.get("hidden_activation").or_else(|| self.json.get("hidden_act"));
+        match name.and_then(Value::as_str) {
+            None if gemma => Ok(GateActivation::GeluTanh),
+            None | Some("silu" | "swish") => Ok(GateActivation::Silu),
+            Some("gelu_pytorch_tanh" | "gelu_new" | "gelu") => Ok(GateActivation::GeluTanh),
+            Some(other) => Err(self.err(format!("hidden activation `{other}` is not supported"))),
         }
     }
 
@@ -205,24 +225,7 @@ impl ModelConfig {
             Architecture::Gemma3 => gemma_layer_windows(&f, num_layers, window)?,
         };
         let gemma = architecture == Architecture::Gemma3;
-        let hidden_act = match json
-            .get("hidden_activation")
-            .or_else(|| json.get("hidden_act"))
-            .and_then(Value::as_str)
-        {
-            None => {
-                if gemma {
-                    GateActivation::GeluTanh
-                } else {
-                    GateActivation::Silu
-                }
-            }
-            Some("silu" | "swish") => GateActivation::Silu,
-            Some("gelu_pytorch_tanh" | "gelu_new" | "gelu") => GateActivation::GeluTanh,
-            Some(other) => {
-                return Err(f.err(format!("hidden activation `{other}` is not supported")));
-            }
-        };
+        let hidden_act = f.hidden_act(gemma)?;
         let query_scalar = if gemma {
             f.opt_f32("query_pre_attn_scalar")?.unwrap_or(head_dim as f32)
         } else {
@@ -235,12 +238,6 @@ impl ModelConfig {
             Some(keyed_local_theta.or(f.opt_f32("rope_local_base_freq")?).unwrap_or(10_000.0))
         } else {
             None
-        };
-        let softcap = |key: &str| -> Result<Option<f32>, LoadError> {
-            match f.opt_f32(key)? {
-                Some(c) if c <= 0.0 => Err(f.err(format!("`{key}` must be positive"))),
-                c => Ok(c),
-            }
         };
         Ok(Self {
             architecture,
@@ -259,13 +256,14 @@ impl ModelConfig {
             layer_windows,
             rope_local_theta,
             rope_style: RopeStyle::Neox,
+            rope_freq_factors: None,
             hidden_act,
             attention_scale: 1.0 / query_scalar.sqrt(),
             embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
             sandwich_norms: gemma,
             norm_weight_offset: if gemma { 1.0 } else { 0.0 },
-            attn_logit_softcap: softcap("attn_logit_softcapping")?,
-            final_logit_softcap: softcap("final_logit_softcapping")?,
+            attn_logit_softcap: f.opt_positive("attn_logit_softcapping")?,
+            final_logit_softcap: f.opt_positive("final_logit_softcapping")?,
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             o_bias: attention_bias,
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),

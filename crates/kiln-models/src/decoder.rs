@@ -66,7 +66,9 @@ impl DecoderModel {
         let norm = |t: Tensor, len: usize| -> Result<Vec<f32>, LoadError> {
             let mut v = w.vector(t, len)?;
             if c.norm_weight_offset != 0.0 {
-                v.iter_mut().for_each(|x| *x += c.norm_weight_offset);
+                for x in &mut v {
+                    *x += c.norm_weight_offset;
+                }
             }
             Ok(v)
         };
@@ -107,7 +109,10 @@ impl DecoderModel {
         } else {
             Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
         };
-        let rope = Rope::new(c.rope_theta, c.head_dim, c.rope_scaling, c.rope_style);
+        let mut rope = Rope::new(c.rope_theta, c.head_dim, c.rope_scaling, c.rope_style);
+        if let Some(factors) = &c.rope_freq_factors {
+            rope = rope.with_freq_factors(factors);
+        }
         let local_rope =
             c.rope_local_theta.map(|b| Rope::new(b, c.head_dim, RopeScaling::None, c.rope_style));
         Ok(Self {
@@ -119,6 +124,52 @@ impl DecoderModel {
             local_rope,
             config,
         })
+    }
+
+    /// The cache must match the model, the batch must be valid for both.
+    fn check_batch(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<(), ForwardError> {
+        let c = &self.config;
+        if kv.layout() != self.kv_layout() || kv.block_size() != batch.block_size() {
+            return Err(ForwardError::KvLayout(format!(
+                "cache {:?} with block size {}, model needs {:?} with block size {}",
+                kv.layout(),
+                kv.block_size(),
+                self.kv_layout(),
+                batch.block_size()
+            )));
+        }
+        batch.validate(c.vocab_size, kv.num_blocks())?;
+        for l in 0..c.num_layers {
+            self.attention_shape(batch.block_size(), l)
+                .validate()
+                .map_err(ForwardError::KvLayout)?;
+        }
+        Ok(())
+    }
+
+    /// `proj[t, h] = down(act(gate(x)) * up(x))` over `normed[t, h]`, through `gate`/`up`
+    /// (`[t, intermediate]`).
+    fn mlp(
+        &self,
+        pool: &ThreadPool,
+        layer: &Layer,
+        t: usize,
+        normed: &[f32],
+        gate: &mut [f32],
+        up: &mut [f32],
+        proj: &mut [f32],
+    ) {
+        linear_multi(
+            pool,
+            normed,
+            t,
+            &mut [
+                LinearJob { weight: &layer.gate_proj, bias: layer.gate_bias.as_deref(), out: gate },
+                LinearJob { weight: &layer.up_proj, bias: layer.up_bias.as_deref(), out: up },
+            ],
+        );
+        gated_act_inplace(pool, self.config.hidden_act, gate, up);
+        linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
     }
 
     fn attention_shape(&self, block_size: usize, layer: usize) -> AttentionShape {
@@ -178,21 +229,7 @@ impl Model for DecoderModel {
         logits: &mut Logits,
     ) -> Result<(), ForwardError> {
         let c = &self.config;
-        if kv.layout() != self.kv_layout() || kv.block_size() != batch.block_size() {
-            return Err(ForwardError::KvLayout(format!(
-                "cache {:?} with block size {}, model needs {:?} with block size {}",
-                kv.layout(),
-                kv.block_size(),
-                self.kv_layout(),
-                batch.block_size()
-            )));
-        }
-        batch.validate(c.vocab_size, kv.num_blocks())?;
-        for l in 0..c.num_layers {
-            self.attention_shape(batch.block_size(), l)
-                .validate()
-                .map_err(ForwardError::KvLayout)?;
-        }
+        self.check_batch(batch, kv)?;
         let t = batch.num_tokens();
         let num_rows = batch.logits_rows.len();
         let (h, i) = (c.hidden_size, c.intermediate_size);
@@ -215,7 +252,9 @@ impl Model for DecoderModel {
         for (row, &token) in hidden.chunks_exact_mut(h).zip(&batch.token_ids) {
             self.embed_tokens.row_to_f32(token as usize, row);
             if let Some(scale) = c.embedding_scale {
-                row.iter_mut().for_each(|x| *x *= scale);
+                for x in row.iter_mut() {
+                    *x *= scale;
+                }
             }
         }
         for (l, layer) in self.layers.iter().enumerate() {
@@ -259,21 +298,7 @@ impl Model for DecoderModel {
             add_inplace(hidden, proj);
 
             rms_norm(pool, hidden, &layer.mlp_norm, c.rms_norm_eps, normed);
-            linear_multi(
-                pool,
-                normed,
-                t,
-                &mut [
-                    LinearJob {
-                        weight: &layer.gate_proj,
-                        bias: layer.gate_bias.as_deref(),
-                        out: gate,
-                    },
-                    LinearJob { weight: &layer.up_proj, bias: layer.up_bias.as_deref(), out: up },
-                ],
-            );
-            gated_act_inplace(pool, c.hidden_act, gate, up);
-            linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
+            self.mlp(pool, layer, t, normed, gate, up, proj);
             if let Some(norm) = &layer.mlp_out_norm {
                 rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
             }

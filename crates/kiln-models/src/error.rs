@@ -23,6 +23,8 @@ pub enum LoadError {
     Shape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
     #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
     Dtype { path: PathBuf, name: String, dtype: String },
+    #[error("quantizing tensor `{name}`: {message}")]
+    Quantize { name: String, message: String },
     #[error("{path}: tokenizer: {message}")]
     Tokenizer { path: PathBuf, message: String },
 }

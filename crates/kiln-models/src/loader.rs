@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use kiln_kernels::GgmlType;
+
 use crate::config::Architecture;
 use crate::decoder::DecoderModel;
 use crate::gguf::GgufFile;
@@ -17,10 +19,25 @@ pub struct LoadedModel {
     pub generation_defaults: GenerationDefaults,
 }
 
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Quantize float weight matrices on load (`q8_0`, `q4_K`, `q5_0`, ...); already
+    /// quantized GGUF tensors are kept as they are. A float type (`f32`) instead converts
+    /// every matrix to it, dequantizing GGUF tensors. Rows that are not a whole number of
+    /// K-quant blocks (256) fall back to `q5_0` / `q8_0` as llama.cpp does.
+    pub quantization: Option<GgmlType>,
+}
+
 /// Loads the model at `path`: an HF model directory or a `.gguf` file.
 pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
+    load_model_with(path, &LoadOptions::default())
+}
+
+/// [`load_model`] with options.
+pub fn load_model_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
     if path.is_file() {
-        return load_gguf(path);
+        return load_gguf(path, options);
     }
     if !path.is_dir() {
         return Err(LoadError::format(
@@ -32,15 +49,17 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
     let naming = Naming::Hf { sandwich: config.architecture == Architecture::Gemma3 };
-    let model = DecoderModel::load(config, &Weights { source: &store, naming })?;
+    let weights = Weights { source: &store, naming, quantize: options.quantization };
+    let model = DecoderModel::load(config, &weights)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
 }
 
-fn load_gguf(path: &Path) -> Result<LoadedModel, LoadError> {
+fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let file = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&file)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let model = DecoderModel::load(config, &Weights { source: &file, naming: Naming::Gguf })?;
+    let weights = Weights { source: &file, naming: Naming::Gguf, quantize: options.quantization };
+    let model = DecoderModel::load(config, &weights)?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer,

@@ -97,6 +97,11 @@ impl WeightStore {
         self.tensors.contains_key(name)
     }
 
+    /// The stored shape of a tensor.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|e| e.shape.as_slice())
+    }
+
     fn entry(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
         let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
             path: self.describe_files(),

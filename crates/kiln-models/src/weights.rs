@@ -1,7 +1,7 @@
 //! Where a model's weights come from: a safetensors store or a GGUF file, optionally
-//! quantized as they load.
+//! quantized as they load (matrices only: norms and biases stay f32).
 
-use kiln_kernels::WeightMatrix;
+use kiln_kernels::{GgmlType, WeightData, WeightMatrix};
 
 use crate::LoadError;
 use crate::names::{Naming, Tensor};
@@ -19,6 +19,8 @@ pub(crate) trait WeightSource {
 pub(crate) struct Weights<'a> {
     pub source: &'a dyn WeightSource,
     pub naming: Naming,
+    /// Quantize float matrices to this type as they load (`--quantization`).
+    pub quantize: Option<GgmlType>,
 }
 
 impl Weights<'_> {
@@ -33,7 +35,15 @@ impl Weights<'_> {
         cols: usize,
     ) -> Result<WeightMatrix, LoadError> {
         let name = self.naming.name(t);
-        self.source.matrix(&name, rows, cols)
+        let m = self.source.matrix(&name, rows, cols)?;
+        let Some(ty) = self.quantize.and_then(|ty| fallback_type(ty, cols)) else { return Ok(m) };
+        // Float checkpoints are quantized; quantized GGUF tensors keep their own type unless
+        // a float type is asked for (dequantize: exact-arithmetic checks and debugging).
+        let stored_quantized = matches!(m.data(), WeightData::Quant(_));
+        if m.data().dtype_name() == ty.name() || (stored_quantized && ty.is_quantized()) {
+            return Ok(m);
+        }
+        m.quantize(ty).map_err(|e| LoadError::Quantize { name, message: e.to_string() })
     }
 
     pub(crate) fn vector(&self, t: Tensor, len: usize) -> Result<Vec<f32>, LoadError> {
@@ -49,4 +59,15 @@ impl Weights<'_> {
     ) -> Result<Option<Vec<f32>>, LoadError> {
         if present { self.vector(t, len).map(Some) } else { Ok(None) }
     }
+}
+
+/// `ty`, or the type llama.cpp falls back to when `cols` is not a whole number of `ty`'s
+/// blocks (K-quants need multiples of 256); `None` keeps the matrix as it is.
+fn fallback_type(ty: GgmlType, cols: usize) -> Option<GgmlType> {
+    let candidates = match ty {
+        GgmlType::Q4K => [ty, GgmlType::Q5_0],
+        GgmlType::Q5K | GgmlType::Q6K => [ty, GgmlType::Q8_0],
+        _ => [ty, ty],
+    };
+    candidates.into_iter().find(|t| t.row_bytes(cols).is_some())
 }

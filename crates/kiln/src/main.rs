@@ -1,6 +1,7 @@
 //! The `kiln` command line: `kiln generate` today; `serve`, `bench`, `tune` and `plan` join it.
 
 mod generate;
+mod model_arg;
 
 use clap::{Parser, Subcommand};
 

@@ -135,17 +135,8 @@ impl<'a> Cursor<'a> {
 
 /// `(block elements, block bytes)` of the tensor types kiln can load.
 pub(super) fn type_layout(type_id: u32) -> Option<(u64, u64)> {
-    Some(match type_id {
-        0 => (1, 4),
-        1 | 30 => (1, 2),
-        2 => (32, 18),
-        6 => (32, 22),
-        8 => (32, 34),
-        12 => (256, 144),
-        13 => (256, 176),
-        14 => (256, 210),
-        _ => return None,
-    })
+    kiln_kernels::GgmlType::from_gguf_id(type_id)
+        .map(|t| (t.block_elems() as u64, t.block_bytes() as u64))
 }
 
 /// Parses and validates the header of a whole GGUF file held in `bytes`.
@@ -209,9 +200,23 @@ pub(super) fn parse_header(bytes: &[u8]) -> Result<Header, String> {
         }
         raw.push((name, dims, type_id, offset));
     }
-    let data_start = (cur.pos as u64).next_multiple_of(alignment);
-    let file_len = bytes.len() as u64;
-    if data_start > file_len && tensor_count > 0 {
+    let tensors = place_tensors(raw, cur.pos as u64, bytes.len() as u64, alignment)?;
+    Ok(Header { version, metadata, tensors, alignment: alignment as usize })
+}
+
+/// A tensor record as read: name, dims, type id, offset in the data section.
+type RawTensor = (String, Vec<u64>, u32, u64);
+
+/// Validates each tensor against its type and the data section (which starts at the first
+/// multiple of `alignment` after `header_end`) and makes its offset absolute.
+fn place_tensors(
+    raw: Vec<RawTensor>,
+    header_end: u64,
+    file_len: u64,
+    alignment: u64,
+) -> Result<Vec<GgufTensorInfo>, String> {
+    let data_start = header_end.next_multiple_of(alignment);
+    if data_start > file_len && !raw.is_empty() {
         return Err(format!("data section starts at {data_start}, past the end ({file_len})"));
     }
     let data_len = file_len.saturating_sub(data_start);
@@ -254,5 +259,5 @@ pub(super) fn parse_header(bytes: &[u8]) -> Result<Header, String> {
             num_bytes: num_bytes as usize,
         });
     }
-    Ok(Header { version, metadata, tensors, alignment: alignment as usize })
+    Ok(tensors)
 }

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
-use kiln_kernels::{Storage, WeightData, WeightMatrix};
+use kiln_kernels::{GgmlType, Storage, WeightMatrix};
 
 use super::{GgufFile, GgufTensorInfo};
 use crate::LoadError;
@@ -33,45 +32,23 @@ impl GgufFile {
         Ok(info)
     }
 
-    /// The tensor as a `[rows, cols]` weight matrix.
+    /// The tensor as a `[rows, cols]` weight matrix (quantized types are repacked for the
+    /// kernels; float types are viewed in place).
     fn weight(
         &self,
         info: &GgufTensorInfo,
         rows: usize,
         cols: usize,
     ) -> Result<WeightMatrix, LoadError> {
-        let file = Arc::clone(self.mapped_file());
-        let n = rows * cols;
-        let bytes = self.tensor_bytes(info);
-        let data = match info.type_id {
-            0 => WeightData::F32(Storage::mapped(file, info.offset, n).unwrap_or_else(|| {
-                Storage::Owned(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                )
-            })),
-            1 => WeightData::F16(Storage::mapped(file, info.offset, n).unwrap_or_else(|| {
-                Storage::Owned(
-                    bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect(),
-                )
-            })),
-            30 => WeightData::Bf16(Storage::mapped(file, info.offset, n).unwrap_or_else(|| {
-                Storage::Owned(
-                    bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect(),
-                )
-            })),
-            t => {
-                return Err(LoadError::Dtype {
-                    path: self.path().to_path_buf(),
-                    name: info.name.clone(),
-                    dtype: format!("ggml type {t}"),
-                });
-            }
-        };
-        WeightMatrix::new(rows, cols, data)
-            .ok_or_else(|| LoadError::format(self.path(), format!("tensor `{}` size", info.name)))
+        let err =
+            |m: String| LoadError::format(self.path(), format!("tensor `{}`: {m}", info.name));
+        let ty = GgmlType::from_gguf_id(info.type_id)
+            .ok_or_else(|| err(format!("unsupported type {}", info.type_id)))?;
+        let bytes = Storage::mapped(Arc::clone(self.mapped_file()), info.offset, info.num_bytes)
+            .ok_or_else(|| err("data out of bounds".into()))?;
+        WeightMatrix::from_quantized(rows, cols, ty, bytes).ok_or_else(|| {
+            err(format!("{} bytes do not hold [{rows}, {cols}] {}", info.num_bytes, ty.name()))
+        })
     }
 }
 

@@ -1,0 +1,56 @@
+//! Times the forward pass alone: prefill of `P` tokens, then `D` single-token decode steps
+//! (batch 1), on a model path (default: the cached default model).
+//!
+//! `cargo run --release -p kiln-models --example forward_bench -- [MODEL] [P] [D] [THREADS]`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kiln_kernels::ThreadPool;
+use kiln_models::{
+    ForwardBatch, ForwardScratch, Logits, LogitsWanted, PagedKvCache, fetch_default_model,
+    load_model,
+};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = match args.get(1).map(String::as_str) {
+        None | Some("default") => fetch_default_model()?,
+        Some(p) => PathBuf::from(p),
+    };
+    let prefill: usize = args.get(2).map_or(Ok(512), |s| s.parse())?;
+    let decode: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
+    let threads: usize = args.get(4).map_or(Ok(0), |s| s.parse())?;
+    let start = Instant::now();
+    let loaded = load_model(&path)?;
+    println!("load {:.2} s", start.elapsed().as_secs_f64());
+    let model = &loaded.model;
+    let pool = ThreadPool::new(threads);
+    let block_size = 16;
+    let total = prefill + decode;
+    let mut kv = PagedKvCache::new(model.kv_layout(), total.div_ceil(block_size), block_size);
+    let table: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
+    let vocab = model.config().vocab_size as u32;
+    let tokens: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % vocab.min(30_000)).collect();
+    let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
+    let mut batch = ForwardBatch::new(block_size);
+    batch.push_seq(&tokens[..prefill], 0, &table, LogitsWanted::Last)?;
+    let start = Instant::now();
+    model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
+    let secs = start.elapsed().as_secs_f64();
+    println!("prefill {prefill} tokens: {:.1} ms, {:.0} tok/s", secs * 1e3, prefill as f64 / secs);
+    let start = Instant::now();
+    for pos in prefill..total {
+        batch.clear();
+        batch.push_seq(&tokens[pos..=pos], pos, &table, LogitsWanted::Last)?;
+        model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "decode {decode} steps: {:.2} ms/token, {:.1} tok/s ({} threads)",
+        secs * 1e3 / decode as f64,
+        decode as f64 / secs,
+        pool.num_threads()
+    );
+    Ok(())
+}

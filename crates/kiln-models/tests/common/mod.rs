@@ -1,0 +1,145 @@
+//! Shared helpers of the model tests: the HF fixtures and their transformers references, and
+//! a runner that does forward passes over a scrambled block table.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+
+use kiln_kernels::ThreadPool;
+use kiln_models::{
+    ForwardBatch, ForwardScratch, LoadedModel, Logits, LogitsWanted, PagedKvCache, WeightStore,
+    load_model,
+};
+use serde_json::Value;
+
+pub const BLOCK_SIZE: usize = 4;
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+}
+
+pub struct Case {
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    /// `[prompt + greedy, vocab]` rows of transformers' logits.
+    pub logits: Vec<Vec<f32>>,
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Reference cases; logits are read only when `vocab` is given.
+pub fn cases(name: &str, vocab: Option<usize>) -> Vec<Case> {
+    let dir = fixture(name);
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let store = WeightStore::open_files(&[dir.join("reference_logits.safetensors")]).unwrap();
+    reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let prompt_ids = ids(&c["prompt_ids"]);
+            let greedy_ids = ids(&c["greedy_ids"]);
+            let rows = prompt_ids.len() + greedy_ids.len();
+            let logits = match vocab {
+                None => Vec::new(),
+                Some(vocab) => {
+                    let name = c["logits_tensor"].as_str().unwrap();
+                    let m = store.matrix(name, rows, vocab).unwrap();
+                    (0..rows)
+                        .map(|r| {
+                            let mut row = vec![0.0; vocab];
+                            m.row_to_f32(r, &mut row);
+                            row
+                        })
+                        .collect()
+                }
+            };
+            Case { prompt: c["prompt"].as_str().unwrap().into(), prompt_ids, greedy_ids, logits }
+        })
+        .collect()
+}
+
+pub struct Runner {
+    pub loaded: LoadedModel,
+    pub pool: ThreadPool,
+    pub kv: PagedKvCache,
+    pub scratch: ForwardScratch,
+    pub logits: Logits,
+    pub batch: ForwardBatch,
+    pub next_block: u32,
+}
+
+impl Runner {
+    pub fn new(name: &str) -> Self {
+        Self::with(load_model(&fixture(name)).unwrap())
+    }
+
+    pub fn with(loaded: LoadedModel) -> Self {
+        let kv = PagedKvCache::new(loaded.model.kv_layout(), 256, BLOCK_SIZE);
+        Self {
+            loaded,
+            pool: ThreadPool::new(2),
+            kv,
+            scratch: ForwardScratch::new(),
+            logits: Logits::default(),
+            batch: ForwardBatch::new(BLOCK_SIZE),
+            next_block: 0,
+        }
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.loaded.model.config().vocab_size
+    }
+
+    /// Fresh blocks for a sequence of `len` tokens, taken in a scrambled order.
+    pub fn blocks(&mut self, len: usize) -> Vec<u32> {
+        (0..len.div_ceil(BLOCK_SIZE))
+            .map(|_| {
+                self.next_block += 1;
+                (self.next_block * 37) % 256
+            })
+            .collect()
+    }
+
+    /// Runs the current batch and returns its logits rows.
+    pub fn run(&mut self) -> Vec<Vec<f32>> {
+        self.loaded
+            .model
+            .forward(&self.pool, &self.batch, &mut self.kv, &mut self.scratch, &mut self.logits)
+            .unwrap();
+        (0..self.logits.num_rows()).map(|r| self.logits.row(r).to_vec()).collect()
+    }
+
+    /// Logits of every position of `tokens`, in one forward pass.
+    pub fn one_shot(&mut self, tokens: &[u32]) -> Vec<Vec<f32>> {
+        let table = self.blocks(tokens.len());
+        self.batch.clear();
+        self.batch.push_seq(tokens, 0, &table, LogitsWanted::All).unwrap();
+        self.run()
+    }
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+pub fn assert_rows_close(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: row count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = max_abs_diff(g, w);
+        assert!(d <= tol, "{what}: row {i} differs by {d} (tolerance {tol})");
+    }
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .0 as u32
+}

@@ -1,0 +1,265 @@
+//! GGUF models: the HF fixtures converted to GGUF the way llama.cpp's converter does it (its
+//! tensor names and metadata keys, Llama's q/k rows permuted for interleaved RoPE, Gemma's
+//! norm weights stored as `1 + w`), loaded through the GGUF path, must give transformers'
+//! logits. And quantize-on-load (`q8_0`, `q5_0`, `q4_K`) must stay close to them.
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Runner, argmax, assert_rows_close, cases, fixture, max_abs_diff};
+use kiln_kernels::GgmlType;
+use kiln_models::gguf::GgufValue;
+use kiln_models::gguf::writer::GgufWriter;
+use kiln_models::{LoadOptions, WeightStore, load_model, load_model_with};
+use serde_json::Value;
+
+/// Max |ours - transformers| on f32 logits (as in hf_parity).
+const LOGIT_TOLERANCE: f32 = 1e-3;
+
+/// llama.cpp's name for an HF tensor name (`sandwich`: Gemma's four norms per layer).
+fn gguf_name(hf: &str, sandwich: bool) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (layer, leaf) = rest.split_once('.').unwrap();
+    let leaf = match leaf {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" if sandwich => "post_attention_norm.weight",
+        "post_attention_layernorm.weight" | "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        other => {
+            let (module, kind) = other.rsplit_once('.').unwrap();
+            let name = match module {
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.o_proj" => "attn_output",
+                "self_attn.q_norm" => "attn_q_norm",
+                "self_attn.k_norm" => "attn_k_norm",
+                "mlp.gate_proj" => "ffn_gate",
+                "mlp.up_proj" => "ffn_up",
+                "mlp.down_proj" => "ffn_down",
+                m => panic!("unmapped tensor {m}"),
+            };
+            return format!("blk.{layer}.{name}.{kind}");
+        }
+    };
+    format!("blk.{layer}.{leaf}")
+}
+
+/// llama.cpp's `permute` of q/k rows: within each head, the two rotated halves interleave.
+fn permute_rows(w: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32> {
+    let hd = rows / heads;
+    let mut out = vec![0.0; w.len()];
+    for h in 0..heads {
+        for half in 0..2 {
+            for j in 0..hd / 2 {
+                let src = h * hd + half * hd / 2 + j;
+                let dst = h * hd + 2 * j + half;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// A plain vocabulary: these tests feed token ids, the tokenizer is tested elsewhere.
+fn write_vocab(w: &mut GgufWriter, src: &Path, vocab_size: usize) {
+    let tok: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let mut tokens = vec![String::new(); vocab_size];
+    for (text, id) in tok["model"]["vocab"].as_object().unwrap() {
+        tokens[id.as_u64().unwrap() as usize].clone_from(text);
+    }
+    for (i, t) in tokens.iter_mut().enumerate() {
+        if t.is_empty() {
+            *t = format!("<unused{i}>");
+        }
+    }
+    w.metadata("tokenizer.ggml.model", GgufValue::String("llama".into())).metadata(
+        "tokenizer.ggml.tokens",
+        GgufValue::Array(tokens.into_iter().map(GgufValue::String).collect()),
+    );
+}
+
+/// Writes `fixture`'s weights and config as a GGUF of architecture `arch`.
+fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
+    let src = fixture(name);
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let num = |k: &str| cfg[k].as_u64().unwrap();
+    let heads = num("num_attention_heads");
+    let kv_heads = num("num_key_value_heads");
+    let head_dim = cfg["head_dim"].as_u64().unwrap_or(num("hidden_size") / heads);
+    let layers = num("num_hidden_layers");
+    let gemma = arch == "gemma3";
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    w.metadata("general.architecture", GgufValue::String(arch.into()))
+        .metadata(&key("embedding_length"), GgufValue::U32(num("hidden_size") as u32))
+        .metadata(&key("feed_forward_length"), GgufValue::U32(num("intermediate_size") as u32))
+        .metadata(&key("block_count"), GgufValue::U32(layers as u32))
+        .metadata(&key("attention.head_count"), GgufValue::U32(heads as u32))
+        .metadata(&key("attention.head_count_kv"), GgufValue::U32(kv_heads as u32))
+        .metadata(&key("attention.key_length"), GgufValue::U32(head_dim as u32))
+        .metadata(&key("attention.value_length"), GgufValue::U32(head_dim as u32))
+        .metadata(&key("context_length"), GgufValue::U32(num("max_position_embeddings") as u32))
+        .metadata(
+            &key("attention.layer_norm_rms_epsilon"),
+            GgufValue::F32(cfg["rms_norm_eps"].as_f64().unwrap() as f32),
+        );
+    let theta = cfg["rope_theta"]
+        .as_f64()
+        .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
+        .unwrap_or(10_000.0);
+    w.metadata(&key("rope.freq_base"), GgufValue::F32(theta as f32));
+    if gemma {
+        w.metadata(&key("attention.sliding_window"), GgufValue::U32(num("sliding_window") as u32));
+        let sliding = cfg["layer_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| GgufValue::Bool(t == "sliding_attention"))
+            .collect();
+        w.metadata(&key("attention.sliding_window_pattern"), GgufValue::Array(sliding));
+    }
+    write_vocab(&mut w, &src, num("vocab_size") as usize);
+    let store = WeightStore::open_dir(&src).unwrap();
+    let mut names: Vec<String> =
+        vec!["model.embed_tokens.weight".into(), "model.norm.weight".into()];
+    if store.contains("lm_head.weight") {
+        names.push("lm_head.weight".into());
+    }
+    let leaves = [
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "self_attn.q_norm",
+        "self_attn.k_norm",
+    ];
+    for l in 0..layers {
+        for leaf in leaves {
+            names.push(format!("model.layers.{l}.{leaf}.weight"));
+        }
+        for m in [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            names.push(format!("model.layers.{l}.{m}.weight"));
+            names.push(format!("model.layers.{l}.{m}.bias"));
+        }
+    }
+    for hf in names.iter().filter(|n| store.contains(n)) {
+        let shape = store.shape(hf).unwrap().to_vec();
+        let (rows, cols) = if shape.len() == 2 { (shape[0], shape[1]) } else { (1, shape[0]) };
+        let m = store.matrix(hf, rows, cols).unwrap_or_else(|_| {
+            let v = store.vector(hf, cols).unwrap();
+            kiln_kernels::WeightMatrix::new(1, cols, kiln_kernels::WeightData::F32(v.into()))
+                .unwrap()
+        });
+        let mut data = vec![0.0f32; rows * cols];
+        for r in 0..rows {
+            m.row_to_f32(r, &mut data[r * cols..(r + 1) * cols]);
+        }
+        if arch == "llama" && hf.ends_with("q_proj.weight") {
+            data = permute_rows(&data, rows, cols, heads as usize);
+        }
+        if arch == "llama" && hf.ends_with("k_proj.weight") {
+            data = permute_rows(&data, rows, cols, kv_heads as usize);
+        }
+        if gemma && hf.ends_with("norm.weight") {
+            for x in &mut data {
+                *x += 1.0;
+            }
+        }
+        let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        w.tensor_f32(&gguf_name(hf, gemma), &dims, &data);
+    }
+    let path = dir.join(format!("{name}.gguf"));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-gguf-models-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn converted_fixtures_match_transformers() {
+    let dir = temp_dir("convert");
+    for (name, arch) in
+        [("llama2", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3", "gemma3")]
+    {
+        let path = convert(name, arch, &dir);
+        let mut runner = Runner::with(load_model(&path).unwrap());
+        for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
+            let tokens: Vec<u32> =
+                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+            let got = runner.one_shot(&tokens);
+            assert_rows_close(
+                &got,
+                &case.logits,
+                LOGIT_TOLERANCE,
+                &format!("{name}.gguf case {i}"),
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Max |Δ logit| against transformers and the share of positions whose argmax agrees, over
+/// every reference case of `name` loaded with `ty` quantize-on-load.
+fn quantized_error(name: &str, ty: GgmlType) -> (f32, f64) {
+    let options = LoadOptions { quantization: Some(ty) };
+    let mut runner = Runner::with(load_model_with(&fixture(name), &options).unwrap());
+    let (mut worst, mut agree, mut total) = (0.0f32, 0usize, 0usize);
+    for case in cases(name, Some(runner.vocab())) {
+        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+        for (g, w) in runner.one_shot(&tokens).iter().zip(&case.logits) {
+            worst = worst.max(max_abs_diff(g, w));
+            agree += usize::from(argmax(g) == argmax(w));
+            total += 1;
+        }
+    }
+    (worst, agree as f64 / total as f64)
+}
+
+/// The fixtures are random-weight models with logits of standard deviation 16, chaotic enough
+/// that bf16 rounding alone moves a logit by 3: so this checks that every quantization type
+/// loads and runs, that the error grows as bits shrink, and that predictions stay far from
+/// chance (1 in 500). Quantized kernels are checked exactly in kiln-kernels; the default
+/// model's test checks quantized quality on a real model.
+#[test]
+fn quantize_on_load_degrades_gracefully() {
+    for name in ["llama3", "qwen3", "gemma3"] {
+        let (f16_err, f16_agree) = quantized_error(name, GgmlType::F16);
+        let (q8_err, q8_agree) = quantized_error(name, GgmlType::Q8_0);
+        let (q5_err, q5_agree) = quantized_error(name, GgmlType::Q5_0);
+        // 64-wide rows are no multiple of 256: q4_K falls back to q5_0, as llama.cpp does.
+        let (q4k_err, _) = quantized_error(name, GgmlType::Q4K);
+        eprintln!(
+            "{name}: max |dlogit| f16 {f16_err:.3}, q8_0 {q8_err:.3}, q5_0 {q5_err:.3}; argmax \
+             agreement f16 {f16_agree:.3}, q8_0 {q8_agree:.3}, q5_0 {q5_agree:.3}"
+        );
+        assert!(f16_err <= 0.5 && f16_agree == 1.0, "{name} f16");
+        assert!(f16_err < q8_err && q8_err < q5_err, "{name}: error must grow as bits shrink");
+        assert!(q8_agree >= 0.85 && q5_agree >= 0.4, "{name}: agreement");
+        assert_eq!(q4k_err, q5_err, "{name}: q4_K falls back to q5_0 on 64-wide rows");
+    }
+}
