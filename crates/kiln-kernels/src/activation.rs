@@ -1,7 +1,9 @@
-//! Gated MLP activations: `gate = act(gate) * up`, element-wise over `[rows, intermediate]`.
+//! Gated MLP activations: `gate = act(gate) * up`, element-wise over `[rows, intermediate]`,
+//! vectorised through [`crate::vmath`].
 
-use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
+use crate::vmath::{self, Gate};
+use crate::{SimdLevel, ThreadPool};
 
 /// Elements per parallel task.
 const CHUNK: usize = 16 * 1024;
@@ -16,14 +18,19 @@ pub enum GateActivation {
 }
 
 impl GateActivation {
+    /// The function at one point (the same bits as the vectorised [`gated_act_inplace`]).
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
         match self {
-            Self::Silu => x / (1.0 + (-x).exp()),
-            Self::GeluTanh => {
-                const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-                0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
-            }
+            Self::Silu => vmath::silu(x),
+            Self::GeluTanh => vmath::gelu_tanh(x),
+        }
+    }
+
+    fn gate(self) -> Gate {
+        match self {
+            Self::Silu => Gate::Silu,
+            Self::GeluTanh => Gate::GeluTanh,
         }
     }
 }
@@ -33,14 +40,13 @@ pub fn gated_act_inplace(pool: &ThreadPool, act: GateActivation, gate: &mut [f32
     assert_eq!(gate.len(), up.len());
     let len = gate.len();
     let g = SharedMut::new(gate);
+    let level = SimdLevel::detect();
     pool.run(len.div_ceil(CHUNK), |task| {
         let start = task * CHUNK;
         let end = (start + CHUNK).min(len);
         // SAFETY: each task owns elements start..end.
         let gs = unsafe { g.slice(start, end - start) };
-        for (gv, uv) in gs.iter_mut().zip(&up[start..end]) {
-            *gv = act.apply(*gv) * uv;
-        }
+        vmath::gated_at(level, act.gate(), gs, &up[start..end]);
     });
 }
 

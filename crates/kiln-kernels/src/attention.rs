@@ -13,7 +13,7 @@
 //! is ever formed; memory is `O(group × head_dim)` per task on the stack.
 
 use crate::thread_pool::SharedMut;
-use crate::{ThreadPool, vec_ops};
+use crate::{SimdLevel, ThreadPool, vec_ops, vmath};
 
 /// Upper bound of `(num_heads / num_kv_heads) * head_dim` (stack accumulators).
 pub const MAX_GROUP_DIM: usize = 8192;
@@ -145,6 +145,7 @@ fn attend_one(
     out: &mut [f32],
 ) {
     let (hd, bs, group) = (shape.head_dim, shape.block_size, shape.group());
+    let level = SimdLevel::detect();
     let kv_row = shape.num_kv_heads * hd;
     let lo = shape.sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
     let mut max = [f32::NEG_INFINITY; MAX_GROUP];
@@ -172,15 +173,16 @@ fn attend_one(
             let new_max = max[g].max(block_max);
             let acc = &mut out[g * hd..(g + 1) * hd];
             if max[g] != f32::NEG_INFINITY && new_max > max[g] {
-                let correction = (max[g] - new_max).exp();
+                let correction = vmath::exp(max[g] - new_max);
                 sum[g] *= correction;
                 for a in acc.iter_mut() {
                     *a *= correction;
                 }
             }
             max[g] = new_max;
-            for (s, jj) in scores.iter().zip(j..end) {
-                let p = (s - new_max).exp();
+            let block_scores = &mut scores[..end - j];
+            vmath::exp_shifted_at(level, block_scores, new_max);
+            for (&p, jj) in block_scores.iter().zip(j..end) {
                 sum[g] += p;
                 let slot = block_base + jj % bs;
                 let v = &v_cache[slot * kv_row + kv_head * hd..][..hd];

@@ -23,6 +23,7 @@ mod storage;
 mod testing;
 mod thread_pool;
 pub mod vec_ops;
+pub mod vmath;
 
 pub use matmul::{LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_multi};
 pub use quant::{GgmlType, QuantMatrix};

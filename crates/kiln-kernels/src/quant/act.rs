@@ -1,7 +1,8 @@
 //! Activation rows quantized to 8 bits for the integer-dot kernels.
 //!
 //! Row `i` of `x[m, k]` is cut into blocks of `block` elements (32 for Q4_0/Q5_0/Q8_0 weights,
-//! 256 for K-quant weights); each block gets `d = max|x| / 127` and `q = round(x / d)` in
+//! 256 for K-quant weights); each block gets `d = max|x| / 127` and `q = round(x / d)` (to
+//! nearest, ties to even: the SIMD and scalar paths agree bit for bit) in
 //! `-127..=127`, plus the integer sums of `q` per 16 and per 32 elements that the kernels use
 //! for the weight offsets and K-quant mins. Each row is quantized independently, so a row's
 //! values never depend on the other rows of the batch.
@@ -92,14 +93,13 @@ fn quantize_row(
     s32: &mut [i32],
     pairs: &mut [i32],
 ) {
+    let level = crate::SimdLevel::detect();
     for ((xb, qb), db) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)).zip(d.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let amax = abs_max(level, xb);
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 127.0 / amax } else { 0.0 };
         *db = scale;
-        for (q, v) in qb.iter_mut().zip(xb) {
-            *q = (v * inv).round() as i8;
-        }
+        round_to_i8(level, xb, inv, qb);
     }
     for (s, q) in s16.iter_mut().zip(qs.chunks_exact(16)) {
         *s = q.iter().map(|v| i32::from(*v)).sum();
@@ -109,5 +109,86 @@ fn quantize_row(
     }
     for (p, v) in pairs.iter_mut().enumerate() {
         *v = (s32[2 * p] & 0xFFFF) | (s32[2 * p + 1] << 16);
+    }
+}
+
+/// `max |x|` (a maximum is exact, so every path gives the same value).
+fn abs_max(level: crate::SimdLevel, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::SimdLevel::Avx512 && x.len().is_multiple_of(16) {
+        // SAFETY: AVX-512F is available (`level` comes from detection); whole vectors only.
+        return unsafe { x86::abs_max_avx512(x) };
+    }
+    let _ = level;
+    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
+}
+
+/// `q[i] = round_ties_even(x[i] * inv)` (values within `-127..=127`).
+fn round_to_i8(level: crate::SimdLevel, x: &[f32], inv: f32, q: &mut [i8]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::SimdLevel::Avx512 && x.len().is_multiple_of(16) {
+        // SAFETY: AVX-512F is available; `q` has `x.len()` elements (checked by the caller's
+        // equal chunking); whole vectors only.
+        return unsafe { x86::round_to_i8_avx512(x, inv, q) };
+    }
+    let _ = level;
+    for (q, v) in q.iter_mut().zip(x) {
+        *q = (v * inv).round_ties_even() as i8;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn abs_max_avx512(x: &[f32]) -> f32 {
+        let mut m = _mm512_setzero_ps();
+        for c in x.chunks_exact(16) {
+            // SAFETY: `c` holds 16 floats.
+            m = _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }));
+        }
+        _mm512_reduce_max_ps(m)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn round_to_i8_avx512(x: &[f32], inv: f32, q: &mut [i8]) {
+        assert_eq!(x.len(), q.len());
+        let inv = _mm512_set1_ps(inv);
+        for (c, out) in x.chunks_exact(16).zip(q.chunks_exact_mut(16)) {
+            // SAFETY: `c` holds 16 floats and `out` 16 bytes. The conversion rounds to nearest,
+            // ties to even (the default MXCSR mode), like `round_ties_even`.
+            unsafe {
+                let v = _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv);
+                let i = _mm512_cvtps_epi32(v);
+                _mm_storeu_si128(out.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(i));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimdLevel;
+    use crate::testing::values;
+
+    #[test]
+    fn simd_rounding_equals_scalar_including_ties() {
+        let mut x = values(256, 9, 10.0);
+        // Exact halves: ties must go to even on every path.
+        for (i, v) in x.iter_mut().take(32).enumerate() {
+            *v = i as f32 - 15.5;
+        }
+        for level in SimdLevel::available() {
+            assert_eq!(abs_max(level, &x), abs_max(SimdLevel::Scalar, &x), "{level:?}");
+            let (mut got, mut want) = (vec![0i8; 256], vec![0i8; 256]);
+            round_to_i8(level, &x, 3.0, &mut got);
+            round_to_i8(SimdLevel::Scalar, &x, 3.0, &mut want);
+            assert_eq!(got, want, "{level:?}");
+            round_to_i8(level, &x, 1.0, &mut got);
+            assert_eq!(got[0], -16, "-15.5 rounds to even");
+            assert_eq!(got[1], -14, "-14.5 rounds to even");
+        }
     }
 }
