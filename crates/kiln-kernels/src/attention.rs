@@ -8,12 +8,16 @@
 //! `p = context_len - query_len + i` and attends to keys `j` with `lo <= j <= p`, where
 //! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask).
 //!
-//! One pass over the blocks per (token, kv head): scores of a block are computed, the running
-//! max and sum are rescaled once per block, and V rows are accumulated. No `[seq, seq]` matrix
-//! is ever formed; memory is `O(group × head_dim)` per task on the stack.
+//! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, up to
+//! 16 rows sharing each K/V block while it is hot): per row, the scores of a block are
+//! computed, the running max and sum are rescaled once per block, and V rows are accumulated
+//! into the output row. No `[seq, seq]` matrix is ever formed; per-task state is on the stack.
+//! The inner loops (`micro`) have one fixed arithmetic on every ISA.
 
 use crate::thread_pool::SharedMut;
-use crate::{SimdLevel, ThreadPool, vec_ops, vmath};
+use crate::{SimdLevel, ThreadPool, vmath};
+
+mod micro;
 
 /// Upper bound of `(num_heads / num_kv_heads) * head_dim` (stack accumulators).
 pub const MAX_GROUP_DIM: usize = 8192;
@@ -98,7 +102,17 @@ pub fn write_kv(
     }
 }
 
+/// Query tokens per task: with the heads of one KV head they form up to 16 rows that share
+/// every K/V block while it is in L1.
+fn tile_tokens(group: usize) -> usize {
+    (16 / group).max(1)
+}
+
 /// `out[num_tokens, num_heads, head_dim] = attention(q[num_tokens, num_heads, head_dim], cache)`.
+///
+/// Tasks are (sequence, tile of query tokens, KV head). Each output row is computed by the same
+/// sequence of operations whatever tile, batch or chunk it belongs to, so batching and chunked
+/// prefill never change a bit of it.
 pub fn paged_attention(
     pool: &ThreadPool,
     q: &[f32],
@@ -113,87 +127,122 @@ pub fn paged_attention(
     let q_row = shape.num_heads * shape.head_dim;
     assert!(q.len() >= num_tokens * q_row && out.len() >= num_tokens * q_row);
     debug_assert!(shape.validate().is_ok());
+    let tile = tile_tokens(shape.group());
+    let num_tiles: usize = seqs.iter().map(|s| s.query_len.div_ceil(tile)).sum();
     let out_ptr = SharedMut::new(out);
-    pool.run(num_tokens * shape.num_kv_heads, |task| {
-        let token = task / shape.num_kv_heads;
+    let level = SimdLevel::detect();
+    pool.run(num_tiles * shape.num_kv_heads, |task| {
         let kv_head = task % shape.num_kv_heads;
-        let seq_idx = seqs.partition_point(|s| s.query_start + s.query_len <= token);
+        let mut t = task / shape.num_kv_heads;
+        let mut seq_idx = 0;
+        while t >= seqs[seq_idx].query_len.div_ceil(tile) {
+            t -= seqs[seq_idx].query_len.div_ceil(tile);
+            seq_idx += 1;
+        }
         let seq = &seqs[seq_idx];
-        let position = seq.context_len - seq.query_len + (token - seq.query_start);
-        let group = shape.group();
-        let first_head = kv_head * group;
-        let q_heads = &q[token * q_row + first_head * shape.head_dim..][..group * shape.head_dim];
-        // SAFETY: each task writes the `group` heads of one (token, kv_head), disjoint from all
-        // other tasks.
-        let o = unsafe {
-            out_ptr.slice(token * q_row + first_head * shape.head_dim, group * shape.head_dim)
-        };
+        let first = t * tile;
+        let tokens = first..(first + tile).min(seq.query_len);
         let block_table = &block_tables[seq.block_table_start..];
-        attend_one(q_heads, k_cache, v_cache, block_table, position, kv_head, shape, o);
+        let tile_job = Tile { seq, tokens, kv_head, block_table };
+        // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint from
+        // every other task's rows).
+        unsafe { attend_tile(level, q, k_cache, v_cache, &tile_job, shape, out_ptr) };
     });
 }
 
-/// Attention of the `group` query heads sharing `kv_head`, for the query at `position`.
-fn attend_one(
-    q_heads: &[f32],
+/// The query rows one task computes.
+struct Tile<'a> {
+    seq: &'a AttentionSeq,
+    /// Query indices within the sequence.
+    tokens: std::ops::Range<usize>,
+    kv_head: usize,
+    block_table: &'a [u32],
+}
+
+/// Attention of the `group` heads of `kv_head` for each token of the tile.
+///
+/// # Safety
+/// No other thread may access the tile's rows of `out` meanwhile.
+unsafe fn attend_tile(
+    level: SimdLevel,
+    q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
-    block_table: &[u32],
-    position: usize,
-    kv_head: usize,
+    tile: &Tile<'_>,
     shape: &AttentionShape,
-    out: &mut [f32],
+    out: SharedMut<f32>,
 ) {
     let (hd, bs, group) = (shape.head_dim, shape.block_size, shape.group());
-    let level = SimdLevel::detect();
     let kv_row = shape.num_kv_heads * hd;
-    let lo = shape.sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
+    let q_row = shape.num_heads * hd;
+    let seq = tile.seq;
+    let num_rows = tile.tokens.len() * group;
+    // Per row r = (token i, head g): position, first visible key, running max and sum.
+    let mut pos = [0usize; MAX_GROUP];
+    let mut lo = [0usize; MAX_GROUP];
     let mut max = [f32::NEG_INFINITY; MAX_GROUP];
     let mut sum = [0.0f32; MAX_GROUP];
     let mut scores = [0.0f32; MAX_BLOCK_SIZE];
-    out.fill(0.0);
-    let mut j = lo;
-    while j <= position {
-        let logical = j / bs;
-        let end = ((logical + 1) * bs).min(position + 1);
-        let block_base = block_table[logical] as usize * bs;
-        for g in 0..group {
-            let qh = &q_heads[g * hd..(g + 1) * hd];
-            let mut block_max = f32::NEG_INFINITY;
-            for (s, jj) in scores.iter_mut().zip(j..end) {
-                let slot = block_base + jj % bs;
-                let k = &k_cache[slot * kv_row + kv_head * hd..][..hd];
-                let mut score = vec_ops::dot(qh, k) * shape.scale;
-                if let Some(cap) = shape.softcap {
-                    score = cap * (score / cap).tanh();
-                }
-                *s = score;
-                block_max = block_max.max(score);
+    let row_offset = |r: usize| {
+        let token = seq.query_start + tile.tokens.start + r / group;
+        token * q_row + (tile.kv_head * group + r % group) * hd
+    };
+    for r in 0..num_rows {
+        pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
+        lo[r] = shape.sliding_window.map_or(0, |w| (pos[r] + 1).saturating_sub(w));
+        // SAFETY: the caller grants this tile's rows.
+        unsafe { out.slice(row_offset(r), hd) }.fill(0.0);
+    }
+    // Where the K and V rows of key `j` start in the caches.
+    let kv_offset = |j: usize| {
+        let slot = tile.block_table[j / bs] as usize * bs + j % bs;
+        slot * kv_row + tile.kv_head * hd
+    };
+    let first_block = lo[..num_rows].iter().min().copied().unwrap_or(0) / bs;
+    let last_block = pos[..num_rows].iter().max().copied().unwrap_or(0) / bs;
+    for block in first_block..=last_block {
+        for r in 0..num_rows {
+            let j0 = (block * bs).max(lo[r]);
+            let j1 = ((block + 1) * bs).min(pos[r] + 1);
+            if j0 >= j1 {
+                continue;
             }
-            let new_max = max[g].max(block_max);
-            let acc = &mut out[g * hd..(g + 1) * hd];
-            if max[g] != f32::NEG_INFINITY && new_max > max[g] {
-                let correction = vmath::exp(max[g] - new_max);
-                sum[g] *= correction;
+            let qr = &q[row_offset(r)..][..hd];
+            let block_scores = &mut scores[..j1 - j0];
+            let (k_rows, v_rows) = (&k_cache[kv_offset(j0)..], &v_cache[kv_offset(j0)..]);
+            micro::scores(level, qr, k_rows, kv_row, block_scores);
+            let mut block_max = f32::NEG_INFINITY;
+            for s in block_scores.iter_mut() {
+                *s *= shape.scale;
+                if let Some(cap) = shape.softcap {
+                    *s = cap * (*s / cap).tanh();
+                }
+                block_max = block_max.max(*s);
+            }
+            // SAFETY: the caller grants this tile's rows.
+            let acc = unsafe { out.slice(row_offset(r), hd) };
+            let new_max = max[r].max(block_max);
+            if max[r] != f32::NEG_INFINITY && new_max > max[r] {
+                let correction = vmath::exp(max[r] - new_max);
+                sum[r] *= correction;
                 for a in acc.iter_mut() {
                     *a *= correction;
                 }
             }
-            max[g] = new_max;
-            let block_scores = &mut scores[..end - j];
+            max[r] = new_max;
             vmath::exp_shifted_at(level, block_scores, new_max);
-            for (&p, jj) in block_scores.iter().zip(j..end) {
-                sum[g] += p;
-                let slot = block_base + jj % bs;
-                let v = &v_cache[slot * kv_row + kv_head * hd..][..hd];
-                vec_ops::axpy(p, v, acc);
+            for &p in block_scores.iter() {
+                sum[r] += p;
             }
+            micro::accumulate(level, acc, block_scores, v_rows, kv_row);
         }
-        j = end;
     }
-    for g in 0..group {
-        let inv = 1.0 / sum[g];
-        out[g * hd..(g + 1) * hd].iter_mut().for_each(|a| *a *= inv);
+    for (r, total) in sum[..num_rows].iter().enumerate() {
+        let inv = 1.0 / total;
+        // SAFETY: the caller grants this tile's rows.
+        for a in unsafe { out.slice(row_offset(r), hd) } {
+            *a *= inv;
+        }
     }
 }
 
