@@ -58,6 +58,17 @@ fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadErro
     let file = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&file)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    let num_tokens =
+        file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, <[_]>::len);
+    if num_tokens > config.vocab_size {
+        return Err(LoadError::format(
+            path,
+            format!(
+                "the tokenizer has {num_tokens} tokens but token_embd.weight has only {} rows",
+                config.vocab_size
+            ),
+        ));
+    }
     let weights = Weights { source: &file, naming: Naming::Gguf, quantize: options.quantization };
     let model = DecoderModel::load(config, &weights)?;
     Ok(LoadedModel {

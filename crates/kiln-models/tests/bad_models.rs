@@ -1,9 +1,11 @@
-//! Broken model directories give errors that name the file (and tensor), never a panic.
+//! Broken model directories and GGUF files give errors that name the file (and tensor), never a panic.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
 use std::path::{Path, PathBuf};
 
+use kiln_models::gguf::GgufValue;
+use kiln_models::gguf::writer::GgufWriter;
 use kiln_models::load_model;
 
 fn fixture(name: &str) -> PathBuf {
@@ -69,4 +71,84 @@ fn config_disagreeing_with_weights_names_the_tensor() {
     let dir = copy_fixture("qwen2", "json");
     std::fs::write(dir.join("config.json"), "{\"architectures\": [").unwrap();
     assert!(load_error(&dir).contains("not valid JSON"));
+}
+
+/// A minimal GGUF: `edit` may change metadata and tensors before it is written.
+fn write_gguf(
+    tag: &str,
+    edit: impl FnOnce(&mut Vec<(String, GgufValue)>, &mut Vec<(String, Vec<u64>)>),
+) -> PathBuf {
+    let mut meta: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), GgufValue::String("llama".into())),
+        ("llama.embedding_length".into(), GgufValue::U32(32)),
+        ("llama.feed_forward_length".into(), GgufValue::U32(64)),
+        ("llama.block_count".into(), GgufValue::U32(1)),
+        ("llama.attention.head_count".into(), GgufValue::U32(2)),
+        ("tokenizer.ggml.model".into(), GgufValue::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            GgufValue::Array((0..16).map(|i| GgufValue::String(format!("t{i}"))).collect()),
+        ),
+    ];
+    let mut tensors: Vec<(String, Vec<u64>)> = vec![
+        ("token_embd.weight".into(), vec![32, 16]),
+        ("output_norm.weight".into(), vec![32]),
+        ("blk.0.attn_norm.weight".into(), vec![32]),
+        ("blk.0.attn_q.weight".into(), vec![32, 32]),
+        ("blk.0.attn_k.weight".into(), vec![32, 32]),
+        ("blk.0.attn_v.weight".into(), vec![32, 32]),
+        ("blk.0.attn_output.weight".into(), vec![32, 32]),
+        ("blk.0.ffn_norm.weight".into(), vec![32]),
+        ("blk.0.ffn_gate.weight".into(), vec![32, 64]),
+        ("blk.0.ffn_up.weight".into(), vec![32, 64]),
+        ("blk.0.ffn_down.weight".into(), vec![64, 32]),
+    ];
+    edit(&mut meta, &mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in meta {
+        w.metadata(&k, v);
+    }
+    for (name, dims) in tensors {
+        let n: u64 = dims.iter().product();
+        w.tensor_f32(&name, &dims, &vec![0.01; n as usize]);
+    }
+    let path = std::env::temp_dir().join(format!("kiln-bad-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn broken_gguf_models_name_what_is_wrong() {
+    let ok = write_gguf("ok", |_, _| {});
+    assert!(load_model(&ok).is_ok());
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            write_gguf("arch", |m, _| m[0].1 = GgufValue::String("falcon".into())),
+            "unsupported architecture `falcon`",
+        ),
+        (write_gguf("dim", |m, _| m[1].1 = GgufValue::U32(0)), "llama.embedding_length"),
+        (
+            write_gguf("heads", |m, _| m[4].1 = GgufValue::String("two".into())),
+            "llama.attention.head_count",
+        ),
+        (
+            write_gguf("missing", |_, t| t.retain(|x| x.0 != "blk.0.ffn_up.weight")),
+            "blk.0.ffn_up.weight",
+        ),
+        (
+            write_gguf("shape", |_, t| t[9].1 = vec![32, 65]),
+            "tensor `blk.0.ffn_up.weight` has shape [65, 32], expected [64, 32]",
+        ),
+        (
+            write_gguf("tok", |m, _| m.retain(|x| x.0 != "tokenizer.ggml.model")),
+            "tokenizer.ggml.model",
+        ),
+        (write_gguf("vocab", |_, t| t[0].1 = vec![32, 15]), "16 tokens but token_embd.weight"),
+    ];
+    for (path, needle) in cases {
+        let e = load_error(&path);
+        assert!(e.contains(needle) && e.contains(".gguf"), "expected `{needle}` in `{e}`");
+        std::fs::remove_file(&path).unwrap();
+    }
+    std::fs::remove_file(&ok).unwrap();
 }
