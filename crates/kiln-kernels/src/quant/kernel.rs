@@ -132,9 +132,14 @@ pub(crate) fn qgemm_groups(
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Amx if super::amx::available() => x86_entry::amx(acts, w, groups, out, s),
+                QuantIsa::Amx if acts.m >= TILE_M && super::amx::available() => {
+                    x86_entry::amx(acts, w, groups, out, s);
+                }
+                // Fewer than 16 rows: AMX has nothing to do.
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Avx512Vnni if std::arch::is_x86_feature_detected!("avx512vnni") => {
+                QuantIsa::Amx | QuantIsa::Avx512Vnni
+                    if std::arch::is_x86_feature_detected!("avx512vnni") =>
+                {
                     x86_entry::vnni(acts, w, groups, out, s);
                 }
                 #[cfg(target_arch = "x86_64")]
@@ -155,7 +160,6 @@ pub(crate) fn qgemm_groups(
 mod x86_entry {
     use std::ops::Range;
 
-    use super::TILE_M;
     use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
     use crate::quant::amx;
     use crate::quant::formats::GgmlType;
@@ -171,16 +175,11 @@ mod x86_entry {
         o: SharedMut<f32>,
         s: &mut Scratch,
     ) {
-        let tiles = a.m >= TILE_M;
         // SAFETY: AMX is available (the caller's); the tiles are released before returning.
         unsafe {
-            if tiles {
-                amx::configure(if w.ty == GgmlType::Q6K { 16 } else { 32 });
-            }
+            amx::configure(if w.ty == GgmlType::Q6K { 16 } else { 32 });
             kernel::<Vnni, true>(a, w, g, o, s);
-            if tiles {
-                amx::release();
-            }
+            amx::release();
         }
     }
 
