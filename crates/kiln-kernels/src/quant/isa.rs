@@ -23,6 +23,8 @@ pub(crate) trait Isa: Copy {
     unsafe fn splat8(v: u8) -> Self::V;
     unsafe fn and(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
+    /// Wrapping byte subtraction.
+    unsafe fn sub8(a: Self::V, b: Self::V) -> Self::V;
     /// Logical shifts of 16-bit lanes.
     unsafe fn srli16<const N: u32>(a: Self::V) -> Self::V;
     unsafe fn slli16<const N: u32>(a: Self::V) -> Self::V;
@@ -125,6 +127,9 @@ impl Isa for Scalar {
     }
     unsafe fn or(a: Bytes64, b: Bytes64) -> Bytes64 {
         a.zip8(b, |x, y| x | y)
+    }
+    unsafe fn sub8(a: Bytes64, b: Bytes64) -> Bytes64 {
+        a.zip8(b, u8::wrapping_sub)
     }
     unsafe fn srli16<const N: u32>(a: Bytes64) -> Bytes64 {
         a.map16(|v| v >> N)

@@ -6,6 +6,8 @@
 //! activation rows (larger `m` is processed in chunks of 64). The 16 lanes of every vector are
 //! the 16 weight rows of the group, so no horizontal sums are needed. Activation rows are taken
 //! 4 at a time, so each weight vector loaded from the unpacked record feeds 4 `vpdpbusd`.
+//! With [`QuantIsa::Amx`], every full 16 activation rows go through AMX tiles instead (`amx`;
+//! passes of up to 256 rows), the remaining rows through the VNNI path.
 //!
 //! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that
 //! starts at 0 and, for every weight block in column order, takes
@@ -25,12 +27,16 @@ use super::QuantMatrix;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::isa::{Isa, Scalar};
-use super::repack::{LANES, Unpacked, unpack};
+use super::repack::{LANES, Unpacked, signed_quads, unpack};
 use crate::SimdLevel;
 use crate::thread_pool::SharedMut;
 
 /// Activation rows per pass over a group's weights.
 pub(crate) const ROW_CHUNK: usize = 64;
+/// The same with AMX tiles (whose work per row is smaller, so unpacking weighs more).
+const AMX_CHUNK: usize = 256;
+/// Activation rows per AMX tile.
+pub(crate) const TILE_M: usize = 16;
 
 /// The instruction set a quantized kernel runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +47,8 @@ pub enum QuantIsa {
     Avx512,
     /// AVX-512 VNNI (`vpdpbusd`).
     Avx512Vnni,
+    /// AMX-INT8 tiles for every 16 activation rows (`amx`), AVX-512 VNNI for the rest.
+    Amx,
 }
 
 impl QuantIsa {
@@ -51,6 +59,9 @@ impl QuantIsa {
             SimdLevel::Avx2 => Self::Avx2,
             SimdLevel::Avx512 => {
                 #[cfg(target_arch = "x86_64")]
+                if super::amx::available() {
+                    return Self::Amx;
+                }
                 if std::arch::is_x86_feature_detected!("avx512vnni") {
                     return Self::Avx512Vnni;
                 }
@@ -68,8 +79,12 @@ impl QuantIsa {
         }
         if top >= SimdLevel::Avx512 {
             out.push(Self::Avx512);
-            if Self::for_level(top) == Self::Avx512Vnni {
+            if std::arch::is_x86_feature_detected!("avx512vnni") {
                 out.push(Self::Avx512Vnni);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if super::amx::available() {
+                out.push(Self::Amx);
             }
         }
         out
@@ -78,8 +93,12 @@ impl QuantIsa {
 
 struct Scratch {
     un: Box<Unpacked>,
-    /// `[ROW_CHUNK][16]`
+    /// `[AMX_CHUNK][16]`
     acc: Vec<[f32; LANES]>,
+    /// The unit's quads as signed levels, for the AMX tiles (only `quads` is used).
+    sq: Box<Unpacked>,
+    #[cfg(target_arch = "x86_64")]
+    tiles: Box<super::amx::TileBuf>,
 }
 
 thread_local! {
@@ -103,14 +122,24 @@ pub(crate) fn qgemm_groups(
     SCRATCH.with_borrow_mut(|s| {
         let s = s.get_or_insert_with(|| Scratch {
             un: Unpacked::new(),
-            acc: vec![[0.0; LANES]; ROW_CHUNK],
+            acc: vec![[0.0; LANES]; AMX_CHUNK],
+            sq: Unpacked::new(),
+            #[cfg(target_arch = "x86_64")]
+            tiles: super::amx::TileBuf::new(),
         });
         // SAFETY: the dispatched variant's CPU features are checked before each call; the
         // remaining preconditions were asserted above or are the caller's (`out`).
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Avx512Vnni if std::arch::is_x86_feature_detected!("avx512vnni") => {
+                QuantIsa::Amx if acts.m >= TILE_M && super::amx::available() => {
+                    x86_entry::amx(acts, w, groups, out, s);
+                }
+                // Fewer than 16 rows: AMX has nothing to do.
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Amx | QuantIsa::Avx512Vnni
+                    if std::arch::is_x86_feature_detected!("avx512vnni") =>
+                {
                     x86_entry::vnni(acts, w, groups, out, s);
                 }
                 #[cfg(target_arch = "x86_64")]
@@ -121,7 +150,7 @@ pub(crate) fn qgemm_groups(
                 QuantIsa::Avx2 if SimdLevel::detect() >= SimdLevel::Avx2 => {
                     x86_entry::avx2(acts, w, groups, out, s);
                 }
-                _ => kernel::<Scalar>(acts, w, groups, out, s),
+                _ => kernel::<Scalar, false>(acts, w, groups, out, s),
             }
         }
     });
@@ -132,7 +161,27 @@ mod x86_entry {
     use std::ops::Range;
 
     use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
+    use crate::quant::amx;
+    use crate::quant::formats::GgmlType;
     use crate::quant::x86::{Avx2, Avx512, Vnni};
+
+    /// # Safety
+    /// AMX must be available ([`amx::available`]), with AVX-512 VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) unsafe fn amx(
+        a: &QuantActs,
+        w: &QuantMatrix,
+        g: Range<usize>,
+        o: SharedMut<f32>,
+        s: &mut Scratch,
+    ) {
+        // SAFETY: AMX is available (the caller's); the tiles are released before returning.
+        unsafe {
+            amx::configure(if w.ty == GgmlType::Q6K { 16 } else { 32 });
+            kernel::<Vnni, true>(a, w, g, o, s);
+            amx::release();
+        }
+    }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub(super) unsafe fn vnni(
@@ -143,7 +192,7 @@ mod x86_entry {
         s: &mut Scratch,
     ) {
         // SAFETY: forwarded; the features are enabled here.
-        unsafe { kernel::<Vnni>(a, w, g, o, s) }
+        unsafe { kernel::<Vnni, false>(a, w, g, o, s) }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
@@ -155,7 +204,7 @@ mod x86_entry {
         s: &mut Scratch,
     ) {
         // SAFETY: forwarded; the features are enabled here.
-        unsafe { kernel::<Avx512>(a, w, g, o, s) }
+        unsafe { kernel::<Avx512, false>(a, w, g, o, s) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -167,15 +216,18 @@ mod x86_entry {
         s: &mut Scratch,
     ) {
         // SAFETY: forwarded; the features are enabled here.
-        unsafe { kernel::<Avx2>(a, w, g, o, s) }
+        unsafe { kernel::<Avx2, false>(a, w, g, o, s) }
     }
 }
 
+/// `AMX`: full 16-row tiles of activation rows go through the AMX tiles, which must be
+/// configured (K = 16 for Q6_K, else 32).
+///
 /// # Safety
 /// `S`'s features must be available; see [`qgemm_groups`] for the rest.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn kernel<S: Isa>(
+unsafe fn kernel<S: Isa, const AMX: bool>(
     acts: &QuantActs,
     w: &QuantMatrix,
     groups: Range<usize>,
@@ -183,10 +235,12 @@ unsafe fn kernel<S: Isa>(
     s: &mut Scratch,
 ) {
     let (m, n, ty) = (acts.m, w.rows, w.ty);
+    let chunk = if AMX { AMX_CHUNK } else { ROW_CHUNK };
     for g in groups {
         let lanes = (n - g * LANES).min(LANES);
-        for r0 in (0..m).step_by(ROW_CHUNK) {
-            let r1 = (r0 + ROW_CHUNK).min(m);
+        for r0 in (0..m).step_by(chunk) {
+            let r1 = (r0 + chunk).min(m);
+            let tiles = AMX && r1 - r0 >= TILE_M;
             let acc = &mut s.acc[..r1 - r0];
             acc.fill([0.0; LANES]);
             for u in 0..w.units {
@@ -195,10 +249,27 @@ unsafe fn kernel<S: Isa>(
                 // SAFETY: `rec` is a whole record of `w`; features are the caller's.
                 unsafe { unpack::<S>(ty, nb, rec, &mut s.un) };
                 let quads = if ty == GgmlType::Q8_0 { rec } else { s.un.quads.as_ptr().cast() };
+                let sq = if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+                    quads
+                } else {
+                    s.sq.quads.as_ptr().cast()
+                };
+                if tiles && sq != quads {
+                    let nquads = nb * ty.block_elems() / 4;
+                    // SAFETY: `quads` holds the unit's `nquads` quads.
+                    unsafe { signed_quads::<S>(ty, nquads, quads, &mut s.sq) };
+                }
                 let un = &*s.un;
                 let mut i = r0;
                 while i < r1 {
                     let a = &mut acc[i - r0..];
+                    #[cfg(target_arch = "x86_64")]
+                    if tiles && r1 - i >= TILE_M {
+                        // SAFETY: as below; the tiles are configured (`AMX`).
+                        unsafe { tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, &mut s.tiles) };
+                        i += TILE_M;
+                        continue;
+                    }
                     // SAFETY: `quads` holds the unit's quads; rows `i..i + R` are below `m`,
                     // `u` is a unit of `k`.
                     unsafe {
@@ -223,6 +294,38 @@ unsafe fn kernel<S: Isa>(
 
 /// Activation rows one weight load serves.
 const TILE_ROWS: usize = 4;
+
+/// Rows `i..i + 16` against one unit through the AMX tiles (`sq`: signed quads).
+///
+/// # Safety
+/// As [`rows`], plus configured tiles.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+unsafe fn tile_rows<S: Isa>(
+    ty: GgmlType,
+    nb: usize,
+    sq: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [[f32; LANES]],
+    buf: &mut super::amx::TileBuf,
+) {
+    use super::amx;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                amx::rows_a::<S>(nb, sq, un, acts, i, u, acc, buf);
+            }
+            GgmlType::Q4K | GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
+            GgmlType::Q6K => amx::rows_q6k::<S>(sq, un, acts, i, u, acc, buf),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+        }
+    }
+}
 
 /// Activation rows `i..i + R` against one unit.
 #[inline(always)] // must inline into the `#[target_feature]` entry points

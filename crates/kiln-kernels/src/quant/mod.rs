@@ -8,11 +8,13 @@
 //!   dequantizes from the repacked form with exactly [`dequantize_row`]'s arithmetic.
 //!
 //! Matmuls with a [`QuantMatrix`] go through [`crate::linear`]: the activations are quantized to
-//! 8 bits per call (`act`), then `kernel` computes integer dot products (AVX-512 VNNI,
-//! AVX-512 BW, AVX2 or scalar, all bitwise identical) and applies the scales in a fixed order,
+//! 8 bits per call (`act`), then `kernel` computes integer dot products (AMX-INT8 tiles
+//! for every 16 activation rows, AVX-512 VNNI, AVX-512 BW, AVX2 or scalar, all bitwise identical) and applies the scales in a fixed order,
 //! so a row's output never depends on the batch it is in.
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod dequant;
 pub mod formats;
 mod isa;

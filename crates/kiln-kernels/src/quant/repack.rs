@@ -326,3 +326,33 @@ pub(crate) fn dequant_lane(
         };
     }
 }
+
+/// Writes the unit's levels minus their offset (as i8) into `out`: `nquads` quads read from
+/// `quads` (unsigned levels, Q8_0's `q + 128` included).
+///
+/// # Safety
+/// `S`'s features must be available; `quads` readable for `nquads` quads.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+pub(crate) unsafe fn signed_quads<S: Isa>(
+    ty: GgmlType,
+    nquads: usize,
+    quads: *const u8,
+    out: &mut Unpacked,
+) {
+    let off = match ty {
+        GgmlType::Q8_0 => 128,
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q6K => 32,
+        _ => 0,
+    };
+    let q = out.quads.as_mut_ptr().cast::<u8>();
+    // SAFETY: `out.quads` holds a whole unit of quads; reads as guaranteed by the caller.
+    unsafe {
+        let o = S::splat8(off);
+        for v in 0..nquads {
+            S::store(q.add(v * 64), S::sub8(S::load(quads.add(v * 64)), o));
+        }
+    }
+}

@@ -53,6 +53,11 @@ macro_rules! avx512_common {
         }
         #[inline]
         #[target_feature(enable = $feat)]
+        unsafe fn sub8(a: __m512i, b: __m512i) -> __m512i {
+            _mm512_sub_epi8(a, b)
+        }
+        #[inline]
+        #[target_feature(enable = $feat)]
         unsafe fn srli16<const N: u32>(a: __m512i) -> __m512i {
             _mm512_srli_epi16::<N>(a)
         }
@@ -266,6 +271,11 @@ impl Isa for Avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn or(a: Pair<__m256i>, b: Pair<__m256i>) -> Pair<__m256i> {
         pair2!(_mm256_or_si256, a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub8(a: Pair<__m256i>, b: Pair<__m256i>) -> Pair<__m256i> {
+        pair2!(_mm256_sub_epi8, a, b)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,0 +1,306 @@
+//! AMX-INT8 tiles for the quantized kernels, 16 activation rows at a time.
+//!
+//! One `tdpbssd` computes, for 16 activation rows and the 16 weight rows of a group, the exact
+//! i32 dot products over one block (32 elements) or one Q6_K sub-block (16): the A tile is 16
+//! activation rows of `acts.qs` (row stride `k`), the B tile is the block's quads, which are
+//! already AMX's B layout (`[K/4][16 lanes][4]`). The weights must be signed, so the kernel
+//! first writes the unit's levels minus their offset (`repack::signed_quads`): `Σ (q − off)·x` is
+//! then exactly the `t` of the other kernels and no per-row offset correction is needed.
+//!
+//! The tile results go through a small buffer and are then scaled with the same [`Isa`]
+//! operations, in the same order, as in `kernel` (the batch-invariance invariant of that
+//! module): AMX only changes how the exact integers are obtained. Blocks are software
+//! pipelined over two sets of tiles: the tiles of block `b + 1` are computed while block `b`
+//! is scaled.
+//!
+//! Tiles (one configuration per call, [`configure`]): `tmm0`, `tmm1` results (16 × 16 i32);
+//! `tmm2`/`tmm3` and `tmm4`/`tmm5` the A/B pairs of the two sets (K = 32, or 16 for Q6_K).
+
+use std::arch::asm;
+use std::sync::OnceLock;
+
+use super::act::QuantActs;
+use super::formats::QK;
+use super::isa::Isa;
+use super::kernel::TILE_M;
+use super::repack::{LANES, Unpacked};
+
+/// Whether AMX-INT8 is usable: CPUID reports AMX-TILE and AMX-INT8 and the OS granted this
+/// process the tile state (Linux `ARCH_REQ_XCOMP_PERM`). Checked once.
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that reports AVX-512 or AVX2; on
+        // older ones it returns zeros.
+        #[allow(unused_unsafe)]
+        let c = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
+        let amx = (1 << 24) | (1 << 25);
+        c.edx & amx == amx && std::arch::is_x86_feature_detected!("avx512vnni") && request_tiles()
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn request_tiles() -> bool {
+    unsafe extern "C" {
+        fn syscall(n: std::ffi::c_long, ...) -> std::ffi::c_long;
+    }
+    const SYS_ARCH_PRCTL: std::ffi::c_long = 158;
+    const ARCH_REQ_XCOMP_PERM: std::ffi::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: std::ffi::c_long = 18;
+    // SAFETY: `arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)` only changes this process's
+    // permission to use the AMX tile state; it returns 0 when granted.
+    unsafe { syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tiles() -> bool {
+    false
+}
+
+/// The 64-byte `ldtilecfg` operand.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// Loads this thread's tile configuration for dot products over `kb` (32 or 16) elements.
+///
+/// # Safety
+/// [`available`] must have returned true; the thread must call [`release`] before it returns
+/// to code that does not expect tile state.
+pub(crate) unsafe fn configure(kb: usize) {
+    let mut c =
+        TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+    for t in 0..SETS {
+        (c.colsb[t], c.rows[t]) = (64, 16);
+    }
+    for t in [4, 6] {
+        (c.colsb[t], c.rows[t]) = (kb as u16, 16);
+        (c.colsb[t + 1], c.rows[t + 1]) = (64, (kb / 4) as u8);
+    }
+    // SAFETY: a valid palette-1 configuration (AMX availability is the caller's).
+    unsafe { asm!("ldtilecfg [{0}]", in(reg) &raw const c, options(nostack, readonly)) };
+}
+
+/// Releases the tile state.
+///
+/// # Safety
+/// [`available`] must have returned true.
+pub(crate) unsafe fn release() {
+    // SAFETY: AMX is available (the caller's); `tilerelease` has no operands.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Result tiles (and buffers) in flight.
+const SETS: usize = 4;
+/// Blocks whose tiles are computed ahead of the one being scaled.
+const AHEAD: usize = SETS - 1;
+
+/// `SETS` `[16 rows][16 lanes]` i32 tile results.
+#[repr(C, align(64))]
+pub(crate) struct TileBuf([[[i32; LANES]; TILE_M]; SETS]);
+
+impl TileBuf {
+    pub fn new() -> Box<Self> {
+        Box::new(Self([[[0; LANES]; TILE_M]; SETS]))
+    }
+}
+
+/// Tile set `SET` (0 or 1): `buf[SET] = A · B` for A = 16 rows at `x` (stride `k` bytes) and
+/// B = the quads at `w`.
+///
+/// # Safety
+/// Tiles configured by [`configure`]; `x` readable for 16 rows of `kb` bytes at stride `k`,
+/// `w` for `kb / 4` quads.
+#[inline(always)] // a few instructions, inlined into the kernels
+#[allow(clippy::inline_always)]
+unsafe fn dot<const SET: usize>(x: *const i8, k: usize, w: *const u8, buf: &mut TileBuf) {
+    let out = buf.0[SET].as_mut_ptr();
+    // SAFETY: guaranteed by the caller; the tile numbers follow `configure`.
+    unsafe {
+        asm!(
+            "tilezero tmm{c}",
+            "tileloadd tmm{a}, [{x} + {k} * 1]",
+            "tileloadd tmm{b}, [{w} + {s} * 1]",
+            "tdpbssd tmm{c}, tmm{a}, tmm{b}",
+            "tilestored [{o} + {s} * 1], tmm{c}",
+            c = const SET,
+            a = const 4 + 2 * (SET % 2),
+            b = const 5 + 2 * (SET % 2),
+            x = in(reg) x,
+            k = in(reg) k,
+            w = in(reg) w,
+            s = in(reg) 64usize,
+            o = in(reg) out,
+            options(nostack),
+        );
+    }
+}
+
+/// `dot` into tile set `j % SETS`.
+#[inline(always)]
+#[allow(clippy::inline_always)]
+unsafe fn dot_set(j: usize, x: *const i8, k: usize, w: *const u8, buf: &mut TileBuf) {
+    // SAFETY: forwarded.
+    unsafe {
+        match j % SETS {
+            0 => dot::<0>(x, k, w, buf),
+            1 => dot::<1>(x, k, w, buf),
+            2 => dot::<2>(x, k, w, buf),
+            _ => dot::<3>(x, k, w, buf),
+        }
+    }
+}
+
+/// Rows `i..i + 16` against one unit of Q4_0/Q5_0/Q8_0 blocks; `sq` holds the signed quads.
+///
+/// # Safety
+/// As `kernel::row_a`, plus tiles configured with K = 32.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_a<S: Isa>(
+    nb: usize,
+    sq: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [[f32; LANES]],
+    buf: &mut TileBuf,
+) {
+    let k = acts.k;
+    let nbk = k / QK;
+    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + 16` are inside `acts`, the unit
+    // holds `nb` blocks of 8 quads, and `acc` has at least 16 rows.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 8 * QK);
+        let mut a: [S::F; TILE_M] = std::array::from_fn(|r| S::loadf(acc[r].as_ptr()));
+        for b in 0..AHEAD.min(nb) {
+            dot_set(b, x.add(b * QK), k, sq.add(b * 8 * 64), buf);
+        }
+        for b in 0..nb {
+            if b + AHEAD < nb {
+                let j = b + AHEAD;
+                dot_set(j, x.add(j * QK), k, sq.add(j * 8 * 64), buf);
+            }
+            let bg = u * 8 + b;
+            let fs = S::loadf(un.fscale[b].as_ptr());
+            let t = &buf.0[b % SETS];
+            for r in 0..TILE_M {
+                let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
+                let tv = S::load(t[r].as_ptr().cast());
+                a[r] = S::fmadd(S::cvt(tv), S::mulf(fs, dx), a[r]);
+            }
+        }
+        for r in 0..TILE_M {
+            S::storef(acc[r].as_mut_ptr(), a[r]);
+        }
+    }
+}
+
+/// `t[r] = Σ_s sc_s · (A_s · B_s)[r]` over `subs` sub-blocks of `kb` elements of the unit.
+///
+/// # Safety
+/// As the callers.
+#[inline(always)]
+#[allow(clippy::inline_always)]
+unsafe fn scaled_subs<S: Isa>(
+    subs: usize,
+    kb: usize,
+    x: *const i8,
+    k: usize,
+    sq: *const u8,
+    un: &Unpacked,
+    buf: &mut TileBuf,
+) -> [S::V; TILE_M] {
+    // SAFETY: forwarded from the callers: `subs` sub-blocks of `kb` elements lie in the unit.
+    unsafe {
+        let mut t = [S::zero(); TILE_M];
+        for s in 0..AHEAD.min(subs) {
+            dot_set(s, x.add(s * kb), k, sq.add(s * kb / 4 * 64), buf);
+        }
+        for s in 0..subs {
+            if s + AHEAD < subs {
+                let j = s + AHEAD;
+                dot_set(j, x.add(j * kb), k, sq.add(j * kb / 4 * 64), buf);
+            }
+            let sc = S::load(un.iscale[s].as_ptr().cast());
+            let p = &buf.0[s % SETS];
+            for r in 0..TILE_M {
+                t[r] = S::add32(t[r], S::mullo32(S::load(p[r].as_ptr().cast()), sc));
+            }
+        }
+        t
+    }
+}
+
+/// Rows `i..i + 16` against one Q4_K/Q5_K block (`sq`: the unpacked quads, already signed).
+///
+/// # Safety
+/// As `kernel::row_k45`, plus tiles configured with K = 32.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_k45<S: Isa>(
+    sq: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [[f32; LANES]],
+    buf: &mut TileBuf,
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of rows `i..i + 16` is inside `acts`; the unit holds 64
+    // quads; `acc` has at least 16 rows.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 256);
+        let t = scaled_subs::<S>(8, 32, x, k, sq, un, buf);
+        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
+        for r in 0..TILE_M {
+            let mut mn = S::zero();
+            let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
+            for p in 0..4 {
+                mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
+            }
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let mut a = S::loadf(acc[r].as_ptr());
+            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
+            a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
+            S::storef(acc[r].as_mut_ptr(), a);
+        }
+    }
+}
+
+/// Rows `i..i + 16` against one Q6_K block (`sq`: signed quads).
+///
+/// # Safety
+/// As `kernel::row_q6k`, plus tiles configured with K = 16.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_q6k<S: Isa>(
+    sq: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: &mut [[f32; LANES]],
+    buf: &mut TileBuf,
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of rows `i..i + 16` is inside `acts`; the unit holds 64
+    // quads; `acc` has at least 16 rows.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 256);
+        let t = scaled_subs::<S>(16, 16, x, k, sq, un, buf);
+        let d = S::loadf(un.fscale[0].as_ptr());
+        for r in 0..TILE_M {
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), S::loadf(acc[r].as_ptr()));
+            S::storef(acc[r].as_mut_ptr(), a);
+        }
+    }
+}
