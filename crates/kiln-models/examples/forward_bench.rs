@@ -1,5 +1,5 @@
-//! Times the forward pass alone: prefill of `P` tokens, then `D` single-token decode steps
-//! (batch 1), on a model path (default: the cached default model).
+//! Times the forward pass alone: prefill of `P` tokens (after one untimed warm-up pass), then
+//! `D` single-token decode steps (batch 1), on a model path (default: the cached default model).
 //!
 //! `cargo run --release -p kiln-models --example forward_bench -- [MODEL] [P] [D] [THREADS]`
 
@@ -35,6 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
     let mut batch = ForwardBatch::new(block_size);
     batch.push_seq(&tokens[..prefill], 0, &table, LogitsWanted::Last)?;
+    // Warm-up (grows the scratch buffers, as a server's first request does), then timed.
+    model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
     let start = Instant::now();
     model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
     let secs = start.elapsed().as_secs_f64();
