@@ -1,0 +1,401 @@
+//! The block pool: ref counts, the LRU free queue and the prefix-cache index.
+//!
+//! Every block is in exactly one of two states:
+//! - **referenced**: `ref_cnt > 0`, not in the free queue;
+//! - **free**: `ref_cnt == 0`, in the free queue exactly once.
+//!
+//! Independently of that, a block may be **cached**: it holds the KV of a full block whose
+//! chained hash and token ids it stores, and `cached[hash] == id`. A free cached
+//! block stays in the index and can be revived by a hit ([`BlockPool::touch`] takes it out of
+//! the free queue) until allocation reaches it at the head of the queue and evicts it, which
+//! removes its hash entry. At most one block is cached per hash: registering a second block
+//! under a taken hash is refused and that block simply stays uncached.
+//!
+//! Eviction order: [`BlockPool::free`] appends cached blocks at the tail in the order given (the
+//! caller passes a request's blocks last-first, so its tail blocks are evicted first) and puts
+//! uncached blocks at the head, since they hold nothing anyone can hit.
+//!
+//! A hit is never trusted on the hash alone: [`BlockPool::get_cached`] compares the stored token
+//! ids and the **parent block**: a cached block remembers which cached block preceded it when its
+//! KV was computed, as `(block id, generation)`, where a block's generation is bumped on every
+//! eviction. A chain of hits is therefore exact by induction (block 0 has no parent; block `i`
+//! holds the right tokens and was computed after exactly the cached block verified at `i - 1`,
+//! which has not changed since), whatever the quality of the hash. A block whose predecessor is
+//! not cached cannot be reached by a chain, so it is not cached either.
+//!
+//! Complexity: `touch`, `free` and `get_cached` are O(1) per block (plus a token compare);
+//! `allocate(n)` is O(n). Nothing allocates per operation except the returned id vectors.
+
+use std::collections::HashMap;
+
+use kiln_core::{BlockId, TokenId};
+
+use crate::free_queue::FreeBlockQueue;
+use crate::hash::{BlockHash, BlockHashState};
+
+/// A cached block as it was at one time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ParentRef {
+    block: BlockId,
+    generation: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Block {
+    ref_cnt: u32,
+    /// Set iff the block is cached (and then `cached[hash]` is this block).
+    hash: Option<BlockHash>,
+    /// The cached block that preceded this one when it was cached (meaningful only while
+    /// `hash` is set).
+    parent: Option<ParentRef>,
+    /// Bumped whenever the block stops being cached, so a stale `ParentRef` never matches.
+    generation: u64,
+    /// The block's token ids while cached (`len == block_size`), empty otherwise; the capacity is
+    /// kept across evictions.
+    tokens: Vec<TokenId>,
+}
+
+/// Owns every KV block's bookkeeping (not its memory).
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    block_size: usize,
+    free_queue: FreeBlockQueue,
+    cached: HashMap<BlockHash, BlockId, BlockHashState>,
+    num_evictions: u64,
+}
+
+impl BlockPool {
+    /// `num_blocks` free, uncached blocks of `block_size` tokens each.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        assert!(block_size > 0, "block_size must be positive");
+        Self {
+            blocks: vec![Block::default(); num_blocks],
+            block_size,
+            free_queue: FreeBlockQueue::full(num_blocks),
+            cached: HashMap::default(),
+            num_evictions: 0,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks that allocation may take (free, cached or not).
+    pub fn num_free_blocks(&self) -> usize {
+        self.free_queue.len()
+    }
+
+    /// Blocks currently registered in the prefix-cache index (free or referenced).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Cached blocks evicted by allocation so far.
+    pub fn num_evictions(&self) -> u64 {
+        self.num_evictions
+    }
+
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.blocks[block.index()].ref_cnt
+    }
+
+    /// The hash a cached block is registered under.
+    pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
+        self.blocks[block.index()].hash
+    }
+
+    /// The token ids a cached block holds; `None` if it is not cached.
+    pub fn cached_tokens(&self, block: BlockId) -> Option<&[TokenId]> {
+        let b = &self.blocks[block.index()];
+        b.hash.map(|_| b.tokens.as_slice())
+    }
+
+    /// Free blocks from the next to be taken to the last.
+    pub fn free_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.free_queue.iter()
+    }
+
+    /// What a block cached after `parent` records: `None` if `parent` is not cached.
+    fn parent_ref(&self, parent: BlockId) -> Option<ParentRef> {
+        let p = &self.blocks[parent.index()];
+        p.hash.map(|_| ParentRef { block: parent, generation: p.generation })
+    }
+
+    /// The cached block for `hash`, if it really holds `tokens` and was computed right after
+    /// the cached block `parent` (`None` for the first block of a sequence).
+    pub fn get_cached(
+        &self,
+        hash: BlockHash,
+        parent: Option<BlockId>,
+        tokens: &[TokenId],
+    ) -> Option<BlockId> {
+        let &id = self.cached.get(&hash)?;
+        let b = &self.blocks[id.index()];
+        let parent_ok = match parent {
+            None => b.parent.is_none(),
+            Some(p) => b.parent.is_some() && b.parent == self.parent_ref(p),
+        };
+        (parent_ok && b.tokens == tokens).then_some(id)
+    }
+
+    pub fn can_allocate(&self, num_blocks: usize) -> bool {
+        num_blocks <= self.free_queue.len()
+    }
+
+    /// Takes `num_blocks` blocks from the head of the free queue (evicting cached ones) with a
+    /// ref count of 1; `None`, changing nothing, if there are not enough free blocks.
+    pub fn allocate(&mut self, num_blocks: usize) -> Option<Vec<BlockId>> {
+        if !self.can_allocate(num_blocks) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(num_blocks);
+        for _ in 0..num_blocks {
+            let id = self.free_queue.pop_front()?;
+            self.evict(id);
+            self.blocks[id.index()].ref_cnt = 1;
+            out.push(id);
+        }
+        Some(out)
+    }
+
+    /// Drops `id` from the prefix-cache index, if it is there.
+    fn evict(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id.index()];
+        if let Some(hash) = b.hash.take() {
+            let removed = self.cached.remove(&hash);
+            debug_assert_eq!(removed, Some(id));
+            b.parent = None;
+            b.tokens.clear();
+            b.generation += 1;
+            self.num_evictions += 1;
+        }
+    }
+
+    /// Adds a reference to each block (a cache hit or a fork); free blocks leave the queue.
+    pub fn touch(&mut self, blocks: &[BlockId]) {
+        for &id in blocks {
+            let b = &mut self.blocks[id.index()];
+            if b.ref_cnt == 0 {
+                self.free_queue.remove(id);
+            }
+            b.ref_cnt += 1;
+        }
+    }
+
+    /// Drops one reference from each block, in the order given; blocks reaching zero become
+    /// free (cached ones at the tail of the queue, uncached ones at the head).
+    pub fn free(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        for id in blocks {
+            let b = &mut self.blocks[id.index()];
+            assert!(b.ref_cnt > 0, "double free of {id:?}");
+            b.ref_cnt -= 1;
+            if b.ref_cnt == 0 {
+                if b.hash.is_some() {
+                    self.free_queue.push_back(id);
+                } else {
+                    self.free_queue.push_front(id);
+                }
+            }
+        }
+    }
+
+    /// Registers a referenced, full block under `hash`, computed right after `parent` (the
+    /// previous block of the same sequence, `None` for the first). Returns `false` (and changes
+    /// nothing) if the block is already cached, another block holds `hash`, or `parent` is not
+    /// cached (a chain could never reach this block).
+    pub fn cache_block(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockId>,
+        tokens: &[TokenId],
+    ) -> bool {
+        assert_eq!(tokens.len(), self.block_size, "only full blocks are cached");
+        assert!(self.blocks[block.index()].ref_cnt > 0, "caching an unreferenced {block:?}");
+        let parent = match parent {
+            None => None,
+            Some(p) => match self.parent_ref(p) {
+                None => return false,
+                some => some,
+            },
+        };
+        let b = &mut self.blocks[block.index()];
+        if b.hash.is_some() || self.cached.contains_key(&hash) {
+            return false;
+        }
+        b.hash = Some(hash);
+        b.parent = parent;
+        b.tokens.clear();
+        b.tokens.extend_from_slice(tokens);
+        self.cached.insert(hash, block);
+        true
+    }
+
+    /// Forgets every cached hash. Refused (returns `false`) while any block is referenced, since
+    /// running requests may still be registering blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.free_queue.len() != self.blocks.len() {
+            return false;
+        }
+        for b in &mut self.blocks {
+            if b.hash.take().is_some() {
+                b.generation += 1;
+            }
+            b.parent = None;
+            b.tokens.clear();
+        }
+        self.cached.clear();
+        true
+    }
+
+    /// Checks the invariants in the module docs.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.free_queue.check()?;
+        let mut num_free = 0;
+        let mut num_cached = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let id = BlockId(i as u32);
+            let queued = self.free_queue.contains(id);
+            if queued != (b.ref_cnt == 0) {
+                return Err(format!("{id:?}: ref_cnt {} but in free queue = {queued}", b.ref_cnt));
+            }
+            num_free += usize::from(queued);
+            match b.hash {
+                Some(h) => {
+                    num_cached += 1;
+                    if self.cached.get(&h) != Some(&id) {
+                        return Err(format!("{id:?} has hash {h:?} but the index disagrees"));
+                    }
+                    if b.tokens.len() != self.block_size {
+                        return Err(format!("{id:?} is cached with {} tokens", b.tokens.len()));
+                    }
+                }
+                None if !b.tokens.is_empty() || b.parent.is_some() => {
+                    return Err(format!("{id:?} is uncached but keeps tokens or a parent"));
+                }
+                None => {}
+            }
+        }
+        if num_free != self.free_queue.len() {
+            return Err(format!("{num_free} free blocks, queue len {}", self.free_queue.len()));
+        }
+        if num_cached != self.cached.len() {
+            return Err(format!("{num_cached} cached blocks, index has {}", self.cached.len()));
+        }
+        for (h, id) in &self.cached {
+            if self.blocks.get(id.index()).and_then(|b| b.hash) != Some(*h) {
+                return Err(format!("index maps {h:?} to {id:?}, which does not hold it"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(ids: &[u32]) -> Vec<TokenId> {
+        ids.iter().map(|&t| TokenId(t)).collect()
+    }
+
+    #[test]
+    fn allocate_takes_from_the_head_and_fails_atomically() {
+        let mut pool = BlockPool::new(4, 2);
+        assert_eq!(pool.allocate(3), Some(vec![BlockId(0), BlockId(1), BlockId(2)]));
+        assert_eq!(pool.allocate(2), None);
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants().unwrap();
+        pool.free([BlockId(2), BlockId(1), BlockId(0)]);
+        assert_eq!(pool.num_free_blocks(), 4);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn cached_free_block_is_revived_by_a_hit_and_evicted_by_allocation() {
+        let mut pool = BlockPool::new(2, 2);
+        let a = pool.allocate(1).unwrap()[0];
+        let h = BlockHash(7);
+        assert!(pool.cache_block(a, h, None, &toks(&[1, 2])));
+        pool.free([a]);
+        assert_eq!(pool.get_cached(h, None, &toks(&[1, 2])), Some(a));
+        // a hit on a free block takes it out of the queue
+        pool.touch(&[a]);
+        assert_eq!(pool.ref_count(a), 1);
+        assert_eq!(pool.num_free_blocks(), 1);
+        pool.check_invariants().unwrap();
+        pool.free([a]);
+        // the uncached block goes first, then the cached one is evicted
+        let first = pool.allocate(1).unwrap()[0];
+        assert_ne!(first, a);
+        assert_eq!(pool.num_cached_blocks(), 1);
+        assert_eq!(pool.allocate(1).unwrap()[0], a);
+        assert_eq!(pool.num_cached_blocks(), 0);
+        assert_eq!(pool.num_evictions(), 1);
+        assert_eq!(pool.get_cached(h, None, &toks(&[1, 2])), None);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_hash_hit_is_verified_against_tokens_and_parent() {
+        let mut pool = BlockPool::new(4, 2);
+        let ids = pool.allocate(2).unwrap();
+        let (p, a) = (ids[0], ids[1]);
+        assert!(pool.cache_block(p, BlockHash(9), None, &toks(&[7, 7])));
+        assert!(pool.cache_block(a, BlockHash(1), Some(p), &toks(&[1, 2])));
+        assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 2])), Some(a));
+        assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 3])), None);
+        assert_eq!(pool.get_cached(BlockHash(1), None, &toks(&[1, 2])), None);
+        assert_eq!(pool.get_cached(BlockHash(1), Some(a), &toks(&[1, 2])), None);
+        // a second block under the same hash is refused and stays uncached
+        let b = pool.allocate(1).unwrap()[0];
+        assert!(!pool.cache_block(b, BlockHash(1), None, &toks(&[5, 6])));
+        assert_eq!(pool.block_hash(b), None);
+        // so is a block whose parent is not cached
+        let c = pool.allocate(1).unwrap()[0];
+        assert!(!pool.cache_block(c, BlockHash(5), Some(b), &toks(&[5, 6])));
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_evicted_and_recached_parent_does_not_match_its_old_children() {
+        let mut pool = BlockPool::new(2, 1);
+        let ids = pool.allocate(2).unwrap();
+        let (p, a) = (ids[0], ids[1]);
+        assert!(pool.cache_block(p, BlockHash(1), None, &toks(&[1])));
+        assert!(pool.cache_block(a, BlockHash(2), Some(p), &toks(&[2])));
+        // free the parent first so that it is evicted before its child
+        pool.free([p, a]);
+        assert_eq!(pool.allocate(1).unwrap(), [p]);
+        assert!(pool.cache_block(p, BlockHash(1), None, &toks(&[1]))); // same content, new generation
+        assert_eq!(pool.get_cached(BlockHash(2), Some(p), &toks(&[2])), None);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_is_refused_while_blocks_are_in_use() {
+        let mut pool = BlockPool::new(2, 1);
+        let a = pool.allocate(1).unwrap();
+        assert!(pool.cache_block(a[0], BlockHash(3), None, &toks(&[4])));
+        assert!(!pool.reset_prefix_cache());
+        pool.free(a);
+        assert!(pool.reset_prefix_cache());
+        assert_eq!(pool.num_cached_blocks(), 0);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "double free")]
+    fn double_free_panics() {
+        let mut pool = BlockPool::new(1, 1);
+        let a = pool.allocate(1).unwrap();
+        pool.free(a.iter().copied());
+        pool.free(a);
+    }
+}
