@@ -9,19 +9,22 @@
 //! block stays in the index and can be revived by a hit ([`BlockPool::touch`] takes it out of
 //! the free queue) until allocation reaches it at the head of the queue and evicts it, which
 //! removes its hash entry. At most one block is cached per hash: registering a second block
-//! under a taken hash is refused and that block simply stays uncached.
+//! under a taken hash is refused and that block simply stays uncached (if the holder has the
+//! same tokens after the same parent, it is a duplicate and the holder stands in for it as the
+//! parent of the next block).
 //!
 //! Eviction order: [`BlockPool::free`] appends cached blocks at the tail in the order given (the
 //! caller passes a request's blocks last-first, so its tail blocks are evicted first) and puts
 //! uncached blocks at the head, since they hold nothing anyone can hit.
 //!
 //! A hit is never trusted on the hash alone: [`BlockPool::get_cached`] compares the stored token
-//! ids and the **parent block**: a cached block remembers which cached block preceded it when its
-//! KV was computed, as `(block id, generation)`, where a block's generation is bumped on every
-//! eviction. A chain of hits is therefore exact by induction (block 0 has no parent; block `i`
-//! holds the right tokens and was computed after exactly the cached block verified at `i - 1`,
-//! which has not changed since), whatever the quality of the hash. A block whose predecessor is
-//! not cached cannot be reached by a chain, so it is not cached either.
+//! ids and the **parent**: a cached block remembers the cached block holding the same KV as its
+//! predecessor when it was computed, as a [`CachedBlockRef`] `(block id, generation)`, where a
+//! block's generation is bumped whenever it stops being cached. A chain of hits is therefore
+//! exact by induction (block 0 has no parent; block `i` holds the right tokens and was computed
+//! after the same KV as the cached block verified at `i - 1`, which has not changed since),
+//! whatever the quality of the hash. A block whose predecessor's KV is not cached cannot be
+//! reached by a chain, so it is not cached either.
 //!
 //! Complexity: `touch`, `free` and `get_cached` are O(1) per block (plus a token compare);
 //! `allocate(n)` is O(n). Nothing allocates per operation except the returned id vectors.
@@ -33,9 +36,9 @@ use kiln_core::{BlockId, TokenId};
 use crate::free_queue::FreeBlockQueue;
 use crate::hash::{BlockHash, BlockHashState};
 
-/// A cached block as it was at one time.
+/// A cached block as it was at one time: stale once the block is evicted or uncached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ParentRef {
+pub struct CachedBlockRef {
     block: BlockId,
     generation: u64,
 }
@@ -47,8 +50,8 @@ struct Block {
     hash: Option<BlockHash>,
     /// The cached block that preceded this one when it was cached (meaningful only while
     /// `hash` is set).
-    parent: Option<ParentRef>,
-    /// Bumped whenever the block stops being cached, so a stale `ParentRef` never matches.
+    parent: Option<CachedBlockRef>,
+    /// Bumped whenever the block stops being cached, so a stale `CachedBlockRef` never matches.
     generation: u64,
     /// The block's token ids while cached (`len == block_size`), empty otherwise; the capacity is
     /// kept across evictions.
@@ -121,10 +124,15 @@ impl BlockPool {
         self.free_queue.iter()
     }
 
-    /// What a block cached after `parent` records: `None` if `parent` is not cached.
-    fn parent_ref(&self, parent: BlockId) -> Option<ParentRef> {
-        let p = &self.blocks[parent.index()];
-        p.hash.map(|_| ParentRef { block: parent, generation: p.generation })
+    /// A reference to `block` as cached now; `None` if it is not cached.
+    pub fn cached_ref(&self, block: BlockId) -> Option<CachedBlockRef> {
+        let b = &self.blocks[block.index()];
+        b.hash.map(|_| CachedBlockRef { block, generation: b.generation })
+    }
+
+    /// Whether `r` still names a cached block with unchanged content.
+    pub fn is_current(&self, r: CachedBlockRef) -> bool {
+        self.cached_ref(r.block) == Some(r)
     }
 
     /// The cached block for `hash`, if it really holds `tokens` and was computed right after
@@ -139,7 +147,7 @@ impl BlockPool {
         let b = &self.blocks[id.index()];
         let parent_ok = match parent {
             None => b.parent.is_none(),
-            Some(p) => b.parent.is_some() && b.parent == self.parent_ref(p),
+            Some(p) => b.parent.is_some() && b.parent == self.cached_ref(p),
         };
         (parent_ok && b.tokens == tokens).then_some(id)
     }
@@ -177,6 +185,19 @@ impl BlockPool {
         }
     }
 
+    /// Removes a referenced block from the prefix-cache index (its KV will never be written);
+    /// returns whether it was cached. Blocks cached after it no longer match it as a parent.
+    pub fn uncache(&mut self, block: BlockId) -> bool {
+        assert!(self.blocks[block.index()].ref_cnt > 0, "uncaching a free block {block:?}");
+        let b = &mut self.blocks[block.index()];
+        let Some(hash) = b.hash.take() else { return false };
+        self.cached.remove(&hash);
+        b.parent = None;
+        b.tokens.clear();
+        b.generation += 1;
+        true
+    }
+
     /// Adds a reference to each block (a cache hit or a fork); free blocks leave the queue.
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &id in blocks {
@@ -205,36 +226,42 @@ impl BlockPool {
         }
     }
 
-    /// Registers a referenced, full block under `hash`, computed right after `parent` (the
-    /// previous block of the same sequence, `None` for the first). Returns `false` (and changes
-    /// nothing) if the block is already cached, another block holds `hash`, or `parent` is not
-    /// cached (a chain could never reach this block).
+    /// Registers a referenced, full block holding `tokens` under `hash`, computed after the KV
+    /// that the cached block `parent` holds (`None`: the first block of a sequence).
+    ///
+    /// Returns the cached block that now holds this KV, to pass as the next block's parent:
+    /// `block` itself (registered now or already), or the block that already holds `hash` with
+    /// the same tokens after the same parent (a duplicate; `block` stays uncached). `None` (and
+    /// `block` stays uncached) if the hash is taken by other content or `parent` is stale.
     pub fn cache_block(
         &mut self,
         block: BlockId,
         hash: BlockHash,
-        parent: Option<BlockId>,
+        parent: Option<CachedBlockRef>,
         tokens: &[TokenId],
-    ) -> bool {
+    ) -> Option<CachedBlockRef> {
         assert_eq!(tokens.len(), self.block_size, "only full blocks are cached");
         assert!(self.blocks[block.index()].ref_cnt > 0, "caching an unreferenced {block:?}");
-        let parent = match parent {
-            None => None,
-            Some(p) => match self.parent_ref(p) {
-                None => return false,
-                some => some,
-            },
-        };
-        let b = &mut self.blocks[block.index()];
-        if b.hash.is_some() || self.cached.contains_key(&hash) {
-            return false;
+        if parent.is_some_and(|p| !self.is_current(p)) {
+            return None;
         }
+        let holder = match (self.blocks[block.index()].hash, self.cached.get(&hash)) {
+            (Some(_), _) => Some(block),
+            (None, Some(&other)) => Some(other),
+            (None, None) => None,
+        };
+        if let Some(h) = holder {
+            let b = &self.blocks[h.index()];
+            let same = b.parent == parent && b.tokens == tokens;
+            return if same { self.cached_ref(h) } else { None };
+        }
+        let b = &mut self.blocks[block.index()];
         b.hash = Some(hash);
         b.parent = parent;
         b.tokens.clear();
         b.tokens.extend_from_slice(tokens);
         self.cached.insert(hash, block);
-        true
+        self.cached_ref(block)
     }
 
     /// Forgets every cached hash. Refused (returns `false`) while any block is referenced, since
@@ -322,7 +349,7 @@ mod tests {
         let mut pool = BlockPool::new(2, 2);
         let a = pool.allocate(1).unwrap()[0];
         let h = BlockHash(7);
-        assert!(pool.cache_block(a, h, None, &toks(&[1, 2])));
+        assert!(pool.cache_block(a, h, None, &toks(&[1, 2])).is_some());
         pool.free([a]);
         assert_eq!(pool.get_cached(h, None, &toks(&[1, 2])), Some(a));
         // a hit on a free block takes it out of the queue
@@ -344,22 +371,23 @@ mod tests {
 
     #[test]
     fn a_hash_hit_is_verified_against_tokens_and_parent() {
-        let mut pool = BlockPool::new(4, 2);
+        let mut pool = BlockPool::new(5, 2);
         let ids = pool.allocate(2).unwrap();
         let (p, a) = (ids[0], ids[1]);
-        assert!(pool.cache_block(p, BlockHash(9), None, &toks(&[7, 7])));
-        assert!(pool.cache_block(a, BlockHash(1), Some(p), &toks(&[1, 2])));
+        let pr = pool.cache_block(p, BlockHash(9), None, &toks(&[7, 7]));
+        assert_eq!(pr, pool.cached_ref(p));
+        assert_eq!(pool.cache_block(a, BlockHash(1), pr, &toks(&[1, 2])), pool.cached_ref(a));
         assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 2])), Some(a));
         assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 3])), None);
         assert_eq!(pool.get_cached(BlockHash(1), None, &toks(&[1, 2])), None);
         assert_eq!(pool.get_cached(BlockHash(1), Some(a), &toks(&[1, 2])), None);
-        // a second block under the same hash is refused and stays uncached
+        // a second block under the same hash with other content is refused and stays uncached
         let b = pool.allocate(1).unwrap()[0];
-        assert!(!pool.cache_block(b, BlockHash(1), None, &toks(&[5, 6])));
+        assert_eq!(pool.cache_block(b, BlockHash(1), None, &toks(&[5, 6])), None);
         assert_eq!(pool.block_hash(b), None);
-        // so is a block whose parent is not cached
-        let c = pool.allocate(1).unwrap()[0];
-        assert!(!pool.cache_block(c, BlockHash(5), Some(b), &toks(&[5, 6])));
+        // a duplicate stays uncached too, and the holder stands in for it
+        assert_eq!(pool.cache_block(b, BlockHash(1), pr, &toks(&[1, 2])), pool.cached_ref(a));
+        assert_eq!(pool.block_hash(b), None);
         pool.check_invariants().unwrap();
     }
 
@@ -368,13 +396,19 @@ mod tests {
         let mut pool = BlockPool::new(2, 1);
         let ids = pool.allocate(2).unwrap();
         let (p, a) = (ids[0], ids[1]);
-        assert!(pool.cache_block(p, BlockHash(1), None, &toks(&[1])));
-        assert!(pool.cache_block(a, BlockHash(2), Some(p), &toks(&[2])));
+        let old = pool.cache_block(p, BlockHash(1), None, &toks(&[1]));
+        assert!(pool.cache_block(a, BlockHash(2), old, &toks(&[2])).is_some());
         // free the parent first so that it is evicted before its child
         pool.free([p, a]);
         assert_eq!(pool.allocate(1).unwrap(), [p]);
-        assert!(pool.cache_block(p, BlockHash(1), None, &toks(&[1]))); // same content, new generation
+        assert!(!pool.is_current(old.unwrap()));
+        // same content again, but a new generation: the old child is unreachable
+        let new = pool.cache_block(p, BlockHash(1), None, &toks(&[1]));
+        assert!(new.is_some() && new != old);
         assert_eq!(pool.get_cached(BlockHash(2), Some(p), &toks(&[2])), None);
+        // and nothing is registered after a stale parent
+        let c = pool.allocate(1).unwrap()[0];
+        assert_eq!(pool.cache_block(c, BlockHash(3), old, &toks(&[3])), None);
         pool.check_invariants().unwrap();
     }
 
@@ -382,7 +416,7 @@ mod tests {
     fn reset_is_refused_while_blocks_are_in_use() {
         let mut pool = BlockPool::new(2, 1);
         let a = pool.allocate(1).unwrap();
-        assert!(pool.cache_block(a[0], BlockHash(3), None, &toks(&[4])));
+        assert!(pool.cache_block(a[0], BlockHash(3), None, &toks(&[4])).is_some());
         assert!(!pool.reset_prefix_cache());
         pool.free(a);
         assert!(pool.reset_prefix_cache());

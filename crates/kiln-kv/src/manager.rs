@@ -17,11 +17,14 @@
 //! - **Caching.** After a successful call, every full block within `num_computed + num_new`
 //!   tokens is hashed and registered, so later requests can hit it. The registration happens
 //!   before the step runs: the engine must write a step's KV for all requests before any
-//!   attention of that step reads it, and a step that fails must be followed by `free` of its
-//!   requests and [`KvCacheManager::reset_prefix_cache`] once idle. Lookahead (speculative)
-//!   slots are never cached.
+//!   attention of that step reads it. Lookahead (speculative) slots are never cached.
 //! - **Free.** [`KvCacheManager::free`] (finish, abort, preempt) drops the request's references,
 //!   tail block first, so its tail is evicted before its head; cached blocks stay hittable.
+//!   When the KV of the last allocation was *not* written (the request is preempted in the same
+//!   schedule pass that allocated for it, or the step failed), use
+//!   [`KvCacheManager::free_with_computed`] with the tokens really computed: it unregisters the
+//!   blocks beyond them first. No other request may have hit those blocks in between (vLLM's
+//!   rule: no admissions in a pass that preempts).
 //! - **Fork.** [`KvCacheManager::fork`] gives a child the parent's fully computed blocks by
 //!   reference (no copy on write is needed because shared blocks are full and never written
 //!   again). The child starts at `num_computed_tokens = shared blocks * block_size`: the tokens of
@@ -37,7 +40,7 @@ use std::collections::HashMap;
 
 use kiln_core::{BlockId, RequestId, TokenId};
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{BlockPool, CachedBlockRef};
 use crate::hash::{BlockHash, BlockHashFn, hash_block};
 
 /// Sizes and switches of one KV cache.
@@ -89,6 +92,9 @@ struct RequestBlocks {
     block_hashes: Vec<BlockHash>,
     /// Blocks `[0, num_cached_blocks)` have been offered to the prefix cache.
     num_cached_blocks: usize,
+    /// The cached block holding the KV of block `num_cached_blocks - 1` (this request's own or
+    /// a duplicate's); `None` when there is none, and then no later block can be cached.
+    last_cached: Option<CachedBlockRef>,
 }
 
 /// Block tables of all running requests over one block pool.
@@ -224,6 +230,7 @@ impl KvCacheManager {
         }
         let entry = self.requests.entry(req).or_default();
         if first {
+            entry.last_cached = hits.last().and_then(|&b| self.pool.cached_ref(b));
             entry.num_cached_blocks = hits.len();
             entry.block_hashes = hit_hashes;
             entry.blocks = hits;
@@ -275,14 +282,15 @@ impl KvCacheManager {
                 &self.extra_keys,
             ));
         }
+        let mut parent = entry.last_cached;
         for i in entry.num_cached_blocks..num_full {
-            let parent = i.checked_sub(1).map(|p| entry.blocks[p]);
+            if i > 0 && parent.is_none() {
+                break; // the chain is broken (a collision, an eviction): nothing after is reachable
+            }
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            // Refused when the block is already cached (a hit, a fork), the hash is taken by
-            // another block (a duplicate or a collision) or the previous block is not cached:
-            // the block then just stays uncached.
-            self.pool.cache_block(entry.blocks[i], entry.block_hashes[i], parent, chunk);
+            parent = self.pool.cache_block(entry.blocks[i], entry.block_hashes[i], parent, chunk);
         }
+        entry.last_cached = parent;
         entry.num_cached_blocks = num_full;
     }
 
@@ -292,6 +300,22 @@ impl KvCacheManager {
         if let Some(entry) = self.requests.remove(&req) {
             self.pool.free(entry.blocks.into_iter().rev());
         }
+    }
+
+    /// Like [`KvCacheManager::free`], for a request whose KV holds only its first
+    /// `num_computed_tokens` tokens: blocks from the one holding position `num_computed_tokens`
+    /// on are removed from the prefix cache first (they were registered for tokens that were
+    /// never computed).
+    pub fn free_with_computed(&mut self, req: RequestId, num_computed_tokens: usize) {
+        let Some(entry) = self.requests.get(&req) else { return };
+        for &b in entry.blocks.iter().skip(num_computed_tokens / self.block_size()) {
+            debug_assert!(
+                self.pool.ref_count(b) == 1 || self.pool.block_hash(b).is_none(),
+                "{req}: an uncomputed cached block {b:?} is shared"
+            );
+            self.pool.uncache(b);
+        }
+        self.free(req);
     }
 
     /// Shares `parent`'s full blocks within its first `num_computed_tokens` tokens with the new
@@ -307,10 +331,17 @@ impl KvCacheManager {
         let bs = self.block_size();
         let Some(p) = self.requests.get(&parent) else { return 0 };
         let n = (num_computed_tokens / bs).min(p.blocks.len());
+        let num_cached_blocks = p.num_cached_blocks.min(n);
+        let last_cached = if num_cached_blocks == p.num_cached_blocks {
+            p.last_cached
+        } else {
+            num_cached_blocks.checked_sub(1).and_then(|i| self.pool.cached_ref(p.blocks[i]))
+        };
         let entry = RequestBlocks {
             blocks: p.blocks[..n].to_vec(),
             block_hashes: p.block_hashes[..n.min(p.block_hashes.len())].to_vec(),
-            num_cached_blocks: p.num_cached_blocks.min(n),
+            num_cached_blocks,
+            last_cached,
         };
         self.pool.touch(&entry.blocks);
         self.requests.insert(child, entry);
@@ -441,6 +472,24 @@ mod tests {
         assert!(hit.blocks.iter().all(|&blk| m.pool().ref_count(blk) == 1));
         let s = m.prefix_cache_stats();
         assert_eq!((s.num_requests, s.num_queried_tokens, s.num_hit_tokens), (2, 11, 4));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn free_with_computed_unregisters_blocks_whose_kv_was_never_written() {
+        let mut m = manager(8, 2);
+        let (r, t) = (RequestId(1), toks(&[1, 2, 3, 4, 5, 6, 7]));
+        m.allocate_slots(r, &t, 0, 2, 0).unwrap(); // step 1 computes [1, 2]
+        m.allocate_slots(r, &t, 2, 5, 0).unwrap(); // step 2 is never run
+        assert_eq!(m.lookup_prefix(&t).num_cached_tokens, 6);
+        m.free_with_computed(r, 2);
+        assert_eq!(m.lookup_prefix(&t).num_cached_tokens, 2);
+        assert_eq!(m.pool().num_cached_blocks(), 1);
+        m.check_invariants().unwrap();
+        // a partially computed block is not kept either
+        m.allocate_slots(r, &t, 0, 6, 0).unwrap();
+        m.free_with_computed(r, 5);
+        assert_eq!(m.lookup_prefix(&t).num_cached_tokens, 4);
         m.check_invariants().unwrap();
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A handful of requests over a vocabulary of 3 tokens and blocks of 1-4 tokens, so prefixes
 //! collide constantly: admit (with or without the prefix hit, whole or partial), prefill in
-//! chunks, decode with lookahead, preempt and resume, finish, abort, fork. The shadow `kv` records,
+//! chunks, decode with lookahead, preempt (after a step, or right after an allocation whose step
+//! never runs) and resume, finish, abort, fork. The shadow `kv` records,
 //! for every slot, the token prefix whose last token's KV was "computed" into it. After every
 //! operation: the manager's invariants hold, every running request's computed positions still map
 //! to slots holding its own prefix, every hit maps to slots holding the querying prefix, only
@@ -58,6 +59,7 @@ struct Counters {
     failed_allocations: usize,
     forks: usize,
     preemptions: usize,
+    uncomputed_frees: usize,
 }
 
 struct Sim {
@@ -191,10 +193,18 @@ impl Sim {
             self.reqs[s].tokens.extend(t);
             1
         };
-        if self.allocate(s, id, num_computed, num_new) {
+        if !self.allocate(s, id, num_computed, num_new) {
+            if self.rng.one_in(2) {
+                self.finish(s, true);
+            }
+        } else if self.rng.one_in(10) {
+            // preempted in the same pass, before the step ran: the new slots hold nothing
+            self.m.free_with_computed(id, num_computed);
+            self.reqs[s].id = None;
+            self.reqs[s].num_computed = 0;
+            self.n.uncomputed_frees += 1;
+        } else {
             self.compute(s, num_computed, num_computed + num_new);
-        } else if self.rng.one_in(2) {
-            self.finish(s, true);
         }
     }
 
@@ -292,6 +302,7 @@ fn random_operations_keep_every_invariant() {
             let n = Sim::new(config(bs, num_blocks, true), hash_block, seed).run(NUM_OPS);
             assert!(n.hit_tokens > 0 && n.failed_allocations > 0, "{bs}/{num_blocks}: {n:?}");
             assert!(n.forks > 0 && n.preemptions > 0, "{bs}/{num_blocks}: {n:?}");
+            assert!(n.uncomputed_frees > 0, "{bs}/{num_blocks}: {n:?}");
         }
     }
 }

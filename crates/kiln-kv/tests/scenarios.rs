@@ -151,3 +151,25 @@ fn fork_shares_full_blocks_and_the_child_recomputes_the_partial_one() {
     assert_eq!(m.fork(RequestId(9), RequestId(10), 100), 0);
     assert!(!m.contains(RequestId(10)));
 }
+
+#[test]
+fn a_recomputed_duplicate_block_does_not_stop_caching_what_follows() {
+    let mut m = KvCacheManager::new(config(8, 2));
+    let prompt = toks(&[1, 2, 3, 4]);
+    run(&mut m, 1, &[prompt.clone(), toks(&[7, 7, 0])].concat());
+    m.free(RequestId(1));
+    // The same prompt again: the hit is capped at 1 block, so [3, 4] is recomputed into a new
+    // block, a duplicate of the cached one, which stays uncached...
+    let (b, mut t) = (RequestId(2), prompt.clone());
+    assert_eq!(m.lookup_prefix(&t).num_cached_tokens, 2);
+    m.allocate_slots(b, &t, 2, 2, 0).unwrap();
+    assert_eq!(m.pool().block_hash(m.block_table(b)[1]), None);
+    // ...yet the blocks B generates after it are cached, chained to the cached duplicate.
+    t.extend(toks(&[5, 6]));
+    m.allocate_slots(b, &t, 4, 2, 0).unwrap();
+    m.check_invariants().unwrap();
+    m.free(b);
+    let hit = m.lookup_prefix(&toks(&[1, 2, 3, 4, 5, 6, 0]));
+    assert_eq!(hit.num_cached_tokens, 6);
+    assert_eq!(m.lookup_prefix(&toks(&[1, 2, 3, 4, 7, 7, 0])).num_cached_tokens, 6);
+}
