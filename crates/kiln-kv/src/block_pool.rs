@@ -48,8 +48,8 @@ struct Block {
     ref_cnt: u32,
     /// Set iff the block is cached (and then `cached[hash]` is this block).
     hash: Option<BlockHash>,
-    /// The cached block that preceded this one when it was cached (meaningful only while
-    /// `hash` is set).
+    /// The cached block holding the KV this block's KV was computed after (`None` for the first
+    /// block of a sequence; meaningful only while `hash` is set).
     parent: Option<CachedBlockRef>,
     /// Bumped whenever the block stops being cached, so a stale `CachedBlockRef` never matches.
     generation: u64,
