@@ -286,30 +286,41 @@ unsafe fn attend_rows<const R: usize>(
     micro::scores_rows(level, qr, job.k, kv_row, scores.each_mut().map(|s| &mut **s));
     // SAFETY: the rows are distinct and granted by the caller.
     let mut acc: [&mut [f32]; R] = offset.map(|o| unsafe { out.slice(o, hd) });
-    for i in 0..R {
-        let (block_scores, r) = (&mut *scores[i], r0 + i);
-        let mut block_max = f32::NEG_INFINITY;
-        for s in block_scores.iter_mut() {
+    // The rows' running values are independent chains, interleaved so that their latencies
+    // overlap; each row's own operations and their order are those of a lone row.
+    let mut block_max = [f32::NEG_INFINITY; R];
+    #[allow(clippy::needless_range_loop)] // key `j` of every row
+    for j in 0..n {
+        for i in 0..R {
+            let s = &mut scores[i][j];
             *s *= shape.scale;
             if let Some(cap) = shape.softcap {
                 *s = cap * (*s / cap).tanh();
             }
-            block_max = block_max.max(*s);
+            block_max[i] = block_max[i].max(*s);
         }
-        let new_max = st.max[r].max(block_max);
+    }
+    let mut sum: [f32; R] = std::array::from_fn(|i| st.sum[r0 + i]);
+    for i in 0..R {
+        let r = r0 + i;
+        let new_max = st.max[r].max(block_max[i]);
         if st.max[r] != f32::NEG_INFINITY && new_max > st.max[r] {
             let correction = vmath::exp(st.max[r] - new_max);
-            st.sum[r] *= correction;
+            sum[i] *= correction;
             for a in acc[i].iter_mut() {
                 *a *= correction;
             }
         }
         st.max[r] = new_max;
-        vmath::exp_shifted_at(level, block_scores, new_max);
-        for &p in block_scores.iter() {
-            st.sum[r] += p;
+        vmath::exp_shifted_at(level, scores[i], new_max);
+    }
+    #[allow(clippy::needless_range_loop)] // key `j` of every row
+    for j in 0..n {
+        for i in 0..R {
+            sum[i] += scores[i][j];
         }
     }
+    st.sum[r0..r0 + R].copy_from_slice(&sum);
     let p = scores.each_ref().map(|s| &**s);
     micro::accumulate_rows(level, acc.each_mut().map(|a| &mut **a), p, job.v, kv_row);
 }
