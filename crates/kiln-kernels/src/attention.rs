@@ -11,8 +11,11 @@
 //! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, up to
 //! 16 rows sharing each K/V block while it is hot): per row, the scores of a block are
 //! computed, the running max and sum are rescaled once per block, and V rows are accumulated
-//! into the output row. No `[seq, seq]` matrix is ever formed; per-task state is on the stack.
-//! The inner loops (`micro`) have one fixed arithmetic on every ISA.
+//! into the output row. Consecutive rows that see the same keys of a block (the heads of one
+//! token; every row for a block they all see whole) are processed up to 4 at a time so that
+//! they share each K/V load; per row, the operations are those of a lone row. No `[seq, seq]`
+//! matrix is ever formed; per-task state is on the stack. The inner loops (`micro`) have one
+//! fixed arithmetic on every ISA.
 
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool, vmath};
@@ -177,73 +180,149 @@ unsafe fn attend_tile(
     let q_row = shape.num_heads * hd;
     let seq = tile.seq;
     let num_rows = tile.tokens.len() * group;
-    // Per row r = (token i, head g): position, first visible key, running max and sum.
-    let mut pos = [0usize; MAX_GROUP];
-    let mut lo = [0usize; MAX_GROUP];
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut sum = [0.0f32; MAX_GROUP];
-    let mut scores = [0.0f32; MAX_BLOCK_SIZE];
-    let row_offset = |r: usize| {
-        let token = seq.query_start + tile.tokens.start + r / group;
-        token * q_row + (tile.kv_head * group + r % group) * hd
+    let mut st = RowState {
+        pos: [0; MAX_GROUP],
+        lo: [0; MAX_GROUP],
+        max: [f32::NEG_INFINITY; MAX_GROUP],
+        sum: [0.0; MAX_GROUP],
+        offset: [0; MAX_GROUP],
+        scores: [[0.0; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
     };
     for r in 0..num_rows {
-        pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
-        lo[r] = shape.sliding_window.map_or(0, |w| (pos[r] + 1).saturating_sub(w));
+        let token = seq.query_start + tile.tokens.start + r / group;
+        st.offset[r] = token * q_row + (tile.kv_head * group + r % group) * hd;
+        st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
+        st.lo[r] = shape.sliding_window.map_or(0, |w| (st.pos[r] + 1).saturating_sub(w));
         // SAFETY: the caller grants this tile's rows.
-        unsafe { out.slice(row_offset(r), hd) }.fill(0.0);
+        unsafe { out.slice(st.offset[r], hd) }.fill(0.0);
     }
-    // Where the K and V rows of key `j` start in the caches.
-    let kv_offset = |j: usize| {
-        let slot = tile.block_table[j / bs] as usize * bs + j % bs;
-        slot * kv_row + tile.kv_head * hd
+    let first_block = st.lo[..num_rows].iter().min().copied().unwrap_or(0) / bs;
+    let last_block = st.pos[..num_rows].iter().max().copied().unwrap_or(0) / bs;
+    let range = |st: &RowState, r: usize, block: usize| {
+        ((block * bs).max(st.lo[r]), ((block + 1) * bs).min(st.pos[r] + 1))
     };
-    let first_block = lo[..num_rows].iter().min().copied().unwrap_or(0) / bs;
-    let last_block = pos[..num_rows].iter().max().copied().unwrap_or(0) / bs;
     for block in first_block..=last_block {
-        for r in 0..num_rows {
-            let j0 = (block * bs).max(lo[r]);
-            let j1 = ((block + 1) * bs).min(pos[r] + 1);
+        let mut r = 0;
+        while r < num_rows {
+            let (j0, j1) = range(&st, r, block);
             if j0 >= j1 {
+                r += 1;
                 continue;
             }
-            let qr = &q[row_offset(r)..][..hd];
-            let block_scores = &mut scores[..j1 - j0];
-            let (k_rows, v_rows) = (&k_cache[kv_offset(j0)..], &v_cache[kv_offset(j0)..]);
-            micro::scores(level, qr, k_rows, kv_row, block_scores);
-            let mut block_max = f32::NEG_INFINITY;
-            for s in block_scores.iter_mut() {
-                *s *= shape.scale;
-                if let Some(cap) = shape.softcap {
-                    *s = cap * (*s / cap).tanh();
-                }
-                block_max = block_max.max(*s);
+            // Consecutive rows with the same keys (the heads of a token, or every row of a
+            // block all of them see whole) share the K/V loads.
+            let mut n = 1;
+            while n < micro::MAX_ROWS && r + n < num_rows && range(&st, r + n, block) == (j0, j1) {
+                n += 1;
             }
+            // Where the K and V rows of key `j0` start in the caches.
+            let slot = tile.block_table[j0 / bs] as usize * bs + j0 % bs;
+            let kv = slot * kv_row + tile.kv_head * hd;
+            let job = Rows { first: r, keys: j1 - j0, k: &k_cache[kv..], v: &v_cache[kv..] };
             // SAFETY: the caller grants this tile's rows.
-            let acc = unsafe { out.slice(row_offset(r), hd) };
-            let new_max = max[r].max(block_max);
-            if max[r] != f32::NEG_INFINITY && new_max > max[r] {
-                let correction = vmath::exp(max[r] - new_max);
-                sum[r] *= correction;
-                for a in acc.iter_mut() {
-                    *a *= correction;
+            unsafe {
+                match n {
+                    1 => attend_rows::<1>(level, q, &job, shape, &mut st, out),
+                    2 => attend_rows::<2>(level, q, &job, shape, &mut st, out),
+                    3 => attend_rows::<3>(level, q, &job, shape, &mut st, out),
+                    _ => attend_rows::<4>(level, q, &job, shape, &mut st, out),
                 }
             }
-            max[r] = new_max;
-            vmath::exp_shifted_at(level, block_scores, new_max);
-            for &p in block_scores.iter() {
-                sum[r] += p;
-            }
-            micro::accumulate(level, acc, block_scores, v_rows, kv_row);
+            r += n;
         }
     }
-    for (r, total) in sum[..num_rows].iter().enumerate() {
+    for (r, total) in st.sum[..num_rows].iter().enumerate() {
         let inv = 1.0 / total;
         // SAFETY: the caller grants this tile's rows.
-        for a in unsafe { out.slice(row_offset(r), hd) } {
+        for a in unsafe { out.slice(st.offset[r], hd) } {
             *a *= inv;
         }
     }
+}
+
+/// Per row `r` = (token, head) of a tile: position, first visible key, running max and sum,
+/// offset of its query and output row; and the scores of the rows being processed.
+struct RowState {
+    pos: [usize; MAX_GROUP],
+    lo: [usize; MAX_GROUP],
+    max: [f32; MAX_GROUP],
+    sum: [f32; MAX_GROUP],
+    offset: [usize; MAX_GROUP],
+    scores: [[f32; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
+}
+
+/// Rows `first..first + R` of a tile against the same `keys` consecutive keys of one block,
+/// whose K and V rows start at `k` and `v` (stride `num_kv_heads * head_dim`).
+struct Rows<'a> {
+    first: usize,
+    keys: usize,
+    k: &'a [f32],
+    v: &'a [f32],
+}
+
+/// One block's online-softmax step for `R` rows: scores, rescaling by the new running max,
+/// `exp`, and the P·V accumulation, each row with exactly the operations of a lone row.
+///
+/// # Safety
+/// No other thread may access these rows of `out` meanwhile.
+unsafe fn attend_rows<const R: usize>(
+    level: SimdLevel,
+    q: &[f32],
+    job: &Rows<'_>,
+    shape: &AttentionShape,
+    st: &mut RowState,
+    out: SharedMut<f32>,
+) {
+    let (hd, kv_row, n, r0) =
+        (shape.head_dim, shape.num_kv_heads * shape.head_dim, job.keys, job.first);
+    let offset: [usize; R] = std::array::from_fn(|i| st.offset[r0 + i]);
+    let qr = offset.map(|o| &q[o..][..hd]);
+    let [s0, s1, s2, s3] = &mut st.scores;
+    let all = [s0, s1, s2, s3];
+    let mut scores: [&mut [f32]; R] = {
+        let mut it = all.into_iter();
+        std::array::from_fn(|_| &mut it.next().expect("R <= MAX_ROWS")[..n])
+    };
+    micro::scores_rows(level, qr, job.k, kv_row, scores.each_mut().map(|s| &mut **s));
+    // SAFETY: the rows are distinct and granted by the caller.
+    let mut acc: [&mut [f32]; R] = offset.map(|o| unsafe { out.slice(o, hd) });
+    // The rows' running values are independent chains, interleaved so that their latencies
+    // overlap; each row's own operations and their order are those of a lone row.
+    let mut block_max = [f32::NEG_INFINITY; R];
+    #[allow(clippy::needless_range_loop)] // key `j` of every row
+    for j in 0..n {
+        for i in 0..R {
+            let s = &mut scores[i][j];
+            *s *= shape.scale;
+            if let Some(cap) = shape.softcap {
+                *s = cap * (*s / cap).tanh();
+            }
+            block_max[i] = block_max[i].max(*s);
+        }
+    }
+    let mut sum: [f32; R] = std::array::from_fn(|i| st.sum[r0 + i]);
+    for i in 0..R {
+        let r = r0 + i;
+        let new_max = st.max[r].max(block_max[i]);
+        if st.max[r] != f32::NEG_INFINITY && new_max > st.max[r] {
+            let correction = vmath::exp(st.max[r] - new_max);
+            sum[i] *= correction;
+            for a in acc[i].iter_mut() {
+                *a *= correction;
+            }
+        }
+        st.max[r] = new_max;
+        vmath::exp_shifted_at(level, scores[i], new_max);
+    }
+    #[allow(clippy::needless_range_loop)] // key `j` of every row
+    for j in 0..n {
+        for i in 0..R {
+            sum[i] += scores[i][j];
+        }
+    }
+    st.sum[r0..r0 + R].copy_from_slice(&sum);
+    let p = scores.each_ref().map(|s| &**s);
+    micro::accumulate_rows(level, acc.each_mut().map(|a| &mut **a), p, job.v, kv_row);
 }
 
 #[cfg(test)]

@@ -4,6 +4,12 @@
 //!   (`l + 8`, `+ 4`, `+ 2`, `+ 1`);
 //! - [`accumulate`]: `acc[d] = fma(p[j], v_j[d], acc[d])` for keys `j` in order.
 //!
+//! [`scores_rows`] and [`accumulate_rows`] do the same for up to [`MAX_ROWS`] rows against the
+//! same keys; on AVX-512 every K/V load then serves all of them (scores: 4 rows × 4 keys of
+//! lane sums per pass over the head; accumulation: 4 rows × 64 elements per pass over the
+//! keys). Each row still gets exactly its lone-row operations, so the row count of a call never
+//! changes a bit (tested).
+//!
 //! Keys of a block sit at a fixed stride in the cache (`num_kv_heads * head_dim`). The scalar
 //! versions are the reference; the AVX-512 and AVX2 ones perform the same IEEE operations on
 //! the same operands (AVX-512 reduces 16 keys at once with a shuffle network that adds exactly
@@ -23,8 +29,9 @@ pub(crate) fn scores(level: SimdLevel, q: &[f32], keys: &[f32], stride: usize, o
     #[cfg(target_arch = "x86_64")]
     {
         if level == SimdLevel::Avx512 {
+            let (q, o) = ([q.as_ptr()], [out.as_mut_ptr()]);
             // SAFETY: `level` is at most the detected level; bounds checked above.
-            return unsafe { x86::scores_avx512(q, keys, stride, out) };
+            return unsafe { x86::scores_avx512::<1>(q, hd, keys.as_ptr(), stride, out.len(), o) };
         }
         if level == SimdLevel::Avx2 {
             // SAFETY: as above.
@@ -69,8 +76,10 @@ pub(crate) fn accumulate(
     #[cfg(target_arch = "x86_64")]
     {
         if level == SimdLevel::Avx512 {
+            let (hd, n) = (acc.len(), p.len());
+            let (a, p) = ([acc.as_mut_ptr()], [p.as_ptr()]);
             // SAFETY: `level` is at most the detected level; bounds checked above.
-            return unsafe { x86::accumulate_avx512(acc, p, rows, stride) };
+            return unsafe { x86::accumulate_avx512::<1>(a, hd, p, n, rows.as_ptr(), stride) };
         }
         if level == SimdLevel::Avx2 {
             // SAFETY: as above.
@@ -88,38 +97,109 @@ pub(crate) fn accumulate_scalar(acc: &mut [f32], p: &[f32], rows: &[f32], stride
     }
 }
 
+/// Rows of one tile that share a key range are computed together, up to this many.
+pub(crate) const MAX_ROWS: usize = 4;
+
+/// [`scores`] for `R` query rows against the same keys: `out[r][j] = q[r] · k_j`. Each result
+/// is computed exactly as by [`scores`]; AVX-512 loads every K row once for all `R` rows.
+#[inline]
+pub(crate) fn scores_rows<const R: usize>(
+    level: SimdLevel,
+    q: [&[f32]; R],
+    keys: &[f32],
+    stride: usize,
+    out: [&mut [f32]; R],
+) {
+    let (hd, n) = (q[0].len(), out[0].len());
+    assert!(q.iter().all(|r| r.len() == hd) && out.iter().all(|o| o.len() == n));
+    if let Some(last) = n.checked_sub(1) {
+        assert!(keys.len() >= last * stride + hd, "keys out of bounds");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 {
+        let q = q.map(<[f32]>::as_ptr);
+        let out = out.map(<[f32]>::as_mut_ptr);
+        // SAFETY: `level` is at most the detected level; bounds checked above.
+        return unsafe { x86::scores_avx512::<R>(q, hd, keys.as_ptr(), stride, n, out) };
+    }
+    for (qr, o) in q.into_iter().zip(out) {
+        scores(level, qr, keys, stride, o);
+    }
+}
+
+/// [`accumulate`] for `R` output rows over the same V rows (`acc[r]` with weights `p[r]`).
+/// Each result is computed exactly as by [`accumulate`]; AVX-512 loads every V row once for
+/// all `R` rows.
+#[inline]
+pub(crate) fn accumulate_rows<const R: usize>(
+    level: SimdLevel,
+    acc: [&mut [f32]; R],
+    p: [&[f32]; R],
+    rows: &[f32],
+    stride: usize,
+) {
+    let (hd, n) = (acc[0].len(), p[0].len());
+    assert!(acc.iter().all(|a| a.len() == hd) && p.iter().all(|r| r.len() == n));
+    if let Some(last) = n.checked_sub(1) {
+        assert!(rows.len() >= last * stride + hd, "rows out of bounds");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 {
+        let acc = acc.map(<[f32]>::as_mut_ptr);
+        let p = p.map(<[f32]>::as_ptr);
+        // SAFETY: `level` is at most the detected level; bounds checked above.
+        return unsafe { x86::accumulate_avx512::<R>(acc, hd, p, n, rows.as_ptr(), stride) };
+    }
+    for (a, pr) in acc.into_iter().zip(p) {
+        accumulate(level, a, pr, rows, stride);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     use super::reduce16;
 
-    /// 16 lane sums of `q · k` (tail lanes masked).
+    /// Keys whose lane sums one pass over `q` computes (sharing every load of `q`).
+    const KEYS: usize = 4;
+
+    /// The 16 lane sums of `q_r · k_c` for `R` query rows and [`KEYS`] keys: lane `l` adds
+    /// elements `l, l + 16, ...` with fused multiply-adds, in order (tail lanes masked).
+    ///
+    /// # Safety
+    /// `hd` floats readable at every `q[r]` and `k[c]`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn lanes512(q: &[f32], k: *const f32) -> __m512 {
-        let n = q.len();
-        let mut acc = _mm512_setzero_ps();
+    unsafe fn lanes<const R: usize>(
+        q: [*const f32; R],
+        k: [*const f32; KEYS],
+        hd: usize,
+    ) -> [[__m512; KEYS]; R] {
+        let mut acc = [[_mm512_setzero_ps(); KEYS]; R];
         let mut i = 0;
-        // SAFETY (all loads): `i + 16 <= n`, or the mask covers only the `n - i` tail lanes;
-        // the caller guarantees `n` readable floats at `k`.
-        while i + 16 <= n {
-            unsafe {
-                acc = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(q.as_ptr().add(i)),
-                    _mm512_loadu_ps(k.add(i)),
-                    acc,
-                );
+        // SAFETY (all loads): `i + 16 <= hd`, or the mask covers only the `hd - i` tail lanes.
+        while i + 16 <= hd {
+            let kv: [__m512; KEYS] =
+                std::array::from_fn(|c| unsafe { _mm512_loadu_ps(k[c].add(i)) });
+            for r in 0..R {
+                let qv = unsafe { _mm512_loadu_ps(q[r].add(i)) };
+                for c in 0..KEYS {
+                    acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
+                }
             }
             i += 16;
         }
-        if i < n {
-            let mask: __mmask16 = (1u16 << (n - i)) - 1;
-            unsafe {
-                let a = _mm512_maskz_loadu_ps(mask, q.as_ptr().add(i));
-                let b = _mm512_maskz_loadu_ps(mask, k.add(i));
-                // Masked-off lanes keep their sum, like the scalar loop that never visits them.
-                acc = _mm512_mask3_fmadd_ps(a, b, acc, mask);
+        if i < hd {
+            let mask: __mmask16 = (1u16 << (hd - i)) - 1;
+            let kv: [__m512; KEYS] =
+                std::array::from_fn(|c| unsafe { _mm512_maskz_loadu_ps(mask, k[c].add(i)) });
+            for r in 0..R {
+                let qv = unsafe { _mm512_maskz_loadu_ps(mask, q[r].add(i)) };
+                for c in 0..KEYS {
+                    // Masked-off lanes keep their sum, like the scalar loop that never visits them.
+                    acc[r][c] = _mm512_mask3_fmadd_ps(qv, kv[c], acc[r][c], mask);
+                }
             }
         }
         acc
@@ -164,27 +244,49 @@ mod x86 {
         )
     }
 
+    /// `out[r][j] = q[r] · k_j` for `j < n`, `k_j` at `keys + j * stride`: 16 keys at a time,
+    /// [`KEYS`] keys per pass over the rows; each key's 16 lane vectors go to the position
+    /// [`reduce16x16`] expects. Positions of keys past `n` stay zero and their output lanes are
+    /// not stored (every output lane depends on its own key only).
+    ///
+    /// # Safety
+    /// `hd` floats readable at every `q[r]` and at every key row, `n` writable at every
+    /// `out[r]`.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_avx512(q: &[f32], keys: &[f32], stride: usize, out: &mut [f32]) {
+    pub unsafe fn scores_avx512<const R: usize>(
+        q: [*const f32; R],
+        hd: usize,
+        keys: *const f32,
+        stride: usize,
+        n: usize,
+        out: [*mut f32; R],
+    ) {
         let mut j = 0;
-        while j + 16 <= out.len() {
-            let a: [__m512; 16] = std::array::from_fn(|p| {
-                let key = j + 4 * (p % 4) + p / 4;
-                // SAFETY: the caller checked that every key row is in bounds.
-                unsafe { lanes512(q, keys.as_ptr().add(key * stride)) }
-            });
-            // SAFETY: 16 floats at `out[j..]`.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(j), reduce16x16(&a)) };
-            j += 16;
-        }
-        for (jj, o) in out.iter_mut().enumerate().skip(j) {
-            let mut lanes = [0.0f32; 16];
-            // SAFETY: as above; 16 floats to `lanes`.
-            unsafe {
-                let sums = lanes512(q, keys.as_ptr().add(jj * stride));
-                _mm512_storeu_ps(lanes.as_mut_ptr(), sums);
+        while j < n {
+            let cnt = (n - j).min(16);
+            let mut a = [[_mm512_setzero_ps(); 16]; R];
+            for g in 0..cnt.div_ceil(KEYS) {
+                // Keys `j + 4g + c`; past `n`, key `j` is read again and its sums dropped.
+                let k: [*const f32; KEYS] = std::array::from_fn(|c| {
+                    let key = if KEYS * g + c < cnt { j + KEYS * g + c } else { j };
+                    // SAFETY: `key < n`.
+                    unsafe { keys.add(key * stride) }
+                });
+                // SAFETY: forwarded from the caller.
+                let l = unsafe { lanes::<R>(q, k, hd) };
+                for r in 0..R {
+                    for c in 0..KEYS.min(cnt - KEYS * g) {
+                        // Key `4g + c` of the 16 sits at position `4c + g`.
+                        a[r][4 * c + g] = l[r][c];
+                    }
+                }
             }
-            *o = reduce16(&lanes);
+            let mask: __mmask16 = if cnt == 16 { u16::MAX } else { (1u16 << cnt) - 1 };
+            for r in 0..R {
+                // SAFETY: `cnt` floats at `out[r] + j` are below `n`.
+                unsafe { _mm512_mask_storeu_ps(out[r].add(j), mask, reduce16x16(&a[r])) };
+            }
+            j += 16;
         }
     }
 
@@ -224,23 +326,65 @@ mod x86 {
         }
     }
 
+    /// Vectors of 16 accumulators per row one pass over the V rows updates.
+    const CHUNKS: usize = 4;
+
+    /// `acc[r][d] = fma(p[r][j], v_j[d], acc[r][d])` for `j < n` in order, `v_j` at
+    /// `rows + j * stride`: 64 elements of every row per pass, each V load shared by the `R`
+    /// rows (tail lanes masked).
+    ///
+    /// # Safety
+    /// `hd` floats readable and writable at every `acc[r]`, readable at every V row; `n`
+    /// readable at every `p[r]`.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn accumulate_avx512(acc: &mut [f32], p: &[f32], rows: &[f32], stride: usize) {
-        let n = acc.len();
+    pub unsafe fn accumulate_avx512<const R: usize>(
+        acc: [*mut f32; R],
+        hd: usize,
+        p: [*const f32; R],
+        n: usize,
+        rows: *const f32,
+        stride: usize,
+    ) {
         let mut d = 0;
-        while d < n {
-            let mask: __mmask16 = if d + 16 <= n { u16::MAX } else { (1u16 << (n - d)) - 1 };
-            // SAFETY: the mask covers only elements `d..n` of `acc` and of each row, which the
-            // caller checked to be in bounds.
-            unsafe {
-                let mut a = _mm512_maskz_loadu_ps(mask, acc.as_ptr().add(d));
-                for (j, &pj) in p.iter().enumerate() {
-                    let v = _mm512_maskz_loadu_ps(mask, rows.as_ptr().add(j * stride + d));
-                    a = _mm512_fmadd_ps(_mm512_set1_ps(pj), v, a);
+        while d < hd {
+            let mask: [__mmask16; CHUNKS] = std::array::from_fn(|c| {
+                let start = d + 16 * c;
+                if start + 16 <= hd {
+                    u16::MAX
+                } else if start < hd {
+                    (1u16 << (hd - start)) - 1
+                } else {
+                    0
                 }
-                _mm512_mask_storeu_ps(acc.as_mut_ptr().add(d), mask, a);
+            });
+            // SAFETY (all loads and stores): the masks cover only elements `d..hd` of the
+            // accumulators and of each V row (a chunk past `hd` has mask 0 and touches no
+            // memory, hence the wrapping pointer arithmetic).
+            let mut a: [[__m512; CHUNKS]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|c| unsafe {
+                    _mm512_maskz_loadu_ps(mask[c], acc[r].wrapping_add(d + 16 * c))
+                })
+            });
+            for j in 0..n {
+                let v = rows.wrapping_add(j * stride + d);
+                let v: [__m512; CHUNKS] = std::array::from_fn(|c| unsafe {
+                    _mm512_maskz_loadu_ps(mask[c], v.wrapping_add(16 * c))
+                });
+                for r in 0..R {
+                    // SAFETY: `j < n`.
+                    let pj = _mm512_set1_ps(unsafe { *p[r].add(j) });
+                    for c in 0..CHUNKS {
+                        a[r][c] = _mm512_fmadd_ps(pj, v[c], a[r][c]);
+                    }
+                }
             }
-            d += 16;
+            for r in 0..R {
+                for c in 0..CHUNKS {
+                    let dst = acc[r].wrapping_add(d + 16 * c);
+                    unsafe { _mm512_mask_storeu_ps(dst, mask[c], a[r][c]) };
+                }
+            }
+            d += 16 * CHUNKS;
         }
     }
 
@@ -299,8 +443,41 @@ mod tests {
                     accumulate(level, &mut acc, &p, &keys, stride);
                     let same = acc.iter().zip(&want_acc).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "accumulate {level:?} hd={hd} keys={n_keys}");
+                    rows_equal_one_row::<2>(level, hd, n_keys, stride, &keys);
+                    rows_equal_one_row::<3>(level, hd, n_keys, stride, &keys);
+                    rows_equal_one_row::<4>(level, hd, n_keys, stride, &keys);
                 }
             }
         }
+    }
+
+    /// `R` rows at once give each row's single-row results bitwise.
+    fn rows_equal_one_row<const R: usize>(
+        level: SimdLevel,
+        hd: usize,
+        n_keys: usize,
+        stride: usize,
+        keys: &[f32],
+    ) {
+        let qs: [Vec<f32>; R] = std::array::from_fn(|r| values(hd, 10 + r as u64, 2.0));
+        let ps: [Vec<f32>; R] = std::array::from_fn(|r| values(n_keys, 20 + r as u64, 1.0));
+        let mut s: [Vec<f32>; R] = std::array::from_fn(|_| vec![0.0; n_keys]);
+        let (q, out) = (qs.each_ref().map(Vec::as_slice), s.each_mut().map(Vec::as_mut_slice));
+        scores_rows(level, q, keys, stride, out);
+        let mut acc: [Vec<f32>; R] = std::array::from_fn(|r| values(hd, 30 + r as u64, 1.0));
+        let p = ps.each_ref().map(Vec::as_slice);
+        accumulate_rows(level, acc.each_mut().map(Vec::as_mut_slice), p, keys, stride);
+        for r in 0..R {
+            let mut want = vec![0.0; n_keys];
+            scores_scalar(&qs[r], keys, stride, &mut want);
+            assert_eq!(bits(&s[r]), bits(&want), "scores_rows {level:?} R={R} r={r} hd={hd}");
+            let mut want = values(hd, 30 + r as u64, 1.0);
+            accumulate_scalar(&mut want, &ps[r], keys, stride);
+            assert_eq!(bits(&acc[r]), bits(&want), "accumulate_rows {level:?} R={R} r={r}");
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
     }
 }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use super::act::QuantActs;
 use super::formats::QK;
 use super::isa::Isa;
-use super::kernel::TILE_M;
+use super::kernel::{Acc, TILE_M};
 use super::repack::{LANES, Unpacked};
 
 /// Whether AMX-INT8 is usable: CPUID reports AMX-TILE and AMX-INT8 and the OS granted this
@@ -169,7 +169,7 @@ pub(crate) unsafe fn rows_a<S: Isa>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
     buf: &mut TileBuf,
 ) {
     let k = acts.k;
@@ -178,7 +178,7 @@ pub(crate) unsafe fn rows_a<S: Isa>(
     // holds `nb` blocks of 8 quads, and `acc` has at least 16 rows.
     unsafe {
         let x = acts.qs.as_ptr().add(i * k + u * 8 * QK);
-        let mut a: [S::F; TILE_M] = std::array::from_fn(|r| S::loadf(acc[r].as_ptr()));
+        let mut a: [S::F; TILE_M] = std::array::from_fn(|r| acc.get::<S>(r));
         for b in 0..AHEAD.min(nb) {
             dot_set(b, x.add(b * QK), k, sq.add(b * 8 * 64), buf);
         }
@@ -196,8 +196,8 @@ pub(crate) unsafe fn rows_a<S: Isa>(
                 a[r] = S::fmadd(S::cvt(tv), S::mulf(fs, dx), a[r]);
             }
         }
-        for r in 0..TILE_M {
-            S::storef(acc[r].as_mut_ptr(), a[r]);
+        for (r, &ar) in a.iter().enumerate() {
+            acc.put::<S>(r, ar);
         }
     }
 }
@@ -250,7 +250,7 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
     buf: &mut TileBuf,
 ) {
     let k = acts.k;
@@ -260,17 +260,17 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
         let x = acts.qs.as_ptr().add(i * k + u * 256);
         let t = scaled_subs::<S>(8, 32, x, k, sq, un, buf);
         let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
-        for r in 0..TILE_M {
+        for (r, &tr) in t.iter().enumerate() {
             let mut mn = S::zero();
             let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
             for p in 0..4 {
                 mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
             }
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let mut a = S::loadf(acc[r].as_ptr());
-            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
+            let mut a = acc.get::<S>(r);
+            a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
             a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
-            S::storef(acc[r].as_mut_ptr(), a);
+            acc.put::<S>(r, a);
         }
     }
 }
@@ -287,7 +287,7 @@ pub(crate) unsafe fn rows_q6k<S: Isa>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
     buf: &mut TileBuf,
 ) {
     let k = acts.k;
@@ -297,10 +297,10 @@ pub(crate) unsafe fn rows_q6k<S: Isa>(
         let x = acts.qs.as_ptr().add(i * k + u * 256);
         let t = scaled_subs::<S>(16, 16, x, k, sq, un, buf);
         let d = S::loadf(un.fscale[0].as_ptr());
-        for r in 0..TILE_M {
+        for (r, &tr) in t.iter().enumerate() {
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), S::loadf(acc[r].as_ptr()));
-            S::storef(acc[r].as_mut_ptr(), a);
+            let a = S::fmadd(S::cvt(tr), S::mulf(d, dx), acc.get::<S>(r));
+            acc.put::<S>(r, a);
         }
     }
 }

@@ -241,9 +241,24 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
         for r0 in (0..m).step_by(chunk) {
             let r1 = (r0 + chunk).min(m);
             let tiles = AMX && r1 - r0 >= TILE_M;
-            let acc = &mut s.acc[..r1 - r0];
-            acc.fill([0.0; LANES]);
+            // Full groups: the last unit stores straight into `out`.
+            let direct = lanes == LANES && w.units > 0;
+            let scratch = s.acc.as_mut_ptr().cast::<f32>();
+            if w.units == 0 {
+                s.acc[..r1 - r0].fill([0.0; LANES]);
+            }
             for u in 0..w.units {
+                let last = u + 1 == w.units;
+                let acc = Acc {
+                    load: if u == 0 { std::ptr::null() } else { scratch },
+                    // SAFETY: row `r0` of `out` is in bounds (the caller's).
+                    store: if last && direct {
+                        unsafe { out.ptr().add(r0 * n + g * LANES) }
+                    } else {
+                        scratch
+                    },
+                    stride: if last && direct { n } else { LANES },
+                };
                 let nb = w.unit_blocks(u);
                 let rec = w.record(g, u);
                 // SAFETY: `rec` is a whole record of `w`; features are the caller's.
@@ -262,7 +277,8 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                 let un = &*s.un;
                 let mut i = r0;
                 while i < r1 {
-                    let a = &mut acc[i - r0..];
+                    // SAFETY: row `i - r0` is below `r1 - r0` rows of `s.acc` and of `out`.
+                    let a = unsafe { acc.rows_from(i - r0) };
                     #[cfg(target_arch = "x86_64")]
                     if tiles && r1 - i >= TILE_M {
                         // SAFETY: as below; the tiles are configured (`AMX`).
@@ -283,12 +299,70 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     }
                 }
             }
-            for (i, a) in (r0..r1).zip(acc.iter()) {
-                // SAFETY: the caller's task owns these columns of every output row.
-                let o = unsafe { out.slice(i * n + g * LANES, lanes) };
-                o.copy_from_slice(&a[..lanes]);
+            if !direct {
+                for (i, a) in (r0..r1).zip(s.acc.iter()) {
+                    // SAFETY: the caller's task owns these columns of every output row.
+                    let o = unsafe { out.slice(i * n + g * LANES, lanes) };
+                    o.copy_from_slice(&a[..lanes]);
+                }
             }
         }
+    }
+}
+
+/// Where one unit's pass reads and writes the accumulators of its rows (row `r` is 16 f32).
+///
+/// The first unit starts every accumulator at `+0.0` (`load` null), exactly the value the
+/// accumulators held when they were zero-filled, so skipping the fill changes no bit; the last
+/// unit of a full group stores into the output rows (`stride` = `n`) instead of the scratch.
+#[derive(Clone, Copy)]
+pub(crate) struct Acc {
+    /// Row 0 of the scratch accumulators (row stride 16), or null: start at `+0.0`.
+    load: *const f32,
+    /// Row 0 of where the results go.
+    store: *mut f32,
+    /// Floats between rows of `store`.
+    stride: usize,
+}
+
+impl Acc {
+    /// The same rows from row `r` on.
+    ///
+    /// # Safety
+    /// Row `r` must be inside both buffers.
+    unsafe fn rows_from(self, r: usize) -> Self {
+        // SAFETY: guaranteed by the caller; `load` stays null when null.
+        unsafe {
+            Self {
+                load: if self.load.is_null() { self.load } else { self.load.add(r * LANES) },
+                store: self.store.add(r * self.stride),
+                stride: self.stride,
+            }
+        }
+    }
+
+    /// Row `r`'s accumulator before this unit.
+    ///
+    /// # Safety
+    /// Row `r` must be inside the buffer; `S`'s features available.
+    #[inline(always)] // must inline into the `#[target_feature]` entry points
+    #[allow(clippy::inline_always)]
+    pub(crate) unsafe fn get<S: Isa>(self, r: usize) -> S::F {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            if self.load.is_null() { S::splatf(0.0) } else { S::loadf(self.load.add(r * LANES)) }
+        }
+    }
+
+    /// Stores row `r`'s accumulator after this unit.
+    ///
+    /// # Safety
+    /// Row `r` must be inside the buffer and writable by this task; `S`'s features available.
+    #[inline(always)] // must inline into the `#[target_feature]` entry points
+    #[allow(clippy::inline_always)]
+    pub(crate) unsafe fn put<S: Isa>(self, r: usize, v: S::F) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { S::storef(self.store.add(r * self.stride), v) }
     }
 }
 
@@ -310,7 +384,7 @@ unsafe fn tile_rows<S: Isa>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
     buf: &mut super::amx::TileBuf,
 ) {
     use super::amx;
@@ -338,7 +412,7 @@ unsafe fn rows<S: Isa, const R: usize>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -368,14 +442,14 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
 ) {
     let k = acts.k;
     let nbk = k / QK;
     // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts` (`k` columns),
     // the unit holds `nb` blocks of 8 quads, and `acc` has at least `R` rows.
     unsafe {
-        let mut a: [S::F; R] = std::array::from_fn(|r| S::loadf(acc[r].as_ptr()));
+        let mut a: [S::F; R] = std::array::from_fn(|r| acc.get::<S>(r));
         for b in 0..nb {
             let bg = u * 8 + b;
             let x: [*const i8; R] =
@@ -406,8 +480,8 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
                 a[r] = S::fmadd(S::cvt(t), S::mulf(fs, dx), a[r]);
             }
         }
-        for r in 0..R {
-            S::storef(acc[r].as_mut_ptr(), a[r]);
+        for (r, &ar) in a.iter().enumerate() {
+            acc.put::<S>(r, ar);
         }
     }
 }
@@ -421,7 +495,7 @@ unsafe fn row_k45<S: Isa, const R: usize>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
 ) {
     let k = acts.k;
     // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
@@ -447,17 +521,17 @@ unsafe fn row_k45<S: Isa, const R: usize>(
             }
         }
         let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
-        for r in 0..R {
+        for (r, &tr) in t.iter().enumerate() {
             let mut mn = S::zero();
             let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
             for p in 0..4 {
                 mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
             }
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let mut a = S::loadf(acc[r].as_ptr());
-            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
+            let mut a = acc.get::<S>(r);
+            a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
             a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
-            S::storef(acc[r].as_mut_ptr(), a);
+            acc.put::<S>(r, a);
         }
     }
 }
@@ -471,7 +545,7 @@ unsafe fn row_q6k<S: Isa, const R: usize>(
     acts: &QuantActs,
     i: usize,
     u: usize,
-    acc: &mut [[f32; LANES]],
+    acc: Acc,
 ) {
     let k = acts.k;
     // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
@@ -500,10 +574,10 @@ unsafe fn row_q6k<S: Isa, const R: usize>(
             }
         }
         let d = S::loadf(un.fscale[0].as_ptr());
-        for r in 0..R {
+        for (r, &tr) in t.iter().enumerate() {
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), S::loadf(acc[r].as_ptr()));
-            S::storef(acc[r].as_mut_ptr(), a);
+            let a = S::fmadd(S::cvt(tr), S::mulf(d, dx), acc.get::<S>(r));
+            acc.put::<S>(r, a);
         }
     }
 }
