@@ -1,0 +1,216 @@
+//! One request's scheduling state: its tokens (prompt then output), how many of them have KV
+//! written (`num_computed_tokens`), and where it is in its life.
+//!
+//! Invariants: `num_computed_tokens <= num_tokens()`; a request that is not running has
+//! `num_computed_tokens == 0` and holds no KV blocks (preemption is by recompute: a resumed
+//! request re-prefills prompt plus output, mostly from the prefix cache).
+
+use std::fmt;
+
+use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
+
+/// Where a request is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Added, never scheduled.
+    Waiting,
+    /// Holds KV blocks and is scheduled each step while the budget allows.
+    Running,
+    /// Was running, lost its blocks, waits to be resumed.
+    Preempted,
+    Finished(FinishReason),
+}
+
+/// A generation request as the scheduler tracks it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    id: RequestId,
+    /// `[prompt.., output..]`
+    tokens: Vec<TokenId>,
+    num_prompt_tokens: usize,
+    sampling: SamplingParams,
+    /// The model's end-of-sequence ids (ignored with `sampling.ignore_eos`).
+    eos_token_ids: Vec<TokenId>,
+    /// Lower is more urgent (vLLM's convention); used by the priority policy.
+    priority: i64,
+    /// Caller-given arrival (a timestamp or counter); `None` = the scheduler's add order.
+    arrival: Option<u64>,
+    pub(crate) num_computed_tokens: usize,
+    pub(crate) status: RequestStatus,
+    /// Tokens handed out by the last `schedule()` and not yet confirmed by `update()`.
+    pub(crate) num_in_flight_tokens: usize,
+    /// The scheduler step at `add` (aging is counted from here).
+    pub(crate) added_step: u64,
+    /// Position in the FCFS waiting queue (preempted requests get negative, front slots).
+    pub(crate) queue_seq: i64,
+    pub(crate) num_preemptions: u32,
+}
+
+impl Request {
+    pub fn new(id: RequestId, prompt: Vec<TokenId>, sampling: SamplingParams) -> Self {
+        Self {
+            id,
+            num_prompt_tokens: prompt.len(),
+            tokens: prompt,
+            sampling,
+            eos_token_ids: Vec::new(),
+            priority: 0,
+            arrival: None,
+            num_computed_tokens: 0,
+            status: RequestStatus::Waiting,
+            num_in_flight_tokens: 0,
+            added_step: 0,
+            queue_seq: 0,
+            num_preemptions: 0,
+        }
+    }
+
+    #[must_use]
+    pub fn with_priority(mut self, priority: i64) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Arrival for FCFS order and ties; give it for every request or for none.
+    #[must_use]
+    pub fn with_arrival(mut self, arrival: u64) -> Self {
+        self.arrival = Some(arrival);
+        self
+    }
+
+    #[must_use]
+    pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<TokenId>) -> Self {
+        self.eos_token_ids = eos_token_ids;
+        self
+    }
+
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    pub fn priority(&self) -> i64 {
+        self.priority
+    }
+
+    /// The arrival used for ordering (set by `Scheduler::add` when the caller gave none).
+    pub fn arrival(&self) -> u64 {
+        self.arrival.unwrap_or(0)
+    }
+
+    pub(crate) fn set_default_arrival(&mut self, arrival: u64) {
+        self.arrival.get_or_insert(arrival);
+    }
+
+    pub fn sampling_params(&self) -> &SamplingParams {
+        &self.sampling
+    }
+
+    pub fn status(&self) -> RequestStatus {
+        self.status
+    }
+
+    /// Prompt then output tokens.
+    pub fn all_token_ids(&self) -> &[TokenId] {
+        &self.tokens
+    }
+
+    pub fn prompt_token_ids(&self) -> &[TokenId] {
+        &self.tokens[..self.num_prompt_tokens]
+    }
+
+    pub fn output_token_ids(&self) -> &[TokenId] {
+        &self.tokens[self.num_prompt_tokens..]
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Tokens whose KV is written (confirmed by `update`).
+    pub fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// How many times this request lost its blocks.
+    pub fn num_preemptions(&self) -> u32 {
+        self.num_preemptions
+    }
+
+    /// Tokens still to compute before the next sample (`> 1` means a prefill, `1` a decode).
+    pub fn num_uncomputed_tokens(&self) -> usize {
+        self.tokens.len() - self.num_computed_tokens
+    }
+
+    /// Estimated remaining work for SJF: tokens to compute now plus outputs still allowed.
+    pub fn remaining_work(&self) -> usize {
+        self.num_uncomputed_tokens()
+            + self.sampling.max_tokens.saturating_sub(self.num_output_tokens())
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, RequestStatus::Finished(_))
+    }
+
+    /// Appends a sampled token and reports whether the request is done.
+    pub(crate) fn append_output(
+        &mut self,
+        token: TokenId,
+        max_model_len: usize,
+    ) -> Option<FinishReason> {
+        self.tokens.push(token);
+        let stop = self.sampling.stop_token_ids.contains(&token)
+            || (!self.sampling.ignore_eos && self.eos_token_ids.contains(&token));
+        if stop {
+            Some(FinishReason::Stop)
+        } else if self.num_output_tokens() >= self.sampling.max_tokens
+            || self.tokens.len() >= max_model_len
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why `Scheduler::add` refused a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddError {
+    /// The id is already known to the scheduler.
+    DuplicateId(RequestId),
+    EmptyPrompt(RequestId),
+    /// Prompt plus `max_tokens` exceed the model's context.
+    TooLong {
+        max_model_len: usize,
+        num_prompt_tokens: usize,
+        max_tokens: usize,
+    },
+    /// A sampling parameter outside its domain.
+    InvalidSampling(String),
+}
+
+impl fmt::Display for AddError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DuplicateId(id) => write!(f, "request id {id} is already in use"),
+            Self::EmptyPrompt(id) => write!(f, "{id}: the prompt must contain at least one token"),
+            Self::TooLong { max_model_len, num_prompt_tokens, max_tokens } => write!(
+                f,
+                "This model's maximum context length is {max_model_len} tokens. However, you \
+                 requested {} tokens ({num_prompt_tokens} in the messages, {max_tokens} in the \
+                 completion). Please reduce the length of the messages or completion.",
+                num_prompt_tokens + max_tokens
+            ),
+            Self::InvalidSampling(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for AddError {}

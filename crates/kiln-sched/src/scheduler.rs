@@ -1,0 +1,425 @@
+//! The scheduling loop: one token budget per step, running requests first, then admissions.
+//!
+//! Each `schedule()`:
+//! 1. **Running** requests, in policy order, each take `min(uncomputed, budget)` tokens (a
+//!    prefill chunk is also capped by `long_prefill_token_threshold` when set). When
+//!    `allocate_slots` fails, the running request with the largest policy key (maybe the request
+//!    itself) is preempted by recompute: its blocks are freed (those registered for KV that was
+//!    never written are first dropped from the prefix cache), `num_computed_tokens` returns to 0,
+//!    its output tokens are kept, and it goes back to the waiting queue. If it had been scheduled
+//!    earlier in this pass, its tokens return to the budget. Then the allocation is retried.
+//! 2. **Waiting** requests, in policy order, only if nothing was preempted in this pass (so no
+//!    admission can hit blocks whose KV is about to be dropped): prefix lookup, then allocation,
+//!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow. The
+//!    first request that does not fit stops admission (no bypassing, so aging bounds waiting).
+//!
+//! `update()` confirms the scheduled tokens as computed, appends sampled tokens, applies stop
+//! conditions and frees finished requests' blocks.
+//!
+//! Invariants ([`Scheduler::check_invariants`]): the KV manager's; `running.len() <=
+//! max_num_seqs`; exactly the running requests hold block tables; waiting and preempted
+//! requests have `num_computed_tokens == 0`.
+//!
+//! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
+//! manager's work; no per-token work outside the KV manager.
+
+use std::collections::HashMap;
+use std::mem;
+
+use kiln_core::{BlockId, RequestId};
+use kiln_kv::{KvCacheConfig, KvCacheManager, PrefixCacheStats};
+
+use crate::config::{ConfigError, SchedulerConfig};
+use crate::output::{
+    CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput,
+};
+use crate::policy::{running_key, waiting_key};
+use crate::request::{AddError, Request, RequestStatus};
+
+/// Counters for metrics and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks held by requests.
+    pub kv_usage: f32,
+    pub prefix_cache: PrefixCacheStats,
+    /// Preemptions since start.
+    pub num_preemptions: u64,
+    /// Tokens scheduled since start.
+    pub num_scheduled_tokens: u64,
+    /// `schedule()` calls since start.
+    pub num_steps: u64,
+}
+
+/// The continuous-batching scheduler; owns the KV cache manager.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: HashMap<RequestId, Request>,
+    /// Requests holding blocks, in admission order.
+    running: Vec<RequestId>,
+    /// Waiting and preempted requests (ordered by policy key at each step).
+    waiting: Vec<RequestId>,
+    step: u64,
+    next_arrival: u64,
+    next_back_seq: i64,
+    next_front_seq: i64,
+    finished_since_last: Vec<RequestId>,
+    num_preemptions: u64,
+    num_scheduled_tokens: u64,
+}
+
+/// A running request scheduled in the current pass.
+struct Scheduled {
+    id: RequestId,
+    num_tokens: usize,
+    new_blocks: Vec<BlockId>,
+}
+
+impl Scheduler {
+    /// A scheduler over a fresh KV cache; `config.enable_prefix_caching` overrides the flag in
+    /// `kv_config`.
+    pub fn new(config: SchedulerConfig, mut kv_config: KvCacheConfig) -> Result<Self, ConfigError> {
+        config.validate(kv_config.block_size, kv_config.num_blocks)?;
+        kv_config.enable_prefix_caching = config.enable_prefix_caching;
+        Ok(Self {
+            config,
+            kv: KvCacheManager::new(kv_config),
+            requests: HashMap::new(),
+            running: Vec::new(),
+            waiting: Vec::new(),
+            step: 0,
+            next_arrival: 0,
+            next_back_seq: 0,
+            next_front_seq: -1,
+            finished_since_last: Vec::new(),
+            num_preemptions: 0,
+            num_scheduled_tokens: 0,
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn kv_cache(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    /// A request that is waiting, running or preempted (finished ones are forgotten).
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// `schedule()` calls so far.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            kv_usage: self.kv.usage(),
+            prefix_cache: self.kv.prefix_cache_stats(),
+            num_preemptions: self.num_preemptions,
+            num_scheduled_tokens: self.num_scheduled_tokens,
+            num_steps: self.step,
+        }
+    }
+
+    /// Queues a request; refuses duplicates, empty prompts, invalid sampling parameters and
+    /// prompts that cannot fit `max_tokens` more tokens in `max_model_len`.
+    pub fn add(&mut self, mut req: Request) -> Result<(), AddError> {
+        let id = req.id();
+        if self.requests.contains_key(&id) {
+            return Err(AddError::DuplicateId(id));
+        }
+        if req.num_prompt_tokens() == 0 {
+            return Err(AddError::EmptyPrompt(id));
+        }
+        req.sampling_params().validate().map_err(|e| AddError::InvalidSampling(e.to_string()))?;
+        let max_tokens = req.sampling_params().max_tokens;
+        if req.num_tokens() + max_tokens > self.config.max_model_len {
+            return Err(AddError::TooLong {
+                max_model_len: self.config.max_model_len,
+                num_prompt_tokens: req.num_tokens(),
+                max_tokens,
+            });
+        }
+        req.set_default_arrival(self.next_arrival);
+        self.next_arrival += 1;
+        req.added_step = self.step;
+        req.queue_seq = self.next_back_seq;
+        self.next_back_seq += 1;
+        req.status = RequestStatus::Waiting;
+        req.num_computed_tokens = 0;
+        req.num_in_flight_tokens = 0;
+        self.requests.insert(id, req);
+        self.waiting.push(id);
+        Ok(())
+    }
+
+    /// Removes a request in any state and frees its blocks at once; `false` if unknown.
+    ///
+    /// Between `schedule()` and `update()`, the scheduled tokens of the request are taken as
+    /// computed (the engine runs every step it is handed before it aborts anything).
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        let Some(req) = self.requests.remove(&id) else { return false };
+        self.kv.free_with_computed(id, req.num_computed_tokens + req.num_in_flight_tokens);
+        if req.status == RequestStatus::Running {
+            self.running.retain(|&r| r != id);
+            self.finished_since_last.push(id);
+        } else {
+            self.waiting.retain(|&r| r != id);
+        }
+        true
+    }
+
+    /// Tokens to give a request with `num_uncomputed` tokens left under `budget`.
+    fn chunk_size(&self, num_uncomputed: usize, budget: usize) -> usize {
+        let threshold = self.config.long_prefill_token_threshold;
+        let n = num_uncomputed.min(budget);
+        if threshold > 0 && num_uncomputed > 1 { n.min(threshold) } else { n }
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        self.step += 1;
+        let mut out = SchedulerOutput {
+            step: self.step,
+            finished_ids: mem::take(&mut self.finished_since_last),
+            ..SchedulerOutput::default()
+        };
+        let mut budget = self.config.max_num_batched_tokens;
+        let scheduled = self.schedule_running(&mut budget, &mut out.preempted_ids);
+        let num_partial = scheduled
+            .iter()
+            .filter(|s| s.num_tokens < self.requests[&s.id].num_uncomputed_tokens())
+            .count();
+        for s in scheduled {
+            if let Some(req) = self.requests.get_mut(&s.id) {
+                req.num_in_flight_tokens = s.num_tokens;
+            }
+            out.num_scheduled_tokens += s.num_tokens;
+            out.cached_requests.push(CachedRequestData {
+                id: s.id,
+                num_scheduled_tokens: s.num_tokens,
+                new_block_ids: s.new_blocks,
+            });
+        }
+        if out.preempted_ids.is_empty() {
+            self.admit_waiting(budget, num_partial, &mut out);
+        }
+        self.num_scheduled_tokens += out.num_scheduled_tokens as u64;
+        out
+    }
+
+    /// Phase 1: running requests in policy order; preempts when blocks run out.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        preempted: &mut Vec<RequestId>,
+    ) -> Vec<Scheduled> {
+        let step = self.step;
+        let mut order = self.running.clone();
+        order.sort_by_cached_key(|id| running_key(&self.config, &self.requests[id], step));
+        let mut scheduled: Vec<Scheduled> = Vec::with_capacity(order.len());
+        for id in order {
+            if *budget == 0 {
+                break;
+            }
+            let req = &self.requests[&id];
+            if req.status != RequestStatus::Running {
+                continue; // preempted earlier in this pass
+            }
+            let num_tokens = self.chunk_size(req.num_uncomputed_tokens(), *budget);
+            loop {
+                let req = &self.requests[&id];
+                let allocated = self.kv.allocate_slots(
+                    id,
+                    req.all_token_ids(),
+                    req.num_computed_tokens,
+                    num_tokens,
+                    0,
+                );
+                if let Some(new_blocks) = allocated {
+                    *budget -= num_tokens;
+                    scheduled.push(Scheduled { id, num_tokens, new_blocks });
+                    break;
+                }
+                let victim = self.pick_victim();
+                if let Some(pos) = scheduled.iter().position(|s| s.id == victim) {
+                    *budget += scheduled.remove(pos).num_tokens;
+                }
+                self.preempt(victim);
+                preempted.push(victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+        scheduled
+    }
+
+    /// The running request with the largest policy key.
+    fn pick_victim(&self) -> RequestId {
+        let step = self.step;
+        *self
+            .running
+            .iter()
+            .max_by_key(|id| running_key(&self.config, &self.requests[*id], step))
+            .expect("a failed allocation implies a running request")
+    }
+
+    /// Frees a running request's blocks and sends it to the front of the waiting queue.
+    fn preempt(&mut self, id: RequestId) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        self.kv.free_with_computed(id, req.num_computed_tokens);
+        req.num_computed_tokens = 0;
+        req.num_in_flight_tokens = 0;
+        req.status = RequestStatus::Preempted;
+        req.num_preemptions += 1;
+        req.queue_seq = self.next_front_seq;
+        self.next_front_seq -= 1;
+        self.running.retain(|&r| r != id);
+        self.waiting.push(id);
+        self.num_preemptions += 1;
+    }
+
+    /// Phase 2: admits waiting requests in policy order until one does not fit.
+    fn admit_waiting(
+        &mut self,
+        mut budget: usize,
+        mut num_partial: usize,
+        out: &mut SchedulerOutput,
+    ) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let step = self.step;
+        let mut order = self.waiting.clone();
+        order.sort_by_cached_key(|id| waiting_key(&self.config, &self.requests[id], step));
+        let mut num_admitted = 0;
+        for id in order {
+            if budget == 0 || self.running.len() >= self.config.max_num_seqs {
+                break;
+            }
+            let req = &self.requests[&id];
+            let num_cached = self.kv.lookup_prefix(req.all_token_ids()).num_cached_tokens;
+            let num_uncomputed = req.num_tokens() - num_cached;
+            let num_tokens = self.chunk_size(num_uncomputed, budget);
+            let is_partial = num_tokens < num_uncomputed;
+            if is_partial && num_partial >= self.config.max_num_partial_prefills {
+                break;
+            }
+            let tokens = req.all_token_ids();
+            if self.kv.allocate_slots(id, tokens, num_cached, num_tokens, 0).is_none() {
+                break;
+            }
+            num_partial += usize::from(is_partial);
+            budget -= num_tokens;
+            num_admitted += 1;
+            let Some(req) = self.requests.get_mut(&id) else { continue };
+            req.status = RequestStatus::Running;
+            req.num_computed_tokens = num_cached;
+            req.num_in_flight_tokens = num_tokens;
+            self.running.push(id);
+            out.num_scheduled_tokens += num_tokens;
+            out.new_requests.push(NewRequestData {
+                id,
+                token_ids: req.all_token_ids().to_vec(),
+                num_computed_tokens: num_cached,
+                num_scheduled_tokens: num_tokens,
+                block_table: self.kv.block_table(id).to_vec(),
+                sampling_params: req.sampling_params().clone(),
+            });
+        }
+        if num_admitted > 0 {
+            let requests = &self.requests;
+            self.waiting.retain(|id| requests[id].status != RequestStatus::Running);
+        }
+    }
+
+    /// Confirms the step's tokens as computed, appends sampled tokens, applies stop conditions
+    /// (stop ids, EOS unless `ignore_eos`, `max_tokens`, `max_model_len`) and frees finished
+    /// requests. Returns one entry per sampled token, in `model_output` order.
+    pub fn update(
+        &mut self,
+        output: &SchedulerOutput,
+        model_output: &ModelRunnerOutput,
+    ) -> Vec<RequestOutput> {
+        for (id, _) in output.scheduled() {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.num_computed_tokens += mem::take(&mut req.num_in_flight_tokens);
+            }
+        }
+        let mut outputs = Vec::with_capacity(model_output.sampled.len());
+        let mut num_finished = 0;
+        for &(id, token) in &model_output.sampled {
+            let Some(token) = token else { continue };
+            let Some(req) = self.requests.get_mut(&id) else { continue }; // aborted meanwhile
+            if req.status != RequestStatus::Running || req.num_uncomputed_tokens() > 0 {
+                continue; // a partial prefill chunk samples nothing
+            }
+            let finish_reason = req.append_output(token, self.config.max_model_len);
+            if let Some(reason) = finish_reason {
+                req.status = RequestStatus::Finished(reason);
+                self.kv.free(id);
+                self.finished_since_last.push(id);
+                num_finished += 1;
+            }
+            outputs.push(RequestOutput { id, new_token: token, finish_reason });
+        }
+        if num_finished > 0 {
+            let requests = &mut self.requests;
+            self.running.retain(|id| {
+                let done = requests[id].is_finished();
+                if done {
+                    requests.remove(id);
+                }
+                !done
+            });
+        }
+        outputs
+    }
+
+    /// The scheduler's and the KV manager's invariants (module docs).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.kv.check_invariants()?;
+        if self.running.len() > self.config.max_num_seqs {
+            return Err(format!("{} running > max_num_seqs", self.running.len()));
+        }
+        if self.running.len() + self.waiting.len() != self.requests.len() {
+            return Err("running + waiting != known requests".to_owned());
+        }
+        for id in &self.running {
+            let req = &self.requests[id];
+            if req.status != RequestStatus::Running || !self.kv.contains(*id) {
+                return Err(format!("{id} is in the running list as {:?}", req.status));
+            }
+        }
+        for id in &self.waiting {
+            let req = &self.requests[id];
+            let ok = matches!(req.status, RequestStatus::Waiting | RequestStatus::Preempted);
+            if !ok || req.num_computed_tokens != 0 || self.kv.contains(*id) {
+                return Err(format!("{id} waits as {:?} holding KV", req.status));
+            }
+        }
+        Ok(())
+    }
+}
