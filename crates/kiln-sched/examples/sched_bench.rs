@@ -15,7 +15,9 @@ use kiln_sched::{ModelRunnerOutput, Request, Scheduler, SchedulerConfig, Schedul
 const NUM_REQUESTS: u64 = 256;
 const PROMPT: u32 = 128;
 const BLOCK_SIZE: usize = 16;
-const MAX_MODEL_LEN: usize = 2048;
+const MAX_MODEL_LEN: usize = 8192;
+/// Requests never finish within the measured steps.
+const MAX_TOKENS: usize = MAX_MODEL_LEN - PROMPT as usize;
 
 fn sampled(out: &SchedulerOutput, step: u64) -> ModelRunnerOutput {
     let token = |id: RequestId| TokenId(((id.0 * 31 + step * 7) % 30_000) as u32 + 1);
@@ -24,7 +26,8 @@ fn sampled(out: &SchedulerOutput, step: u64) -> ModelRunnerOutput {
 }
 
 fn main() {
-    let steps: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let steps: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let steps = steps.min(MAX_TOKENS as u64 - 100);
     let config = SchedulerConfig {
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -40,7 +43,7 @@ fn main() {
     let mut s = Scheduler::new(config, kv).expect("valid bench config");
     for i in 0..NUM_REQUESTS {
         let prompt = (0..PROMPT).map(|t| TokenId(i as u32 * 1000 + t)).collect();
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1800) };
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(MAX_TOKENS) };
         s.add(Request::new(RequestId(i), prompt, params)).expect("fits");
     }
     // prefill until every request decodes
