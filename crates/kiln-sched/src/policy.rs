@@ -6,6 +6,7 @@
 //!
 //! - **fcfs**: running `(0, arrival, id)`, so the victim is the latest arrival. Waiting
 //!   `(queue_seq, ..)`: new requests join the back, preempted ones the front.
+//!   Under priority and sjf a preempted request re-enters the waiting order by its key.
 //! - **priority**: `priority - age / priority_aging_steps`. The victim has the lowest effective
 //!   priority, ties broken towards the latest arrival.
 //! - **sjf**: `remaining_work - age * sjf_aging_tokens_per_step`, where `remaining_work` is the

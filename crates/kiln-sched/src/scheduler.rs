@@ -16,9 +16,11 @@
 //! `update()` confirms the scheduled tokens as computed, appends sampled tokens, applies stop
 //! conditions and frees finished requests' blocks.
 //!
-//! Invariants ([`Scheduler::check_invariants`]): the KV manager's; `running.len() <=
-//! max_num_seqs`; exactly the running requests hold block tables; waiting and preempted
-//! requests have `num_computed_tokens == 0`.
+//! Invariants ([`Scheduler::check_invariants`], between `update` and `schedule`): the KV
+//! manager's; `running.len() <= max_num_seqs`; at most `max_num_partial_prefills` running
+//! requests have more than one token left to compute (only an admission can start a partial
+//! prefill, and it checks the count); exactly the running requests hold block tables; waiting
+//! and preempted requests have `num_computed_tokens == 0`.
 //!
 //! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
 //! manager's work; no per-token work outside the KV manager.
@@ -412,6 +414,11 @@ impl Scheduler {
             if req.status != RequestStatus::Running || !self.kv.contains(*id) {
                 return Err(format!("{id} is in the running list as {:?}", req.status));
             }
+        }
+        let num_partial =
+            self.running.iter().filter(|id| self.requests[*id].num_uncomputed_tokens() > 1).count();
+        if num_partial > self.config.max_num_partial_prefills {
+            return Err(format!("{num_partial} partial prefills > max_num_partial_prefills"));
         }
         for id in &self.waiting {
             let req = &self.requests[id];
