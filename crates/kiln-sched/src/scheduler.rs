@@ -250,6 +250,9 @@ impl Scheduler {
                 continue; // preempted earlier in this pass
             }
             let num_tokens = self.chunk_size(req.num_uncomputed_tokens(), *budget);
+            if num_tokens == 0 {
+                continue; // the runner sampled nothing for a completed chunk: nothing to run
+            }
             loop {
                 let req = &self.requests[&id];
                 let allocated = self.kv.allocate_slots(
@@ -265,6 +268,8 @@ impl Scheduler {
                     break;
                 }
                 let victim = self.pick_victim();
+                // The order and the victim use the same key, so the victim is never a request
+                // scheduled earlier in this pass; should keys ever differ, its tokens return.
                 if let Some(pos) = scheduled.iter().position(|s| s.id == victim) {
                     *budget += scheduled.remove(pos).num_tokens;
                 }

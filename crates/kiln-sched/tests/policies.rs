@@ -83,6 +83,7 @@ fn finish_step_under_stream(s: &mut Scheduler, victim: (i64, usize), steps: u64)
     let run = drive_with(s, steps, |s, _| {
         s.add(req(next, toks(0..8), 3).with_priority(0)).unwrap();
         next += 1;
+        true
     });
     run.finished.get(&RequestId(1)).map(|&(_, step)| step)
 }
@@ -119,6 +120,7 @@ fn a_preempted_request_is_readmitted_before_later_arrivals_under_fcfs() {
         if step == 3 {
             s.add(req(3, toks(200..216), 30)).unwrap();
         }
+        false
     });
     assert_eq!(run.finish_order, ids(&[1, 2, 3]));
     // admissions in order: the resumed request 2 (prompt + output) comes before request 3

@@ -146,7 +146,7 @@ fn a_shared_prefix_is_computed_once() {
     let prefix = toks(1000..1064);
     let with_suffix = |a: u32| [prefix.clone(), toks(a..a + 8)].concat();
     s.add(req(1, with_suffix(1), 4)).unwrap();
-    let run = drive_runner(&mut s, &mut runner, 50, |_, _| {});
+    let run = drive_runner(&mut s, &mut runner, 50, |_, _| false);
     assert_eq!(run.outputs_per_step[0].num_scheduled_tokens, 72);
     s.add(req(2, with_suffix(2000), 4)).unwrap();
     let out = s.schedule();
@@ -162,7 +162,7 @@ fn a_shared_prefix_is_computed_once() {
     // admitted in the same step, the second request hits the blocks the first registers now
     s.add(req(3, with_suffix(3000), 4)).unwrap();
     s.add(req(4, with_suffix(4000), 4)).unwrap();
-    let run = drive_runner(&mut s, &mut runner, 50, |_, _| {});
+    let run = drive_runner(&mut s, &mut runner, 50, |_, _| false);
     let first = &run.outputs_per_step[0].new_requests;
     assert_eq!(first.iter().map(|n| n.num_computed_tokens).collect::<Vec<_>>(), [64, 64]);
     assert_eq!(run.outputs[&RequestId(4)], expected_output(4, 72, 4));
@@ -310,7 +310,7 @@ fn limits_hold_under_a_mixed_workload() {
             max_num_partial_prefills: 2,
             ..config(64, 6)
         };
-        let mut s = scheduler(cfg, 4, 160);
+        let mut s = scheduler(cfg, 4, 80);
         let mut seed = 0x2545_f491_u64;
         let mut next = move |m: u64| {
             seed = seed
@@ -319,21 +319,31 @@ fn limits_hold_under_a_mixed_workload() {
             (seed >> 33) % m
         };
         let mut id = 0;
+        let mut prompt_lens = std::collections::HashMap::new();
         let run = drive_with(&mut s, 20_000, |s, step| {
             if step <= 300 && next(3) == 0 {
                 id += 1;
                 // a tiny vocabulary so prefixes collide
                 let prompt: Vec<TokenId> =
-                    (0..=next(120)).map(|_| TokenId(next(2) as u32)).collect();
-                let r = req(id, prompt, 1 + next(60) as usize).with_priority(next(5) as i64);
+                    (0..=next(80)).map(|_| TokenId(next(2) as u32)).collect();
+                prompt_lens.insert(RequestId(id), prompt.len());
+                let r = req(id, prompt, 1 + next(40) as usize).with_priority(next(5) as i64);
                 s.add(r).unwrap();
                 if next(10) == 0 {
                     s.abort(RequestId(next(id) + 1));
                 }
             }
+            step < 300
         });
         assert!(!s.has_unfinished(), "{policy:?} did not drain in {} steps", run.steps);
         assert_eq!(s.kv_cache().usage(), 0.0);
+        assert!(s.stats().prefix_cache.num_hit_tokens > 0, "{policy:?}: prefixes should collide");
+        assert!(s.stats().num_preemptions > 0, "{policy:?}: the workload should preempt");
+        for (id, (reason, _)) in &run.finished {
+            assert_eq!(*reason, FinishReason::Length);
+            let out = &run.outputs[id];
+            assert_eq!(*out, expected_output(id.0, prompt_lens[id], out.len()), "{policy:?} {id}");
+        }
         for o in &run.outputs_per_step {
             assert!(o.num_scheduled_requests() <= 6);
         }

@@ -119,11 +119,12 @@ pub struct Run {
 }
 
 /// Runs schedule → execute → update until nothing is left (at most `max_steps`), checking the
-/// limits and invariants after every step. `before_step(scheduler, step)` may add requests.
+/// limits and invariants after every step. `before_step(scheduler, step)` may add requests and
+/// returns whether more will come (an idle scheduler then skips the step instead of stopping).
 pub fn drive_with(
     s: &mut Scheduler,
     max_steps: u64,
-    before_step: impl FnMut(&mut Scheduler, u64),
+    before_step: impl FnMut(&mut Scheduler, u64) -> bool,
 ) -> Run {
     let kv = s.kv_cache();
     let mut runner = FakeRunner::new(kv.block_size(), kv.num_blocks());
@@ -135,13 +136,16 @@ pub fn drive_runner(
     s: &mut Scheduler,
     runner: &mut FakeRunner,
     max_steps: u64,
-    mut before_step: impl FnMut(&mut Scheduler, u64),
+    mut before_step: impl FnMut(&mut Scheduler, u64) -> bool,
 ) -> Run {
     let cfg = s.config().clone();
     let mut run = Run::default();
     for step in 1..=max_steps {
-        before_step(s, step);
+        let more = before_step(s, step);
         if !s.has_unfinished() {
+            if more {
+                continue;
+            }
             break;
         }
         let out = s.schedule();
@@ -168,7 +172,7 @@ pub fn drive_runner(
 }
 
 pub fn drive(s: &mut Scheduler, max_steps: u64) -> Run {
-    drive_with(s, max_steps, |_, _| {})
+    drive_with(s, max_steps, |_, _| false)
 }
 
 /// The tokens an unpreempted request `id` with `prompt_len` prompt tokens must produce.
