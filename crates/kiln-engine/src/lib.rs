@@ -1,15 +1,26 @@
 //! The engine: turns a model and sampling parameters into generated tokens.
 //!
-//! Today it holds the per-request [`Sampler`] and a [`Generator`] that runs a set of sequences
-//! to completion over a paged KV cache (prefill in chunks, then batched decode). The scheduler
-//! with continuous batching and prefix caching builds on the same `ForwardBatch` / KV layout.
+//! - [`Sampler`]: per-request token sampling with its own seeded [`Rng`].
+//! - [`ModelRunner`]: builds each step's `ForwardBatch` from the scheduler's diff, runs the
+//!   model, samples.
+//! - [`EngineCore`]: scheduler + runner + thread pool; `step()` = schedule → execute → update.
+//! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
+//! - [`Generator`]: the simplest driver (a fixed set of sequences run to completion, no
+//!   scheduler), used by `kiln generate`.
 
+mod engine;
 mod generator;
+mod handle;
 mod rng;
+mod runner;
 mod sampler;
 
+pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats};
 pub use generator::{
     GenerateError, GenerationOutput, Generator, GeneratorConfig, RunStats, StepEvent,
 };
+pub use handle::{EngineHandle, RequestStream, StreamItem};
+pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
 pub use rng::Rng;
+pub use runner::ModelRunner;
 pub use sampler::Sampler;

@@ -1,0 +1,249 @@
+//! The engine core: owns the [`Scheduler`], the [`ModelRunner`] and the kernel thread pool, and
+//! runs one step at a time: schedule → execute → update → outputs. Single-threaded and
+//! synchronous; [`crate::EngineHandle`] runs it on its own thread.
+
+use std::time::{Duration, Instant};
+
+use kiln_core::{RequestId, SamplingParams, TokenId};
+use kiln_kernels::ThreadPool;
+use kiln_kv::KvCacheConfig;
+use kiln_models::Model;
+use kiln_sched::{
+    AddError, ModelRunnerOutput, Request, RequestOutput, Scheduler, SchedulerConfig, SchedulerStats,
+};
+
+use crate::ModelRunner;
+
+/// Sizes and limits of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens per KV block (8, 16, 32, 64 or 128 on the CLI; any power of two up to 256 here).
+    pub block_size: usize,
+    pub num_kv_blocks: usize,
+    /// Prompt plus output tokens of one request; `None` = the model's maximum positions, capped
+    /// at the KV cache capacity. Overrides `scheduler.max_model_len`.
+    pub max_model_len: Option<usize>,
+    pub scheduler: SchedulerConfig,
+    /// Kernel threads (0 = all cores).
+    pub num_threads: usize,
+    /// Requests whose sampling params carry no seed use `seed + request id`.
+    pub seed: u64,
+    /// The model's end-of-sequence ids (ignored by requests with `ignore_eos`).
+    pub eos_token_ids: Vec<TokenId>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            num_kv_blocks: 1024,
+            max_model_len: None,
+            scheduler: SchedulerConfig::default(),
+            num_threads: 0,
+            seed: 0,
+            eos_token_ids: Vec::new(),
+        }
+    }
+}
+
+/// What can go wrong in the engine (cheap to clone: sent to every affected stream).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// The request was refused (too long, empty, bad sampling parameters).
+    #[error(transparent)]
+    Rejected(#[from] AddError),
+    #[error("forward step failed: {0}")]
+    Forward(String),
+    #[error("the engine has shut down")]
+    Shutdown,
+}
+
+/// Counters after one step (gauges are as of the end of the step; totals since start).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks held by requests.
+    pub kv_usage: f32,
+    /// Prompt tokens looked up in the prefix cache, summed since start.
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found (not recomputed).
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+    /// Tokens scheduled in the last step.
+    pub step_scheduled_tokens: usize,
+    /// Tokens scheduled since start.
+    pub total_scheduled_tokens: u64,
+    /// Tokens sampled since start.
+    pub total_sampled_tokens: u64,
+    pub num_steps: u64,
+    /// Wall time of the last step.
+    pub step_time: Duration,
+}
+
+impl EngineStats {
+    /// Prefix-cache hit tokens over queried tokens (0 when nothing was queried).
+    pub fn prefix_cache_hit_rate(&self) -> f64 {
+        if self.prefix_cache_queries == 0 {
+            0.0
+        } else {
+            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
+        }
+    }
+}
+
+pub struct EngineCore {
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    pool: ThreadPool,
+    config: EngineConfig,
+    runner_output: ModelRunnerOutput,
+    next_id: u64,
+    stats: EngineStats,
+}
+
+impl EngineCore {
+    /// Validates `config` against the model and allocates the KV cache.
+    pub fn new(model: Box<dyn Model>, mut config: EngineConfig) -> Result<Self, EngineError> {
+        let block_size = config.block_size;
+        if !block_size.is_power_of_two() || block_size > 256 {
+            return Err(EngineError::Config(format!(
+                "`block_size` ({block_size}) must be a power of two up to 256"
+            )));
+        }
+        if config.num_kv_blocks == 0 {
+            return Err(EngineError::Config("`num_kv_blocks` must be at least 1".into()));
+        }
+        let model_max = model.config().max_position_embeddings;
+        let capacity = block_size * config.num_kv_blocks;
+        let max_model_len = match config.max_model_len {
+            Some(n) if n > model_max => {
+                return Err(EngineError::Config(format!(
+                    "`max_model_len` ({n}) exceeds the model's maximum positions ({model_max})"
+                )));
+            }
+            Some(n) => n,
+            None => model_max.min(capacity),
+        };
+        config.max_model_len = Some(max_model_len);
+        config.scheduler.max_model_len = max_model_len;
+        let kv_config = KvCacheConfig {
+            block_size,
+            num_blocks: config.num_kv_blocks,
+            enable_prefix_caching: config.scheduler.enable_prefix_caching,
+            extra_keys: vec![],
+        };
+        let scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
+            .map_err(|e| EngineError::Config(e.0))?;
+        let runner = ModelRunner::new(model, block_size, config.num_kv_blocks, config.seed);
+        Ok(Self {
+            scheduler,
+            runner,
+            pool: ThreadPool::new(config.num_threads),
+            config,
+            runner_output: ModelRunnerOutput::default(),
+            next_id: 0,
+            stats: EngineStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The resolved maximum of prompt plus output tokens.
+    pub fn max_model_len(&self) -> usize {
+        self.scheduler.config().max_model_len
+    }
+
+    pub fn model(&self) -> &dyn Model {
+        self.runner.model()
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    pub fn bytes_per_block(&self) -> usize {
+        self.runner.bytes_per_block()
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.has_unfinished()
+    }
+
+    /// Queues a request; lower `priority` is more urgent (used by the priority policy).
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+    ) -> Result<RequestId, EngineError> {
+        let id = RequestId(self.next_id);
+        let request = Request::new(id, prompt, params)
+            .with_priority(priority)
+            .with_eos_token_ids(self.config.eos_token_ids.clone());
+        self.scheduler.add(request)?;
+        self.next_id += 1;
+        self.refresh_stats();
+        Ok(id)
+    }
+
+    /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        self.runner.forget(id);
+        let known = self.scheduler.abort(id);
+        self.refresh_stats();
+        known
+    }
+
+    /// One engine step; returns the sampled tokens in batch order (empty when idle).
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let start = Instant::now();
+        let sched_out = self.scheduler.schedule();
+        self.runner
+            .execute(&self.pool, &sched_out, &mut self.runner_output)
+            .map_err(|e| EngineError::Forward(e.to_string()))?;
+        let outputs = self.scheduler.update(&sched_out, &self.runner_output);
+        if cfg!(debug_assertions)
+            && let Err(e) = self.scheduler.check_invariants()
+        {
+            panic!("scheduler invariant broken after step {}: {e}", sched_out.step);
+        }
+        self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
+        self.stats.total_sampled_tokens += outputs.len() as u64;
+        self.refresh_stats();
+        self.stats.step_time = start.elapsed();
+        Ok(outputs)
+    }
+
+    fn refresh_stats(&mut self) {
+        let SchedulerStats {
+            num_running,
+            num_waiting,
+            kv_usage,
+            prefix_cache,
+            num_preemptions,
+            num_scheduled_tokens,
+            num_steps,
+        } = self.scheduler.stats();
+        self.stats.num_running = num_running;
+        self.stats.num_waiting = num_waiting;
+        self.stats.kv_usage = kv_usage;
+        self.stats.prefix_cache_queries = prefix_cache.num_queried_tokens;
+        self.stats.prefix_cache_hits = prefix_cache.num_hit_tokens;
+        self.stats.num_preemptions = num_preemptions;
+        self.stats.total_scheduled_tokens = num_scheduled_tokens;
+        self.stats.num_steps = num_steps;
+    }
+}

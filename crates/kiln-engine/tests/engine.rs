@@ -1,0 +1,219 @@
+//! Engine invariants on a tiny fixture model, greedy unless stated: prefix caching, preemption
+//! and batch composition never change a token; aborts free every block; over-long requests are
+//! refused with vLLM's message.
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
+use kiln_engine::{EngineConfig, EngineCore, EngineError, EngineHandle, SchedulerConfig};
+use kiln_models::load_model;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+}
+
+fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: usize) -> EngineCore {
+    let model = load_model(&fixture("llama3")).unwrap().model;
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks,
+        max_model_len: Some(64),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens,
+            enable_prefix_caching: prefix_caching,
+            ..SchedulerConfig::default()
+        },
+        num_threads: 2,
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model, config).unwrap()
+}
+
+/// Deterministic pseudo-random prompt of `len` tokens (vocabulary 512).
+fn prompt(seed: u32, len: usize) -> Vec<TokenId> {
+    (0..len as u32)
+        .map(|i| TokenId((seed.wrapping_mul(7919) + i * 131 + i * i * 17) % 500 + 3))
+        .collect()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
+}
+
+/// Runs every request to completion on `core`; outputs in request order.
+fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Vec<Vec<TokenId>> {
+    let ids: Vec<RequestId> = requests
+        .iter()
+        .map(|(p, params)| core.add_request(p.clone(), params.clone(), 0).unwrap())
+        .collect();
+    let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
+    let mut finished = 0;
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            tokens.entry(out.id).or_default().push(out.new_token);
+            if out.finish_reason.is_some() {
+                assert_eq!(out.finish_reason, Some(FinishReason::Length));
+                finished += 1;
+            }
+        }
+    }
+    assert_eq!(finished, requests.len());
+    assert_eq!(core.stats().kv_usage, 0.0);
+    ids.iter().map(|id| tokens.remove(id).unwrap()).collect()
+}
+
+fn shared_prefix_requests() -> Vec<(Vec<TokenId>, SamplingParams)> {
+    let common = prompt(1, 17);
+    (0..6)
+        .map(|i| {
+            let mut p = common.clone();
+            p.extend(prompt(100 + i, 3 + i as usize));
+            (p, greedy(12))
+        })
+        .collect()
+}
+
+#[test]
+fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
+    let requests = shared_prefix_requests();
+    let mut off = engine(false, 256, 2048);
+    let expected = run(&mut off, &requests);
+    assert_eq!(off.stats().prefix_cache_hits, 0);
+    for r in &expected {
+        assert_eq!(r.len(), 12);
+    }
+
+    let mut on = engine(true, 256, 2048);
+    assert_eq!(run(&mut on, &requests), expected);
+    let hits_first = on.stats().prefix_cache_hits;
+    assert_eq!(run(&mut on, &requests), expected);
+    let stats = on.stats();
+    assert!(stats.prefix_cache_hits > hits_first, "{stats:?}");
+    assert!(stats.prefix_cache_hit_rate() > 0.0);
+
+    // Small chunks: requests admitted one by one hit the prefix the first one cached.
+    let mut chunked = engine(true, 256, 8);
+    assert_eq!(run(&mut chunked, &requests), expected);
+    assert!(chunked.stats().prefix_cache_hits > 0);
+}
+
+#[test]
+fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
+    let requests: Vec<_> = (0..8).map(|i| (prompt(i, 14 + i as usize), greedy(24))).collect();
+    let mut plenty = engine(true, 512, 2048);
+    let expected = run(&mut plenty, &requests);
+    assert_eq!(plenty.stats().num_preemptions, 0);
+    for prefix_caching in [false, true] {
+        // 16 blocks of 4 = one request of max_model_len (64); 8 requests of ~40 tokens each.
+        let mut tight = engine(prefix_caching, 24, 2048);
+        assert_eq!(run(&mut tight, &requests), expected);
+        assert!(tight.stats().num_preemptions > 0, "{:?}", tight.stats());
+    }
+}
+
+#[test]
+fn each_of_16_requests_in_one_batch_equals_it_alone() {
+    let requests: Vec<_> = (0..16u32)
+        .map(|i| {
+            let params = if i % 2 == 0 {
+                greedy(10)
+            } else {
+                SamplingParams {
+                    temperature: 0.8,
+                    top_p: 0.95,
+                    seed: Some(u64::from(i) * 31),
+                    ..greedy(10)
+                }
+            };
+            (prompt(i, 5 + i as usize * 2), params)
+        })
+        .collect();
+    let mut batch = engine(false, 512, 2048);
+    let together = run(&mut batch, &requests);
+    assert!(batch.stats().num_steps <= 11, "one batch: {:?}", batch.stats());
+    for (request, expected) in requests.iter().zip(&together) {
+        let mut alone = engine(false, 512, 2048);
+        assert_eq!(&run(&mut alone, std::slice::from_ref(request))[0], expected);
+    }
+}
+
+#[test]
+fn aborts_mid_flight_free_every_block() {
+    // Directly on the core, between steps.
+    let mut core = engine(true, 256, 16);
+    let ids: Vec<_> =
+        (0..6).map(|i| core.add_request(prompt(i, 20), greedy(30), 0).unwrap()).collect();
+    for _ in 0..4 {
+        core.step().unwrap();
+    }
+    assert!(core.stats().kv_usage > 0.0);
+    for id in &ids[..3] {
+        assert!(core.abort(*id));
+    }
+    while core.has_unfinished() {
+        core.step().unwrap();
+        if let Some(id) = ids[3..].iter().find(|id| core.scheduler().request(**id).is_some()) {
+            core.abort(*id);
+        }
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+
+    // Through the handle: explicit aborts and dropped streams.
+    let handle = EngineHandle::spawn(engine(true, 256, 2048)).unwrap();
+    let mut streams: Vec<_> =
+        (0..8).map(|i| handle.submit(prompt(i, 12), greedy(40), 0).unwrap()).collect();
+    for s in &mut streams {
+        let first = s.recv().unwrap().unwrap();
+        assert_eq!(first.id, s.id());
+    }
+    let kept = streams.split_off(4);
+    for s in &streams[..2] {
+        handle.abort(s.id());
+    }
+    drop(streams);
+    for mut s in kept {
+        let rest: Vec<_> = s.by_ref().map(Result::unwrap).collect();
+        assert_eq!(rest.len(), 39);
+        assert_eq!(rest.last().unwrap().finish_reason, Some(FinishReason::Length));
+        assert!(s.is_finished());
+    }
+    let stats = handle.stats().unwrap();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    handle.shutdown();
+}
+
+#[test]
+fn too_long_requests_are_rejected_with_vllms_message() {
+    let mut core = engine(true, 256, 2048);
+    let err = core.add_request(prompt(0, 60), greedy(10), 0).unwrap_err();
+    assert!(matches!(err, EngineError::Rejected(_)));
+    assert_eq!(
+        err.to_string(),
+        "This model's maximum context length is 64 tokens. However, you requested 70 tokens \
+         (60 in the messages, 10 in the completion). Please reduce the length of the messages \
+         or completion."
+    );
+    let handle = EngineHandle::spawn(core).unwrap();
+    let err = handle.submit(prompt(0, 60), greedy(10), 0).err().unwrap();
+    assert!(err.to_string().starts_with("This model's maximum context length is 64 tokens."));
+    // The engine keeps serving.
+    let out: Vec<_> =
+        handle.submit(prompt(0, 10), greedy(3), 0).unwrap().map(Result::unwrap).collect();
+    assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn engine_config_is_validated() {
+    let model = || load_model(&fixture("llama3")).unwrap().model;
+    let bad_block = EngineConfig { block_size: 6, ..EngineConfig::default() };
+    assert!(matches!(EngineCore::new(model(), bad_block), Err(EngineError::Config(_))));
+    let too_long = EngineConfig { max_model_len: Some(100_000), ..EngineConfig::default() };
+    assert!(matches!(EngineCore::new(model(), too_long), Err(EngineError::Config(_))));
+    let small_cache =
+        EngineConfig { num_kv_blocks: 2, max_model_len: Some(64), ..EngineConfig::default() };
+    assert!(matches!(EngineCore::new(model(), small_cache), Err(EngineError::Config(_))));
+}
