@@ -1,5 +1,6 @@
-//! The `kiln` command line: `kiln generate` today; `serve`, `bench`, `tune` and `plan` join it.
+//! The `kiln` command line: `kiln generate` and `kiln bench throughput` today; `serve`, `bench`, `tune` and `plan` join it.
 
+mod bench;
 mod generate;
 mod model_arg;
 
@@ -16,12 +17,15 @@ struct Cli {
 enum Command {
     /// Generate a completion for one prompt and stream it to stdout.
     Generate(generate::GenerateArgs),
+    /// Benchmarks (`kiln bench throughput`).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,158 @@
+//! `kiln bench throughput`: an offline, in-process throughput benchmark (no HTTP). Random prompt
+//! tokens (seeded; with `--prefix-len` every prompt shares its first P tokens), `ignore_eos`, all
+//! requests queued at once; prints requests/s, output tok/s, total tok/s, the prefix-cache hit
+//! rate and preemptions.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use kiln_core::{SamplingParams, TokenId};
+use kiln_engine::{EngineConfig, EngineCore, Rng, SchedulerConfig};
+
+use crate::model_arg::ModelArgs;
+
+/// KV cache cap when `--num-kv-blocks` is not given.
+const DEFAULT_KV_CACHE_CAP_BYTES: usize = 8 << 30;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum BenchCommand {
+    /// Offline throughput: N random prompts of I tokens, O output tokens each, all at once.
+    Throughput(ThroughputArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 64)]
+    num_prompts: usize,
+    /// Prompt tokens per request (including the shared prefix).
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Output tokens per request (EOS is ignored).
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    /// Leading prompt tokens shared by every request.
+    #[arg(long, default_value_t = 0)]
+    prefix_len: usize,
+    /// Kernel threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+    /// KV cache blocks; default: enough for every request at once, capped at 8 GiB.
+    #[arg(long)]
+    num_kv_blocks: Option<usize>,
+    /// Turn the prefix cache off.
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    match &args.command {
+        BenchCommand::Throughput(a) => throughput(a),
+    }
+}
+
+fn throughput(args: &ThroughputArgs) -> anyhow::Result<()> {
+    if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
+        bail!("--num-prompts, --input-len and --output-len must be at least 1");
+    }
+    if ![8, 16, 32, 64, 128].contains(&args.block_size) {
+        bail!("--block-size must be 8, 16, 32, 64 or 128");
+    }
+    if args.prefix_len > args.input_len {
+        bail!("--prefix-len ({}) exceeds --input-len ({})", args.prefix_len, args.input_len);
+    }
+    let loaded = args.model.load()?;
+    let model = loaded.model;
+    let vocab = model.config().vocab_size as u64;
+    let max_model_len = args.input_len + args.output_len;
+    let bytes_per_block = model.kv_layout().bytes_per_token() * args.block_size;
+    let num_kv_blocks = args.num_kv_blocks.unwrap_or_else(|| {
+        let wanted = (args.num_prompts * max_model_len).div_ceil(args.block_size);
+        let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
+        wanted.min(cap).max(max_model_len.div_ceil(args.block_size))
+    });
+    let config = EngineConfig {
+        block_size: args.block_size,
+        num_kv_blocks,
+        max_model_len: Some(max_model_len),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_num_seqs: args.max_num_seqs,
+            enable_prefix_caching: !args.no_enable_prefix_caching,
+            ..SchedulerConfig::default()
+        },
+        num_threads: args.threads,
+        seed: args.seed,
+        eos_token_ids: Vec::new(),
+    };
+    let mut core = EngineCore::new(model, config).context("building the engine")?;
+    eprintln!(
+        "KV cache: {num_kv_blocks} blocks of {} tokens, {bytes_per_block} bytes per block ({:.1} MiB \
+         in all); max concurrency at {max_model_len} tokens per request: {:.2}x; {} threads",
+        args.block_size,
+        (num_kv_blocks * bytes_per_block) as f64 / f64::from(1 << 20),
+        (num_kv_blocks * args.block_size) as f64 / max_model_len as f64,
+        core.pool().num_threads(),
+    );
+
+    let mut rng = Rng::new(args.seed);
+    let mut token = || TokenId((rng.next_u64() % vocab) as u32);
+    let prefix: Vec<TokenId> = (0..args.prefix_len).map(|_| token()).collect();
+    let prompts: Vec<Vec<TokenId>> = (0..args.num_prompts)
+        .map(|_| {
+            let mut p = prefix.clone();
+            p.extend((args.prefix_len..args.input_len).map(|_| token()));
+            p
+        })
+        .collect();
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.output_len) };
+
+    let start = Instant::now();
+    for p in prompts {
+        core.add_request(p, params.clone(), 0)?;
+    }
+    let mut num_output = 0usize;
+    while core.has_unfinished() {
+        num_output += core.step()?.len();
+    }
+    let elapsed = start.elapsed().as_secs_f64().max(1e-9);
+    let stats = core.stats();
+    let num_input = args.num_prompts * args.input_len;
+    println!(
+        "Throughput: {:.2} requests/s, {:.1} output tok/s, {:.1} total tok/s ({} requests, {} \
+         prompt + {} output tokens in {:.2} s, {} steps)",
+        args.num_prompts as f64 / elapsed,
+        num_output as f64 / elapsed,
+        (num_input + num_output) as f64 / elapsed,
+        args.num_prompts,
+        num_input,
+        num_output,
+        elapsed,
+        stats.num_steps,
+    );
+    println!(
+        "Prefix cache hit rate: {:.1}% ({} of {} prompt tokens); preemptions: {}",
+        100.0 * stats.prefix_cache_hit_rate(),
+        stats.prefix_cache_hits,
+        stats.prefix_cache_queries,
+        stats.num_preemptions,
+    );
+    Ok(())
+}
