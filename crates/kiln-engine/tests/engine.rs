@@ -102,7 +102,17 @@ fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
 
 #[test]
 fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
-    let requests: Vec<_> = (0..8).map(|i| (prompt(i, 14 + i as usize), greedy(24))).collect();
+    // Odd requests sample (seeded): a resumed request keeps its random stream.
+    let requests: Vec<_> = (0..8u32)
+        .map(|i| {
+            let params = if i % 2 == 0 {
+                greedy(24)
+            } else {
+                SamplingParams { temperature: 1.0, seed: Some(u64::from(i)), ..greedy(24) }
+            };
+            (prompt(i, 14 + i as usize), params)
+        })
+        .collect();
     let mut plenty = engine(true, 512, 2048);
     let expected = run(&mut plenty, &requests);
     assert_eq!(plenty.stats().num_preemptions, 0);
