@@ -149,15 +149,7 @@ impl Sampler {
 
 /// Index of the largest value (lowest index among ties; NaN never wins).
 pub fn argmax(values: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_val = f32::NEG_INFINITY;
-    for (i, &v) in values.iter().enumerate() {
-        if v > best_val {
-            best = i;
-            best_val = v;
-        }
-    }
-    best as u32
+    kiln_kernels::vec_ops::argmax(values) as u32
 }
 
 #[cfg(test)]

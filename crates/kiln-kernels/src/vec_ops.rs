@@ -60,9 +60,64 @@ pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Index of the first largest value, ignoring NaN (0 when nothing beats `-inf`): greedy
+/// sampling over a vocabulary. The maximum is exact, so every path returns the same index.
+pub fn argmax(values: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if SimdLevel::detect() == SimdLevel::Avx512 {
+        // SAFETY: AVX-512F is available.
+        return unsafe { x86::argmax_avx512(values) };
+    }
+    argmax_scalar(values)
+}
+
+pub fn argmax_scalar(values: &[f32]) -> usize {
+    let mut best = 0usize;
+    let mut best_val = f32::NEG_INFINITY;
+    for (i, &v) in values.iter().enumerate() {
+        if v > best_val {
+            best = i;
+            best_val = v;
+        }
+    }
+    best
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// Two passes: the maximum (exact; `max(v, acc)` keeps `acc` when `v` is NaN), then the
+    /// first index holding it.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn argmax_avx512(values: &[f32]) -> usize {
+        let chunks = values.chunks_exact(16);
+        let tail = chunks.remainder();
+        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+        for c in chunks {
+            // SAFETY: `c` holds 16 floats.
+            acc = _mm512_max_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }, acc);
+        }
+        let mut max = _mm512_reduce_max_ps(acc);
+        for &v in tail {
+            if v > max {
+                max = v;
+            }
+        }
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
+        let target = _mm512_set1_ps(max);
+        for (i, c) in values.chunks_exact(16).enumerate() {
+            // SAFETY: `c` holds 16 floats.
+            let hits = _mm512_cmpeq_ps_mask(unsafe { _mm512_loadu_ps(c.as_ptr()) }, target);
+            if hits != 0 {
+                return i * 16 + hits.trailing_zeros() as usize;
+            }
+        }
+        let start = values.len() - tail.len();
+        start + tail.iter().position(|&v| v == max).unwrap_or(0)
+    }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
@@ -189,6 +244,31 @@ mod x86 {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::hsum256;
+
+#[cfg(test)]
+mod argmax_tests {
+    use super::*;
+    use crate::testing::values;
+
+    #[test]
+    fn argmax_equals_scalar_with_ties_nans_and_tails() {
+        for n in [1, 15, 16, 17, 100, 262_147] {
+            let mut v = values(n, 7, 10.0);
+            assert_eq!(argmax(&v), argmax_scalar(&v), "n={n}");
+            // A tie: the first index wins.
+            let m = argmax_scalar(&v);
+            v[n - 1] = v[m];
+            assert_eq!(argmax(&v), argmax_scalar(&v), "tie n={n}");
+            v[0] = f32::NAN;
+            assert_eq!(argmax(&v), argmax_scalar(&v), "nan n={n}");
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 40]), 0);
+        assert_eq!(argmax(&[f32::NAN; 40]), 0);
+        let mut v = vec![f32::NEG_INFINITY; 40];
+        v[37] = 1.0;
+        assert_eq!(argmax(&v), 37);
+    }
+}
 
 #[cfg(test)]
 mod tests {
