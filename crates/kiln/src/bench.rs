@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use kiln_core::{SamplingParams, TokenId};
 use kiln_engine::{EngineConfig, EngineCore, Rng, SchedulerConfig};
 
+use crate::kv_args::{KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
 
 /// KV cache cap when `--num-kv-blocks` is not given.
@@ -44,19 +45,13 @@ pub struct ThroughputArgs {
     /// Kernel threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
     #[arg(long, default_value_t = 2048)]
     max_num_batched_tokens: usize,
-    /// KV cache blocks; default: enough for every request at once, capped at 8 GiB.
-    #[arg(long)]
-    num_kv_blocks: Option<usize>,
-    /// Turn the prefix cache off.
-    #[arg(long)]
-    no_enable_prefix_caching: bool,
+    /// KV cache sizing; default: enough blocks for every request at once, capped at 8 GiB.
+    #[command(flatten)]
+    kv: KvCacheArgs,
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -72,30 +67,39 @@ fn throughput(args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be at least 1");
     }
-    if ![8, 16, 32, 64, 128].contains(&args.block_size) {
-        bail!("--block-size must be 8, 16, 32, 64 or 128");
-    }
     if args.prefix_len > args.input_len {
         bail!("--prefix-len ({}) exceeds --input-len ({})", args.prefix_len, args.input_len);
     }
     let loaded = args.model.load()?;
     let model = loaded.model;
     let vocab = model.config().vocab_size as u64;
-    let max_model_len = args.input_len + args.output_len;
-    let bytes_per_block = model.kv_layout().bytes_per_token() * args.block_size;
-    let num_kv_blocks = args.num_kv_blocks.unwrap_or_else(|| {
-        let wanted = (args.num_prompts * max_model_len).div_ceil(args.block_size);
-        let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
-        wanted.min(cap).max(max_model_len.div_ceil(args.block_size))
-    });
+    let max_model_len = args.kv.max_model_len.unwrap_or(args.input_len + args.output_len);
+    if max_model_len < args.input_len + args.output_len {
+        bail!(
+            "--max-model-len ({max_model_len}) is shorter than --input-len + --output-len ({})",
+            args.input_len + args.output_len
+        );
+    }
+    let block_size = args.kv.block_size;
+    let bytes_per_block = model.kv_layout().bytes_per_token() * block_size;
+    let wanted = (args.num_prompts * (args.input_len + args.output_len)).div_ceil(block_size);
+    let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
+    let weight_bytes = model.weight_bytes() as u64;
+    let sizing = args.kv.resolve(
+        bytes_per_block,
+        max_model_len,
+        || available_memory().map(|a| a.saturating_sub(weight_bytes)),
+        wanted.min(cap).max(max_model_len.div_ceil(block_size)),
+    )?;
+    let num_kv_blocks = sizing.num_blocks;
     let config = EngineConfig {
-        block_size: args.block_size,
+        block_size,
         num_kv_blocks,
         max_model_len: Some(max_model_len),
         scheduler: SchedulerConfig {
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_num_seqs: args.max_num_seqs,
-            enable_prefix_caching: !args.no_enable_prefix_caching,
+            enable_prefix_caching: !args.kv.no_enable_prefix_caching,
             ..SchedulerConfig::default()
         },
         num_threads: args.threads,
@@ -104,12 +108,9 @@ fn throughput(args: &ThroughputArgs) -> anyhow::Result<()> {
     };
     let mut core = EngineCore::new(model, config).context("building the engine")?;
     eprintln!(
-        "KV cache: {num_kv_blocks} blocks of {} tokens, {bytes_per_block} bytes per block ({:.1} MiB \
-         in all); max concurrency at {max_model_len} tokens per request: {:.2}x; {} threads",
-        args.block_size,
-        (num_kv_blocks * bytes_per_block) as f64 / f64::from(1 << 20),
-        (num_kv_blocks * args.block_size) as f64 / max_model_len as f64,
-        core.pool().num_threads(),
+        "{}; {} threads",
+        sizing.describe(block_size, max_model_len),
+        core.pool().num_threads()
     );
 
     let mut rng = Rng::new(args.seed);

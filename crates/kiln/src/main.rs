@@ -2,6 +2,7 @@
 
 mod bench;
 mod generate;
+mod kv_args;
 mod model_arg;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,194 @@
+//! KV cache sizing flags shared by the engine-running subcommands: `--kv-cache-memory`,
+//! `--memory-utilization`, `--num-kv-blocks`, `--block-size`, `--max-model-len`, and the
+//! prefix-cache switch. Exactly one rule decides the number of blocks (first that applies):
+//! `--num-kv-blocks`; `--kv-cache-memory BYTES`; `--memory-utilization F` of the RAM available
+//! after the weights; else the subcommand's default.
+
+use anyhow::bail;
+
+/// A byte count: plain, or with a suffix `K`/`M`/`G`/`T` (powers of 1000) or
+/// `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl std::str::FromStr for Bytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let num: u64 = num.parse().map_err(|_| format!("`{s}` is not a byte count"))?;
+        let mult: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "K" | "KB" => 1_000,
+            "M" | "MB" => 1_000_000,
+            "G" | "GB" => 1_000_000_000,
+            "T" | "TB" => 1_000_000_000_000,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            u => return Err(format!("unknown unit `{u}` (use K, M, G, T, KiB, MiB, GiB, TiB)")),
+        };
+        num.checked_mul(mult).map(Bytes).ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct KvCacheArgs {
+    /// Tokens per KV cache block: 8, 16, 32, 64 or 128.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV cache size in bytes (e.g. 4GiB, 512MiB, 2G).
+    #[arg(long, conflicts_with = "memory_utilization")]
+    pub kv_cache_memory: Option<Bytes>,
+    /// Fraction (0, 1] of the RAM available after loading the weights to give the KV cache.
+    #[arg(long)]
+    pub memory_utilization: Option<f64>,
+    /// Number of KV cache blocks (overrides the two flags above).
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// Longest request (prompt + output) in tokens; default: the subcommand's.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Turn the prefix cache off (it is on by default).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+}
+
+/// The sizing decided from the flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSizing {
+    pub num_blocks: usize,
+    pub bytes_per_block: usize,
+}
+
+impl KvCacheArgs {
+    /// Blocks for a cache of `bytes_per_block`-byte blocks; `available` is the RAM left after
+    /// the weights (for `--memory-utilization`), `default_blocks` the subcommand's choice.
+    /// The cache must hold at least one request of `max_model_len` tokens.
+    pub fn resolve(
+        &self,
+        bytes_per_block: usize,
+        max_model_len: usize,
+        available: impl FnOnce() -> Option<u64>,
+        default_blocks: usize,
+    ) -> anyhow::Result<KvSizing> {
+        if ![8, 16, 32, 64, 128].contains(&self.block_size) {
+            bail!("--block-size must be 8, 16, 32, 64 or 128");
+        }
+        let per_block = bytes_per_block.max(1) as u64;
+        let num_blocks = if let Some(n) = self.num_kv_blocks {
+            n
+        } else if let Some(Bytes(b)) = self.kv_cache_memory {
+            usize::try_from(b / per_block)?
+        } else if let Some(f) = self.memory_utilization {
+            if !(f > 0.0 && f <= 1.0) {
+                bail!("--memory-utilization must be in (0, 1], got {f}");
+            }
+            let Some(avail) = available() else {
+                bail!("--memory-utilization: cannot read the available memory on this system");
+            };
+            usize::try_from((avail as f64 * f) as u64 / per_block)?
+        } else {
+            default_blocks
+        };
+        let needed = max_model_len.div_ceil(self.block_size);
+        if num_blocks < needed {
+            bail!(
+                "the KV cache ({num_blocks} blocks of {} tokens) cannot hold one request of \
+                 max_model_len = {max_model_len} tokens ({needed} blocks); give it more memory \
+                 or lower --max-model-len",
+                self.block_size
+            );
+        }
+        Ok(KvSizing { num_blocks, bytes_per_block })
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl KvSizing {
+    /// The start-up line: blocks, their bytes, and how many requests of `max_model_len` fit.
+    pub fn describe(&self, block_size: usize, max_model_len: usize) -> String {
+        format!(
+            "KV cache: {} blocks of {block_size} tokens, {} bytes per block ({:.1} MiB in all); \
+             max concurrency at {max_model_len} tokens per request: {:.2}x",
+            self.num_blocks,
+            self.bytes_per_block,
+            (self.num_blocks * self.bytes_per_block) as f64 / f64::from(1 << 20),
+            (self.num_blocks * block_size) as f64 / max_model_len as f64,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> KvCacheArgs {
+        KvCacheArgs {
+            block_size: 16,
+            kv_cache_memory: None,
+            memory_utilization: None,
+            num_kv_blocks: None,
+            max_model_len: None,
+            no_enable_prefix_caching: false,
+        }
+    }
+
+    #[test]
+    fn byte_counts_parse_with_units() {
+        assert_eq!("4GiB".parse::<Bytes>(), Ok(Bytes(4 << 30)));
+        assert_eq!("2G".parse::<Bytes>(), Ok(Bytes(2_000_000_000)));
+        assert_eq!("512 MiB".parse::<Bytes>(), Ok(Bytes(512 << 20)));
+        assert_eq!("123".parse::<Bytes>(), Ok(Bytes(123)));
+        assert!("4 parsecs".parse::<Bytes>().unwrap_err().contains("unknown unit"));
+        assert!("GiB".parse::<Bytes>().is_err());
+        assert!("99999999999TiB".parse::<Bytes>().unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn one_rule_decides_the_blocks() {
+        let none = || None;
+        let mut a = args();
+        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 100);
+        a.kv_cache_memory = Some(Bytes(1 << 20));
+        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 1024);
+        a.num_kv_blocks = Some(50);
+        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 50);
+        let mut a = args();
+        a.memory_utilization = Some(0.5);
+        assert_eq!(a.resolve(1000, 256, || Some(1_000_000), 1).unwrap().num_blocks, 500);
+        assert!(a.resolve(1000, 256, none, 1).unwrap_err().to_string().contains("available"));
+        a.memory_utilization = Some(1.5);
+        assert!(a.resolve(1000, 256, || Some(1), 1).unwrap_err().to_string().contains("(0, 1]"));
+    }
+
+    #[test]
+    fn too_small_a_cache_is_an_error() {
+        let mut a = args();
+        a.num_kv_blocks = Some(15);
+        let e = a.resolve(1024, 256, || None, 1).unwrap_err().to_string();
+        assert!(e.contains("cannot hold one request") && e.contains("16 blocks"), "{e}");
+        a.block_size = 12;
+        assert!(a.resolve(1024, 256, || None, 1).unwrap_err().to_string().contains("--block-size"));
+    }
+
+    #[test]
+    fn describes_the_sizing() {
+        let s = KvSizing { num_blocks: 64, bytes_per_block: 1 << 20 }.describe(16, 256);
+        assert_eq!(
+            s,
+            "KV cache: 64 blocks of 16 tokens, 1048576 bytes per block (64.0 MiB in all); max \
+             concurrency at 256 tokens per request: 4.00x"
+        );
+    }
+}
