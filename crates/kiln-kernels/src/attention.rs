@@ -22,9 +22,7 @@ use crate::{SimdLevel, ThreadPool, vmath};
 
 mod micro;
 
-/// Upper bound of `(num_heads / num_kv_heads) * head_dim` (stack accumulators).
-pub const MAX_GROUP_DIM: usize = 8192;
-/// Upper bound of query heads per KV head.
+/// Upper bound of query heads per KV head (a tile's per-row state lives on the stack).
 pub const MAX_GROUP: usize = 64;
 /// Upper bound of the KV block size.
 pub const MAX_BLOCK_SIZE: usize = 256;
@@ -57,11 +55,8 @@ impl AttentionShape {
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.group() > MAX_GROUP || self.group() * self.head_dim > MAX_GROUP_DIM {
-            return Err(format!(
-                "heads per KV head must be at most {MAX_GROUP} and, times head_dim, at most \
-                 {MAX_GROUP_DIM}"
-            ));
+        if self.group() > MAX_GROUP {
+            return Err(format!("heads per KV head must be at most {MAX_GROUP}"));
         }
         if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE {
             return Err(format!("block size must be in 1..={MAX_BLOCK_SIZE}"));

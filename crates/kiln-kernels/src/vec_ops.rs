@@ -1,5 +1,5 @@
-//! Small vector primitives used inside other kernels (attention, norms): dot product and
-//! `y += a * x`. Each has a scalar reference and AVX-512 / AVX2 variants.
+//! Small vector primitives used inside other kernels: the dot product (norms) and the argmax
+//! of greedy sampling. Each has a scalar reference and AVX-512 (and AVX2) variants.
 
 use crate::SimdLevel;
 
@@ -29,35 +29,6 @@ pub fn dot_at(level: SimdLevel, a: &[f32], b: &[f32]) -> f32 {
 
 pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// `y[i] += alpha * x[i]`.
-#[inline]
-pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    axpy_at(SimdLevel::detect(), alpha, x, y);
-}
-
-pub fn axpy_at(level: SimdLevel, alpha: f32, x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len());
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level == SimdLevel::Avx512 && SimdLevel::detect() >= SimdLevel::Avx512 {
-            // SAFETY: AVX-512F is available; lengths are equal.
-            return unsafe { x86::axpy_avx512(alpha, x, y) };
-        }
-        if level >= SimdLevel::Avx2 && SimdLevel::detect() >= SimdLevel::Avx2 {
-            // SAFETY: AVX2 and FMA are available; lengths are equal.
-            return unsafe { x86::axpy_avx2(alpha, x, y) };
-        }
-    }
-    let _ = level;
-    axpy_scalar(alpha, x, y);
-}
-
-pub fn axpy_scalar(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
 }
 
 /// Index of the first largest value, ignoring NaN (0 when nothing beats `-inf`): greedy
@@ -153,31 +124,6 @@ mod x86 {
         _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy_avx512(alpha: f32, x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        let a = _mm512_set1_ps(alpha);
-        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
-        let mut i = 0;
-        // SAFETY (whole body): loads and stores cover `i..i + 16 <= n`, or a masked tail.
-        unsafe {
-            while i + 16 <= n {
-                let r = _mm512_fmadd_ps(a, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i)));
-                _mm512_storeu_ps(py.add(i), r);
-                i += 16;
-            }
-            if i < n {
-                let mask: __mmask16 = (1u16 << (n - i)) - 1;
-                let r = _mm512_fmadd_ps(
-                    a,
-                    _mm512_maskz_loadu_ps(mask, px.add(i)),
-                    _mm512_maskz_loadu_ps(mask, py.add(i)),
-                );
-                _mm512_mask_storeu_ps(py.add(i), mask, r);
-            }
-        }
-    }
-
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
@@ -211,26 +157,6 @@ mod x86 {
         sum
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        let a = _mm256_set1_ps(alpha);
-        let mut i = 0;
-        // SAFETY (whole body): loads and stores cover `i..i + 8 <= n`.
-        unsafe {
-            let (px, py) = (x.as_ptr(), y.as_mut_ptr());
-            while i + 8 <= n {
-                let r = _mm256_fmadd_ps(a, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
-                _mm256_storeu_ps(py.add(i), r);
-                i += 8;
-            }
-        }
-        while i < n {
-            y[i] += alpha * x[i];
-            i += 1;
-        }
-    }
-
     #[target_feature(enable = "avx2")]
     pub fn hsum256(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
@@ -246,9 +172,25 @@ mod x86 {
 pub(crate) use x86::hsum256;
 
 #[cfg(test)]
-mod argmax_tests {
+mod tests {
     use super::*;
     use crate::testing::values;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / 4e9 - 0.5).collect()
+    }
+
+    #[test]
+    fn simd_variants_match_scalar_over_odd_lengths() {
+        for level in SimdLevel::available() {
+            for n in [0usize, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 257] {
+                let (a, b) = (data(n, 1), data(n, 7));
+                let want = dot_scalar(&a, &b);
+                let got = dot_at(level, &a, &b);
+                assert!((want - got).abs() <= 1e-5 * (1.0 + want.abs()), "{level:?} n={n}");
+            }
+        }
+    }
 
     #[test]
     fn argmax_equals_scalar_with_ties_nans_and_tails() {
@@ -267,33 +209,5 @@ mod argmax_tests {
         let mut v = vec![f32::NEG_INFINITY; 40];
         v[37] = 1.0;
         assert_eq!(argmax(&v), 37);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / 4e9 - 0.5).collect()
-    }
-
-    #[test]
-    fn simd_variants_match_scalar_over_odd_lengths() {
-        for level in SimdLevel::available() {
-            for n in [0usize, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 257] {
-                let (a, b) = (data(n, 1), data(n, 7));
-                let want = dot_scalar(&a, &b);
-                let got = dot_at(level, &a, &b);
-                assert!((want - got).abs() <= 1e-5 * (1.0 + want.abs()), "{level:?} n={n}");
-                let mut y1 = data(n, 3);
-                let mut y2 = y1.clone();
-                axpy_scalar(0.7, &a, &mut y1);
-                axpy_at(level, 0.7, &a, &mut y2);
-                for (p, q) in y1.iter().zip(&y2) {
-                    assert!((p - q).abs() <= 1e-6, "{level:?} n={n}");
-                }
-            }
-        }
     }
 }
