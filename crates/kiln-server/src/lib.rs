@@ -1,0 +1,1 @@
+//! kiln's OpenAI-compatible HTTP server.
