@@ -48,6 +48,17 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Per-request RNG seed; `None` draws one from the engine's seed sequence.
     pub seed: Option<u64>,
+    /// Output tokens before EOS / `stop_token_ids` may end the sequence (they are masked until
+    /// then).
+    pub min_tokens: usize,
+    /// Added to the logit of each listed token before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// Log-probabilities to return per output token: `Some(k)` gives the sampled token's and the
+    /// `k` most likely ones; computed on the model's raw logits (vLLM's `raw_logprobs`).
+    pub logprobs: Option<usize>,
+    /// Like `logprobs`, for every prompt position after the first. Such requests skip the prefix
+    /// cache (every prompt position must be computed).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -64,6 +75,10 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             seed: None,
+            min_tokens: 0,
+            logit_bias: Vec::new(),
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -118,6 +133,23 @@ impl SamplingParams {
         if self.max_tokens == 0 {
             return Err(bad("max_tokens", "must be at least 1"));
         }
+        if self.min_tokens > self.max_tokens {
+            return Err(bad(
+                "min_tokens",
+                format!(
+                    "must be at most max_tokens ({}), got {}",
+                    self.max_tokens, self.min_tokens
+                ),
+            ));
+        }
+        for &(token, bias) in &self.logit_bias {
+            if !(-100.0..=100.0).contains(&bias) {
+                return Err(bad(
+                    "logit_bias",
+                    format!("bias of token {} must be in [-100, 100], got {bias}", token.0),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -129,12 +161,17 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_out_of_domain_values_name_the_param() {
         assert!(SamplingParams::default().validate().is_ok());
-        let cases: [(&str, SamplingParams); 5] = [
+        let cases: [(&str, SamplingParams); 7] = [
             ("temperature", SamplingParams { temperature: -1.0, ..Default::default() }),
             ("top_p", SamplingParams { top_p: 0.0, ..Default::default() }),
             ("min_p", SamplingParams { min_p: 1.5, ..Default::default() }),
             ("frequency_penalty", SamplingParams { frequency_penalty: 3.0, ..Default::default() }),
             ("max_tokens", SamplingParams { max_tokens: 0, ..Default::default() }),
+            ("min_tokens", SamplingParams { min_tokens: 17, ..Default::default() }),
+            (
+                "logit_bias",
+                SamplingParams { logit_bias: vec![(TokenId(3), 101.0)], ..Default::default() },
+            ),
         ];
         for (param, params) in cases {
             assert_eq!(params.validate().unwrap_err().param, param);

@@ -2,6 +2,7 @@
 //! runs one step at a time: schedule → execute → update → outputs. Single-threaded and
 //! synchronous; [`crate::EngineHandle`] runs it on its own thread.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
@@ -9,10 +10,10 @@ use kiln_kernels::ThreadPool;
 use kiln_kv::KvCacheConfig;
 use kiln_models::Model;
 use kiln_sched::{
-    AddError, ModelRunnerOutput, Request, RequestOutput, Scheduler, SchedulerConfig, SchedulerStats,
+    AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
 };
 
-use crate::ModelRunner;
+use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
 /// Sizes and limits of an engine.
 #[derive(Clone, Debug)]
@@ -102,6 +103,8 @@ pub struct EngineCore {
     runner_output: ModelRunnerOutput,
     next_id: u64,
     stats: EngineStats,
+    /// Requests admitted whose first token has not been sampled yet.
+    first_scheduled: HashMap<RequestId, FirstTokenInfo>,
 }
 
 impl EngineCore {
@@ -137,7 +140,8 @@ impl EngineCore {
         };
         let scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
             .map_err(|e| EngineError::Config(e.0))?;
-        let runner = ModelRunner::new(model, block_size, config.num_kv_blocks, config.seed);
+        let runner = ModelRunner::new(model, block_size, config.num_kv_blocks, config.seed)
+            .with_eos_token_ids(&config.eos_token_ids);
         Ok(Self {
             scheduler,
             runner,
@@ -146,6 +150,7 @@ impl EngineCore {
             runner_output: ModelRunnerOutput::default(),
             next_id: 0,
             stats: EngineStats::default(),
+            first_scheduled: HashMap::new(),
         })
     }
 
@@ -190,17 +195,46 @@ impl EngineCore {
         priority: i64,
     ) -> Result<RequestId, EngineError> {
         let id = RequestId(self.next_id);
+        self.add_request_with_id(id, prompt, params, priority)?;
+        Ok(id)
+    }
+
+    /// [`EngineCore::add_request`] with an id chosen by the caller (unique among unfinished
+    /// requests; ids from [`EngineCore::add_request`] count up from 0).
+    pub fn add_request_with_id(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+    ) -> Result<(), EngineError> {
+        let vocab_size = self.model().config().vocab_size;
+        let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
+            tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
+        };
+        let bad = first_bad(&mut prompt.iter().copied())
+            .map(|t| ("prompt", t))
+            .or_else(|| {
+                first_bad(&mut params.logit_bias.iter().map(|b| b.0)).map(|t| ("logit_bias", t))
+            })
+            .or_else(|| {
+                first_bad(&mut params.stop_token_ids.iter().copied()).map(|t| ("stop_token_ids", t))
+            });
+        if let Some((what, token)) = bad {
+            return Err(AddError::TokenOutOfVocab { what, token, vocab_size }.into());
+        }
         let request = Request::new(id, prompt, params)
             .with_priority(priority)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
         self.scheduler.add(request)?;
-        self.next_id += 1;
+        self.next_id = self.next_id.max(id.0 + 1);
         self.refresh_stats();
-        Ok(id)
+        Ok(())
     }
 
     /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
     pub fn abort(&mut self, id: RequestId) -> bool {
+        self.first_scheduled.remove(&id);
         self.runner.forget(id);
         let known = self.scheduler.abort(id);
         self.refresh_stats();
@@ -208,13 +242,34 @@ impl EngineCore {
     }
 
     /// One engine step; returns the sampled tokens in batch order (empty when idle).
-    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+    pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
         let start = Instant::now();
         let sched_out = self.scheduler.schedule();
+        for new in &sched_out.new_requests {
+            self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
+                scheduled_at: start,
+                num_cached_tokens: new.num_computed_tokens,
+            });
+        }
         self.runner
             .execute(&self.pool, &sched_out, &mut self.runner_output)
             .map_err(|e| EngineError::Forward(e.to_string()))?;
-        let outputs = self.scheduler.update(&sched_out, &self.runner_output);
+        let outputs: Vec<EngineOutput> = self
+            .scheduler
+            .update(&sched_out, &self.runner_output)
+            .into_iter()
+            .map(|out| {
+                let extras = self.runner.take_extras(out.id).unwrap_or_default();
+                EngineOutput {
+                    id: out.id,
+                    new_token: out.new_token,
+                    finish_reason: out.finish_reason,
+                    logprobs: extras.logprobs,
+                    prompt_logprobs: extras.prompt_logprobs,
+                    first: self.first_scheduled.remove(&out.id),
+                }
+            })
+            .collect();
         if cfg!(debug_assertions)
             && let Err(e) = self.scheduler.check_invariants()
         {

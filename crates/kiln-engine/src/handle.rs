@@ -1,34 +1,48 @@
 //! [`EngineHandle`]: runs an [`EngineCore`] on its own thread and talks to it over std channels
-//! (no async runtime in the engine; the server adapts [`RequestStream`] to its own).
+//! (no async runtime in the engine: the server hands in an [`OutputSink`] that forwards into
+//! its own runtime's channel).
 //!
 //! The engine thread blocks on the command channel while idle, and between steps drains every
 //! pending command (submit, abort, shutdown) before the next step. Each request's outputs go to
-//! its own channel; dropping a [`RequestStream`] before it finished aborts the request, which
-//! frees its blocks at once.
+//! its own sink; a sink that reports its receiver gone gets the request aborted, and dropping a
+//! [`RequestStream`] before it finished aborts the request too, which frees its blocks at once.
+//! Request ids are handed out by the handle, so [`EngineHandle::submit_with_sink`] never waits
+//! for the engine thread.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
-use kiln_sched::RequestOutput;
 
-use crate::{EngineCore, EngineError, EngineStats};
+use crate::{EngineCore, EngineError, EngineOutput, EngineStats};
 
-/// One item of a [`RequestStream`]: a token (the last one carries the finish reason) or the
+/// One item of a request's output: a token (the last one carries the finish reason) or the
 /// error that ended the request.
-pub type StreamItem = Result<RequestOutput, EngineError>;
+pub type StreamItem = Result<EngineOutput, EngineError>;
+
+/// Receives one request's outputs on the engine thread; returns `false` once nobody listens
+/// (the engine then aborts the request). It must not block.
+pub type OutputSink = Box<dyn FnMut(StreamItem) -> bool + Send>;
+
+/// Called on the engine thread after every step with the engine's counters.
+pub type StepObserver = Box<dyn FnMut(&EngineStats) + Send>;
+
+struct Submission {
+    id: RequestId,
+    prompt: Vec<TokenId>,
+    params: SamplingParams,
+    priority: i64,
+    sink: OutputSink,
+    /// Told whether the request was accepted; without it a refusal goes to the sink.
+    reply: Option<Sender<Result<(), EngineError>>>,
+}
 
 enum Command {
-    Submit {
-        prompt: Vec<TokenId>,
-        params: SamplingParams,
-        priority: i64,
-        outputs: Sender<StreamItem>,
-        reply: Sender<Result<RequestId, EngineError>>,
-    },
+    Submit(Box<Submission>),
     Abort(RequestId),
-    Stats(Sender<EngineStats>),
     Shutdown,
 }
 
@@ -36,6 +50,8 @@ enum Command {
 pub struct EngineHandle {
     commands: Sender<Command>,
     thread: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    stats: Arc<Mutex<EngineStats>>,
 }
 
 /// The outputs of one request, in order. Ends (`recv` returns `None`) after the token that
@@ -50,13 +66,24 @@ pub struct RequestStream {
 impl EngineHandle {
     /// Starts the engine thread.
     pub fn spawn(core: EngineCore) -> std::io::Result<Self> {
-        let (commands, rx) = mpsc::channel();
-        let thread =
-            std::thread::Builder::new().name("kiln-engine".into()).spawn(move || run(core, &rx))?;
-        Ok(Self { commands, thread: Some(thread) })
+        Self::spawn_with_observer(core, None)
     }
 
-    /// Queues a request (blocks until the engine thread accepted or refused it, at most one
+    /// Starts the engine thread; `observer` sees the counters after every step.
+    pub fn spawn_with_observer(
+        core: EngineCore,
+        observer: Option<StepObserver>,
+    ) -> std::io::Result<Self> {
+        let (commands, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(core.stats()));
+        let shared = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("kiln-engine".into())
+            .spawn(move || run(core, &rx, &shared, observer))?;
+        Ok(Self { commands, thread: Some(thread), next_id: AtomicU64::new(0), stats })
+    }
+
+    /// Queues a request and waits until the engine thread accepted or refused it (at most one
     /// step). Lower `priority` is more urgent.
     pub fn submit(
         &self,
@@ -66,11 +93,44 @@ impl EngineHandle {
     ) -> Result<RequestStream, EngineError> {
         let (outputs_tx, outputs) = mpsc::channel();
         let (reply, reply_rx) = mpsc::channel();
-        self.commands
-            .send(Command::Submit { prompt, params, priority, outputs: outputs_tx, reply })
-            .map_err(|_| EngineError::Shutdown)?;
-        let id = reply_rx.recv().map_err(|_| EngineError::Shutdown)??;
+        let sink: OutputSink = Box::new(move |item| outputs_tx.send(item).is_ok());
+        let id = self.send_submit(prompt, params, priority, sink, Some(reply))?;
+        reply_rx.recv().map_err(|_| EngineError::Shutdown)??;
         Ok(RequestStream { id, outputs, commands: self.commands.clone(), finished: false })
+    }
+
+    /// Queues a request without waiting: its outputs, or the error refusing it, go to `sink`.
+    /// Fails only when the engine has shut down.
+    pub fn submit_with_sink(
+        &self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+        sink: OutputSink,
+    ) -> Result<RequestId, EngineError> {
+        self.send_submit(prompt, params, priority, sink, None)
+    }
+
+    fn send_submit(
+        &self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+        sink: OutputSink,
+        reply: Option<Sender<Result<(), EngineError>>>,
+    ) -> Result<RequestId, EngineError> {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.commands
+            .send(Command::Submit(Box::new(Submission {
+                id,
+                prompt,
+                params,
+                priority,
+                sink,
+                reply,
+            })))
+            .map_err(|_| EngineError::Shutdown)?;
+        Ok(id)
     }
 
     /// Aborts a request (a no-op when it already finished).
@@ -78,11 +138,9 @@ impl EngineHandle {
         let _ = self.commands.send(Command::Abort(id));
     }
 
-    /// The engine's counters as of its last step.
-    pub fn stats(&self) -> Result<EngineStats, EngineError> {
-        let (tx, rx) = mpsc::channel();
-        self.commands.send(Command::Stats(tx)).map_err(|_| EngineError::Shutdown)?;
-        rx.recv().map_err(|_| EngineError::Shutdown)
+    /// The engine's counters as of its last step or command (never waits for a step).
+    pub fn stats(&self) -> EngineStats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Stops the engine thread after its current step; open streams end.
@@ -144,7 +202,7 @@ impl RequestStream {
     }
 
     fn note(&mut self, item: StreamItem) -> StreamItem {
-        if !matches!(item, Ok(RequestOutput { finish_reason: None, .. })) {
+        if !matches!(item, Ok(EngineOutput { finish_reason: None, .. })) {
             self.finished = true;
         }
         item
@@ -168,14 +226,22 @@ impl Drop for RequestStream {
 }
 
 /// The engine thread.
-fn run(mut core: EngineCore, commands: &Receiver<Command>) {
-    let mut streams: HashMap<RequestId, Sender<StreamItem>> = HashMap::new();
+fn run(
+    mut core: EngineCore,
+    commands: &Receiver<Command>,
+    shared: &Mutex<EngineStats>,
+    mut observer: Option<StepObserver>,
+) {
+    let mut sinks: HashMap<RequestId, OutputSink> = HashMap::new();
+    let publish = |core: &EngineCore| {
+        *shared.lock().unwrap_or_else(PoisonError::into_inner) = core.stats();
+    };
     loop {
         // Idle: sleep until a command arrives.
         if !core.has_unfinished() {
             match commands.recv() {
                 Ok(cmd) => {
-                    if !handle(&mut core, &mut streams, cmd) {
+                    if !handle(&mut core, &mut sinks, cmd) {
                         return;
                     }
                 }
@@ -185,7 +251,7 @@ fn run(mut core: EngineCore, commands: &Receiver<Command>) {
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
-                    if !handle(&mut core, &mut streams, cmd) {
+                    if !handle(&mut core, &mut sinks, cmd) {
                         return;
                     }
                 }
@@ -194,50 +260,62 @@ fn run(mut core: EngineCore, commands: &Receiver<Command>) {
             }
         }
         if !core.has_unfinished() {
+            publish(&core);
             continue;
         }
         match core.step() {
             Ok(outputs) => {
                 for out in outputs {
-                    let Some(tx) = streams.get(&out.id) else { continue };
-                    if tx.send(Ok(out)).is_err() {
-                        streams.remove(&out.id);
-                        core.abort(out.id);
-                    } else if out.finish_reason.is_some() {
-                        streams.remove(&out.id);
+                    let id = out.id;
+                    let finished = out.finish_reason.is_some();
+                    let Some(sink) = sinks.get_mut(&id) else { continue };
+                    if !sink(Ok(out)) {
+                        sinks.remove(&id);
+                        core.abort(id);
+                    } else if finished {
+                        sinks.remove(&id);
                     }
                 }
             }
             Err(e) => {
-                for (id, tx) in streams.drain() {
-                    let _ = tx.send(Err(e.clone()));
+                for (id, mut sink) in sinks.drain() {
+                    sink(Err(e.clone()));
                     core.abort(id);
                 }
             }
+        }
+        publish(&core);
+        if let Some(observe) = observer.as_mut() {
+            observe(&core.stats());
         }
     }
 }
 
 /// Applies one command; `false` means shut down.
-fn handle(
-    core: &mut EngineCore,
-    streams: &mut HashMap<RequestId, Sender<StreamItem>>,
-    cmd: Command,
-) -> bool {
+fn handle(core: &mut EngineCore, sinks: &mut HashMap<RequestId, OutputSink>, cmd: Command) -> bool {
     match cmd {
-        Command::Submit { prompt, params, priority, outputs, reply } => {
-            let result = core.add_request(prompt, params, priority);
-            if let Ok(id) = result {
-                streams.insert(id, outputs);
+        Command::Submit(submission) => {
+            let Submission { id, prompt, params, priority, mut sink, reply } = *submission;
+            match core.add_request_with_id(id, prompt, params, priority) {
+                Ok(()) => {
+                    sinks.insert(id, sink);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
+                Err(e) => match reply {
+                    Some(reply) => {
+                        let _ = reply.send(Err(e));
+                    }
+                    None => {
+                        sink(Err(e));
+                    }
+                },
             }
-            let _ = reply.send(result);
         }
         Command::Abort(id) => {
-            streams.remove(&id);
+            sinks.remove(&id);
             core.abort(id);
-        }
-        Command::Stats(reply) => {
-            let _ = reply.send(core.stats());
         }
         Command::Shutdown => return false,
     }

@@ -11,6 +11,8 @@
 mod engine;
 mod generator;
 mod handle;
+mod logprobs;
+mod output;
 mod rng;
 mod runner;
 mod sampler;
@@ -21,6 +23,8 @@ pub use generator::{
 };
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
+pub use logprobs::{Logprobs, TokenLogprob, logprobs};
+pub use output::{EngineOutput, FirstTokenInfo};
 pub use rng::Rng;
-pub use runner::ModelRunner;
+pub use runner::{ModelRunner, PromptLogprobs, SampleExtras};
 pub use sampler::Sampler;

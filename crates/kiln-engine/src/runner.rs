@@ -9,8 +9,13 @@
 //! lands in never changes its tokens. Samplers survive preemption (a resumed request keeps its
 //! random stream); they are dropped when the request finishes or is aborted.
 //!
-//! Once warm, a step allocates only for new requests and block-table growth: the batch, the
-//! logits, the scratch and the per-step row list are reused.
+//! Requests asking for prompt log-probabilities get logits for every prompt position (their
+//! prompt chunks are computed with `LogitsWanted::All`); those are gathered across chunks and
+//! delivered with the first sampled token. Recomputation after preemption overwrites them with
+//! the same values.
+//!
+//! Once warm, a step allocates only for new requests, block-table growth and log-probabilities:
+//! the batch, the logits, the scratch and the per-step row list are reused.
 
 use std::collections::HashMap;
 
@@ -21,7 +26,39 @@ use kiln_models::{
 };
 use kiln_sched::{ModelRunnerOutput, SchedulerOutput};
 
-use crate::Sampler;
+use crate::{Logprobs, Sampler, logprobs};
+
+/// Log-probabilities of one prompt: entry `p` is for prompt token `p` (`None` for the first).
+pub type PromptLogprobs = Vec<Option<Logprobs>>;
+
+/// What a sampled row brings besides its token.
+#[derive(Debug, Default)]
+pub struct SampleExtras {
+    pub logprobs: Option<Logprobs>,
+    /// With the first sampled token only.
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// Prompt log-probabilities being gathered for one request.
+#[derive(Debug)]
+struct PromptLogprobState {
+    prompt: Vec<u32>,
+    top_k: usize,
+    /// `None` once delivered.
+    entries: Option<PromptLogprobs>,
+}
+
+/// One scheduled request's rows in this step's logits.
+#[derive(Clone, Copy, Debug)]
+struct StepRow {
+    id: RequestId,
+    /// Position of the first new token.
+    start: usize,
+    /// Logit rows this request produced (0, 1, or every new token).
+    num_rows: usize,
+    /// Whether the last row is sampled.
+    samples: bool,
+}
 
 /// The runner's copy of one scheduled request.
 #[derive(Debug, Default)]
@@ -41,10 +78,14 @@ pub struct ModelRunner {
     batch: ForwardBatch,
     requests: HashMap<RequestId, RunnerRequest>,
     samplers: HashMap<RequestId, Sampler>,
+    prompt_logprobs: HashMap<RequestId, PromptLogprobState>,
     /// Seed of requests whose params carry none: request `id` uses `seed + id`.
     seed: u64,
-    /// This step's scheduled requests in batch order, and whether each samples.
-    step_rows: Vec<(RequestId, bool)>,
+    eos_token_ids: Vec<u32>,
+    /// This step's scheduled requests in batch order.
+    step_rows: Vec<StepRow>,
+    /// This step's log-probabilities, by request.
+    extras: HashMap<RequestId, SampleExtras>,
 }
 
 impl ModelRunner {
@@ -59,9 +100,24 @@ impl ModelRunner {
             batch: ForwardBatch::new(block_size),
             requests: HashMap::new(),
             samplers: HashMap::new(),
+            prompt_logprobs: HashMap::new(),
             seed,
+            eos_token_ids: Vec::new(),
             step_rows: Vec::new(),
+            extras: HashMap::new(),
         }
+    }
+
+    /// The model's end-of-sequence ids (masked by samplers until `min_tokens`).
+    #[must_use]
+    pub fn with_eos_token_ids(mut self, eos: &[TokenId]) -> Self {
+        self.eos_token_ids = eos.iter().map(|t| t.0).collect();
+        self
+    }
+
+    /// Takes the log-probabilities the last step produced for `id`, if any.
+    pub fn take_extras(&mut self, id: RequestId) -> Option<SampleExtras> {
+        self.extras.remove(&id)
     }
 
     pub fn model(&self) -> &dyn Model {
@@ -82,6 +138,7 @@ impl ModelRunner {
     pub fn forget(&mut self, id: RequestId) {
         self.requests.remove(&id);
         self.samplers.remove(&id);
+        self.prompt_logprobs.remove(&id);
     }
 
     /// Runs one step of `sched_out` and writes one entry per scheduled request into `out`
@@ -93,12 +150,12 @@ impl ModelRunner {
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
         out.sampled.clear();
+        self.extras.clear();
         for id in &sched_out.preempted_ids {
             self.requests.remove(id);
         }
         for id in &sched_out.finished_ids {
-            self.requests.remove(id);
-            self.samplers.remove(id);
+            self.forget(*id);
         }
         self.batch.clear();
         self.step_rows.clear();
@@ -110,15 +167,25 @@ impl ModelRunner {
             r.block_table.clear();
             r.block_table.extend(new.block_table.iter().map(|b| b.0));
             let seed = self.seed.wrapping_add(new.id.0);
-            self.samplers
-                .entry(new.id)
-                .or_insert_with(|| Sampler::new(new.sampling_params.clone(), &r.tokens, seed));
+            let eos = &self.eos_token_ids;
+            self.samplers.entry(new.id).or_insert_with(|| {
+                Sampler::new(new.sampling_params.clone(), &r.tokens, seed).with_eos_token_ids(eos)
+            });
+            if let Some(top_k) = new.sampling_params.prompt_logprobs {
+                self.prompt_logprobs.entry(new.id).or_insert_with(|| PromptLogprobState {
+                    prompt: r.tokens.clone(),
+                    top_k,
+                    entries: Some(vec![None; r.tokens.len()]),
+                });
+            }
+            let all = wants_all_logits(&self.prompt_logprobs, new.id, r.num_computed);
             Self::push(
                 &mut self.batch,
                 &mut self.step_rows,
                 new.id,
                 &mut r,
                 new.num_scheduled_tokens,
+                all,
             )?;
             self.requests.insert(new.id, r);
         }
@@ -127,12 +194,14 @@ impl ModelRunner {
                 ForwardError::Batch(format!("{} was scheduled as cached but is unknown", cached.id))
             })?;
             r.block_table.extend(cached.new_block_ids.iter().map(|b| b.0));
+            let all = wants_all_logits(&self.prompt_logprobs, cached.id, r.num_computed);
             Self::push(
                 &mut self.batch,
                 &mut self.step_rows,
                 cached.id,
                 r,
                 cached.num_scheduled_tokens,
+                all,
             )?;
         }
         if self.step_rows.is_empty() {
@@ -140,8 +209,11 @@ impl ModelRunner {
         }
         self.model.forward(pool, &self.batch, &mut self.kv, &mut self.scratch, &mut self.logits)?;
         let mut row = 0;
-        for &(id, wants) in &self.step_rows {
-            if !wants {
+        for i in 0..self.step_rows.len() {
+            let StepRow { id, start, num_rows, samples } = self.step_rows[i];
+            self.gather_prompt_logprobs(id, start, row, num_rows);
+            row += num_rows;
+            if !samples {
                 out.sampled.push((id, None));
                 continue;
             }
@@ -149,20 +221,45 @@ impl ModelRunner {
             else {
                 return Err(ForwardError::Batch(format!("{id} has no sampler")));
             };
-            let token = sampler.sample(self.logits.row_mut(row));
-            row += 1;
+            let (token, lp) = sampler.sample_with_logprobs(self.logits.row_mut(row - 1));
             r.tokens.push(token.0);
-            out.sampled.push((id, Some(TokenId(token.0))));
+            out.sampled.push((id, Some(token)));
+            let prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
+            if lp.is_some() || prompt_logprobs.is_some() {
+                self.extras.insert(id, SampleExtras { logprobs: lp, prompt_logprobs });
+            }
         }
         Ok(())
     }
 
+    /// Stores the log-probabilities of prompt tokens `start + 1 ..` found in logit rows
+    /// `first_row .. first_row + num_rows` (positions `start ..`).
+    fn gather_prompt_logprobs(
+        &mut self,
+        id: RequestId,
+        start: usize,
+        first_row: usize,
+        num_rows: usize,
+    ) {
+        let Some(state) = self.prompt_logprobs.get_mut(&id) else { return };
+        let Some(entries) = state.entries.as_mut() else { return };
+        for i in 0..num_rows {
+            let target = start + i + 1;
+            if target >= state.prompt.len() {
+                break;
+            }
+            let row = self.logits.row_mut(first_row + i);
+            entries[target] = Some(logprobs(row, TokenId(state.prompt[target]), state.top_k));
+        }
+    }
+
     fn push(
         batch: &mut ForwardBatch,
-        rows: &mut Vec<(RequestId, bool)>,
+        rows: &mut Vec<StepRow>,
         id: RequestId,
         r: &mut RunnerRequest,
         num_scheduled: usize,
+        all_logits: bool,
     ) -> Result<(), ForwardError> {
         let end = r.num_computed + num_scheduled;
         if end > r.tokens.len() {
@@ -171,11 +268,24 @@ impl ModelRunner {
                 r.tokens.len()
             )));
         }
-        let wants = end == r.tokens.len();
-        let logits = if wants { LogitsWanted::Last } else { LogitsWanted::None };
+        let samples = end == r.tokens.len();
+        let (logits, num_rows) = match (all_logits, samples) {
+            (true, _) => (LogitsWanted::All, num_scheduled),
+            (false, true) => (LogitsWanted::Last, 1),
+            (false, false) => (LogitsWanted::None, 0),
+        };
         batch.push_seq(&r.tokens[r.num_computed..end], r.num_computed, &r.block_table, logits)?;
-        rows.push((id, wants));
+        rows.push(StepRow { id, start: r.num_computed, num_rows, samples });
         r.num_computed = end;
         Ok(())
     }
+}
+
+/// Whether `id` still gathers prompt log-probabilities from position `num_computed` on.
+fn wants_all_logits(
+    states: &HashMap<RequestId, PromptLogprobState>,
+    id: RequestId,
+    num_computed: usize,
+) -> bool {
+    states.get(&id).is_some_and(|s| s.entries.is_some() && num_computed + 1 < s.prompt.len())
 }

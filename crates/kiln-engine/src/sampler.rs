@@ -1,8 +1,9 @@
 //! Per-request token sampling.
 //!
-//! Order of operations (vLLM's): repetition / presence / frequency penalties on the raw logits,
-//! then (unless greedy) temperature, top-k, top-p, min-p, and a draw from the request's own
-//! seeded [`Rng`]. Greedy picks the lowest index among equal maxima.
+//! Order of operations (vLLM's): log-probabilities (when asked) on the raw logits; then logit
+//! bias, the `min_tokens` mask of stop tokens, repetition / presence / frequency penalties, and
+//! (unless greedy) temperature, top-k, top-p, min-p, and a draw from the request's own seeded
+//! [`Rng`]. Greedy picks the lowest index among equal maxima.
 //!
 //! Cost: greedy and penalties are `O(vocab)`; top-k/top-p select candidates with
 //! `select_nth_unstable` and sort only those, so a step never sorts the whole vocabulary unless
@@ -13,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use kiln_core::{SamplingParams, TokenId};
 
 use crate::Rng;
+use crate::logprobs::{Logprobs, logprobs};
 
 /// Candidates sorted first when top-p is on and top-k is not.
 const TOP_P_FIRST_GUESS: usize = 512;
@@ -28,6 +30,11 @@ pub struct Sampler {
     seen: HashSet<u32>,
     /// `(token, logit)` scratch reused across steps.
     candidates: Vec<(u32, f32)>,
+    /// Tokens masked while fewer than `min_tokens` were generated (EOS ids and stop ids).
+    stop_ids: Vec<u32>,
+    num_generated: usize,
+    /// Copy of the raw logits when log-probabilities are asked for (`[vocab]`).
+    raw: Vec<f32>,
 }
 
 impl Sampler {
@@ -39,7 +46,27 @@ impl Sampler {
         } else {
             prompt.iter().copied().collect()
         };
-        Self { params, rng, output_counts: HashMap::new(), seen, candidates: Vec::new() }
+        Self {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            seen,
+            candidates: Vec::new(),
+            stop_ids: Vec::new(),
+            num_generated: 0,
+            raw: Vec::new(),
+        }
+    }
+
+    /// Sets the model's end-of-sequence ids, masked (with the params' `stop_token_ids`) until
+    /// `min_tokens` tokens were generated; ignored with `ignore_eos`.
+    #[must_use]
+    pub fn with_eos_token_ids(mut self, eos: &[u32]) -> Self {
+        self.stop_ids = self.params.stop_token_ids.iter().map(|t| t.0).collect();
+        if !self.params.ignore_eos {
+            self.stop_ids.extend_from_slice(eos);
+        }
+        self
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -48,6 +75,7 @@ impl Sampler {
 
     /// Records a generated token (call after each sample, or for teacher-forced tokens).
     pub fn observe(&mut self, token: u32) {
+        self.num_generated += 1;
         *self.output_counts.entry(token).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(token);
@@ -56,15 +84,38 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by penalties and temperature).
     pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
-        self.apply_penalties(logits);
+        self.sample_with_logprobs(logits).0
+    }
+
+    /// [`Sampler::sample`], plus the log-probabilities the params ask for (`logprobs`).
+    pub fn sample_with_logprobs(&mut self, logits: &mut [f32]) -> (TokenId, Option<Logprobs>) {
+        let wants_logprobs = self.params.logprobs;
+        if wants_logprobs.is_some() {
+            self.raw.clear();
+            self.raw.extend_from_slice(logits);
+        }
+        self.apply_bias_and_penalties(logits);
         let token =
             if self.params.is_greedy() { argmax(logits) } else { self.sample_random(logits) };
         self.observe(token);
-        TokenId(token)
+        let lp = wants_logprobs.map(|k| logprobs(&self.raw, TokenId(token), k));
+        (TokenId(token), lp)
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
+    fn apply_bias_and_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t.index()) {
+                *l += bias;
+            }
+        }
+        if self.num_generated < p.min_tokens {
+            for &t in &self.stop_ids {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {

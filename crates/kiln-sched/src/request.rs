@@ -194,6 +194,13 @@ pub enum AddError {
     },
     /// A sampling parameter outside its domain.
     InvalidSampling(String),
+    /// A token id (of the prompt, or named by a parameter) outside the vocabulary; the engine
+    /// checks this, the scheduler does not know the vocabulary.
+    TokenOutOfVocab {
+        what: &'static str,
+        token: u32,
+        vocab_size: usize,
+    },
 }
 
 impl fmt::Display for AddError {
@@ -209,6 +216,11 @@ impl fmt::Display for AddError {
                 num_prompt_tokens + max_tokens
             ),
             Self::InvalidSampling(message) => f.write_str(message),
+            Self::TokenOutOfVocab { what, token, vocab_size } => write!(
+                f,
+                "{what}: token id {token} is outside the vocabulary (valid ids are 0 to {})",
+                vocab_size.saturating_sub(1)
+            ),
         }
     }
 }

@@ -327,7 +327,12 @@ impl Scheduler {
                 break;
             }
             let req = &self.requests[&id];
-            let num_cached = self.kv.lookup_prefix(req.all_token_ids()).num_cached_tokens;
+            // Prompt logprobs need every prompt position computed: no prefix-cache reads.
+            let num_cached = if req.sampling_params().prompt_logprobs.is_some() {
+                0
+            } else {
+                self.kv.lookup_prefix(req.all_token_ids()).num_cached_tokens
+            };
             let num_uncomputed = req.num_tokens() - num_cached;
             let num_tokens = self.chunk_size(num_uncomputed, budget);
             let is_partial = num_tokens < num_uncomputed;

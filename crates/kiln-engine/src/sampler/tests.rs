@@ -78,7 +78,49 @@ fn penalties_follow_vllm_semantics() {
     s.observe(1);
     s.observe(1);
     let mut logits = [4.0f32, -1.0, 3.0];
-    s.apply_penalties(&mut logits);
+    s.apply_bias_and_penalties(&mut logits);
     // Token 0 (prompt): 4 / 2. Token 1 (output twice): -1 * 2 - 0.5 - 0.5.
     assert_eq!(logits, [2.0, -3.0, 3.0]);
+}
+
+#[test]
+fn logit_bias_moves_the_argmax() {
+    let p = SamplingParams { logit_bias: vec![(TokenId(3), 5.0)], ..SamplingParams::greedy(4) };
+    let mut s = Sampler::new(p, &[], 0);
+    assert_eq!(s.sample(&mut [0.1, 3.0, 2.0, -1.0]), TokenId(3));
+}
+
+#[test]
+fn min_tokens_masks_eos_and_stop_ids_until_reached() {
+    let p = SamplingParams {
+        min_tokens: 2,
+        stop_token_ids: vec![TokenId(2)],
+        ..SamplingParams::greedy(8)
+    };
+    let mut s = Sampler::new(p, &[], 0).with_eos_token_ids(&[1]);
+    let logits = [0.0f32, 9.0, 8.0, 1.0];
+    assert_eq!(s.sample(&mut logits.clone()), TokenId(3));
+    assert_eq!(s.sample(&mut logits.clone()), TokenId(3));
+    assert_eq!(s.sample(&mut logits.clone()), TokenId(1));
+    // ignore_eos: EOS is not a stop, so it is not masked either.
+    let p = SamplingParams { min_tokens: 1, ignore_eos: true, ..SamplingParams::greedy(8) };
+    let mut s = Sampler::new(p, &[], 0).with_eos_token_ids(&[1]);
+    assert_eq!(s.sample(&mut logits.clone()), TokenId(1));
+}
+
+#[test]
+fn logprobs_are_taken_on_the_raw_logits() {
+    let p = SamplingParams {
+        logprobs: Some(2),
+        logit_bias: vec![(TokenId(0), 10.0)],
+        ..SamplingParams::greedy(4)
+    };
+    let mut s = Sampler::new(p, &[], 0);
+    let raw = [1.0f32, 2.0, 0.0];
+    let (token, lp) = s.sample_with_logprobs(&mut raw.clone());
+    assert_eq!(token, TokenId(0));
+    let lp = lp.unwrap();
+    assert_eq!(lp, crate::logprobs::logprobs(&raw, TokenId(0), 2));
+    assert_eq!(lp.chosen.rank, 2);
+    assert_eq!(lp.top[0].token, TokenId(1));
 }
