@@ -10,11 +10,15 @@
 //!   window that starts one step back, emit the part past the previous window's text unless it
 //!   ends in U+FFFD (an incomplete character), then slide. Memory stays bounded by the window.
 
+use std::ops::Deref;
+use std::sync::Arc;
+
 use super::{Backend, Tokenizer};
 
-/// Streaming decoder of one sequence; see [`Tokenizer::decode_stream`].
+/// Streaming decoder of one sequence; see [`Tokenizer::decode_stream`] and
+/// [`DecodeStream::shared`].
 pub struct DecodeStream<'a> {
-    tokenizer: &'a Tokenizer,
+    tokenizer: TokenizerRef<'a>,
     skip_special: bool,
     state: State,
 }
@@ -26,8 +30,37 @@ enum State {
     Window { ids: Vec<u32>, read: usize, prefix: String },
 }
 
+/// The tokenizer a stream decodes with: borrowed, or shared (for streams that outlive a
+/// borrow, such as one per HTTP request).
+enum TokenizerRef<'a> {
+    Borrowed(&'a Tokenizer),
+    Shared(Arc<Tokenizer>),
+}
+
+impl Deref for TokenizerRef<'_> {
+    type Target = Tokenizer;
+
+    fn deref(&self) -> &Tokenizer {
+        match self {
+            Self::Borrowed(t) => t,
+            Self::Shared(t) => t,
+        }
+    }
+}
+
+impl DecodeStream<'static> {
+    /// A stream that holds its own reference to the tokenizer.
+    pub fn shared(tokenizer: Arc<Tokenizer>, skip_special: bool) -> Self {
+        Self::with_ref(TokenizerRef::Shared(tokenizer), skip_special)
+    }
+}
+
 impl<'a> DecodeStream<'a> {
     pub(crate) fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> Self {
+        Self::with_ref(TokenizerRef::Borrowed(tokenizer), skip_special)
+    }
+
+    fn with_ref(tokenizer: TokenizerRef<'a>, skip_special: bool) -> Self {
         let state = match tokenizer.backend {
             Backend::Spm(_) => State::Bytes { pending: Vec::new(), at_start: true },
             Backend::Hf(_) => State::Window { ids: Vec::new(), read: 0, prefix: String::new() },
