@@ -1,1 +1,3 @@
 //! kiln's OpenAI-compatible HTTP server.
+
+pub mod metrics;
