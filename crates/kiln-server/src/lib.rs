@@ -1,1 +1,2 @@
 //! kiln's OpenAI-compatible HTTP server.
+pub mod chat_template;
