@@ -10,13 +10,16 @@
 //! - special tokens in the input text are always matched as whole tokens (parse_special);
 //! - `encode(text, true)` prepends BOS when `add_bos_token` asks for it, unless the text already
 //!   starts with it, and appends EOS when a GGUF file sets `add_eos_token`;
-//! - `eos_token_ids` is sorted and deduplicated.
+//! - `eos_token_ids` is sorted and deduplicated; `eos_token_id` (the one EOS the config names)
+//!   is one of them.
 
 mod decode_stream;
 mod gguf_vocab;
 mod gpt2;
 mod special_split;
 mod spm;
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 
@@ -42,8 +45,13 @@ pub struct Tokenizer {
     add_bos_token: Option<bool>,
     /// EOS to append on `encode(_, true)` (GGUF `add_eos_token`).
     append_eos: Option<u32>,
+    /// The EOS the tokenizer names itself (tokenizer_config.json `eos_token`, GGUF
+    /// `tokenizer.ggml.eos_token_id`), as opposed to every id that ends generation.
+    eos_token_id: Option<u32>,
     eos_token_ids: Vec<u32>,
     chat_template: Option<String>,
+    /// Where `chat_template` was read from (a file name or GGUF key).
+    chat_template_origin: &'static str,
 }
 
 enum Backend {
@@ -79,8 +87,10 @@ impl Tokenizer {
             bos_token_id: None,
             add_bos_token: None,
             append_eos: None,
+            eos_token_id: None,
             eos_token_ids: Vec::new(),
             chat_template: None,
+            chat_template_origin: "",
             backend: Backend::Hf(Box::new(inner)),
         };
         if let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))? {
@@ -90,9 +100,11 @@ impl Tokenizer {
             if let Some(eos) =
                 cfg.get("eos_token").and_then(token_content).and_then(|t| tok.token_to_id(t))
             {
+                tok.eos_token_id = Some(eos);
                 tok.eos_token_ids.push(eos);
             }
             tok.chat_template = cfg.get("chat_template").and_then(Value::as_str).map(String::from);
+            tok.chat_template_origin = "tokenizer_config.json";
         }
         let template_file = dir.join("chat_template.jinja");
         if template_file.exists() {
@@ -100,6 +112,7 @@ impl Tokenizer {
                 std::fs::read_to_string(&template_file)
                     .map_err(|e| LoadError::io(&template_file, e))?,
             );
+            tok.chat_template_origin = "chat_template.jinja";
         }
         let mut defaults = GenerationDefaults::default();
         if let Some(gen_cfg) = read_json(&dir.join("generation_config.json"))? {
@@ -168,8 +181,10 @@ impl Tokenizer {
             bos_token_id: vocab.bos,
             add_bos_token: Some(add_bos),
             append_eos,
+            eos_token_id: vocab.eos,
             eos_token_ids,
             chat_template: vocab.chat_template,
+            chat_template_origin: "GGUF tokenizer.chat_template",
         })
     }
 
@@ -220,6 +235,23 @@ impl Tokenizer {
         DecodeStream::new(self, skip_special_tokens)
     }
 
+    /// Text of the vocabulary entry `id`, special tokens included (`"<bos>"`, `"<|im_end|>"`);
+    /// `None` outside the vocabulary. This is the raw entry, not decoded text: ordinary tokens
+    /// keep their encoded form (`"▁the"`, byte-level `"Ġthe"`), so use it for special tokens
+    /// such as the chat template's `bos_token` / `eos_token`.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match &self.backend {
+            Backend::Hf(t) => t.id_to_token(id),
+            Backend::Spm(s) => s.piece(id).map(String::from),
+        }
+    }
+
+    /// The EOS token the tokenizer's own configuration names (tokenizer_config.json
+    /// `eos_token`, GGUF `tokenizer.ggml.eos_token_id`); one of [`Self::eos_token_ids`].
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos_token_id
+    }
+
     /// Ids that end generation.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_token_ids
@@ -231,5 +263,11 @@ impl Tokenizer {
 
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// Where [`Self::chat_template`] was read from: `"tokenizer_config.json"`,
+    /// `"chat_template.jinja"` or `"GGUF tokenizer.chat_template"`; `None` without a template.
+    pub fn chat_template_origin(&self) -> Option<&'static str> {
+        self.chat_template.as_ref().map(|_| self.chat_template_origin)
     }
 }

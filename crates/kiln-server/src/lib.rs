@@ -1,3 +1,4 @@
-//! kiln's OpenAI-compatible HTTP server.
+//! kiln server
 
+pub mod chat_template;
 pub mod metrics;

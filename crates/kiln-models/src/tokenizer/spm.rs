@@ -113,6 +113,11 @@ impl Spm {
         self.ids.get(text).copied()
     }
 
+    /// The vocabulary entry of `id`, as stored (`'▁'` for spaces, `<0xXX>` for bytes).
+    pub(crate) fn piece(&self, id: u32) -> Option<&str> {
+        self.pieces.get(id as usize).map(String::as_str)
+    }
+
     /// Appends the ids of `text` to `out` (no BOS/EOS).
     pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
         let mut after_special = true;

@@ -1,0 +1,305 @@
+//! Chat templates: a model's Jinja template that turns a conversation into its prompt text,
+//! rendered with minijinja the way Hugging Face transformers' `apply_chat_template` renders it.
+//!
+//! Where the template comes from ([`load_chat_template`]), first match wins:
+//! 1. the operator's `--chat-template FILE`;
+//! 2. the tokenizer's own: `chat_template.jinja`, else `tokenizer_config.json` `chat_template`,
+//!    of an HF directory, or a GGUF file's `tokenizer.chat_template`;
+//! 3. ChatML ([`ChatTemplate::fallback`]), as llama.cpp falls back.
+//!
+//! Templates come from the model or the operator, never from requests; requests only supply
+//! the messages, which the template sees as data.
+//!
+//! Invariants:
+//! - a template compiles once, at start-up ([`ChatTemplate::new`]); a syntax error fails there.
+//!   Unknown filters / functions are only detected when a render reaches them;
+//! - the environment matches transformers' (`utils/chat_template_utils.py`): `trim_blocks` and
+//!   `lstrip_blocks` on, no trailing-newline keeping, no autoescape, loop controls; globals
+//!   `raise_exception(msg)` and `strftime_now(fmt)` (UTC here, local time there); `tojson` is
+//!   Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+//!   sort_keys=False)` ([`json`]); Python `str` / `dict` methods through
+//!   `minijinja_contrib::pycompat`; `none` / `true` print as `None` / `True` (minijinja does);
+//! - the context holds `messages` (each a map `role`, `content`, in that order),
+//!   `add_generation_prompt`, `bos_token` / `eos_token` (the empty string when the tokenizer has
+//!   none; transformers leaves them undefined, which prints the same), and `tools` / `documents`
+//!   set to `none` (transformers passes `None`, which templates test with `is not none`);
+//! - every render is bounded: at most [`FUEL`] minijinja instructions (Qwen3's template, the
+//!   largest we test, needs about 290 for four messages and 56,000 for a thousand), and
+//!   minijinja's macro recursion limit (500 frames, which fits a 2 MiB thread stack) stays in
+//!   place, so an endless loop or runaway recursion ends in an error, not a hang or a stack
+//!   overflow. Not bounded: memory (one string repetition may reach 100 MB), and the depth of
+//!   values a template builds: on a 2 MiB stack, printing a list nested some 5,000 deep, or
+//!   dropping one some 30,000 deep (either takes a deliberate `namespace` loop), overflows;
+//!   `tojson` stops at 256 levels. Templates are trusted not to be malicious, only buggy;
+//! - a render error from `raise_exception(msg)` is [`TemplateError::Raised`] with `msg`
+//!   verbatim: it rejects the caller's conversation (for example roles that do not alternate);
+//!   other render errors are bugs of the template or unsupported input.
+//!
+//! Known differences from Python Jinja: maps built inside a template (`{'b': 1, 'a': 2}`) iterate
+//! and serialize in sorted key order (minijinja's map without `preserve_order`); `bos_token`
+//! is defined (empty) where transformers leaves it undefined; an empty conversation is
+//! rejected, as transformers rejects it.
+//!
+//! Complexity: a render is linear in the template's executed instructions plus output length.
+
+mod json;
+mod strftime;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_models::Tokenizer;
+use minijinja::value::{Enumerator, Object, Value};
+use minijinja::{AutoEscape, Environment, ErrorKind, context};
+
+/// Instructions one render may execute before it fails with [`TemplateError::OutOfFuel`].
+pub const FUEL: u64 = 10_000_000;
+
+/// Name of the one template in a [`ChatTemplate`]'s environment (no extension: no autoescape).
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// ChatML, llama.cpp's fallback: `<|im_start|>{role}\n{content}<|im_end|>\n` per message and
+/// `<|im_start|>assistant\n` as generation prompt.
+const CHATML: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// One message as the template sees it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// A compiled chat template with the token strings its context needs. Shareable across
+/// threads; every [`render`](Self::render) is independent.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+    source_name: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("reading chat template {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("chat template from {source_name} does not compile: {source}")]
+    Compile { source_name: String, source: minijinja::Error },
+    /// The template called `raise_exception(message)`; `message` is the template's, verbatim.
+    #[error("{message}")]
+    Raised { message: String },
+    #[error("chat template from {source_name} ran out of fuel ({limit} instructions)")]
+    OutOfFuel { source_name: String, limit: u64 },
+    #[error("chat template from {source_name} failed to render: {source}")]
+    Render { source_name: String, source: minijinja::Error },
+    #[error("cannot apply a chat template to an empty conversation")]
+    EmptyConversation,
+}
+
+/// The error `raise_exception` returns, found again in the error chain after rendering.
+#[derive(Debug)]
+struct RaisedException(String);
+
+impl fmt::Display for RaisedException {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedException {}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_name", &self.source_name)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; fails at start-up rather than per request. Its
+    /// [`source_name`](Self::source_name) is `"custom"`; see [`Self::with_source_name`].
+    pub fn new(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, TemplateError> {
+        Self::with_source_name(source, "custom", bos_token, eos_token)
+    }
+
+    /// [`Self::new`] naming where the template came from (shown in errors and logs).
+    pub fn with_source_name(
+        source: &str,
+        source_name: impl Into<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, TemplateError> {
+        let source_name = source_name.into();
+        let mut env = environment();
+        if let Err(source) = env.add_template_owned(TEMPLATE_NAME, source.to_owned()) {
+            return Err(TemplateError::Compile { source_name, source });
+        }
+        Ok(Self {
+            env,
+            bos_token: bos_token.unwrap_or_default(),
+            eos_token: eos_token.unwrap_or_default(),
+            source_name,
+        })
+    }
+
+    /// The documented fallback when a model ships no template: ChatML
+    /// (`<|im_start|>role\ncontent<|im_end|>\n`, generation prompt `<|im_start|>assistant\n`),
+    /// as llama.cpp falls back.
+    pub fn fallback(bos_token: Option<String>, eos_token: Option<String>) -> Self {
+        Self::with_source_name(CHATML, "fallback (ChatML)", bos_token, eos_token)
+            .expect("the built-in ChatML template compiles")
+    }
+
+    /// The prompt text of `messages`; with `add_generation_prompt` it ends with the opening of
+    /// the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        self.render_with_fuel(messages, add_generation_prompt).map(|(text, _)| text)
+    }
+
+    /// [`Self::render`] that also returns the fuel the render consumed.
+    pub fn render_with_fuel(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<(String, u64), TemplateError> {
+        if messages.is_empty() {
+            return Err(TemplateError::EmptyConversation);
+        }
+        let messages: Vec<Value> = messages.iter().map(MessageObject::value).collect();
+        let ctx = context! {
+            messages,
+            add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+            tools => Value::from(()),
+            documents => Value::from(()),
+        };
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| self.render_error(e))?;
+        let captured = template.render_captured(ctx).map_err(|e| self.render_error(e))?;
+        let consumed = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
+        Ok((captured.into_output(), consumed))
+    }
+
+    /// Where the template came from: `"--chat-template FILE"`, `"tokenizer_config.json"`,
+    /// `"chat_template.jinja"`, `"GGUF tokenizer.chat_template"`, `"fallback (ChatML)"`, or
+    /// the name given to [`Self::with_source_name`].
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    fn render_error(&self, err: minijinja::Error) -> TemplateError {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        while let Some(e) = cause {
+            if let Some(raised) = e.downcast_ref::<RaisedException>() {
+                return TemplateError::Raised { message: raised.0.clone() };
+            }
+            cause = e.source();
+        }
+        let source_name = self.source_name.clone();
+        if err.kind() == ErrorKind::OutOfFuel {
+            return TemplateError::OutOfFuel { source_name, limit: FUEL };
+        }
+        TemplateError::Render { source_name, source: err }
+    }
+}
+
+/// Picks the template of a model: `override_file` (the `--chat-template FILE` flag) first, else
+/// the tokenizer's own, else the ChatML fallback. `bos_token` is the text of the tokenizer's
+/// BOS id; `eos_token` the text of the EOS its configuration names
+/// ([`Tokenizer::eos_token_id`]), else of the first of its end-of-generation ids.
+pub fn load_chat_template(
+    tokenizer: &Tokenizer,
+    override_file: Option<&Path>,
+) -> Result<ChatTemplate, TemplateError> {
+    let bos = tokenizer.bos_token_id().and_then(|id| tokenizer.token_text(id));
+    let eos = tokenizer
+        .eos_token_id()
+        .or_else(|| tokenizer.eos_token_ids().first().copied())
+        .and_then(|id| tokenizer.token_text(id));
+    if let Some(path) = override_file {
+        let source = std::fs::read_to_string(path)
+            .map_err(|source| TemplateError::Read { path: path.to_owned(), source })?;
+        let name = format!("--chat-template {}", path.display());
+        return ChatTemplate::with_source_name(&source, name, bos, eos);
+    }
+    match (tokenizer.chat_template(), tokenizer.chat_template_origin()) {
+        (Some(source), Some(origin)) => ChatTemplate::with_source_name(source, origin, bos, eos),
+        (Some(source), None) => ChatTemplate::with_source_name(source, "tokenizer", bos, eos),
+        (None, _) => Ok(ChatTemplate::fallback(bos, eos)),
+    }
+}
+
+/// The environment transformers renders chat templates in (see the module docs).
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_keep_trailing_newline(false);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_fuel(Some(FUEL));
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", |format: &str| strftime::strftime_now(format));
+    env.add_filter("tojson", json::tojson);
+    env
+}
+
+fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
+        .with_source(RaisedException(message)))
+}
+
+/// A message as a map that keeps Python's key order (`role`, then `content`) when a template
+/// iterates it or serializes it with `tojson`.
+#[derive(Debug)]
+struct MessageObject {
+    role: Value,
+    content: Value,
+}
+
+impl MessageObject {
+    fn value(message: &ChatMessage) -> Value {
+        Value::from_object(Self {
+            role: Value::from(message.role.as_str()),
+            content: Value::from(message.content.as_str()),
+        })
+    }
+}
+
+impl Object for MessageObject {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(self.role.clone()),
+            "content" => Some(self.content.clone()),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}

@@ -1,0 +1,325 @@
+//! Chat templates against Hugging Face transformers' renderings
+//! (tests/fixtures/reference/chat_templates.json, written by
+//! scripts/fixtures/make_chat_template_reference.py), plus hostile templates.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kiln_models::Tokenizer;
+use serde_json::Value as Json;
+
+use super::json::python_float_repr;
+use super::strftime::format_utc;
+use super::{ChatMessage, ChatTemplate, FUEL, TemplateError, load_chat_template};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn reference() -> Json {
+    let path = root().join("tests/fixtures/reference/chat_templates.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn tokenizer(dir: &Path) -> Tokenizer {
+    Tokenizer::from_dir(dir).unwrap().0
+}
+
+fn messages(v: &Json) -> Vec<ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage {
+            role: m["role"].as_str().unwrap().to_owned(),
+            content: m["content"].as_str().unwrap().to_owned(),
+        })
+        .collect()
+}
+
+fn msg(role: &str, content: &str) -> ChatMessage {
+    ChatMessage { role: role.to_owned(), content: content.to_owned() }
+}
+
+/// Checks every reference case of `template` rendered by `chat`; returns the failures and the
+/// most fuel one render used.
+fn check_cases(reference: &Json, name: &str, chat: &ChatTemplate) -> (Vec<String>, u64) {
+    let mut failures = Vec::new();
+    let mut max_fuel = 0;
+    let cases = reference["cases"].as_array().unwrap();
+    let mut num_cases = 0;
+    for case in cases.iter().filter(|c| c["template"] == name) {
+        num_cases += 1;
+        let conversation = case["conversation"].as_str().unwrap();
+        let agp = case["add_generation_prompt"].as_bool().unwrap();
+        let what = format!("{name} / {conversation} / add_generation_prompt={agp}");
+        let result =
+            chat.render_with_fuel(&messages(&reference["conversations"][conversation]), agp);
+        if let Ok((_, fuel)) = &result {
+            max_fuel = max_fuel.max(*fuel);
+        }
+        match (&result, case.get("expected"), case.get("raised")) {
+            (Ok((text, _)), Some(expected), _) if expected == text.as_str() => {}
+            (Err(TemplateError::Raised { message }), _, Some(raised))
+                if raised == message.as_str() => {}
+            (Err(_), None, None) => {} // transformers failed too, not through raise_exception
+            _ => failures.push(format!("{what}: got {result:?}, transformers: {case}")),
+        }
+    }
+    assert!(num_cases >= 10, "{name}: only {num_cases} reference cases");
+    (failures, max_fuel)
+}
+
+#[test]
+fn renders_like_transformers() {
+    let reference = reference();
+    let mut failures = Vec::new();
+    let mut fuel = Vec::new();
+    for t in reference["templates"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let tok = tokenizer(&root().join(t["tokenizer"].as_str().unwrap()));
+        let file = t["file"].as_str().map(|f| root().join(f));
+        let chat = load_chat_template(&tok, file.as_deref()).unwrap();
+        if file.is_none() {
+            assert_eq!(chat.source_name(), "tokenizer_config.json");
+        }
+        let (f, max_fuel) = check_cases(&reference, name, &chat);
+        failures.extend(f);
+        fuel.push(format!("{name}: {max_fuel}"));
+        assert!(max_fuel > 0 && max_fuel < FUEL / 1000, "{name} needs {max_fuel} fuel");
+    }
+    eprintln!("most fuel per render (limit {FUEL}): {}", fuel.join(", "));
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn long_conversations_need_far_less_than_the_fuel() {
+    let tok = tokenizer(&root().join("tests/fixtures/models/qwen3"));
+    let file = root().join("tests/fixtures/templates/qwen3-0.6b.jinja");
+    let chat = load_chat_template(&tok, Some(&file)).unwrap();
+    let conversation: Vec<ChatMessage> = (0..1000)
+        .map(|i| msg(if i % 2 == 0 { "user" } else { "assistant" }, &format!("message {i}")))
+        .collect();
+    let (text, fuel) = chat.render_with_fuel(&conversation, true).unwrap();
+    assert!(text.ends_with("message 999<|im_end|>\n<|im_start|>assistant\n"));
+    eprintln!("qwen3-0.6b, 1000 messages: {fuel} fuel (limit {FUEL})");
+    assert!(fuel < FUEL / 100, "{fuel}");
+}
+
+#[test]
+fn fallback_is_chatml() {
+    // The qwen2 fixture's template is ChatML: the fallback must render what transformers
+    // renders for it.
+    let reference = reference();
+    let chat = ChatTemplate::fallback(None, Some("<|im_end|>".into()));
+    assert_eq!(chat.source_name(), "fallback (ChatML)");
+    let (failures, _) = check_cases(&reference, "qwen2", &chat);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let text = chat.render(&[msg("user", "Hi")], true).unwrap();
+    assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+#[test]
+fn strftime_matches_python() {
+    let reference = reference();
+    let cases = reference["strftime"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let format = case["format"].as_str().unwrap();
+        let t = case["timestamp"].as_u64().unwrap();
+        assert_eq!(format_utc(format, t), case["expected"].as_str().unwrap(), "{format} at {t}");
+    }
+    let chat = ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}", None, None).unwrap();
+    let today = chat.render(&[msg("user", "x")], false).unwrap();
+    assert_eq!(today.len(), 10);
+    assert!(today.starts_with("20"), "{today}");
+}
+
+#[test]
+fn python_float_reprs() {
+    // Expected strings are Python's repr / json.dumps.
+    let cases = [
+        (1e16, "1e+16"),
+        (1e15, "1000000000000000.0"),
+        (0.0001, "0.0001"),
+        (1e-5, "1e-05"),
+        (-0.0, "-0.0"),
+        (0.1, "0.1"),
+        (123_456.789, "123456.789"),
+        (f64::MAX, "1.7976931348623157e+308"),
+        (5e-324, "5e-324"),
+        (f64::NAN, "NaN"),
+        (f64::NEG_INFINITY, "-Infinity"),
+    ];
+    for (f, expected) in cases {
+        assert_eq!(python_float_repr(f), expected);
+    }
+    let chat = ChatTemplate::new(
+        "{{ {'a': [1, {}], 'b': messages[0].content} | tojson(true, 0) }}",
+        None,
+        None,
+    )
+    .unwrap();
+    let text = chat.render(&[msg("user", "\u{7f}\u{1}é")], false).unwrap();
+    assert_eq!(text, "{\n\"a\": [\n1,\n{}\n],\n\"b\": \"\\u007f\\u0001\\u00e9\"\n}");
+}
+
+fn render_source(source: &str) -> Result<String, TemplateError> {
+    ChatTemplate::new(source, None, None).unwrap().render(&[msg("user", "hi")], true)
+}
+
+#[test]
+fn endless_loops_run_out_of_fuel_quickly() {
+    let start = Instant::now();
+    let nested = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}\
+                  {% endfor %}{% endfor %}";
+    let err = render_source(nested).unwrap_err();
+    assert!(matches!(err, TemplateError::OutOfFuel { limit: FUEL, .. }), "{err:?}");
+    assert!(err.to_string().contains("ran out of fuel"), "{err}");
+    // minijinja refuses huge ranges outright.
+    let err = render_source("{% for i in range(999999999) %}x{% endfor %}").unwrap_err();
+    assert!(matches!(err, TemplateError::Render { .. }), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+}
+
+/// Renders on a thread with a 2 MiB stack, the size of a tokio worker's.
+fn render_on_small_stack(source: &'static str) -> Result<String, TemplateError> {
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || render_source(source))
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+#[test]
+fn runaway_recursion_is_an_error_not_a_crash() {
+    let sources = [
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% macro f(n) %}{% for i in [1] %}{{ g(n) }}{% endfor %}{% endmacro %}\
+         {% macro g(n) %}[{{ f(n + 1) }}]{% endmacro %}{{ f(0) }}",
+        "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}",
+    ];
+    for source in sources {
+        let err = render_on_small_stack(source).unwrap_err();
+        assert!(matches!(err, TemplateError::Render { .. }), "{source}: {err:?}");
+    }
+}
+
+#[test]
+fn deeply_nested_values_within_limits() {
+    // tojson refuses to nest deeper than its limit instead of recursing on.
+    let source = "{% set ns = namespace(x=[]) %}{% for i in range(10000) %}\
+                  {% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | length }}{{ ns.x | tojson }}";
+    let err = render_on_small_stack(source).unwrap_err();
+    assert!(err.to_string().contains("nesting deeper than"), "{err}");
+    // Building and dropping 10 000 levels fits a 2 MiB stack. (Not bounded in general: a
+    // template written to nest values much deeper can overflow the stack; see the module docs.)
+    let source = "{% set ns = namespace(x=[]) %}{% for i in range(10000) %}\
+                  {% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | length }}";
+    assert_eq!(render_on_small_stack(source).unwrap(), "1");
+}
+
+#[test]
+fn raise_exception_reaches_the_caller_verbatim() {
+    let err = render_source("{{ raise_exception('Roles must alternate: x') }}").unwrap_err();
+    assert!(
+        matches!(&err, TemplateError::Raised { message } if message == "Roles must alternate: x")
+    );
+    assert_eq!(err.to_string(), "Roles must alternate: x");
+    // From inside a macro and a loop too.
+    let source = "{% macro check(m) %}{% if m.role != 'system' %}\
+                  {{ raise_exception('no ' ~ m.role ~ ' here') }}{% endif %}{% endmacro %}\
+                  {% for m in messages %}{{ check(m) }}{% endfor %}";
+    let err = render_source(source).unwrap_err();
+    assert_eq!(err.to_string(), "no user here");
+}
+
+#[test]
+fn syntax_errors_fail_at_compile_time() {
+    for source in ["{% for m in messages %}", "{{ messages[0 }}", "{% endif %}", "{% frobnicate %}"]
+    {
+        let err = ChatTemplate::new(source, None, None).unwrap_err();
+        assert!(matches!(err, TemplateError::Compile { .. }), "{source}: {err:?}");
+    }
+    // Unknown filters are only found when reached.
+    let err = render_source("{{ 'x' | no_such_filter }}").unwrap_err();
+    assert!(matches!(err, TemplateError::Render { .. }), "{err:?}");
+}
+
+#[test]
+fn empty_conversations_are_rejected() {
+    // transformers: "Cannot apply chat template to an empty conversation".
+    let chat = ChatTemplate::fallback(None, None);
+    assert!(matches!(chat.render(&[], true), Err(TemplateError::EmptyConversation)));
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("kiln-chat-template-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn load_prefers_the_override_file() {
+    let tok = tokenizer(&root().join("tests/fixtures/models/gemma3"));
+    let dir = TempDir::new("override");
+    let file = dir.0.join("custom.jinja");
+    std::fs::write(
+        &file,
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}]\n{% endfor %}{{ eos_token }}\n",
+    )
+    .unwrap();
+    let chat = load_chat_template(&tok, Some(&file)).unwrap();
+    assert_eq!(chat.source_name(), format!("--chat-template {}", file.display()));
+    // The single trailing newline of the file is dropped, as jinja2 does.
+    assert_eq!(chat.render(&[msg("user", "x")], true).unwrap(), "<bos>[user]\n<eos>");
+
+    let err = load_chat_template(&tok, Some(&dir.0.join("missing.jinja"))).unwrap_err();
+    assert!(matches!(err, TemplateError::Read { .. }), "{err:?}");
+    std::fs::write(&file, "{% if %}").unwrap();
+    let err = load_chat_template(&tok, Some(&file)).unwrap_err();
+    assert!(matches!(err, TemplateError::Compile { .. }), "{err:?}");
+}
+
+#[test]
+fn load_takes_token_texts_from_the_tokenizer() {
+    let tok = tokenizer(&root().join("tests/fixtures/models/gemma3"));
+    let chat = load_chat_template(&tok, None).unwrap();
+    assert_eq!((chat.bos_token(), chat.eos_token()), ("<bos>", "<eos>"));
+    // qwen2: no BOS; the configured EOS, not the smallest end-of-generation id.
+    let tok = tokenizer(&root().join("tests/fixtures/models/qwen2"));
+    let chat = load_chat_template(&tok, None).unwrap();
+    assert_eq!((chat.bos_token(), chat.eos_token()), ("", "<|im_end|>"));
+}
+
+#[test]
+fn load_falls_back_to_chatml_without_a_template() {
+    let dir = TempDir::new("fallback");
+    let fixture = root().join("tests/fixtures/models/llama2");
+    std::fs::copy(fixture.join("tokenizer.json"), dir.0.join("tokenizer.json")).unwrap();
+    let tok = tokenizer(&dir.0);
+    assert!(tok.chat_template().is_none());
+    let chat = load_chat_template(&tok, None).unwrap();
+    assert_eq!(chat.source_name(), "fallback (ChatML)");
+    let text = chat.render(&[msg("system", "S"), msg("user", "U")], false).unwrap();
+    assert_eq!(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
+}
+
+#[test]
+fn chat_template_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTemplate>();
+}
