@@ -27,7 +27,8 @@ pub type StreamItem = Result<EngineOutput, EngineError>;
 /// (the engine then aborts the request). It must not block.
 pub type OutputSink = Box<dyn FnMut(StreamItem) -> bool + Send>;
 
-/// Called on the engine thread after every step with the engine's counters.
+/// Called on the engine thread with the engine's counters after every step, and when commands
+/// left it idle (the gauges changed without a step).
 pub type StepObserver = Box<dyn FnMut(&EngineStats) + Send>;
 
 struct Submission {
@@ -233,8 +234,13 @@ fn run(
     mut observer: Option<StepObserver>,
 ) {
     let mut sinks: HashMap<RequestId, OutputSink> = HashMap::new();
-    let publish = |core: &EngineCore| {
-        *shared.lock().unwrap_or_else(PoisonError::into_inner) = core.stats();
+    // After every step, and whenever commands left the engine idle (aborts change the gauges).
+    let mut publish = |core: &EngineCore| {
+        let stats = core.stats();
+        *shared.lock().unwrap_or_else(PoisonError::into_inner) = stats;
+        if let Some(observe) = observer.as_mut() {
+            observe(&stats);
+        }
     };
     loop {
         // Idle: sleep until a command arrives.
@@ -285,9 +291,6 @@ fn run(
             }
         }
         publish(&core);
-        if let Some(observe) = observer.as_mut() {
-            observe(&core.stats());
-        }
     }
 }
 

@@ -24,7 +24,10 @@ pub struct Released {
 impl StopMatcher {
     /// Empty stop strings are ignored.
     pub fn new(stops: &[String]) -> Self {
-        Self { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+        Self {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -58,7 +61,9 @@ impl StopMatcher {
         let held = self.held.as_str();
         held.char_indices()
             .map(|(i, _)| i)
-            .find(|&i| self.stops.iter().any(|s| s.len() > held.len() - i && s.starts_with(&held[i..])))
+            .find(|&i| {
+                self.stops.iter().any(|s| s.len() > held.len() - i && s.starts_with(&held[i..]))
+            })
             .unwrap_or(held.len())
     }
 }

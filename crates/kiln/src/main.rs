@@ -1,9 +1,10 @@
-//! The `kiln` command line: `kiln generate` and `kiln bench throughput` today; `serve`, `bench`, `tune` and `plan` join it.
+//! The `kiln` command line: `kiln serve`, `kiln generate` and `kiln bench throughput`; `tune` and `plan` join them.
 
 mod bench;
 mod generate;
 mod kv_args;
 mod model_arg;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Generate a completion for one prompt and stream it to stdout.
     Generate(generate::GenerateArgs),
+    /// Serve the model on an OpenAI-compatible HTTP endpoint.
+    Serve(serve::ServeArgs),
     /// Benchmarks (`kiln bench throughput`).
     Bench(bench::BenchArgs),
 }
@@ -26,6 +29,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

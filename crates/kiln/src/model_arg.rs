@@ -30,7 +30,7 @@ impl Quantization {
     }
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
     /// A GGUF file, a Hugging Face model directory (config.json, tokenizer.json,
     /// *.safetensors), or `gemma-3-270m` for the default model (Gemma 3 270M Q4_K_M, fetched

@@ -1,0 +1,190 @@
+//! Runs the sequences of one HTTP request (`n` samples of each prompt) and shapes their
+//! deltas into a whole response or a Server-Sent-Events stream.
+//!
+//! Invariants: choices are numbered `prompt_index * n + sample_index` (vLLM's order); when any
+//! sequence fails, the others are dropped (and so aborted); a streaming response ends with at
+//! most one error event, then the optional usage chunk, then `data: [DONE]`; the streaming task
+//! stops (dropping its sequences) as soon as the client's side of the stream is gone, even while
+//! it waits for a token.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream, StreamExt};
+use kiln_core::TokenId;
+use kiln_engine::{Logprobs, PromptLogprobs};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::sequence::{Delta, Sequence, SequenceSpec};
+use crate::state::{Loaded, ServerState};
+
+/// Starts every sequence (after reserving their queue places: all or none).
+pub fn start_all(
+    state: &Arc<ServerState>,
+    loaded: &Arc<Loaded>,
+    specs: Vec<SequenceSpec>,
+) -> Result<Vec<Sequence>, ApiError> {
+    let slots = state.reserve(specs.len())?;
+    specs
+        .into_iter()
+        .zip(slots)
+        .map(|(spec, slot)| Sequence::start(state, loaded, spec, slot))
+        .collect()
+}
+
+/// The deltas of all sequences as they come, tagged with the choice index.
+fn merged(seqs: Vec<Sequence>) -> impl Stream<Item = (usize, Result<Delta, ApiError>)> + Send {
+    stream::select_all(seqs.into_iter().enumerate().map(|(i, seq)| {
+        Box::pin(stream::unfold(seq, move |mut seq| async move {
+            let delta = seq.next().await?;
+            Some(((i, delta), seq))
+        }))
+    }))
+}
+
+/// Token counts of a request, for `usage`.
+#[derive(Clone, Debug, Default)]
+pub struct Usage {
+    /// Prompt tokens of each prompt (counted once however many samples it has).
+    pub prompt_tokens: Vec<usize>,
+    /// Cached prompt tokens of each prompt (the best of its samples).
+    pub cached_tokens: Vec<usize>,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_lens: &[usize]) -> Self {
+        Self {
+            prompt_tokens: prompt_lens.to_vec(),
+            cached_tokens: vec![0; prompt_lens.len()],
+            completion_tokens: 0,
+        }
+    }
+
+    fn add(&mut self, prompt: usize, delta: &Delta) {
+        self.completion_tokens += 1;
+        if let (Some(c), Some(slot)) = (delta.num_cached_tokens, self.cached_tokens.get_mut(prompt))
+        {
+            *slot = (*slot).max(c);
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let prompt: usize = self.prompt_tokens.iter().sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": prompt + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens.iter().sum::<usize>()},
+        })
+    }
+}
+
+/// Everything one choice produced.
+#[derive(Debug, Default)]
+pub struct ChoiceResult {
+    pub text: String,
+    pub tokens: Vec<TokenId>,
+    pub logprobs: Vec<Logprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// Runs all sequences to the end; `n` samples per prompt.
+pub async fn collect_all(
+    seqs: Vec<Sequence>,
+    n: usize,
+    usage: &mut Usage,
+) -> Result<Vec<ChoiceResult>, ApiError> {
+    let mut results: Vec<ChoiceResult> = (0..seqs.len()).map(|_| ChoiceResult::default()).collect();
+    let mut deltas = std::pin::pin!(merged(seqs));
+    while let Some((i, delta)) = deltas.next().await {
+        let delta = delta?;
+        usage.add(i / n, &delta);
+        let r = &mut results[i];
+        r.text.push_str(&delta.text);
+        r.tokens.push(delta.token);
+        r.logprobs.extend(delta.logprobs);
+        if delta.finish_reason.is_some() {
+            r.finish_reason = delta.finish_reason;
+        }
+        if delta.prompt_logprobs.is_some() {
+            r.prompt_logprobs = delta.prompt_logprobs;
+        }
+    }
+    Ok(results)
+}
+
+/// How an endpoint renders stream chunks.
+pub trait ChunkFormat: Send + 'static {
+    /// Chunks sent before any token (chat's role chunk), per choice.
+    fn opening(&mut self, index: usize) -> Option<Value>;
+    /// The chunk for one delta of choice `index` (`None`: nothing worth sending).
+    fn delta(&mut self, index: usize, delta: Delta) -> Option<Value>;
+    /// The final usage chunk (`choices: []`).
+    fn usage(&mut self, usage: &Usage) -> Value;
+}
+
+/// A streaming response: SSE chunks as the sequences produce them.
+pub fn stream_response<F: ChunkFormat>(
+    seqs: Vec<Sequence>,
+    n: usize,
+    mut usage: Usage,
+    include_usage: bool,
+    keep_alive: Duration,
+    mut format: F,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let num_choices = seqs.len();
+    tokio::spawn(async move {
+        let send = |value: String| {
+            let tx = tx.clone();
+            async move { tx.send(Event::default().data(value)).await.is_ok() }
+        };
+        for i in 0..num_choices {
+            if let Some(chunk) = format.opening(i)
+                && !send(chunk.to_string()).await
+            {
+                return;
+            }
+        }
+        let mut deltas = std::pin::pin!(merged(seqs));
+        loop {
+            let next = tokio::select! {
+                () = tx.closed() => return,
+                next = deltas.next() => next,
+            };
+            match next {
+                None => break,
+                Some((i, Ok(delta))) => {
+                    usage.add(i / n, &delta);
+                    if let Some(chunk) = format.delta(i, delta)
+                        && !send(chunk.to_string()).await
+                    {
+                        return;
+                    }
+                }
+                Some((_, Err(e))) => {
+                    if !send(e.body().to_string()).await {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+        if include_usage && !send(format.usage(&usage).to_string()).await {
+            return;
+        }
+        send("[DONE]".to_owned()).await;
+    });
+    let events = stream::unfold(rx, |mut rx| async move {
+        let event = rx.recv().await?;
+        Some((Ok::<_, Infallible>(event), rx))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive)).into_response()
+}

@@ -1,0 +1,142 @@
+//! Request bodies of the OpenAI API (plus vLLM's extra sampling fields at the top level), as
+//! serde types. Unknown fields are ignored, as vLLM and OpenAI's SDKs expect. Numbers are
+//! typed wide (`f64`, `i64`, `u64`) so an absurd value reaches validation, which names the
+//! parameter, instead of failing inside serde.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Sampling fields shared by completions and chat.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SamplingFields {
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub max_tokens: Option<i64>,
+    pub stop: Option<StopField>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub priority: Option<i64>,
+    pub prompt_logprobs: Option<i64>,
+    pub skip_special_tokens: Option<bool>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A string, a list of strings, a list of token ids, or a list of such lists (parsed by
+    /// validation, which names what is wrong).
+    #[serde(default)]
+    pub prompt: Value,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Vec<ChatMessageIn>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    /// vLLM's extra: `false` renders the conversation without the assistant prefix.
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `POST /tokenize`: a prompt, or chat messages rendered with the template.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessageIn>>,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}

@@ -1,0 +1,227 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template, `n` samples,
+//! `logprobs` + `top_logprobs`, streaming or not.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::format::{chat_logprobs, prompt_logprobs};
+use super::{check_model, model_name, tokenize, unix_now};
+use crate::chat_template::ChatMessage;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::generate::{ChunkFormat, Usage, collect_all, start_all, stream_response};
+use crate::protocol::{ChatMessageIn, ChatRequest, MessageContent};
+use crate::sequence::{Delta, SequenceSpec};
+use crate::state::{Loaded, ServerState};
+use crate::validate;
+
+/// Most messages in one conversation.
+const MAX_MESSAGES: usize = 4096;
+
+/// Text-only messages as the template sees them.
+pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "`messages` must not be empty"));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::bad_param("messages", format!("at most {MAX_MESSAGES} messages")));
+    }
+    messages
+        .into_iter()
+        .map(|m| {
+            let content = match m.content {
+                None => String::new(),
+                Some(MessageContent::Text(t)) => t,
+                Some(MessageContent::Parts(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::bad_param(
+                                    "messages",
+                                    format!("content parts of type {kind:?} are not supported (text only)"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage { role: m.role, content })
+        })
+        .collect()
+}
+
+/// Renders the conversation on a blocking thread (templates are fuel-bounded, not free).
+pub async fn render(
+    loaded: &Arc<Loaded>,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let loaded = Arc::clone(loaded);
+    tokio::task::spawn_blocking(move || {
+        loaded
+            .template
+            .render(&messages, add_generation_prompt)
+            .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("template task failed: {e}")))?
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Response {
+    handle(state, req).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    check_model(&state, req.model.as_deref())?;
+    let limits = loaded.limits;
+    let top = req.top_logprobs.map(|k| {
+        usize::try_from(k).map_err(|_| {
+            ApiError::bad_param(
+                "top_logprobs",
+                format!("`top_logprobs` must be at least 0, got {k}"),
+            )
+        })
+    });
+    let top = top.transpose()?;
+    let logprobs = match (req.logprobs.unwrap_or(false), top) {
+        (true, k) => Some(k.unwrap_or(0)),
+        (false, Some(k)) if k > 0 => {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs: true`",
+            ));
+        }
+        (false, _) => None,
+    };
+    let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    let messages = template_messages(req.messages)?;
+    let prompt = render(&loaded, messages, req.add_generation_prompt.unwrap_or(true)).await?;
+    let ids = tokenize(&loaded, vec![prompt], false).await?.pop().unwrap_or_default();
+    let seq_specs = (0..spec.n)
+        .map(|sample| {
+            Ok(SequenceSpec {
+                prompt: ids.clone(),
+                params: spec.for_prompt(ids.len(), sample, &limits)?,
+                priority: spec.priority,
+                stop: spec.stop.clone(),
+                skip_special_tokens: spec.skip_special_tokens,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let seqs = start_all(&state, &loaded, seq_specs)?;
+    let mut usage = Usage::new(&[ids.len()]);
+    let id = state.response_id("chatcmpl");
+    let created = unix_now();
+    let model = model_name(&state).to_owned();
+    if spec.stream {
+        let format = ChatChunks { loaded, id, created, model, include_usage: spec.include_usage };
+        return Ok(stream_response(
+            seqs,
+            spec.n,
+            usage,
+            spec.include_usage,
+            state.config.keep_alive,
+            format,
+        ));
+    }
+    let results = collect_all(seqs, spec.n, &mut usage).await?;
+    let tokenizer = &loaded.tokenizer;
+    let choices: Vec<Value> = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            let mut choice = json!({
+                "index": index,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": logprobs.map(|_| chat_logprobs(tokenizer, &r.logprobs)),
+                "finish_reason": r.finish_reason,
+                "stop_reason": Value::Null,
+            });
+            if let Some(lps) = &r.prompt_logprobs {
+                choice["prompt_logprobs"] = prompt_logprobs(tokenizer, lps);
+            }
+            choice
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.to_json(),
+    }))
+    .into_response())
+}
+
+/// Stream chunks of `/v1/chat/completions`.
+struct ChatChunks {
+    loaded: Arc<Loaded>,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, choices: Value) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+}
+
+impl ChunkFormat for ChatChunks {
+    fn opening(&mut self, index: usize) -> Option<Value> {
+        Some(self.chunk(json!([{
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": Value::Null,
+            "finish_reason": Value::Null,
+        }])))
+    }
+
+    fn delta(&mut self, index: usize, delta: Delta) -> Option<Value> {
+        if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_none() {
+            return None;
+        }
+        let logprobs = delta
+            .logprobs
+            .as_ref()
+            .map(|lp| chat_logprobs(&self.loaded.tokenizer, std::slice::from_ref(lp)));
+        let content =
+            if delta.text.is_empty() { json!({}) } else { json!({"content": delta.text}) };
+        Some(self.chunk(json!([{
+            "index": index,
+            "delta": content,
+            "logprobs": logprobs,
+            "finish_reason": delta.finish_reason,
+        }])))
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Value {
+        let mut chunk = self.chunk(json!([]));
+        chunk["usage"] = usage.to_json();
+        chunk
+    }
+}

@@ -1,0 +1,310 @@
+//! `POST /v1/completions`: prompts as a string, a list of strings, a list of token ids or a
+//! list of such lists; `n` samples each; `echo`; `logprobs` as an int; streaming or not.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use kiln_core::TokenId;
+use kiln_engine::PromptLogprobs;
+use serde_json::{Value, json};
+
+use super::format::{completion_logprobs, prompt_logprobs};
+use super::{check_model, model_name, tokenize, unix_now};
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::generate::{ChunkFormat, Usage, collect_all, start_all, stream_response};
+use crate::protocol::CompletionRequest;
+use crate::sequence::{Delta, SequenceSpec};
+use crate::state::{Loaded, ServerState};
+use crate::validate::{self, Limits};
+
+/// Most prompts in one request.
+const MAX_PROMPTS: usize = 256;
+
+/// One prompt as the client sent it.
+enum PromptIn {
+    Text(String),
+    Tokens(Vec<TokenId>),
+}
+
+fn bad_prompt(message: &str) -> ApiError {
+    ApiError::bad_param("prompt", message.to_owned())
+}
+
+const PROMPT_SHAPE: &str =
+    "`prompt` must be a string, a list of strings, a list of token ids, or a list of such lists";
+
+fn token_ids(items: &[Value], limits: &Limits) -> Result<Vec<TokenId>, ApiError> {
+    items
+        .iter()
+        .map(|v| match v.as_i64() {
+            Some(t) if t >= 0 && (t as u64) < limits.vocab_size as u64 => Ok(TokenId(t as u32)),
+            Some(t) => Err(bad_prompt(&format!(
+                "token id {t} is outside the vocabulary (valid ids are 0 to {})",
+                limits.vocab_size.saturating_sub(1)
+            ))),
+            None => Err(bad_prompt(PROMPT_SHAPE)),
+        })
+        .collect()
+}
+
+fn parse_prompts(prompt: &Value, limits: &Limits) -> Result<Vec<PromptIn>, ApiError> {
+    let prompts = match prompt {
+        Value::String(s) => vec![PromptIn::Text(s.clone())],
+        Value::Array(items) if items.is_empty() => return Err(bad_prompt("`prompt` is empty")),
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .iter()
+            .map(|s| PromptIn::Text(s.as_str().unwrap_or_default().to_owned()))
+            .collect(),
+        Value::Array(items) if items.iter().all(Value::is_array) => items
+            .iter()
+            .map(|v| {
+                let inner = v.as_array().map_or(&[][..], Vec::as_slice);
+                token_ids(inner, limits).map(PromptIn::Tokens)
+            })
+            .collect::<Result<_, _>>()?,
+        Value::Array(items) => vec![PromptIn::Tokens(token_ids(items, limits)?)],
+        Value::Null => return Err(bad_prompt("`prompt` is required")),
+        _ => return Err(bad_prompt(PROMPT_SHAPE)),
+    };
+    if prompts.len() > MAX_PROMPTS {
+        return Err(bad_prompt(&format!("at most {MAX_PROMPTS} prompts per request")));
+    }
+    Ok(prompts)
+}
+
+pub async fn completions(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Response {
+    handle(state, req).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Response, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    check_model(&state, req.model.as_deref())?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_param("suffix", "`suffix` is not supported"));
+    }
+    let limits = loaded.limits;
+    let logprobs = req
+        .logprobs
+        .map(|k| {
+            usize::try_from(k).map_err(|_| {
+                ApiError::bad_param("logprobs", format!("`logprobs` must be at least 0, got {k}"))
+            })
+        })
+        .transpose()?;
+    let echo = req.echo.unwrap_or(false);
+    let max_tokens = req.sampling.max_tokens;
+    let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    if let (true, Some(k)) = (echo, logprobs) {
+        // Echoed prompt tokens carry their log-probabilities too.
+        spec.params.prompt_logprobs = Some(spec.params.prompt_logprobs.unwrap_or(0).max(k));
+    }
+    let prompts = parse_prompts(&req.prompt, &limits)?;
+    let texts: Vec<String> = prompts
+        .iter()
+        .filter_map(|p| match p {
+            PromptIn::Text(t) => Some(t.clone()),
+            PromptIn::Tokens(_) => None,
+        })
+        .collect();
+    let mut encoded = tokenize(&loaded, texts, true).await?.into_iter();
+    let prompt_ids: Vec<Vec<TokenId>> = prompts
+        .iter()
+        .map(|p| match p {
+            PromptIn::Text(_) => encoded.next().unwrap_or_default(),
+            PromptIn::Tokens(ids) => ids.clone(),
+        })
+        .collect();
+    let mut seq_specs = Vec::with_capacity(prompts.len() * spec.n);
+    for ids in &prompt_ids {
+        for sample in 0..spec.n {
+            seq_specs.push(SequenceSpec {
+                prompt: ids.clone(),
+                params: spec.for_prompt(ids.len(), sample, &limits)?,
+                priority: spec.priority,
+                stop: spec.stop.clone(),
+                skip_special_tokens: spec.skip_special_tokens,
+            });
+        }
+    }
+    let echo_texts: Vec<String> = if echo {
+        prompts
+            .iter()
+            .zip(&prompt_ids)
+            .map(|(p, ids)| match p {
+                PromptIn::Text(t) => t.clone(),
+                PromptIn::Tokens(_) => {
+                    let raw: Vec<u32> = ids.iter().map(|t| t.0).collect();
+                    loaded.tokenizer.decode(&raw, spec.skip_special_tokens).unwrap_or_default()
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let seqs = start_all(&state, &loaded, seq_specs)?;
+    let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
+    let id = state.response_id("cmpl");
+    let created = unix_now();
+    let model = model_name(&state).to_owned();
+    if spec.stream {
+        let format = CompletionChunks {
+            loaded,
+            id,
+            created,
+            model,
+            n: spec.n,
+            echo_texts,
+            prompt_ids,
+            echo_logprobs: echo && logprobs.is_some(),
+            offsets: Vec::new(),
+            include_usage: spec.include_usage,
+        };
+        return Ok(stream_response(
+            seqs,
+            spec.n,
+            usage,
+            spec.include_usage,
+            state.config.keep_alive,
+            format,
+        ));
+    }
+    let mut usage = usage;
+    let results = collect_all(seqs, spec.n, &mut usage).await?;
+    let tokenizer = &loaded.tokenizer;
+    let choices: Vec<Value> = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            let prompt = index / spec.n;
+            let mut text = String::new();
+            if echo {
+                text.push_str(&echo_texts[prompt]);
+            }
+            let echo_lps: Option<(&[TokenId], &PromptLogprobs)> = if echo {
+                r.prompt_logprobs.as_ref().map(|lps| (prompt_ids[prompt].as_slice(), lps))
+            } else {
+                None
+            };
+            let lps = logprobs.map(|_| {
+                let items: Vec<_> = r
+                    .tokens
+                    .iter()
+                    .zip(r.logprobs.iter().map(Some))
+                    .map(|(t, l)| (*t, l))
+                    .collect();
+                completion_logprobs(tokenizer, echo_lps, &items, 0)
+            });
+            text.push_str(&r.text);
+            let mut choice = json!({
+                "index": index,
+                "text": text,
+                "logprobs": lps,
+                "finish_reason": r.finish_reason,
+                "stop_reason": Value::Null,
+            });
+            if let (Some(_), Some(lps)) = (spec.params.prompt_logprobs, &r.prompt_logprobs) {
+                choice["prompt_logprobs"] = prompt_logprobs(tokenizer, lps);
+            }
+            choice
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.to_json(),
+    }))
+    .into_response())
+}
+
+/// Stream chunks of `/v1/completions`.
+struct CompletionChunks {
+    loaded: Arc<Loaded>,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    /// Per prompt: the text echoed before the first token (empty without echo).
+    echo_texts: Vec<String>,
+    prompt_ids: Vec<Vec<TokenId>>,
+    echo_logprobs: bool,
+    /// Per choice: bytes of text sent so far (for `text_offset`).
+    offsets: Vec<usize>,
+    include_usage: bool,
+}
+
+impl CompletionChunks {
+    fn chunk(&self, choices: Value) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+}
+
+impl ChunkFormat for CompletionChunks {
+    fn opening(&mut self, _index: usize) -> Option<Value> {
+        None
+    }
+
+    fn delta(&mut self, index: usize, delta: Delta) -> Option<Value> {
+        if self.offsets.len() <= index {
+            self.offsets.resize(index + 1, usize::MAX);
+        }
+        let prompt = index / self.n;
+        let first = self.offsets[index] == usize::MAX;
+        let mut text = String::new();
+        if first {
+            self.offsets[index] = 0;
+            if let Some(echo) = self.echo_texts.get(prompt) {
+                text.push_str(echo);
+            }
+        }
+        text.push_str(&delta.text);
+        if text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_none() {
+            return None;
+        }
+        let logprobs = delta.logprobs.as_ref().map(|lp| {
+            let echo = (first && self.echo_logprobs)
+                .then(|| {
+                    delta.prompt_logprobs.as_ref().map(|p| (self.prompt_ids[prompt].as_slice(), p))
+                })
+                .flatten();
+            completion_logprobs(
+                &self.loaded.tokenizer,
+                echo,
+                &[(delta.token, Some(lp))],
+                self.offsets[index],
+            )
+        });
+        self.offsets[index] += text.len();
+        Some(self.chunk(json!([{
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": delta.finish_reason,
+            "stop_reason": Value::Null,
+        }])))
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Value {
+        let mut chunk = self.chunk(json!([]));
+        chunk["usage"] = usage.to_json();
+        chunk
+    }
+}

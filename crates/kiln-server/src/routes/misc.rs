@@ -1,0 +1,121 @@
+//! The small endpoints: `/v1/models`, `/health`, `/version`, `/metrics`, `/tokenize`,
+//! `/detokenize`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::chat::{render, template_messages};
+use super::{check_model, model_name, tokenize};
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::metrics;
+use crate::protocol::{DetokenizeRequest, TokenizeRequest};
+use crate::state::ServerState;
+
+pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
+    let loaded = match state.ready() {
+        Ok(loaded) => loaded,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<_> = state
+        .config
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": loaded.created,
+                "owned_by": "kiln",
+                "root": model_name(&state),
+                "max_model_len": loaded.limits.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// 200 once the model is loaded; 503 before and while draining.
+pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
+    match state.ready() {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+pub async fn render_metrics(State(state): State<Arc<ServerState>>) -> Response {
+    match state.loaded() {
+        Some(loaded) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], loaded.metrics.render())
+            .into_response(),
+        None => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+pub async fn tokenize_endpoint(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<TokenizeRequest>,
+) -> Response {
+    let result = async {
+        let loaded = Arc::clone(state.ready()?);
+        check_model(&state, req.model.as_deref())?;
+        let (text, add_special) = match (req.prompt, req.messages) {
+            (Some(p), None) => (p, req.add_special_tokens.unwrap_or(true)),
+            (None, Some(m)) => {
+                let messages = template_messages(m)?;
+                let text =
+                    render(&loaded, messages, req.add_generation_prompt.unwrap_or(true)).await?;
+                (text, req.add_special_tokens.unwrap_or(false))
+            }
+            _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
+        };
+        let ids = tokenize(&loaded, vec![text], add_special).await?.pop().unwrap_or_default();
+        let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
+        Ok(Json(json!({
+            "count": tokens.len(),
+            "max_model_len": loaded.limits.max_model_len,
+            "tokens": tokens,
+        })))
+    }
+    .await;
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+pub async fn detokenize_endpoint(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<DetokenizeRequest>,
+) -> Response {
+    let result = (|| {
+        let loaded = state.ready()?;
+        check_model(&state, req.model.as_deref())?;
+        let vocab = loaded.limits.vocab_size;
+        let ids = req
+            .tokens
+            .iter()
+            .map(|&t| match u32::try_from(t) {
+                Ok(id) if (id as usize) < vocab => Ok(id),
+                _ => Err(ApiError::bad_param(
+                    "tokens",
+                    format!(
+                        "token id {t} is outside the vocabulary (valid ids are 0 to {})",
+                        vocab - 1
+                    ),
+                )),
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        let text = loaded
+            .tokenizer
+            .decode(&ids, false)
+            .map_err(|e| ApiError::bad_param("tokens", format!("could not detokenize: {e}")))?;
+        Ok::<_, ApiError>(Json(json!({"prompt": text})))
+    })();
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}

@@ -1,0 +1,246 @@
+//! One generated sequence as the HTTP layer sees it: submitted to the engine, its tokens
+//! detokenized incrementally (never broken UTF-8), stop strings matched across token
+//! boundaries, timings recorded for metrics and the request log.
+//!
+//! Invariants: a [`Sequence`] dropped before it finished (client gone, another choice failed,
+//! shutdown) aborts its engine request at once, which frees its KV blocks; a stop string ends
+//! the sequence with finish reason "stop" and aborts the engine request too. Metrics record
+//! every sequence exactly once, when it ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
+use kiln_engine::{EngineError, Logprobs, PromptLogprobs, StreamItem};
+use kiln_models::DecodeStream;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::metrics::FinishedRequest;
+use crate::state::{InFlight, Loaded, QueueSlot, ServerState};
+use crate::stop::StopMatcher;
+
+/// What one engine output adds to a sequence.
+#[derive(Debug, Default)]
+pub struct Delta {
+    /// Text released by this token (may be empty: held back by UTF-8 or a possible stop).
+    pub text: String,
+    pub token: TokenId,
+    pub logprobs: Option<Logprobs>,
+    /// "stop" or "length" on the last delta.
+    pub finish_reason: Option<&'static str>,
+    /// First delta only, when asked.
+    pub prompt_logprobs: Option<PromptLogprobs>,
+    /// First delta only: prompt tokens served from the prefix cache.
+    pub num_cached_tokens: Option<usize>,
+}
+
+/// How to run one sequence.
+pub struct SequenceSpec {
+    pub prompt: Vec<TokenId>,
+    pub params: SamplingParams,
+    pub priority: i64,
+    pub stop: Vec<String>,
+    pub skip_special_tokens: bool,
+}
+
+pub struct Sequence {
+    id: RequestId,
+    loaded: Arc<Loaded>,
+    rx: mpsc::UnboundedReceiver<StreamItem>,
+    detok: DecodeStream<'static>,
+    stop: StopMatcher,
+    min_tokens: usize,
+    num_prompt_tokens: usize,
+    num_generated: usize,
+    num_cached_tokens: usize,
+    submitted: Instant,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    queue_slot: Option<QueueSlot>,
+    _in_flight: InFlight,
+    log_requests: bool,
+    finished: bool,
+}
+
+impl Sequence {
+    /// Submits `spec` (does not wait for the engine).
+    pub fn start(
+        state: &Arc<ServerState>,
+        loaded: &Arc<Loaded>,
+        spec: SequenceSpec,
+        queue_slot: QueueSlot,
+    ) -> Result<Self, ApiError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let num_prompt_tokens = spec.prompt.len();
+        let min_tokens = spec.params.min_tokens;
+        let submitted = Instant::now();
+        let id = loaded
+            .engine
+            .submit_with_sink(
+                spec.prompt,
+                spec.params,
+                spec.priority,
+                Box::new(move |item| tx.send(item).is_ok()),
+            )
+            .map_err(|_| ApiError::draining())?;
+        Ok(Self {
+            id,
+            loaded: Arc::clone(loaded),
+            rx,
+            detok: DecodeStream::shared(Arc::clone(&loaded.tokenizer), spec.skip_special_tokens),
+            stop: StopMatcher::new(&spec.stop),
+            min_tokens,
+            num_prompt_tokens,
+            num_generated: 0,
+            num_cached_tokens: 0,
+            submitted,
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+            queue_slot: Some(queue_slot),
+            _in_flight: state.enter(),
+            log_requests: !state.config.disable_log_requests,
+            finished: false,
+        })
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.num_generated
+    }
+
+    /// Prompt tokens served from the prefix cache (known after the first delta).
+    pub fn num_cached_tokens(&self) -> usize {
+        self.num_cached_tokens
+    }
+
+    /// The next delta; `None` after the last one. An error ends the sequence.
+    pub async fn next(&mut self) -> Option<Result<Delta, ApiError>> {
+        if self.finished {
+            return None;
+        }
+        let item = self.rx.recv().await;
+        let out = match item {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => {
+                self.finish("abort");
+                return Some(Err(engine_error(&e)));
+            }
+            None => {
+                self.finish("abort");
+                return Some(Err(ApiError::internal(
+                    "the engine stopped before the request finished",
+                )));
+            }
+        };
+        let now = Instant::now();
+        let metrics = &self.loaded.metrics;
+        if let Some(first) = out.first {
+            self.first_scheduled = Some(first.scheduled_at);
+            self.num_cached_tokens = first.num_cached_tokens;
+        }
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            self.queue_slot = None;
+            metrics.on_prompt_tokens(self.num_prompt_tokens);
+            metrics.on_generation_token(None);
+        } else {
+            metrics.on_generation_token(self.last_token.map(|t| now.saturating_duration_since(t)));
+        }
+        self.last_token = Some(now);
+        self.num_generated += 1;
+        let piece = match self.detok.step(out.new_token.0) {
+            Ok(piece) => piece.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(request = %self.id, "detokenization failed: {e}");
+                String::new()
+            }
+        };
+        let (mut text, stopped) = if self.num_generated < self.min_tokens {
+            let mut text = self.stop.flush();
+            text.push_str(&piece);
+            (text, false)
+        } else {
+            let released = self.stop.push(&piece);
+            (released.text, released.stopped)
+        };
+        let finish_reason = if stopped {
+            self.loaded.engine.abort(self.id);
+            Some("stop")
+        } else {
+            out.finish_reason.map(|r| match r {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Abort => "abort",
+            })
+        };
+        if let Some(reason) = finish_reason {
+            if !stopped {
+                text.push_str(&self.stop.flush());
+            }
+            self.finish(reason);
+        }
+        Some(Ok(Delta {
+            text,
+            token: out.new_token,
+            logprobs: out.logprobs,
+            finish_reason,
+            prompt_logprobs: out.prompt_logprobs,
+            num_cached_tokens: out.first.map(|f| f.num_cached_tokens),
+        }))
+    }
+
+    fn finish(&mut self, reason: &'static str) {
+        self.finished = true;
+        self.queue_slot = None;
+        let now = Instant::now();
+        let since = |a: Option<Instant>, b: Option<Instant>| -> Option<Duration> {
+            Some(b?.saturating_duration_since(a?))
+        };
+        let record = FinishedRequest {
+            finished_reason: reason,
+            num_prompt_tokens: self.num_prompt_tokens,
+            num_generation_tokens: self.num_generated,
+            e2e: now.saturating_duration_since(self.submitted),
+            queue: since(Some(self.submitted), self.first_scheduled),
+            ttft: since(Some(self.submitted), self.first_token),
+            prefill: since(self.first_scheduled, self.first_token),
+            decode: since(self.first_token, self.last_token),
+        };
+        self.loaded.metrics.on_request_finished(&record);
+        if self.log_requests {
+            tracing::info!(
+                request = %self.id,
+                prompt_tokens = self.num_prompt_tokens,
+                output_tokens = self.num_generated,
+                cached_tokens = self.num_cached_tokens,
+                ttft_ms = record.ttft.map_or(-1.0, |d| d.as_secs_f64() * 1e3),
+                e2e_ms = record.e2e.as_secs_f64() * 1e3,
+                finish_reason = reason,
+                "request finished"
+            );
+        }
+    }
+}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.loaded.engine.abort(self.id);
+            self.finish("abort");
+        }
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::Rejected(reason) => ApiError::bad_request(reason.to_string()),
+        EngineError::Shutdown => ApiError::draining(),
+        EngineError::Config(m) | EngineError::Forward(m) => ApiError::internal(m.clone()),
+    }
+}

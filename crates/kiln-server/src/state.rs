@@ -1,0 +1,137 @@
+//! Shared server state: the settings, the loaded model (set once, after start-up loading, so
+//! `/health` can answer 503 before it), admission counters and the draining flag.
+//!
+//! Invariants: `queued` counts sequences submitted whose first token has not arrived (each
+//! holds one [`QueueSlot`]); `in_flight` counts live [`crate::sequence::Sequence`]s. Both only
+//! change through guards, so they return to 0 whatever way a request ends.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kiln_engine::EngineHandle;
+use kiln_models::{GenerationDefaults, Tokenizer};
+
+use crate::chat_template::ChatTemplate;
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::validate::Limits;
+
+/// Everything that exists once the model is loaded.
+pub struct Loaded {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub metrics: Arc<Metrics>,
+    pub defaults: GenerationDefaults,
+    pub limits: Limits,
+    /// Unix seconds when the model became ready (`created` of `/v1/models`).
+    pub created: u64,
+}
+
+pub struct ServerState {
+    pub config: ServerConfig,
+    loaded: OnceLock<Arc<Loaded>>,
+    draining: AtomicBool,
+    queued: AtomicUsize,
+    in_flight: AtomicUsize,
+    next_id: AtomicU64,
+    id_salt: u64,
+}
+
+impl ServerState {
+    pub fn new(config: ServerConfig) -> Arc<Self> {
+        let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Arc::new(Self {
+            config,
+            loaded: OnceLock::new(),
+            draining: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            id_salt: salt,
+        })
+    }
+
+    /// Installs the loaded model; `false` if one was installed already.
+    pub fn set_loaded(&self, loaded: Loaded) -> bool {
+        self.loaded.set(Arc::new(loaded)).is_ok()
+    }
+
+    pub fn loaded(&self) -> Option<&Arc<Loaded>> {
+        self.loaded.get()
+    }
+
+    /// The loaded model, or 503 while loading and while draining.
+    pub fn ready(&self) -> Result<&Arc<Loaded>, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::draining());
+        }
+        self.loaded.get().ok_or_else(|| {
+            let mut e = ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "The model is still loading.",
+            );
+            e.retry_after = Some(5);
+            e
+        })
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn num_in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn num_queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// A unique response id such as `cmpl-…` or `chatcmpl-…`.
+    pub fn response_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:016x}{n:08x}", self.id_salt)
+    }
+
+    /// Reserves `count` queue places, or 429 when that would pass `--max-queued-requests`.
+    pub fn reserve(self: &Arc<Self>, count: usize) -> Result<Vec<QueueSlot>, ApiError> {
+        let max = self.config.max_queued_requests;
+        self.queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                (q.saturating_add(count) <= max).then_some(q + count)
+            })
+            .map_err(|_| ApiError::overloaded(1))?;
+        Ok((0..count).map(|_| QueueSlot(Arc::clone(self))).collect())
+    }
+
+    pub(crate) fn enter(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(self))
+    }
+}
+
+/// One place in the admission queue, released on drop (at the first token, or when the
+/// request ends before it).
+pub struct QueueSlot(Arc<ServerState>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A live sequence, for draining.
+pub struct InFlight(Arc<ServerState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

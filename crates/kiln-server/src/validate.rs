@@ -1,0 +1,246 @@
+//! Turns a request's sampling fields into engine [`SamplingParams`], refusing anything out of
+//! range with a 400 that names the parameter. Limits that depend on the prompt (context length,
+//! default `max_tokens`) are applied per prompt by [`GenerationSpec::for_prompt`].
+
+use kiln_core::{SamplingParams, TokenId};
+use kiln_models::GenerationDefaults;
+
+use crate::error::ApiError;
+use crate::protocol::SamplingFields;
+
+/// Most parallel samples per prompt (`n`).
+pub const MAX_N: usize = 128;
+/// Most stop strings, and the longest one in bytes.
+pub const MAX_STOP_STRINGS: usize = 32;
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+
+/// What validation needs to know about the model and the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub max_logprobs: usize,
+}
+
+/// A validated request, before its prompts are known.
+#[derive(Clone, Debug)]
+pub struct GenerationSpec {
+    /// `max_tokens` here is a placeholder until [`GenerationSpec::for_prompt`].
+    pub params: SamplingParams,
+    /// What the request asked for (`None`: fill the context).
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stop: Vec<String>,
+    pub priority: i64,
+    pub skip_special_tokens: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn to_usize(param: &str, value: i64, min: i64) -> Result<usize, ApiError> {
+    if value < min {
+        return Err(ApiError::bad_param(
+            param,
+            format!("`{param}` must be at least {min}, got {value}"),
+        ));
+    }
+    usize::try_from(value)
+        .map_err(|_| ApiError::bad_param(param, format!("`{param}` is too large")))
+}
+
+fn to_f32(param: &str, value: f64) -> Result<f32, ApiError> {
+    let v = value as f32;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ApiError::bad_param(param, format!("`{param}` must be a finite number, got {value}")))
+    }
+}
+
+fn token(param: &str, value: i64, limits: &Limits) -> Result<TokenId, ApiError> {
+    match u32::try_from(value) {
+        Ok(t) if (t as usize) < limits.vocab_size => Ok(TokenId(t)),
+        _ => Err(ApiError::bad_param(
+            param,
+            format!(
+                "`{param}`: token id {value} is outside the vocabulary (valid ids are 0 to {})",
+                limits.vocab_size.saturating_sub(1)
+            ),
+        )),
+    }
+}
+
+/// Validates the shared fields; `max_tokens` is the completions field or chat's
+/// `max_completion_tokens` (whichever the request set), `logprobs` the number of top
+/// log-probabilities asked for per token.
+pub fn spec(
+    f: SamplingFields,
+    max_tokens: Option<i64>,
+    logprobs: Option<usize>,
+    limits: &Limits,
+    defaults: &GenerationDefaults,
+) -> Result<GenerationSpec, ApiError> {
+    let n = to_usize("n", f.n.unwrap_or(1), 1)?;
+    if n > MAX_N {
+        return Err(ApiError::bad_param("n", format!("`n` must be at most {MAX_N}, got {n}")));
+    }
+    if let Some(best_of) = f.best_of
+        && best_of != 1
+        && best_of != n as i64
+    {
+        return Err(ApiError::bad_param("best_of", "`best_of` other than `n` is not supported"));
+    }
+    let max_tokens = max_tokens.map(|m| to_usize("max_tokens", m, 1)).transpose()?;
+    let mut params = SamplingParams::default();
+    params.temperature = match f.temperature {
+        Some(t) => to_f32("temperature", t)?,
+        None => defaults.temperature.unwrap_or(1.0),
+    };
+    params.top_p = match f.top_p {
+        Some(p) => to_f32("top_p", p)?,
+        None => defaults.top_p.unwrap_or(1.0),
+    };
+    params.top_k = match f.top_k {
+        Some(-1 | 0) => 0,
+        Some(k) => to_usize("top_k", k, -1)?,
+        None => defaults.top_k.unwrap_or(0),
+    };
+    if let Some(p) = f.min_p {
+        params.min_p = to_f32("min_p", p)?;
+    }
+    params.repetition_penalty = match f.repetition_penalty {
+        Some(p) => to_f32("repetition_penalty", p)?,
+        None => defaults.repetition_penalty.unwrap_or(1.0),
+    };
+    if let Some(p) = f.presence_penalty {
+        params.presence_penalty = to_f32("presence_penalty", p)?;
+    }
+    if let Some(p) = f.frequency_penalty {
+        params.frequency_penalty = to_f32("frequency_penalty", p)?;
+    }
+    params.seed = f.seed.map(|s| s as u64);
+    params.ignore_eos = f.ignore_eos.unwrap_or(false);
+    params.min_tokens =
+        f.min_tokens.map(|m| to_usize("min_tokens", m, 0)).transpose()?.unwrap_or(0);
+    if let Some(ids) = f.stop_token_ids {
+        params.stop_token_ids = ids
+            .into_iter()
+            .map(|t| token("stop_token_ids", t, limits))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(bias) = f.logit_bias {
+        for (key, value) in bias {
+            let id = key.trim().parse::<i64>().map_err(|_| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("`logit_bias` key {key:?} is not a token id"),
+                )
+            })?;
+            params
+                .logit_bias
+                .push((token("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
+        }
+        params.logit_bias.sort_by_key(|b| b.0);
+    }
+    let check_logprobs = |param: &str, k: usize| {
+        if k > limits.max_logprobs {
+            Err(ApiError::bad_param(
+                param,
+                format!(
+                    "`{param}` must be at most {} (--max-logprobs), got {k}",
+                    limits.max_logprobs
+                ),
+            ))
+        } else {
+            Ok(k)
+        }
+    };
+    params.logprobs = logprobs.map(|k| check_logprobs("logprobs", k)).transpose()?;
+    params.prompt_logprobs = f
+        .prompt_logprobs
+        .map(|k| {
+            to_usize("prompt_logprobs", k, 0).and_then(|k| check_logprobs("prompt_logprobs", k))
+        })
+        .transpose()?;
+    let stop = f.stop.map(crate::protocol::StopField::into_vec).unwrap_or_default();
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::bad_param(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings"),
+        ));
+    }
+    if stop.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(ApiError::bad_param(
+            "stop",
+            format!("a stop string may be at most {MAX_STOP_STRING_BYTES} bytes"),
+        ));
+    }
+    // Domain checks of the engine (temperature >= 0, top_p in (0, 1], ...), with a placeholder
+    // max_tokens that min_tokens cannot exceed.
+    let mut probe = params.clone();
+    probe.max_tokens = max_tokens.unwrap_or(usize::MAX).max(probe.min_tokens).max(1);
+    probe.validate().map_err(|e| ApiError::bad_param(e.param, e.to_string()))?;
+    let include_usage = f.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    Ok(GenerationSpec {
+        params,
+        max_tokens,
+        n,
+        stop,
+        priority: f.priority.unwrap_or(0),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        stream: f.stream.unwrap_or(false),
+        include_usage,
+    })
+}
+
+impl GenerationSpec {
+    /// The params of sample `index` of a prompt of `num_prompt_tokens`: `max_tokens` resolved
+    /// against the context (vLLM's message when it does not fit), and the seed of sample `i`
+    /// offset by `i` (as vLLM does for `n > 1`).
+    pub fn for_prompt(
+        &self,
+        num_prompt_tokens: usize,
+        index: usize,
+        limits: &Limits,
+    ) -> Result<SamplingParams, ApiError> {
+        let max_len = limits.max_model_len;
+        if num_prompt_tokens == 0 {
+            return Err(ApiError::bad_param("prompt", "The prompt cannot be empty."));
+        }
+        if num_prompt_tokens >= max_len {
+            return Err(ApiError::bad_param(
+                "input_tokens",
+                format!(
+                    "This model's maximum context length is {max_len} tokens. However, your \
+                     prompt contains {num_prompt_tokens} input tokens, which leaves no room for \
+                     output tokens. Please reduce the length of the input prompt. \
+                     (parameter=input_tokens, value={num_prompt_tokens})"
+                ),
+            ));
+        }
+        let max_tokens = self.max_tokens.unwrap_or(max_len - num_prompt_tokens);
+        if num_prompt_tokens.saturating_add(max_tokens) > max_len {
+            return Err(ApiError::bad_param(
+                "input_tokens",
+                format!(
+                    "This model's maximum context length is {max_len} tokens. However, you \
+                     requested {max_tokens} output tokens and your prompt contains at least \
+                     {num_prompt_tokens} input tokens, for a total of at least {} tokens. Please \
+                     reduce the length of the input prompt or the number of requested output \
+                     tokens. (parameter=input_tokens, value={num_prompt_tokens})",
+                    num_prompt_tokens.saturating_add(max_tokens)
+                ),
+            ));
+        }
+        let mut params = self.params.clone();
+        params.max_tokens = max_tokens;
+        if params.min_tokens > max_tokens {
+            return Err(ApiError::bad_param(
+                "min_tokens",
+                format!("`min_tokens` ({}) exceeds max_tokens ({max_tokens})", params.min_tokens),
+            ));
+        }
+        params.seed = params.seed.map(|s| s.wrapping_add(index as u64));
+        Ok(params)
+    }
+}
