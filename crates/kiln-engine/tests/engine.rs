@@ -191,7 +191,13 @@ fn aborts_mid_flight_free_every_block() {
         assert_eq!(rest.last().unwrap().finish_reason, Some(FinishReason::Length));
         assert!(s.is_finished());
     }
-    let stats = handle.stats();
+    // The counters are published after the step that sent the last tokens.
+    let start = std::time::Instant::now();
+    let mut stats = handle.stats();
+    while stats.num_running > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stats = handle.stats();
+    }
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
     handle.shutdown();
 }

@@ -147,7 +147,12 @@ fn parallel_samples_of_one_prompt_share_its_full_blocks() {
     }
     // 18 tokens = 4 full blocks of 4 and a partial one: samples after the first reuse 16.
     assert_eq!(cached, vec![0, 16, 16, 16]);
-    let stats = handle.stats();
+    let start = std::time::Instant::now();
+    let mut stats = handle.stats();
+    while stats.num_running > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stats = handle.stats();
+    }
     assert_eq!(stats.prefix_cache_hits, 48);
     assert_eq!(stats.kv_usage, 0.0);
 }

@@ -51,7 +51,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_models::Tokenizer;
+use kiln_models::{Architecture, Tokenizer};
 use minijinja::value::{Enumerator, Object, Value};
 use minijinja::{AutoEscape, Environment, ErrorKind, context};
 
@@ -234,6 +234,7 @@ impl ChatTemplate {
 pub fn load_chat_template(
     tokenizer: &Tokenizer,
     override_file: Option<&Path>,
+    builtin: Option<(&str, &str)>,
 ) -> Result<ChatTemplate, TemplateError> {
     let bos = tokenizer.bos_token_id().and_then(|id| tokenizer.token_text(id));
     let eos = tokenizer
@@ -249,7 +250,22 @@ pub fn load_chat_template(
     match (tokenizer.chat_template(), tokenizer.chat_template_origin()) {
         (Some(source), Some(origin)) => ChatTemplate::with_source_name(source, origin, bos, eos),
         (Some(source), None) => ChatTemplate::with_source_name(source, "tokenizer", bos, eos),
-        (None, _) => Ok(ChatTemplate::fallback(bos, eos)),
+        (None, _) => match builtin {
+            Some((name, source)) => ChatTemplate::with_source_name(source, name, bos, eos),
+            None => Ok(ChatTemplate::fallback(bos, eos)),
+        },
+    }
+}
+
+/// Google's Gemma 3 instruction template (from `google/gemma-3-*-it`), for Gemma 3 files that
+/// ship none (the default model's GGUF has no `tokenizer.chat_template`).
+pub const GEMMA3_TEMPLATE: &str = include_str!("../templates/gemma3.jinja");
+
+/// The built-in template of a model family, used when the model ships none.
+pub fn builtin_template(architecture: Architecture) -> Option<(&'static str, &'static str)> {
+    match architecture {
+        Architecture::Gemma3 => Some(("built-in Gemma 3 template", GEMMA3_TEMPLATE)),
+        _ => None,
     }
 }
 

@@ -52,7 +52,8 @@ pub fn load(
     chat_template_file: Option<&Path>,
 ) -> Result<Loaded, String> {
     let LoadedModel { model, tokenizer, generation_defaults } = model;
-    let template = chat_template::load_chat_template(&tokenizer, chat_template_file)
+    let builtin = chat_template::builtin_template(model.config().architecture);
+    let template = chat_template::load_chat_template(&tokenizer, chat_template_file, builtin)
         .map_err(|e| format!("chat template: {e}"))?;
     if engine.eos_token_ids.is_empty() {
         engine.eos_token_ids =

@@ -91,57 +91,36 @@ pub fn spec(
         return Err(ApiError::bad_param("best_of", "`best_of` other than `n` is not supported"));
     }
     let max_tokens = max_tokens.map(|m| to_usize("max_tokens", m, 1)).transpose()?;
-    let mut params = SamplingParams::default();
-    params.temperature = match f.temperature {
-        Some(t) => to_f32("temperature", t)?,
-        None => defaults.temperature.unwrap_or(1.0),
+    let mut params = SamplingParams {
+        temperature: match f.temperature {
+            Some(t) => to_f32("temperature", t)?,
+            None => defaults.temperature.unwrap_or(1.0),
+        },
+        top_p: match f.top_p {
+            Some(p) => to_f32("top_p", p)?,
+            None => defaults.top_p.unwrap_or(1.0),
+        },
+        top_k: match f.top_k {
+            Some(-1 | 0) => 0,
+            Some(k) => to_usize("top_k", k, -1)?,
+            None => defaults.top_k.unwrap_or(0),
+        },
+        min_p: f.min_p.map_or(Ok(0.0), |p| to_f32("min_p", p))?,
+        repetition_penalty: match f.repetition_penalty {
+            Some(p) => to_f32("repetition_penalty", p)?,
+            None => defaults.repetition_penalty.unwrap_or(1.0),
+        },
+        presence_penalty: f.presence_penalty.map_or(Ok(0.0), |p| to_f32("presence_penalty", p))?,
+        frequency_penalty: f
+            .frequency_penalty
+            .map_or(Ok(0.0), |p| to_f32("frequency_penalty", p))?,
+        ..SamplingParams::default()
     };
-    params.top_p = match f.top_p {
-        Some(p) => to_f32("top_p", p)?,
-        None => defaults.top_p.unwrap_or(1.0),
-    };
-    params.top_k = match f.top_k {
-        Some(-1 | 0) => 0,
-        Some(k) => to_usize("top_k", k, -1)?,
-        None => defaults.top_k.unwrap_or(0),
-    };
-    if let Some(p) = f.min_p {
-        params.min_p = to_f32("min_p", p)?;
-    }
-    params.repetition_penalty = match f.repetition_penalty {
-        Some(p) => to_f32("repetition_penalty", p)?,
-        None => defaults.repetition_penalty.unwrap_or(1.0),
-    };
-    if let Some(p) = f.presence_penalty {
-        params.presence_penalty = to_f32("presence_penalty", p)?;
-    }
-    if let Some(p) = f.frequency_penalty {
-        params.frequency_penalty = to_f32("frequency_penalty", p)?;
-    }
     params.seed = f.seed.map(|s| s as u64);
     params.ignore_eos = f.ignore_eos.unwrap_or(false);
     params.min_tokens =
         f.min_tokens.map(|m| to_usize("min_tokens", m, 0)).transpose()?.unwrap_or(0);
-    if let Some(ids) = f.stop_token_ids {
-        params.stop_token_ids = ids
-            .into_iter()
-            .map(|t| token("stop_token_ids", t, limits))
-            .collect::<Result<_, _>>()?;
-    }
-    if let Some(bias) = f.logit_bias {
-        for (key, value) in bias {
-            let id = key.trim().parse::<i64>().map_err(|_| {
-                ApiError::bad_param(
-                    "logit_bias",
-                    format!("`logit_bias` key {key:?} is not a token id"),
-                )
-            })?;
-            params
-                .logit_bias
-                .push((token("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
-        }
-        params.logit_bias.sort_by_key(|b| b.0);
-    }
+    token_fields(&mut params, f.stop_token_ids, f.logit_bias, limits)?;
     let check_logprobs = |param: &str, k: usize| {
         if k > limits.max_logprobs {
             Err(ApiError::bad_param(
@@ -191,6 +170,37 @@ pub fn spec(
         stream: f.stream.unwrap_or(false),
         include_usage,
     })
+}
+
+/// `stop_token_ids` and `logit_bias` (keys are token ids as strings), checked against the
+/// vocabulary.
+fn token_fields(
+    params: &mut SamplingParams,
+    stop_token_ids: Option<Vec<i64>>,
+    logit_bias: Option<std::collections::HashMap<String, f64>>,
+    limits: &Limits,
+) -> Result<(), ApiError> {
+    if let Some(ids) = stop_token_ids {
+        params.stop_token_ids = ids
+            .into_iter()
+            .map(|t| token("stop_token_ids", t, limits))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(bias) = logit_bias {
+        for (key, value) in bias {
+            let id = key.trim().parse::<i64>().map_err(|_| {
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("`logit_bias` key {key:?} is not a token id"),
+                )
+            })?;
+            params
+                .logit_bias
+                .push((token("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
+        }
+        params.logit_bias.sort_by_key(|b| b.0);
+    }
+    Ok(())
 }
 
 impl GenerationSpec {

@@ -25,6 +25,7 @@ fn assert_error(r: &common::Response, status: u16, param: Option<&str>, contains
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one catalogue, one server
 fn bad_requests_get_4xx_and_the_server_stays_healthy() {
     let server = TestServer::start(default_config());
     let c = "/v1/completions";
@@ -110,7 +111,7 @@ fn bad_requests_get_4xx_and_the_server_stays_healthy() {
         "not a token id",
     );
     assert_error(
-        &server.post(c, &with("stop_token_ids", json!([100000]))),
+        &server.post(c, &with("stop_token_ids", json!([100_000]))),
         400,
         Some("stop_token_ids"),
         "vocabulary",

@@ -90,6 +90,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let names = if args.served_model_name.is_empty() {
         vec![args.model.model.clone()]
@@ -116,7 +117,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .block_on(tokio::net::TcpListener::bind(&address))
         .with_context(|| format!("listening on {address}"))?;
     let state = ServerState::new(config);
-    tracing::info!("listening on http://{address} (the model is loading)");
+    let bound = listener.local_addr().map_or(address, |a| a.to_string());
+    tracing::info!("listening on http://{bound} (the model is loading)");
     let (load_tx, load_rx) = tokio::sync::oneshot::channel();
     {
         let state = Arc::clone(&state);
@@ -135,7 +137,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             tokio::spawn(kiln_server::serve(listener, Arc::clone(&state), shutdown_signal()));
         match load_rx.await {
             Ok(Ok(())) => {
-                tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names)
+                tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names);
             }
             Ok(Err(e)) => {
                 server.abort();

@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kiln_models::Tokenizer;
+use kiln_models::{Architecture, Tokenizer};
 use serde_json::Value as Json;
 
 use super::json::python_float_repr;
 use super::strftime::format_utc;
-use super::{ChatMessage, ChatTemplate, FUEL, TemplateError, load_chat_template};
+use super::{ChatMessage, ChatTemplate, FUEL, TemplateError, builtin_template, load_chat_template};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -78,7 +78,7 @@ fn renders_like_transformers() {
         let name = t["name"].as_str().unwrap();
         let tok = tokenizer(&root().join(t["tokenizer"].as_str().unwrap()));
         let file = t["file"].as_str().map(|f| root().join(f));
-        let chat = load_chat_template(&tok, file.as_deref()).unwrap();
+        let chat = load_chat_template(&tok, file.as_deref(), None).unwrap();
         if file.is_none() {
             assert_eq!(chat.source_name(), "tokenizer_config.json");
         }
@@ -95,7 +95,7 @@ fn renders_like_transformers() {
 fn long_conversations_need_far_less_than_the_fuel() {
     let tok = tokenizer(&root().join("tests/fixtures/models/qwen3"));
     let file = root().join("tests/fixtures/templates/qwen3-0.6b.jinja");
-    let chat = load_chat_template(&tok, Some(&file)).unwrap();
+    let chat = load_chat_template(&tok, Some(&file), None).unwrap();
     let conversation: Vec<ChatMessage> = (0..1000)
         .map(|i| msg(if i % 2 == 0 { "user" } else { "assistant" }, &format!("message {i}")))
         .collect();
@@ -282,26 +282,26 @@ fn load_prefers_the_override_file() {
         "{{ bos_token }}{% for m in messages %}[{{ m.role }}]\n{% endfor %}{{ eos_token }}\n",
     )
     .unwrap();
-    let chat = load_chat_template(&tok, Some(&file)).unwrap();
+    let chat = load_chat_template(&tok, Some(&file), None).unwrap();
     assert_eq!(chat.source_name(), format!("--chat-template {}", file.display()));
     // The single trailing newline of the file is dropped, as jinja2 does.
     assert_eq!(chat.render(&[msg("user", "x")], true).unwrap(), "<bos>[user]\n<eos>");
 
-    let err = load_chat_template(&tok, Some(&dir.0.join("missing.jinja"))).unwrap_err();
+    let err = load_chat_template(&tok, Some(&dir.0.join("missing.jinja")), None).unwrap_err();
     assert!(matches!(err, TemplateError::Read { .. }), "{err:?}");
     std::fs::write(&file, "{% if %}").unwrap();
-    let err = load_chat_template(&tok, Some(&file)).unwrap_err();
+    let err = load_chat_template(&tok, Some(&file), None).unwrap_err();
     assert!(matches!(err, TemplateError::Compile { .. }), "{err:?}");
 }
 
 #[test]
 fn load_takes_token_texts_from_the_tokenizer() {
     let tok = tokenizer(&root().join("tests/fixtures/models/gemma3"));
-    let chat = load_chat_template(&tok, None).unwrap();
+    let chat = load_chat_template(&tok, None, None).unwrap();
     assert_eq!((chat.bos_token(), chat.eos_token()), ("<bos>", "<eos>"));
     // qwen2: no BOS; the configured EOS, not the smallest end-of-generation id.
     let tok = tokenizer(&root().join("tests/fixtures/models/qwen2"));
-    let chat = load_chat_template(&tok, None).unwrap();
+    let chat = load_chat_template(&tok, None, None).unwrap();
     assert_eq!((chat.bos_token(), chat.eos_token()), ("", "<|im_end|>"));
 }
 
@@ -312,7 +312,7 @@ fn load_falls_back_to_chatml_without_a_template() {
     std::fs::copy(fixture.join("tokenizer.json"), dir.0.join("tokenizer.json")).unwrap();
     let tok = tokenizer(&dir.0);
     assert!(tok.chat_template().is_none());
-    let chat = load_chat_template(&tok, None).unwrap();
+    let chat = load_chat_template(&tok, None, None).unwrap();
     assert_eq!(chat.source_name(), "fallback (ChatML)");
     let text = chat.render(&[msg("system", "S"), msg("user", "U")], false).unwrap();
     assert_eq!(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
@@ -322,4 +322,24 @@ fn load_falls_back_to_chatml_without_a_template() {
 fn chat_template_is_shareable_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<ChatTemplate>();
+}
+
+#[test]
+fn a_family_builtin_replaces_the_fallback_only_when_the_model_has_none() {
+    let dir = TempDir::new("builtin");
+    let fixture = root().join("tests/fixtures/models/llama2");
+    std::fs::copy(fixture.join("tokenizer.json"), dir.0.join("tokenizer.json")).unwrap();
+    let tok = tokenizer(&dir.0);
+    let builtin = builtin_template(Architecture::Gemma3);
+    let chat = load_chat_template(&tok, None, builtin).unwrap();
+    assert_eq!(chat.source_name(), "built-in Gemma 3 template");
+    let text = chat.render(&[msg("user", "Hi")], true).unwrap();
+    assert!(
+        text.ends_with("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"),
+        "{text:?}"
+    );
+    // A model's own template wins.
+    let own = load_chat_template(&tokenizer(&fixture), None, builtin).unwrap();
+    assert_ne!(own.source_name(), "built-in Gemma 3 template");
+    assert!(builtin_template(Architecture::Llama).is_none());
 }

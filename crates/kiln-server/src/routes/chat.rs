@@ -176,7 +176,7 @@ struct ChatChunks {
 }
 
 impl ChatChunks {
-    fn chunk(&self, choices: Value) -> Value {
+    fn chunk(&self, choices: &Value) -> Value {
         let mut chunk = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -193,7 +193,7 @@ impl ChatChunks {
 
 impl ChunkFormat for ChatChunks {
     fn opening(&mut self, index: usize) -> Option<Value> {
-        Some(self.chunk(json!([{
+        Some(self.chunk(&json!([{
             "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": Value::Null,
@@ -211,7 +211,7 @@ impl ChunkFormat for ChatChunks {
             .map(|lp| chat_logprobs(&self.loaded.tokenizer, std::slice::from_ref(lp)));
         let content =
             if delta.text.is_empty() { json!({}) } else { json!({"content": delta.text}) };
-        Some(self.chunk(json!([{
+        Some(self.chunk(&json!([{
             "index": index,
             "delta": content,
             "logprobs": logprobs,
@@ -220,7 +220,7 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn usage(&mut self, usage: &Usage) -> Value {
-        let mut chunk = self.chunk(json!([]));
+        let mut chunk = self.chunk(&json!([]));
         chunk["usage"] = usage.to_json();
         chunk
     }

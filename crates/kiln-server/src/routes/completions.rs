@@ -14,11 +14,11 @@ use super::format::{completion_logprobs, prompt_logprobs};
 use super::{check_model, model_name, tokenize, unix_now};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::generate::{ChunkFormat, Usage, collect_all, start_all, stream_response};
+use crate::generate::{ChoiceResult, ChunkFormat, Usage, collect_all, start_all, stream_response};
 use crate::protocol::CompletionRequest;
 use crate::sequence::{Delta, SequenceSpec};
 use crate::state::{Loaded, ServerState};
-use crate::validate::{self, Limits};
+use crate::validate::{self, GenerationSpec, Limits};
 
 /// Most prompts in one request.
 const MAX_PROMPTS: usize = 256;
@@ -75,6 +75,48 @@ fn parse_prompts(prompt: &Value, limits: &Limits) -> Result<Vec<PromptIn>, ApiEr
     Ok(prompts)
 }
 
+/// Token ids of every prompt (text is tokenized with special tokens added), and with `echo`
+/// the text to echo for each.
+async fn resolve_prompts(
+    loaded: &Arc<Loaded>,
+    prompt: &Value,
+    echo: bool,
+    skip_special_tokens: bool,
+) -> Result<(Vec<Vec<TokenId>>, Vec<String>), ApiError> {
+    let prompts = parse_prompts(prompt, &loaded.limits)?;
+    let texts: Vec<String> = prompts
+        .iter()
+        .filter_map(|p| match p {
+            PromptIn::Text(t) => Some(t.clone()),
+            PromptIn::Tokens(_) => None,
+        })
+        .collect();
+    let mut encoded = tokenize(loaded, texts, true).await?.into_iter();
+    let prompt_ids: Vec<Vec<TokenId>> = prompts
+        .iter()
+        .map(|p| match p {
+            PromptIn::Text(_) => encoded.next().unwrap_or_default(),
+            PromptIn::Tokens(ids) => ids.clone(),
+        })
+        .collect();
+    let echo_texts = if echo {
+        prompts
+            .iter()
+            .zip(&prompt_ids)
+            .map(|(p, ids)| match p {
+                PromptIn::Text(t) => t.clone(),
+                PromptIn::Tokens(_) => {
+                    let raw: Vec<u32> = ids.iter().map(|t| t.0).collect();
+                    loaded.tokenizer.decode(&raw, skip_special_tokens).unwrap_or_default()
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok((prompt_ids, echo_texts))
+}
+
 pub async fn completions(
     State(state): State<Arc<ServerState>>,
     ApiJson(req): ApiJson<CompletionRequest>,
@@ -104,23 +146,9 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
         // Echoed prompt tokens carry their log-probabilities too.
         spec.params.prompt_logprobs = Some(spec.params.prompt_logprobs.unwrap_or(0).max(k));
     }
-    let prompts = parse_prompts(&req.prompt, &limits)?;
-    let texts: Vec<String> = prompts
-        .iter()
-        .filter_map(|p| match p {
-            PromptIn::Text(t) => Some(t.clone()),
-            PromptIn::Tokens(_) => None,
-        })
-        .collect();
-    let mut encoded = tokenize(&loaded, texts, true).await?.into_iter();
-    let prompt_ids: Vec<Vec<TokenId>> = prompts
-        .iter()
-        .map(|p| match p {
-            PromptIn::Text(_) => encoded.next().unwrap_or_default(),
-            PromptIn::Tokens(ids) => ids.clone(),
-        })
-        .collect();
-    let mut seq_specs = Vec::with_capacity(prompts.len() * spec.n);
+    let (prompt_ids, echo_texts) =
+        resolve_prompts(&loaded, &req.prompt, echo, spec.skip_special_tokens).await?;
+    let mut seq_specs = Vec::with_capacity(prompt_ids.len() * spec.n);
     for ids in &prompt_ids {
         for sample in 0..spec.n {
             seq_specs.push(SequenceSpec {
@@ -132,21 +160,6 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             });
         }
     }
-    let echo_texts: Vec<String> = if echo {
-        prompts
-            .iter()
-            .zip(&prompt_ids)
-            .map(|(p, ids)| match p {
-                PromptIn::Text(t) => t.clone(),
-                PromptIn::Tokens(_) => {
-                    let raw: Vec<u32> = ids.iter().map(|t| t.0).collect();
-                    loaded.tokenizer.decode(&raw, spec.skip_special_tokens).unwrap_or_default()
-                }
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     let seqs = start_all(&state, &loaded, seq_specs)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
     let id = state.response_id("cmpl");
@@ -176,21 +189,47 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     }
     let mut usage = usage;
     let results = collect_all(seqs, spec.n, &mut usage).await?;
+    let echo = echo.then_some(Echo { texts: &echo_texts, prompt_ids: &prompt_ids });
+    let choices = choices_json(&loaded, results, &spec, echo, logprobs);
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.to_json(),
+    }))
+    .into_response())
+}
+
+/// What `echo` puts before each choice.
+#[derive(Clone, Copy)]
+struct Echo<'a> {
+    texts: &'a [String],
+    prompt_ids: &'a [Vec<TokenId>],
+}
+
+/// The `choices` of a whole (not streamed) response.
+fn choices_json(
+    loaded: &Loaded,
+    results: Vec<ChoiceResult>,
+    spec: &GenerationSpec,
+    echo: Option<Echo<'_>>,
+    logprobs: Option<usize>,
+) -> Vec<Value> {
     let tokenizer = &loaded.tokenizer;
-    let choices: Vec<Value> = results
+    results
         .into_iter()
         .enumerate()
         .map(|(index, r)| {
             let prompt = index / spec.n;
             let mut text = String::new();
-            if echo {
-                text.push_str(&echo_texts[prompt]);
+            let mut echo_lps: Option<(&[TokenId], &PromptLogprobs)> = None;
+            if let Some(echo) = echo {
+                text.push_str(&echo.texts[prompt]);
+                echo_lps =
+                    r.prompt_logprobs.as_ref().map(|lps| (echo.prompt_ids[prompt].as_slice(), lps));
             }
-            let echo_lps: Option<(&[TokenId], &PromptLogprobs)> = if echo {
-                r.prompt_logprobs.as_ref().map(|lps| (prompt_ids[prompt].as_slice(), lps))
-            } else {
-                None
-            };
             let lps = logprobs.map(|_| {
                 let items: Vec<_> = r
                     .tokens
@@ -213,16 +252,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             }
             choice
         })
-        .collect();
-    Ok(Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage.to_json(),
-    }))
-    .into_response())
+        .collect()
 }
 
 /// Stream chunks of `/v1/completions`.
@@ -242,7 +272,7 @@ struct CompletionChunks {
 }
 
 impl CompletionChunks {
-    fn chunk(&self, choices: Value) -> Value {
+    fn chunk(&self, choices: &Value) -> Value {
         let mut chunk = json!({
             "id": self.id,
             "object": "text_completion",
@@ -293,7 +323,7 @@ impl ChunkFormat for CompletionChunks {
             )
         });
         self.offsets[index] += text.len();
-        Some(self.chunk(json!([{
+        Some(self.chunk(&json!([{
             "index": index,
             "text": text,
             "logprobs": logprobs,
@@ -303,7 +333,7 @@ impl ChunkFormat for CompletionChunks {
     }
 
     fn usage(&mut self, usage: &Usage) -> Value {
-        let mut chunk = self.chunk(json!([]));
+        let mut chunk = self.chunk(&json!([]));
         chunk["usage"] = usage.to_json();
         chunk
     }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -173,13 +174,11 @@ pub fn request(
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        let _ = write!(head, "{k}: {v}\r\n");
     }
     if let Some(body) = body {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
+        let _ =
+            write!(head, "Content-Type: application/json\r\nContent-Length: {}\r\n", body.len());
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
@@ -212,8 +211,7 @@ fn parse_response(raw: &[u8]) -> Response {
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = data.windows(2).position(|w| w == b"\r\n") else { break };
+    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
         let size_text = String::from_utf8_lossy(&data[..eol]);
         let size =
             usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap_or(0);

@@ -1,0 +1,92 @@
+"""End-to-end check of `kiln serve` with the official `openai` Python SDK.
+
+Usage: python openai_sdk.py BASE_URL API_KEY MODEL
+Run by crates/kiln/tests/openai_sdk.rs against the tiny llama3 fixture; exits non-zero on the
+first failed check.
+"""
+
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
+greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+messages = [{"role": "user", "content": "Hello there"}]
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    print(f"ok: {what}")
+
+
+check([m.id for m in client.models.list().data] == [model], "models.list")
+
+# Chat, not streaming.
+chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, **greedy)
+text = chat.choices[0].message.content
+check(chat.choices[0].finish_reason == "length", "chat finish_reason length")
+check(chat.usage.completion_tokens == 8 and chat.usage.prompt_tokens > 0, "chat usage")
+
+# Chat, streaming with usage: same text, a final usage chunk with no choices.
+chunks = list(
+    client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, stream=True,
+        stream_options={"include_usage": True}, **greedy,
+    )
+)
+streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check(streamed == text, "chat stream text == non-stream text")
+check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8, "stream usage chunk")
+check([c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length", "stream finish")
+
+# Completions with logprobs, and chat with top_logprobs.
+comp = client.completions.create(model=model, prompt="Once upon", max_tokens=6, logprobs=2, **greedy)
+lp = comp.choices[0].logprobs
+check(len(lp.tokens) == 6 and len(lp.token_logprobs) == 6, "completion logprobs length")
+check(all(len(t) <= 2 for t in lp.top_logprobs) and all(v <= 0 for v in lp.token_logprobs), "completion top_logprobs")
+chat_lp = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=4, logprobs=True, top_logprobs=2, **greedy
+)
+content = chat_lp.choices[0].logprobs.content
+check(len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content), "chat top_logprobs")
+
+# n=2 with a seed: two choices, reproducible.
+def sample():
+    r = client.completions.create(
+        model=model, prompt="The cat", n=2, seed=1234, temperature=1.0, max_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    return [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+
+
+first = sample()
+check(len(first) == 2 and sample() == first, "n=2 with seed is reproducible")
+
+# Stop strings: the output ends right before the stop string.
+full = client.completions.create(model=model, prompt="Once upon a time", max_tokens=24, **greedy).choices[0].text
+mid = len(full) // 2
+stop = full[mid : mid + 3]
+cut = client.completions.create(model=model, prompt="Once upon a time", max_tokens=24, stop=[stop], **greedy)
+check(cut.choices[0].text == full[: full.index(stop)], "stop string cut")
+check(cut.choices[0].finish_reason == "stop", "stop finish_reason")
+
+# Errors the SDK maps to its exception types.
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=10**9)
+    check(False, "too long is refused")
+except openai.BadRequestError as e:
+    check("maximum context length" in str(e), "BadRequestError for too long")
+try:
+    client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    check(False, "unknown model is refused")
+except openai.NotFoundError:
+    check(True, "NotFoundError for an unknown model")
+try:
+    OpenAI(base_url=base_url + "/v1", api_key="wrong", max_retries=0).models.list()
+    check(False, "wrong key is refused")
+except openai.AuthenticationError:
+    check(True, "AuthenticationError for a wrong key")
+print("all openai SDK checks passed")
