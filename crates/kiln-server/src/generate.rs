@@ -120,14 +120,57 @@ pub async fn collect_all(
     Ok(results)
 }
 
+/// The fields every response body or stream chunk of one request shares.
+#[derive(Clone, Debug)]
+pub struct Envelope {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Envelope {
+    /// A fresh id with `prefix` (`cmpl`, `chatcmpl`), now, and the served model name.
+    pub fn new(state: &ServerState, prefix: &str) -> Self {
+        Self {
+            id: state.response_id(prefix),
+            created: crate::routes::unix_now(),
+            model: crate::routes::model_name(state).to_owned(),
+        }
+    }
+
+    /// A whole (not streamed) response.
+    pub fn response(&self, object: &str, choices: &[Value], usage: &Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage.to_json(),
+        })
+    }
+
+    /// A stream chunk of `object`.
+    pub fn chunk(&self, object: &str, choices: &Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+}
+
 /// How an endpoint renders stream chunks.
 pub trait ChunkFormat: Send + 'static {
+    /// The chunks' `object`.
+    const OBJECT: &'static str;
+    fn envelope(&self) -> &Envelope;
     /// Chunks sent before any token (chat's role chunk), per choice.
     fn opening(&mut self, index: usize) -> Option<Value>;
     /// The chunk for one delta of choice `index` (`None`: nothing worth sending).
     fn delta(&mut self, index: usize, delta: Delta) -> Option<Value>;
-    /// The final usage chunk (`choices: []`).
-    fn usage(&mut self, usage: &Usage) -> Value;
 }
 
 /// A streaming response: SSE chunks as the sequences produce them.
@@ -146,9 +189,16 @@ pub fn stream_response<F: ChunkFormat>(
             let tx = tx.clone();
             async move { tx.send(Event::default().data(value)).await.is_ok() }
         };
+        // With `include_usage`, every chunk but the last carries `usage: null` (OpenAI).
+        let with_usage_null = |mut chunk: Value| {
+            if include_usage {
+                chunk["usage"] = Value::Null;
+            }
+            chunk.to_string()
+        };
         for i in 0..num_choices {
             if let Some(chunk) = format.opening(i)
-                && !send(chunk.to_string()).await
+                && !send(with_usage_null(chunk)).await
             {
                 return;
             }
@@ -164,7 +214,7 @@ pub fn stream_response<F: ChunkFormat>(
                 Some((i, Ok(delta))) => {
                     usage.add(i / n, &delta);
                     if let Some(chunk) = format.delta(i, delta)
-                        && !send(chunk.to_string()).await
+                        && !send(with_usage_null(chunk)).await
                     {
                         return;
                     }
@@ -177,8 +227,12 @@ pub fn stream_response<F: ChunkFormat>(
                 }
             }
         }
-        if include_usage && !send(format.usage(&usage).to_string()).await {
-            return;
+        if include_usage {
+            let mut chunk = format.envelope().chunk(F::OBJECT, &json!([]));
+            chunk["usage"] = usage.to_json();
+            if !send(chunk.to_string()).await {
+                return;
+            }
         }
         send("[DONE]".to_owned()).await;
     });

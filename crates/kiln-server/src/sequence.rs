@@ -173,11 +173,7 @@ impl Sequence {
             self.loaded.engine.abort(self.id);
             Some("stop")
         } else {
-            out.finish_reason.map(|r| match r {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-                FinishReason::Abort => "abort",
-            })
+            out.finish_reason.map(FinishReason::as_str)
         };
         if let Some(reason) = finish_reason {
             if !stopped {

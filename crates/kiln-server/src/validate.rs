@@ -57,7 +57,8 @@ fn to_f32(param: &str, value: f64) -> Result<f32, ApiError> {
     }
 }
 
-fn token(param: &str, value: i64, limits: &Limits) -> Result<TokenId, ApiError> {
+/// A token id named by `param`, or 400 when it is outside the vocabulary.
+pub fn token_id(param: &str, value: i64, limits: &Limits) -> Result<TokenId, ApiError> {
     match u32::try_from(value) {
         Ok(t) if (t as usize) < limits.vocab_size => Ok(TokenId(t)),
         _ => Err(ApiError::bad_param(
@@ -183,7 +184,7 @@ fn token_fields(
     if let Some(ids) = stop_token_ids {
         params.stop_token_ids = ids
             .into_iter()
-            .map(|t| token("stop_token_ids", t, limits))
+            .map(|t| token_id("stop_token_ids", t, limits))
             .collect::<Result<_, _>>()?;
     }
     if let Some(bias) = logit_bias {
@@ -196,7 +197,7 @@ fn token_fields(
             })?;
             params
                 .logit_bias
-                .push((token("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
+                .push((token_id("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
         }
         params.logit_bias.sort_by_key(|b| b.0);
     }

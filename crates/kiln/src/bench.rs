@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use kiln_core::{SamplingParams, TokenId};
-use kiln_engine::{EngineConfig, EngineCore, Rng, SchedulerConfig};
+use kiln_engine::{EngineConfig, EngineCore, Rng};
 
+use crate::engine_args::EngineArgs;
 use crate::kv_args::{KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
 
@@ -42,13 +43,8 @@ pub struct ThroughputArgs {
     /// Leading prompt tokens shared by every request.
     #[arg(long, default_value_t = 0)]
     prefix_len: usize,
-    /// Kernel threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    #[arg(long, default_value_t = 256)]
-    max_num_seqs: usize,
-    #[arg(long, default_value_t = 2048)]
-    max_num_batched_tokens: usize,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// KV cache sizing; default: enough blocks for every request at once, capped at 8 GiB.
     #[command(flatten)]
     kv: KvCacheArgs,
@@ -96,13 +92,8 @@ fn throughput(args: &ThroughputArgs) -> anyhow::Result<()> {
         block_size,
         num_kv_blocks,
         max_model_len: Some(max_model_len),
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: args.max_num_batched_tokens,
-            max_num_seqs: args.max_num_seqs,
-            enable_prefix_caching: !args.kv.no_enable_prefix_caching,
-            ..SchedulerConfig::default()
-        },
-        num_threads: args.threads,
+        scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
+        num_threads: args.engine.threads,
         seed: args.seed,
         eos_token_ids: Vec::new(),
     };

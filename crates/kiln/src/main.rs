@@ -1,6 +1,7 @@
 //! The `kiln` command line: `kiln serve`, `kiln generate` and `kiln bench throughput`; `tune` and `plan` join them.
 
 mod bench;
+mod engine_args;
 mod generate;
 mod kv_args;
 mod model_arg;

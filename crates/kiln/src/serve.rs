@@ -7,21 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kiln_engine::{EngineConfig, SchedulerConfig, SchedulingPolicy};
+use kiln_engine::{EngineConfig, SchedulerConfig};
 use kiln_server::{ServerConfig, ServerState};
 
+use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
 
 /// KV cache cap when no sizing flag is given: half the free RAM, at most this.
 const DEFAULT_KV_CACHE_CAP_BYTES: u64 = 4 << 30;
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum Policy {
-    Fcfs,
-    Priority,
-    Sjf,
-}
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -56,25 +50,8 @@ pub struct ServeArgs {
     /// Largest request body (e.g. 4MiB).
     #[arg(long, default_value = "4MiB")]
     max_body_bytes: Bytes,
-    /// Kernel threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
-    /// Most requests running at once.
-    #[arg(long, default_value_t = 256)]
-    max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks and decodes).
-    #[arg(long, default_value_t = 2048)]
-    max_num_batched_tokens: usize,
-    /// Prompts longer than this are prefilled in chunks of at most this many tokens (0 = no limit).
-    #[arg(long, default_value_t = 0)]
-    long_prefill_token_threshold: usize,
-    /// Most prompts being prefilled in chunks at once.
-    #[arg(long, default_value_t = 1)]
-    max_num_partial_prefills: usize,
-    /// Who runs first: arrival order, the request's `priority` (lower first), or shortest
-    /// remaining work; the last two age so nothing starves.
-    #[arg(long, value_enum, default_value = "fcfs")]
-    scheduling_policy: Policy,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Seed of requests that give none.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -169,20 +146,8 @@ fn args_for_loading(args: &ServeArgs) -> LoadArgs {
         model: args.model.clone(),
         chat_template: args.chat_template.clone(),
         kv: args.kv.clone(),
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: args.max_num_batched_tokens,
-            max_num_seqs: args.max_num_seqs,
-            long_prefill_token_threshold: args.long_prefill_token_threshold,
-            max_num_partial_prefills: args.max_num_partial_prefills,
-            policy: match args.scheduling_policy {
-                Policy::Fcfs => SchedulingPolicy::Fcfs,
-                Policy::Priority => SchedulingPolicy::Priority,
-                Policy::Sjf => SchedulingPolicy::Sjf,
-            },
-            enable_prefix_caching: !args.kv.no_enable_prefix_caching,
-            ..SchedulerConfig::default()
-        },
-        threads: args.threads,
+        scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
+        threads: args.engine.threads,
         seed: args.seed,
     }
 }

@@ -9,11 +9,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::format::{chat_logprobs, prompt_logprobs};
-use super::{check_model, model_name, tokenize, unix_now};
+use super::{check_model, tokenize};
 use crate::chat_template::ChatMessage;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::generate::{ChunkFormat, Usage, collect_all, start_all, stream_response};
+use crate::generate::{ChunkFormat, Envelope, Usage, collect_all, start_all, stream_response};
 use crate::protocol::{ChatMessageIn, ChatRequest, MessageContent};
 use crate::sequence::{Delta, SequenceSpec};
 use crate::state::{Loaded, ServerState};
@@ -122,11 +122,9 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         .collect::<Result<Vec<_>, ApiError>>()?;
     let seqs = start_all(&state, &loaded, seq_specs)?;
     let mut usage = Usage::new(&[ids.len()]);
-    let id = state.response_id("chatcmpl");
-    let created = unix_now();
-    let model = model_name(&state).to_owned();
+    let envelope = Envelope::new(&state, "chatcmpl");
     if spec.stream {
-        let format = ChatChunks { loaded, id, created, model, include_usage: spec.include_usage };
+        let format = ChatChunks { loaded, envelope };
         return Ok(stream_response(
             seqs,
             spec.n,
@@ -155,43 +153,28 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             choice
         })
         .collect();
-    Ok(Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage.to_json(),
-    }))
-    .into_response())
+    Ok(Json(envelope.response("chat.completion", &choices, &usage)).into_response())
 }
 
 /// Stream chunks of `/v1/chat/completions`.
 struct ChatChunks {
     loaded: Arc<Loaded>,
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
+    envelope: Envelope,
 }
 
 impl ChatChunks {
     fn chunk(&self, choices: &Value) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+        self.envelope.chunk(Self::OBJECT, choices)
     }
 }
 
 impl ChunkFormat for ChatChunks {
+    const OBJECT: &'static str = "chat.completion.chunk";
+
+    fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
     fn opening(&mut self, index: usize) -> Option<Value> {
         Some(self.chunk(&json!([{
             "index": index,
@@ -217,11 +200,5 @@ impl ChunkFormat for ChatChunks {
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
         }])))
-    }
-
-    fn usage(&mut self, usage: &Usage) -> Value {
-        let mut chunk = self.chunk(&json!([]));
-        chunk["usage"] = usage.to_json();
-        chunk
     }
 }

@@ -11,10 +11,12 @@ use kiln_engine::PromptLogprobs;
 use serde_json::{Value, json};
 
 use super::format::{completion_logprobs, prompt_logprobs};
-use super::{check_model, model_name, tokenize, unix_now};
+use super::{check_model, tokenize};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::generate::{ChoiceResult, ChunkFormat, Usage, collect_all, start_all, stream_response};
+use crate::generate::{
+    ChoiceResult, ChunkFormat, Envelope, Usage, collect_all, start_all, stream_response,
+};
 use crate::protocol::CompletionRequest;
 use crate::sequence::{Delta, SequenceSpec};
 use crate::state::{Loaded, ServerState};
@@ -40,11 +42,7 @@ fn token_ids(items: &[Value], limits: &Limits) -> Result<Vec<TokenId>, ApiError>
     items
         .iter()
         .map(|v| match v.as_i64() {
-            Some(t) if t >= 0 && (t as u64) < limits.vocab_size as u64 => Ok(TokenId(t as u32)),
-            Some(t) => Err(bad_prompt(&format!(
-                "token id {t} is outside the vocabulary (valid ids are 0 to {})",
-                limits.vocab_size.saturating_sub(1)
-            ))),
+            Some(t) => validate::token_id("prompt", t, limits),
             None => Err(bad_prompt(PROMPT_SHAPE)),
         })
         .collect()
@@ -162,21 +160,16 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     }
     let seqs = start_all(&state, &loaded, seq_specs)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
-    let id = state.response_id("cmpl");
-    let created = unix_now();
-    let model = model_name(&state).to_owned();
+    let envelope = Envelope::new(&state, "cmpl");
     if spec.stream {
         let format = CompletionChunks {
             loaded,
-            id,
-            created,
-            model,
+            envelope,
             n: spec.n,
             echo_texts,
             prompt_ids,
             echo_logprobs: echo && logprobs.is_some(),
             offsets: Vec::new(),
-            include_usage: spec.include_usage,
         };
         return Ok(stream_response(
             seqs,
@@ -191,15 +184,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     let results = collect_all(seqs, spec.n, &mut usage).await?;
     let echo = echo.then_some(Echo { texts: &echo_texts, prompt_ids: &prompt_ids });
     let choices = choices_json(&loaded, results, &spec, echo, logprobs);
-    Ok(Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage.to_json(),
-    }))
-    .into_response())
+    Ok(Json(envelope.response("text_completion", &choices, &usage)).into_response())
 }
 
 /// What `echo` puts before each choice.
@@ -258,9 +243,7 @@ fn choices_json(
 /// Stream chunks of `/v1/completions`.
 struct CompletionChunks {
     loaded: Arc<Loaded>,
-    id: String,
-    created: u64,
-    model: String,
+    envelope: Envelope,
     n: usize,
     /// Per prompt: the text echoed before the first token (empty without echo).
     echo_texts: Vec<String>,
@@ -268,26 +251,21 @@ struct CompletionChunks {
     echo_logprobs: bool,
     /// Per choice: bytes of text sent so far (for `text_offset`).
     offsets: Vec<usize>,
-    include_usage: bool,
 }
 
 impl CompletionChunks {
     fn chunk(&self, choices: &Value) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+        self.envelope.chunk(Self::OBJECT, choices)
     }
 }
 
 impl ChunkFormat for CompletionChunks {
+    const OBJECT: &'static str = "text_completion";
+
+    fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
     fn opening(&mut self, _index: usize) -> Option<Value> {
         None
     }
@@ -330,11 +308,5 @@ impl ChunkFormat for CompletionChunks {
             "finish_reason": delta.finish_reason,
             "stop_reason": Value::Null,
         }])))
-    }
-
-    fn usage(&mut self, usage: &Usage) -> Value {
-        let mut chunk = self.chunk(&json!([]));
-        chunk["usage"] = usage.to_json();
-        chunk
     }
 }

@@ -16,6 +16,7 @@ use crate::extract::ApiJson;
 use crate::metrics;
 use crate::protocol::{DetokenizeRequest, TokenizeRequest};
 use crate::state::ServerState;
+use crate::validate;
 
 pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
     let loaded = match state.ready() {
@@ -96,20 +97,10 @@ pub async fn detokenize_endpoint(
     let result = (|| {
         let loaded = state.ready()?;
         check_model(&state, req.model.as_deref())?;
-        let vocab = loaded.limits.vocab_size;
         let ids = req
             .tokens
             .iter()
-            .map(|&t| match u32::try_from(t) {
-                Ok(id) if (id as usize) < vocab => Ok(id),
-                _ => Err(ApiError::bad_param(
-                    "tokens",
-                    format!(
-                        "token id {t} is outside the vocabulary (valid ids are 0 to {})",
-                        vocab - 1
-                    ),
-                )),
-            })
+            .map(|&t| validate::token_id("tokens", t, &loaded.limits).map(|id| id.0))
             .collect::<Result<Vec<u32>, _>>()?;
         let text = loaded
             .tokenizer
