@@ -1,10 +1,13 @@
-//! Shared vocabulary of kiln: id newtypes, sampling parameters and finish reasons.
+//! Shared vocabulary of kiln: id newtypes, sampling parameters, finish reasons and the seeded
+//! PRNG every component that draws random numbers uses.
 //!
 //! This crate has no dependencies on the rest of kiln and does no I/O; every other crate
 //! speaks these types.
 
 mod ids;
+mod rng;
 mod sampling;
 
 pub use ids::{BlockId, RequestId, TokenId};
+pub use rng::Rng;
 pub use sampling::{FinishReason, SamplingError, SamplingParams};

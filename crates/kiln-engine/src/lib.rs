@@ -13,7 +13,6 @@ mod generator;
 mod handle;
 mod logprobs;
 mod output;
-mod rng;
 mod runner;
 mod sampler;
 
@@ -22,9 +21,9 @@ pub use generator::{
     GenerateError, GenerationOutput, Generator, GeneratorConfig, RunStats, StepEvent,
 };
 pub use handle::{EngineHandle, RequestStream, StreamItem};
+pub use kiln_core::Rng;
 pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
-pub use rng::Rng;
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras};
 pub use sampler::Sampler;

@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use kiln_kernels::quant::quantize_row;
-use kiln_kernels::{GgmlType, ThreadPool, WeightMatrix, linear};
+use kiln_kernels::probe::pseudo_random_matrix;
+use kiln_kernels::{GgmlType, ThreadPool, linear};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -26,7 +26,7 @@ fn main() {
         if !ty.name().contains(&filter) && !filter.is_empty() {
             continue;
         }
-        let w = make(ty, n, k);
+        let w = pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block");
         let bytes = w.data().num_bytes();
         for m in [1usize, 4, 16, 64] {
             let x: Vec<f32> =
@@ -51,27 +51,4 @@ fn main() {
             );
         }
     }
-}
-
-/// An `[n, k]` matrix of `ty` quantized from 64 pseudo-random rows, cycled.
-fn make(ty: GgmlType, n: usize, k: usize) -> WeightMatrix {
-    let rb = ty.row_bytes(k).expect("k is a multiple of the block");
-    let mut src = vec![vec![0u8; rb]; 64];
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    for row in &mut src {
-        let vals: Vec<f32> = (0..k)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect();
-        quantize_row(ty, &vals, row);
-    }
-    let mut bytes = Vec::with_capacity(n * rb);
-    for r in 0..n {
-        bytes.extend_from_slice(&src[r % 64]);
-    }
-    WeightMatrix::from_quantized(n, k, ty, bytes.into()).expect("shape")
 }

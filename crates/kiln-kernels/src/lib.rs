@@ -14,6 +14,7 @@ pub mod activation;
 pub mod attention;
 pub mod matmul;
 pub mod norm;
+pub mod probe;
 pub mod quant;
 pub mod rope;
 mod simd;

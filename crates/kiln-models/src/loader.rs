@@ -54,6 +54,15 @@ pub fn load_model_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
 }
 
+/// Loads only the tokenizer of the model at `path` (an HF directory or a `.gguf` file),
+/// without its weights.
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
+    if path.is_file() {
+        return Tokenizer::from_gguf(&GgufFile::open(path)?);
+    }
+    Tokenizer::from_dir(path).map(|(tokenizer, _)| tokenizer)
+}
+
 fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
     let file = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&file)?;

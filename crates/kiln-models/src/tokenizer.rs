@@ -246,6 +246,26 @@ impl Tokenizer {
         }
     }
 
+    /// Ids in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        match &self.backend {
+            Backend::Hf(t) => t.get_vocab_size(true),
+            Backend::Spm(s) => s.len(),
+        }
+    }
+
+    /// Whether `id` is an ordinary text token: not a control, unknown, unused, byte-fallback
+    /// or user-defined token (GGUF), not a special added token (HF). Benchmarks draw random
+    /// prompts from these.
+    pub fn is_ordinary(&self, id: u32) -> bool {
+        match &self.backend {
+            Backend::Hf(t) => t
+                .id_to_token(id)
+                .is_some_and(|text| !t.get_added_vocabulary().is_special_token(&text)),
+            Backend::Spm(s) => s.kind(id) == Some(gguf_vocab::TokenKind::Normal),
+        }
+    }
+
     /// The EOS token the tokenizer's own configuration names (tokenizer_config.json
     /// `eos_token`, GGUF `tokenizer.ggml.eos_token_id`); one of [`Self::eos_token_ids`].
     pub fn eos_token_id(&self) -> Option<u32> {

@@ -121,6 +121,11 @@ pub async fn serve(
             drain_started.notify_one();
         }
     };
+    // Streamed chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+    // one until the client's delayed ACK (up to 40 ms), which would distort every ITL.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(signal).into_future();
     let mut server = std::pin::pin!(server);
     tokio::select! {

@@ -1,5 +1,19 @@
-//! Engine flags shared by `kiln serve` and `kiln bench throughput`: kernel threads and the
-//! scheduler's limits and policy (vLLM's flag names).
+//! Engine flags shared by `kiln serve` and the in-process benchmarks: kernel threads, the
+//! scheduler's limits and policy (vLLM's flag names), and `--profile`, which sets coherent
+//! defaults for the scheduler knobs. A flag given explicitly always wins over the profile.
+//!
+//! | knob | latency | balanced (default) | throughput |
+//! |---|---:|---:|---:|
+//! | `--max-num-seqs` | 32 | 128 | 256 |
+//! | `--max-num-batched-tokens` | 512 | 2048 | 8192 |
+//! | `--long-prefill-token-threshold` | 256 | 1024 | 0 (off) |
+//! | `--max-num-partial-prefills` | 2 | 1 | 1 |
+//!
+//! Latency keeps steps small and mixes prefill chunks into decode steps, so new requests get
+//! their first token sooner (lowest TTFT; decode steps that carry a chunk are slower);
+//! throughput lets a step take all the work it can (a burst of prompts prefilled at once, then
+//! pure decode steps: the steadiest inter-token latency, later first tokens); balanced sits
+//! between. Measured effects: docs/BENCHMARKS.md, "Profiles".
 
 use kiln_engine::{SchedulerConfig, SchedulingPolicy};
 
@@ -10,23 +24,59 @@ pub enum Policy {
     Sjf,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    Latency,
+    Balanced,
+    Throughput,
+}
+
+/// The scheduler knobs a profile sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfileDefaults {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub long_prefill_token_threshold: usize,
+    pub max_num_partial_prefills: usize,
+}
+
+impl Profile {
+    pub fn defaults(self) -> ProfileDefaults {
+        let (seqs, tokens, threshold, partial) = match self {
+            Self::Latency => (32, 512, 256, 2),
+            Self::Balanced => (128, 2048, 1024, 1),
+            Self::Throughput => (256, 8192, 0, 1),
+        };
+        ProfileDefaults {
+            max_num_seqs: seqs,
+            max_num_batched_tokens: tokens,
+            long_prefill_token_threshold: threshold,
+            max_num_partial_prefills: partial,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Kernel threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Most requests running at once.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    /// Token budget of one engine step (prefill chunks and decodes).
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
-    /// Prompts longer than this are prefilled in chunks of at most this many tokens (0 = no limit).
-    #[arg(long, default_value_t = 0)]
-    pub long_prefill_token_threshold: usize,
-    /// Most prompts being prefilled in chunks at once.
-    #[arg(long, default_value_t = 1)]
-    pub max_num_partial_prefills: usize,
+    /// Defaults for the four scheduler knobs below (see docs/OPERATIONS.md).
+    #[arg(long, value_enum, default_value = "balanced")]
+    pub profile: Profile,
+    /// Most requests running at once [profile: 32 | 128 | 256].
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one engine step (prefill chunks and decodes) [profile: 512 | 2048 | 8192].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Prompts longer than this are prefilled in chunks of at most this many tokens (0 = no
+    /// limit) [profile: 256 | 1024 | 0].
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<usize>,
+    /// Most prompts being prefilled in chunks at once [profile: 2 | 1 | 1].
+    #[arg(long)]
+    pub max_num_partial_prefills: Option<usize>,
     /// Who runs first: arrival order, the request's `priority` (lower first), or shortest
     /// remaining work; the last two age so nothing starves.
     #[arg(long, value_enum, default_value = "fcfs")]
@@ -34,12 +84,28 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The profile's knobs with the explicit flags applied.
+    pub fn resolved(&self) -> ProfileDefaults {
+        let d = self.profile.defaults();
+        ProfileDefaults {
+            max_num_seqs: self.max_num_seqs.unwrap_or(d.max_num_seqs),
+            max_num_batched_tokens: self.max_num_batched_tokens.unwrap_or(d.max_num_batched_tokens),
+            long_prefill_token_threshold: self
+                .long_prefill_token_threshold
+                .unwrap_or(d.long_prefill_token_threshold),
+            max_num_partial_prefills: self
+                .max_num_partial_prefills
+                .unwrap_or(d.max_num_partial_prefills),
+        }
+    }
+
     pub fn scheduler_config(&self, enable_prefix_caching: bool) -> SchedulerConfig {
+        let knobs = self.resolved();
         SchedulerConfig {
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_num_seqs: self.max_num_seqs,
-            long_prefill_token_threshold: self.long_prefill_token_threshold,
-            max_num_partial_prefills: self.max_num_partial_prefills,
+            max_num_batched_tokens: knobs.max_num_batched_tokens,
+            max_num_seqs: knobs.max_num_seqs,
+            long_prefill_token_threshold: knobs.long_prefill_token_threshold,
+            max_num_partial_prefills: knobs.max_num_partial_prefills,
             policy: match self.scheduling_policy {
                 Policy::Fcfs => SchedulingPolicy::Fcfs,
                 Policy::Priority => SchedulingPolicy::Priority,
@@ -48,5 +114,39 @@ impl EngineArgs {
             enable_prefix_caching,
             ..SchedulerConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn parse(args: &[&str]) -> EngineArgs {
+        Cli::try_parse_from(std::iter::once("kiln").chain(args.iter().copied())).unwrap().engine
+    }
+
+    #[test]
+    fn profiles_set_defaults_and_flags_win() {
+        assert_eq!(parse(&[]).resolved(), Profile::Balanced.defaults());
+        let latency = parse(&["--profile", "latency"]).scheduler_config(true);
+        assert_eq!((latency.max_num_seqs, latency.max_num_batched_tokens), (32, 512));
+        assert_eq!(
+            (latency.long_prefill_token_threshold, latency.max_num_partial_prefills),
+            (256, 2)
+        );
+        let t = parse(&["--profile", "throughput", "--max-num-seqs", "7"]).resolved();
+        assert_eq!(
+            (t.max_num_seqs, t.max_num_batched_tokens, t.long_prefill_token_threshold),
+            (7, 8192, 0)
+        );
+        assert!(Cli::try_parse_from(["kiln", "--profile", "fast"]).is_err());
     }
 }

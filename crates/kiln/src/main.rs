@@ -1,11 +1,14 @@
-//! The `kiln` command line: `kiln serve`, `kiln generate` and `kiln bench throughput`; `tune` and `plan` join them.
+//! The `kiln` command line: `kiln serve`, `kiln generate`, `kiln bench serve | latency |
+//! throughput`, `kiln tune` and `kiln plan`.
 
 mod bench;
 mod engine_args;
 mod generate;
 mod kv_args;
 mod model_arg;
+mod plan;
 mod serve;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -22,8 +25,12 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Serve the model on an OpenAI-compatible HTTP endpoint.
     Serve(serve::ServeArgs),
-    /// Benchmarks (`kiln bench throughput`).
+    /// Benchmarks: `serve` (online, HTTP), `latency` (batch grid), `throughput` (offline).
     Bench(bench::BenchArgs),
+    /// Sweep server flags × load with `kiln bench serve`; pick the best for an objective.
+    Tune(Box<tune::TuneArgs>),
+    /// Capacity and speed planning: what fits in memory, predicted (and measured) tok/s.
+    Plan(Box<plan::PlanArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +39,8 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Tune(args) => tune::run(&args),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

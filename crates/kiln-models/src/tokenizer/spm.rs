@@ -113,6 +113,14 @@ impl Spm {
         self.ids.get(text).copied()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub(crate) fn kind(&self, id: u32) -> Option<TokenKind> {
+        self.kinds.get(id as usize).copied()
+    }
+
     /// The vocabulary entry of `id`, as stored (`'▁'` for spaces, `<0xXX>` for bytes).
     pub(crate) fn piece(&self, id: u32) -> Option<&str> {
         self.pieces.get(id as usize).map(String::as_str)

@@ -17,18 +17,6 @@ use crate::model_arg::ModelArgs;
 const DEFAULT_KV_CACHE_CAP_BYTES: usize = 8 << 30;
 
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    command: BenchCommand,
-}
-
-#[derive(clap::Subcommand, Debug)]
-enum BenchCommand {
-    /// Offline throughput: N random prompts of I tokens, O output tokens each, all at once.
-    Throughput(ThroughputArgs),
-}
-
-#[derive(clap::Args, Debug)]
 pub struct ThroughputArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -53,13 +41,7 @@ pub struct ThroughputArgs {
     seed: u64,
 }
 
-pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    match &args.command {
-        BenchCommand::Throughput(a) => throughput(a),
-    }
-}
-
-fn throughput(args: &ThroughputArgs) -> anyhow::Result<()> {
+pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.num_prompts == 0 || args.input_len == 0 || args.output_len == 0 {
         bail!("--num-prompts, --input-len and --output-len must be at least 1");
     }

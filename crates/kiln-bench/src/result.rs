@@ -1,0 +1,332 @@
+//! The outcome of one `kiln bench serve` run: counts, throughputs, goodput and latency
+//! distributions (TTFT, TPOT, ITL, E2E), printed as a table and saved as JSON with the field
+//! names vLLM's `bench serve` uses (`mean_ttft_ms`, `p99_tpot_ms`, ...) plus per-request arrays.
+//!
+//! Definitions (vLLM's): TPOT = (E2E − TTFT) / (output tokens − 1) per request with more than
+//! one output token; ITL = every gap between text chunks; goodput = requests meeting every SLO
+//! per second. Output tokens come from the server's `usage`, else from re-tokenizing the text;
+//! input tokens likewise (`usage.prompt_tokens`, else the dataset's count).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value, json};
+
+use crate::client::Outcome;
+use crate::dataset::{BenchRequest, PromptTokenizer};
+use crate::serve::ServeBenchConfig;
+use crate::slo::Slos;
+use crate::stats::Distribution;
+
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    pub date: String,
+    pub label: String,
+    pub base_url: String,
+    pub endpoint: String,
+    pub model: String,
+    pub request_rate: String,
+    pub burstiness: f64,
+    pub max_concurrency: Option<usize>,
+    pub num_prompts: usize,
+    pub duration_s: f64,
+    pub completed: usize,
+    pub failed: usize,
+    pub total_input_tokens: usize,
+    pub total_output_tokens: usize,
+    pub request_throughput: f64,
+    pub request_goodput: Option<f64>,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub slos: Slos,
+    pub ttft_ms: Distribution,
+    pub tpot_ms: Distribution,
+    pub itl_ms: Distribution,
+    pub e2el_ms: Distribution,
+    /// Per request, in dataset order (failed requests have zero lengths and latencies).
+    pub input_lens: Vec<usize>,
+    pub output_lens: Vec<usize>,
+    pub ttfts_s: Vec<f64>,
+    pub e2els_s: Vec<f64>,
+    pub itls_s: Vec<Vec<f64>>,
+    pub generated_texts: Vec<String>,
+    pub errors: Vec<String>,
+    /// Distinct error messages with their counts.
+    pub error_counts: BTreeMap<String, usize>,
+}
+
+impl BenchResult {
+    pub fn summarise(
+        config: &ServeBenchConfig,
+        requests: &[BenchRequest],
+        outcomes: &[Outcome],
+        duration_s: f64,
+        tok: &dyn PromptTokenizer,
+    ) -> Self {
+        let n = outcomes.len();
+        let (mut input_lens, mut output_lens) = (vec![0; n], vec![0; n]);
+        let (mut ttfts, mut e2els) = (vec![0.0; n], vec![0.0; n]);
+        let (mut ttft_ms, mut tpot_ms, mut itl_ms, mut e2el_ms) = (vec![], vec![], vec![], vec![]);
+        let mut errors = vec![String::new(); n];
+        let mut error_counts = BTreeMap::new();
+        let mut good = 0usize;
+        for (i, (o, req)) in outcomes.iter().zip(requests).enumerate() {
+            if !o.success {
+                let e = o.error.clone().unwrap_or_else(|| "unknown error".into());
+                *error_counts.entry(e.clone()).or_insert(0) += 1;
+                errors[i] = e;
+                continue;
+            }
+            let out = o.usage_output_tokens.unwrap_or_else(|| tok.encode(&o.text).len());
+            input_lens[i] = o.usage_prompt_tokens.unwrap_or(req.prompt_len);
+            output_lens[i] = out;
+            ttfts[i] = o.ttft;
+            e2els[i] = o.latency;
+            let tpot = if out > 1 { (o.latency - o.ttft) / (out - 1) as f64 * 1e3 } else { 0.0 };
+            if out > 1 {
+                tpot_ms.push(tpot);
+            }
+            ttft_ms.push(o.ttft * 1e3);
+            e2el_ms.push(o.latency * 1e3);
+            itl_ms.extend(o.itl.iter().map(|s| s * 1e3));
+            good += usize::from(config.slos.met(o.ttft * 1e3, tpot, o.latency * 1e3));
+        }
+        let completed = outcomes.iter().filter(|o| o.success).count();
+        let total_input_tokens: usize = input_lens.iter().sum();
+        let total_output_tokens: usize = output_lens.iter().sum();
+        let d = duration_s.max(1e-9);
+        let p = &config.percentiles;
+        Self {
+            date: utc_now(),
+            label: config.label.clone(),
+            base_url: config.target.base_url.clone(),
+            endpoint: config.target.endpoint.clone(),
+            model: config.target.model.clone(),
+            request_rate: config.request_rate.to_string(),
+            burstiness: config.burstiness,
+            max_concurrency: config.max_concurrency,
+            num_prompts: n,
+            duration_s,
+            completed,
+            failed: n - completed,
+            total_input_tokens,
+            total_output_tokens,
+            request_throughput: completed as f64 / d,
+            request_goodput: (!config.slos.is_empty()).then(|| good as f64 / d),
+            output_throughput: total_output_tokens as f64 / d,
+            total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / d,
+            slos: config.slos,
+            ttft_ms: Distribution::of(&ttft_ms, p),
+            tpot_ms: Distribution::of(&tpot_ms, p),
+            itl_ms: Distribution::of(&itl_ms, p),
+            e2el_ms: Distribution::of(&e2el_ms, p),
+            input_lens,
+            output_lens,
+            ttfts_s: ttfts,
+            e2els_s: e2els,
+            itls_s: outcomes.iter().map(|o| o.itl.clone()).collect(),
+            generated_texts: outcomes.iter().map(|o| o.text.clone()).collect(),
+            errors,
+            error_counts,
+        }
+    }
+
+    /// The four latency metrics by their JSON names.
+    pub fn metrics(&self) -> [(&'static str, &'static str, &Distribution); 4] {
+        [
+            ("ttft", "Time to First Token", &self.ttft_ms),
+            ("tpot", "Time per Output Token (excl. 1st token)", &self.tpot_ms),
+            ("itl", "Inter-token Latency", &self.itl_ms),
+            ("e2el", "End-to-end Latency", &self.e2el_ms),
+        ]
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_owned(), v);
+        };
+        put("date", json!(self.date));
+        put("label", json!(self.label));
+        put("base_url", json!(self.base_url));
+        put("endpoint", json!(self.endpoint));
+        put("model_id", json!(self.model));
+        put("request_rate", json!(self.request_rate));
+        put("burstiness", json!(self.burstiness));
+        put("max_concurrency", json!(self.max_concurrency));
+        put("num_prompts", json!(self.num_prompts));
+        put("duration", json!(self.duration_s));
+        put("completed", json!(self.completed));
+        put("failed", json!(self.failed));
+        put("total_input_tokens", json!(self.total_input_tokens));
+        put("total_output_tokens", json!(self.total_output_tokens));
+        put("request_throughput", json!(self.request_throughput));
+        put("request_goodput", json!(self.request_goodput));
+        put("output_throughput", json!(self.output_throughput));
+        put("total_token_throughput", json!(self.total_token_throughput));
+        put(
+            "goodput_slos_ms",
+            json!({"ttft": self.slos.ttft_ms, "tpot": self.slos.tpot_ms, "e2el": self.slos.e2el_ms}),
+        );
+        for (name, _, d) in self.metrics() {
+            put(&format!("mean_{name}_ms"), json!(d.mean));
+            put(&format!("median_{name}_ms"), json!(d.median));
+            put(&format!("std_{name}_ms"), json!(d.std));
+            for &(p, v) in &d.percentiles {
+                put(&format!("p{}_{name}_ms", percentile_name(p)), json!(v));
+            }
+        }
+        put("input_lens", json!(self.input_lens));
+        put("output_lens", json!(self.output_lens));
+        put("ttfts", json!(self.ttfts_s));
+        put("itls", json!(self.itls_s));
+        put("e2els", json!(self.e2els_s));
+        put("generated_texts", json!(self.generated_texts));
+        put("errors", json!(self.errors));
+        put("error_counts", json!(self.error_counts));
+        Value::Object(m)
+    }
+
+    /// The human-readable table (vLLM's layout).
+    pub fn report(&self) -> String {
+        let mut s = String::new();
+        let line = |s: &mut String, k: &str, v: String| {
+            let _ = writeln!(s, "{k:<40}{v:<10}");
+        };
+        let _ = writeln!(s, "{:=^50}", " Serving Benchmark Result ");
+        line(&mut s, "Successful requests:", self.completed.to_string());
+        line(&mut s, "Failed requests:", self.failed.to_string());
+        let conc = self.max_concurrency.map_or_else(|| "unlimited".into(), |c| c.to_string());
+        line(&mut s, "Maximum request concurrency:", conc);
+        line(&mut s, "Request rate (req/s):", self.request_rate.clone());
+        line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration_s));
+        line(&mut s, "Total input tokens:", self.total_input_tokens.to_string());
+        line(&mut s, "Total generated tokens:", self.total_output_tokens.to_string());
+        line(&mut s, "Request throughput (req/s):", format!("{:.2}", self.request_throughput));
+        if let Some(g) = self.request_goodput {
+            line(&mut s, "Request goodput (req/s):", format!("{g:.2}"));
+        }
+        line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
+        line(
+            &mut s,
+            "Total token throughput (tok/s):",
+            format!("{:.2}", self.total_token_throughput),
+        );
+        for (name, title, d) in self.metrics() {
+            let short = name.to_uppercase();
+            let _ = writeln!(s, "{title:-^50}");
+            line(&mut s, &format!("Mean {short} (ms):"), format!("{:.2}", d.mean));
+            line(&mut s, &format!("Median {short} (ms):"), format!("{:.2}", d.median));
+            line(&mut s, &format!("Std {short} (ms):"), format!("{:.2}", d.std));
+            for &(p, v) in &d.percentiles {
+                line(&mut s, &format!("P{} {short} (ms):", percentile_name(p)), format!("{v:.2}"));
+            }
+        }
+        for (e, n) in &self.error_counts {
+            let _ = writeln!(s, "error ({n}x): {e}");
+        }
+        let _ = writeln!(s, "{:=^50}", "");
+        s
+    }
+}
+
+/// `99` for 99.0, `99.9` for 99.9.
+fn percentile_name(p: f64) -> String {
+    if p.fract() == 0.0 { format!("{}", p as u64) } else { format!("{p}") }
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format_utc(secs)
+}
+
+fn format_utc(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arrival::RequestRate;
+    use crate::client::Target;
+    use crate::dataset::tests::Letters;
+
+    #[test]
+    fn formats_utc_dates() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400 + 3_661), "2000-02-29T01:01:01Z");
+        assert_eq!(format_utc(1_795_305_600), "2026-11-22T00:00:00Z");
+        assert_eq!((percentile_name(99.0), percentile_name(99.9)), ("99".into(), "99.9".into()));
+    }
+
+    #[test]
+    fn summarises_outcomes() {
+        let config = ServeBenchConfig {
+            target: Target {
+                base_url: "http://x".into(),
+                endpoint: "/v1/completions".into(),
+                model: "m".into(),
+                api_key: None,
+                ignore_eos: true,
+            },
+            request_rate: RequestRate::Infinite,
+            burstiness: 1.0,
+            max_concurrency: Some(2),
+            slos: Slos { ttft_ms: Some(150.0), ..Slos::default() },
+            percentiles: vec![50.0, 99.0],
+            seed: 0,
+            show_progress: false,
+            label: String::new(),
+        };
+        let req = BenchRequest { prompt: "abc".into(), prompt_len: 3, output_len: 4 };
+        let ok = |ttft: f64, usage: Option<usize>| Outcome {
+            success: true,
+            ttft,
+            latency: ttft + 0.3,
+            itl: vec![0.1; 3],
+            usage_output_tokens: usage,
+            text: "wxyz".into(),
+            ..Outcome::default()
+        };
+        let failed = Outcome { error: Some("HTTP 500: boom".into()), ..Outcome::default() };
+        let outcomes = [ok(0.1, Some(4)), ok(0.2, None), failed];
+        let r = BenchResult::summarise(
+            &config,
+            &[req.clone(), req.clone(), req],
+            &outcomes,
+            2.0,
+            &Letters,
+        );
+        assert_eq!((r.completed, r.failed), (2, 1));
+        assert_eq!((r.total_input_tokens, r.total_output_tokens), (6, 8));
+        assert_eq!(r.output_lens, vec![4, 4, 0]);
+        assert!((r.request_throughput - 1.0).abs() < 1e-12);
+        assert!((r.request_goodput.unwrap() - 0.5).abs() < 1e-12);
+        assert!((r.tpot_ms.mean - 100.0).abs() < 1e-9);
+        assert!((r.ttft_ms.mean - 150.0).abs() < 1e-9);
+        assert_eq!(r.itl_ms.percentiles.len(), 2);
+        assert_eq!(r.error_counts.get("HTTP 500: boom"), Some(&1));
+        let j = r.to_json();
+        for key in
+            ["p99_ttft_ms", "median_itl_ms", "std_e2el_ms", "request_goodput", "itls", "errors"]
+        {
+            assert!(j.get(key).is_some(), "{key}");
+        }
+        let text = r.report();
+        assert!(text.contains("Successful requests:") && text.contains("P99 TPOT (ms):"), "{text}");
+    }
+}

@@ -1,0 +1,250 @@
+//! `kiln plan`: what fits and how fast it should run. Prints the model's bytes, KV bytes per
+//! token, tokens / sequences / longest context for a memory budget, and a roofline estimate
+//! of decode (batch 1..64) and prefill speed from this machine's read bandwidth and matmul rate
+//! (quick built-in probes, or given). `--measure` runs the model and prints measured beside
+//! predicted. The arithmetic is `kiln_bench::plan`.
+
+use std::fmt::Write as _;
+
+use anyhow::bail;
+use kiln_bench::plan::{KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate};
+use kiln_core::Rng;
+use kiln_kernels::{GgmlType, ThreadPool, probe};
+
+use crate::bench::latency::{grid_engine, run_cell};
+use crate::engine_args::EngineArgs;
+use crate::kv_args::{Bytes, available_memory};
+use crate::model_arg::ModelArgs;
+
+const BATCHES: [usize; 5] = [1, 4, 16, 32, 64];
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum KvDtypeArg {
+    F32,
+    F16,
+    Bf16,
+    Int8,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Memory budget (weights + KV cache + reserve); default: the RAM available now.
+    #[arg(long)]
+    memory: Option<Bytes>,
+    /// Memory kept back for activations and the runtime.
+    #[arg(long, default_value = "512MiB")]
+    reserve: Bytes,
+    /// Tokens per request for the sequence count; default: the model's context length.
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// KV cache element type to plan for (kiln's engine stores f32 today).
+    #[arg(long, value_enum, default_value = "f32")]
+    kv_cache_dtype: KvDtypeArg,
+    /// Context length of the decode estimate.
+    #[arg(long, default_value_t = 256)]
+    context: usize,
+    /// Prompt length of the prefill estimate.
+    #[arg(long, default_value_t = 512)]
+    prefill_len: usize,
+    /// Read bandwidth in GB/s instead of probing it.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
+    /// Matmul rate in GOP/s instead of probing it.
+    #[arg(long)]
+    peak_gops: Option<f64>,
+    /// Run the model and print measured beside predicted.
+    #[arg(long)]
+    measure: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    if args.context == 0 || args.prefill_len == 0 {
+        bail!("--context and --prefill-len must be at least 1");
+    }
+    let loaded = args.model.load()?;
+    let config = loaded.model.config().clone();
+    let shape = ModelShape {
+        weight_bytes: loaded.model.weight_bytes() as u64,
+        num_layers: config.num_layers,
+        hidden: config.hidden_size,
+        num_heads: config.num_heads,
+        num_kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+        intermediate: config.intermediate_size,
+        vocab: config.vocab_size,
+        layer_windows: config.layer_windows.clone(),
+        max_position_embeddings: config.max_position_embeddings,
+    };
+    let dtype = match args.kv_cache_dtype {
+        KvDtypeArg::F32 => KvDtype::F32,
+        KvDtypeArg::F16 => KvDtype::F16,
+        KvDtypeArg::Bf16 => KvDtype::Bf16,
+        KvDtypeArg::Int8 => KvDtype::Int8,
+    };
+    let memory = match args.memory {
+        Some(Bytes(b)) => b,
+        None => available_memory()
+            .ok_or_else(|| anyhow::anyhow!("cannot read the available memory; give --memory"))?,
+    };
+    let max_model_len = args.max_model_len.unwrap_or(config.max_position_embeddings) as u64;
+    print!("{}", describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype));
+    let pool = ThreadPool::new(args.engine.threads);
+    let machine = probe_machine(&pool, args);
+    drop(pool);
+    let measured = if args.measure { Some(measure(args, loaded.model)?) } else { None };
+    print!("{}", describe_speed(&shape, machine, args, dtype, measured.as_ref()));
+    Ok(())
+}
+
+fn describe_capacity(
+    shape: &ModelShape,
+    memory: u64,
+    reserve: u64,
+    max_model_len: u64,
+    dtype: KvDtype,
+) -> String {
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let c = capacity(shape, memory, reserve, max_model_len, dtype);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "model: {} layers, hidden {}, {} heads / {} KV heads × {}, FFN {}, vocab {}, context {}",
+        shape.num_layers,
+        shape.hidden,
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.intermediate,
+        shape.vocab,
+        shape.max_position_embeddings
+    );
+    let _ = writeln!(
+        s,
+        "weights: {} bytes ({:.1} MiB); matmul multiply-adds per token: {:.1} M in the blocks + {:.1} M LM head",
+        shape.weight_bytes,
+        mib(shape.weight_bytes),
+        shape.block_macs() as f64 / 1e6,
+        shape.lm_head_macs() as f64 / 1e6
+    );
+    let _ = writeln!(
+        s,
+        "KV cache ({}): {} bytes per token = 2 × {} layers × {} KV heads × {} dims × {} bytes",
+        dtype.name(),
+        c.kv_bytes_per_token,
+        shape.num_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        dtype.bytes()
+    );
+    let _ = writeln!(
+        s,
+        "memory {:.1} MiB − weights {:.1} MiB − reserve {:.1} MiB = {:.1} MiB of KV cache: {} tokens",
+        mib(memory),
+        mib(shape.weight_bytes),
+        mib(reserve),
+        mib(c.kv_budget),
+        c.max_tokens
+    );
+    let _ = writeln!(
+        s,
+        "sequences of {max_model_len} tokens at once: {}; longest context that fits: {} tokens{}",
+        c.max_sequences,
+        c.longest_context,
+        if c.longest_context == shape.max_position_embeddings as u64 {
+            " (the model's limit)"
+        } else {
+            ""
+        }
+    );
+    s
+}
+
+fn probe_machine(pool: &ThreadPool, args: &PlanArgs) -> Machine {
+    let bandwidth =
+        args.bandwidth_gbs.map_or_else(|| probe::read_bandwidth(pool, 512, 5), |g| g * 1e9);
+    let peak_ops = args.peak_gops.map_or_else(
+        || probe::matmul_ops(pool, GgmlType::Q8_0, 128, 2048, 2048, 5).unwrap_or(1e9),
+        |g| g * 1e9,
+    );
+    let source =
+        if args.bandwidth_gbs.is_some() && args.peak_gops.is_some() { "given" } else { "probed" };
+    println!(
+        "machine ({source}, {} threads): read bandwidth {:.1} GB/s, quantized matmul {:.0} GOP/s",
+        pool.num_threads(),
+        bandwidth / 1e9,
+        peak_ops / 1e9
+    );
+    Machine { bandwidth, peak_ops }
+}
+
+/// Measured decode tok/s per batch of [`BATCHES`] and prefill tok/s.
+struct Measured {
+    decode: Vec<f64>,
+    prefill: f64,
+}
+
+const DECODE_TOKENS: usize = 32;
+
+fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model>) -> anyhow::Result<Measured> {
+    let vocab = model.config().vocab_size as u64;
+    let max_b = BATCHES[BATCHES.len() - 1];
+    let len = args.context.max(args.prefill_len) + DECODE_TOKENS;
+    let mut core = grid_engine(model, &args.engine, 16, max_b, len, max_b * len, 0)?;
+    let mut rng = Rng::new(0);
+    run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
+    let prefill = run_cell(&mut core, &mut rng, vocab, 1, args.prefill_len, 1)?.prefill_tps();
+    let mut decode = Vec::with_capacity(BATCHES.len());
+    for b in BATCHES {
+        let input = args.context.saturating_sub(DECODE_TOKENS / 2).max(1);
+        decode.push(run_cell(&mut core, &mut rng, vocab, b, input, DECODE_TOKENS)?.decode_tps());
+    }
+    Ok(Measured { decode, prefill })
+}
+
+fn describe_speed(
+    shape: &ModelShape,
+    machine: Machine,
+    args: &PlanArgs,
+    dtype: KvDtype,
+    measured: Option<&Measured>,
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "roofline at context {} ({} KV cache):", args.context, dtype.name());
+    let _ =
+        writeln!(s, "| batch | bound | predicted decode tok/s | measured | measured / predicted |");
+    let _ = writeln!(s, "|---:|---|---:|---:|---:|");
+    for (i, b) in BATCHES.into_iter().enumerate() {
+        let d = decode_estimate(shape, machine, b, args.context, dtype);
+        let bound = if d.compute_bound { "arithmetic" } else { "memory" };
+        let m = measured.map(|m| m.decode[i]);
+        let _ = writeln!(
+            s,
+            "| {b} | {bound} | {:.1} | {} | {} |",
+            d.tokens_per_second,
+            fmt_opt(m),
+            ratio(m, d.tokens_per_second)
+        );
+    }
+    let p = prefill_estimate(shape, machine, args.prefill_len);
+    let m = measured.map(|m| m.prefill);
+    let _ = writeln!(
+        s,
+        "prefill of {} tokens: predicted {p:.0} tok/s; measured {}; measured / predicted {}",
+        args.prefill_len,
+        fmt_opt(m),
+        ratio(m, p)
+    );
+    s
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+fn ratio(measured: Option<f64>, predicted: f64) -> String {
+    measured.map_or_else(|| "-".into(), |m| format!("{:.0}%", 100.0 * m / predicted))
+}

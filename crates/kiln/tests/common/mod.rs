@@ -1,0 +1,83 @@
+//! Shared by the CLI's integration tests: the repository root, the tiny fixture model and a
+//! `kiln serve` child process on a free loopback port.
+
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The tiny llama3 fixture (2 layers, random weights).
+pub fn tiny_model() -> PathBuf {
+    repo().join("tests/fixtures/models/llama3")
+}
+
+pub struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kiln serve` with the tiny llama3 fixture (served as `tiny`, API key `test-key`) on
+/// a free port; returns it with its base URL once `/health` is 200.
+pub fn start_server() -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model"])
+        .arg(tiny_model())
+        .args([
+            "--port",
+            "0",
+            "--served-model-name",
+            "tiny",
+            "--api-key",
+            "test-key",
+            "--num-kv-blocks",
+            "256",
+            "--max-model-len",
+            "256",
+            "--threads",
+            "1",
+            "--disable-log-requests",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[kiln] {line}");
+            if let Some(at) = line.find("listening on http://") {
+                let url = line[at + "listening on ".len()..].split_whitespace().next().unwrap();
+                let _ = tx.send(url.to_owned());
+            }
+        }
+    });
+    let server = Server(child);
+    let url = rx.recv_timeout(Duration::from_secs(60)).expect("kiln serve did not start");
+    let addr = url.trim_start_matches("http://").to_owned();
+    for _ in 0..600 {
+        if health(&addr) == Some(200) {
+            return (server, url);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("kiln serve never became healthy");
+}
+
+pub fn health(addr: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split(' ').nth(1)?.parse().ok()
+}
