@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kiln_core::{RequestId, SamplingParams, TokenId};
 use kiln_kernels::ThreadPool;
 use kiln_kv::KvCacheConfig;
-use kiln_models::Model;
+use kiln_models::{KvCacheDtype, Model};
 use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
 };
@@ -31,6 +31,8 @@ pub struct EngineConfig {
     pub seed: u64,
     /// The model's end-of-sequence ids (ignored by requests with `ignore_eos`).
     pub eos_token_ids: Vec<TokenId>,
+    /// Element type of the KV cache.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +45,7 @@ impl Default for EngineConfig {
             num_threads: 0,
             seed: 0,
             eos_token_ids: Vec::new(),
+            kv_cache_dtype: KvCacheDtype::F32,
         }
     }
 }
@@ -140,8 +143,14 @@ impl EngineCore {
         };
         let scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
             .map_err(|e| EngineError::Config(e.0))?;
-        let runner = ModelRunner::new(model, block_size, config.num_kv_blocks, config.seed)
-            .with_eos_token_ids(&config.eos_token_ids);
+        let runner = ModelRunner::new(
+            model,
+            block_size,
+            config.num_kv_blocks,
+            config.kv_cache_dtype,
+            config.seed,
+        )
+        .with_eos_token_ids(&config.eos_token_ids);
         Ok(Self {
             scheduler,
             runner,

@@ -22,6 +22,7 @@ pub use generator::{
 };
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_core::Rng;
+pub use kiln_models::KvCacheDtype;
 pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};

@@ -22,7 +22,8 @@ use std::collections::HashMap;
 use kiln_core::{RequestId, TokenId};
 use kiln_kernels::ThreadPool;
 use kiln_models::{
-    ForwardBatch, ForwardError, ForwardScratch, Logits, LogitsWanted, Model, PagedKvCache,
+    ForwardBatch, ForwardError, ForwardScratch, KvCacheDtype, Logits, LogitsWanted, Model,
+    PagedKvCache,
 };
 use kiln_sched::{ModelRunnerOutput, SchedulerOutput};
 
@@ -89,9 +90,15 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    /// A runner with a KV cache of `num_blocks` blocks of `block_size` tokens.
-    pub fn new(model: Box<dyn Model>, block_size: usize, num_blocks: usize, seed: u64) -> Self {
-        let kv = PagedKvCache::new(model.kv_layout(), num_blocks, block_size);
+    /// A runner with a KV cache of `num_blocks` blocks of `block_size` tokens of `dtype`.
+    pub fn new(
+        model: Box<dyn Model>,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvCacheDtype,
+        seed: u64,
+    ) -> Self {
+        let kv = PagedKvCache::with_dtype(model.kv_layout(), dtype, num_blocks, block_size);
         Self {
             model,
             kv,

@@ -1,6 +1,6 @@
-//! Engine invariants on a tiny fixture model, greedy unless stated: prefix caching, preemption
-//! and batch composition never change a token; aborts free every block; over-long requests are
-//! refused with vLLM's message.
+//! Engine invariants on a tiny fixture model, greedy unless stated, with f32 and f16 KV caches:
+//! prefix caching, preemption and batch composition never change a token; aborts free every
+//! block; over-long requests are refused with vLLM's message.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
-use kiln_engine::{EngineConfig, EngineCore, EngineError, EngineHandle, SchedulerConfig};
+use kiln_engine::{
+    EngineConfig, EngineCore, EngineError, EngineHandle, KvCacheDtype, SchedulerConfig,
+};
 use kiln_models::load_model;
 
 fn fixture(name: &str) -> PathBuf {
@@ -16,6 +18,18 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: usize) -> EngineCore {
+    engine_of(KvCacheDtype::F32, prefix_caching, num_kv_blocks, max_num_batched_tokens)
+}
+
+/// The invariants below hold for both KV cache element types.
+const DTYPES: [KvCacheDtype; 2] = [KvCacheDtype::F32, KvCacheDtype::F16];
+
+fn engine_of(
+    kv_cache_dtype: KvCacheDtype,
+    prefix_caching: bool,
+    num_kv_blocks: usize,
+    max_num_batched_tokens: usize,
+) -> EngineCore {
     let model = load_model(&fixture("llama3")).unwrap().model;
     let config = EngineConfig {
         block_size: 4,
@@ -27,6 +41,7 @@ fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: us
             ..SchedulerConfig::default()
         },
         num_threads: 2,
+        kv_cache_dtype,
         ..EngineConfig::default()
     };
     EngineCore::new(model, config).unwrap()
@@ -78,75 +93,81 @@ fn shared_prefix_requests() -> Vec<(Vec<TokenId>, SamplingParams)> {
 
 #[test]
 fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
-    let requests = shared_prefix_requests();
-    let mut off = engine(false, 256, 2048);
-    let expected = run(&mut off, &requests);
-    assert_eq!(off.stats().prefix_cache_hits, 0);
-    for r in &expected {
-        assert_eq!(r.len(), 12);
+    for dtype in DTYPES {
+        let requests = shared_prefix_requests();
+        let mut off = engine_of(dtype, false, 256, 2048);
+        let expected = run(&mut off, &requests);
+        assert_eq!(off.stats().prefix_cache_hits, 0);
+        for r in &expected {
+            assert_eq!(r.len(), 12);
+        }
+
+        let mut on = engine_of(dtype, true, 256, 2048);
+        assert_eq!(run(&mut on, &requests), expected);
+        let hits_first = on.stats().prefix_cache_hits;
+        assert_eq!(run(&mut on, &requests), expected);
+        let stats = on.stats();
+        assert!(stats.prefix_cache_hits > hits_first, "{stats:?}");
+        assert!(stats.prefix_cache_hit_rate() > 0.0);
+
+        // Small chunks: requests admitted one by one hit the prefix the first one cached.
+        let mut chunked = engine_of(dtype, true, 256, 8);
+        assert_eq!(run(&mut chunked, &requests), expected);
+        assert!(chunked.stats().prefix_cache_hits > 0);
     }
-
-    let mut on = engine(true, 256, 2048);
-    assert_eq!(run(&mut on, &requests), expected);
-    let hits_first = on.stats().prefix_cache_hits;
-    assert_eq!(run(&mut on, &requests), expected);
-    let stats = on.stats();
-    assert!(stats.prefix_cache_hits > hits_first, "{stats:?}");
-    assert!(stats.prefix_cache_hit_rate() > 0.0);
-
-    // Small chunks: requests admitted one by one hit the prefix the first one cached.
-    let mut chunked = engine(true, 256, 8);
-    assert_eq!(run(&mut chunked, &requests), expected);
-    assert!(chunked.stats().prefix_cache_hits > 0);
 }
 
 #[test]
 fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
-    // Odd requests sample (seeded): a resumed request keeps its random stream.
-    let requests: Vec<_> = (0..8u32)
-        .map(|i| {
-            let params = if i % 2 == 0 {
-                greedy(24)
-            } else {
-                SamplingParams { temperature: 1.0, seed: Some(u64::from(i)), ..greedy(24) }
-            };
-            (prompt(i, 14 + i as usize), params)
-        })
-        .collect();
-    let mut plenty = engine(true, 512, 2048);
-    let expected = run(&mut plenty, &requests);
-    assert_eq!(plenty.stats().num_preemptions, 0);
-    for prefix_caching in [false, true] {
-        // 16 blocks of 4 = one request of max_model_len (64); 8 requests of ~40 tokens each.
-        let mut tight = engine(prefix_caching, 24, 2048);
-        assert_eq!(run(&mut tight, &requests), expected);
-        assert!(tight.stats().num_preemptions > 0, "{:?}", tight.stats());
+    for dtype in DTYPES {
+        // Odd requests sample (seeded): a resumed request keeps its random stream.
+        let requests: Vec<_> = (0..8u32)
+            .map(|i| {
+                let params = if i % 2 == 0 {
+                    greedy(24)
+                } else {
+                    SamplingParams { temperature: 1.0, seed: Some(u64::from(i)), ..greedy(24) }
+                };
+                (prompt(i, 14 + i as usize), params)
+            })
+            .collect();
+        let mut plenty = engine_of(dtype, true, 512, 2048);
+        let expected = run(&mut plenty, &requests);
+        assert_eq!(plenty.stats().num_preemptions, 0);
+        for prefix_caching in [false, true] {
+            // 16 blocks of 4 = one request of max_model_len (64); 8 requests of ~40 tokens each.
+            let mut tight = engine_of(dtype, prefix_caching, 24, 2048);
+            assert_eq!(run(&mut tight, &requests), expected);
+            assert!(tight.stats().num_preemptions > 0, "{:?}", tight.stats());
+        }
     }
 }
 
 #[test]
 fn each_of_16_requests_in_one_batch_equals_it_alone() {
-    let requests: Vec<_> = (0..16u32)
-        .map(|i| {
-            let params = if i % 2 == 0 {
-                greedy(10)
-            } else {
-                SamplingParams {
-                    temperature: 0.8,
-                    top_p: 0.95,
-                    seed: Some(u64::from(i) * 31),
-                    ..greedy(10)
-                }
-            };
-            (prompt(i, 5 + i as usize * 2), params)
-        })
-        .collect();
-    let mut batch = engine(false, 512, 2048);
-    let together = run(&mut batch, &requests);
-    assert!(batch.stats().num_steps <= 11, "one batch: {:?}", batch.stats());
-    for (request, expected) in requests.iter().zip(&together) {
-        let mut alone = engine(false, 512, 2048);
-        assert_eq!(&run(&mut alone, std::slice::from_ref(request))[0], expected);
+    for dtype in DTYPES {
+        let requests: Vec<_> = (0..16u32)
+            .map(|i| {
+                let params = if i % 2 == 0 {
+                    greedy(10)
+                } else {
+                    SamplingParams {
+                        temperature: 0.8,
+                        top_p: 0.95,
+                        seed: Some(u64::from(i) * 31),
+                        ..greedy(10)
+                    }
+                };
+                (prompt(i, 5 + i as usize * 2), params)
+            })
+            .collect();
+        let mut batch = engine_of(dtype, false, 512, 2048);
+        let together = run(&mut batch, &requests);
+        assert!(batch.stats().num_steps <= 11, "one batch: {:?}", batch.stats());
+        for (request, expected) in requests.iter().zip(&together) {
+            let mut alone = engine_of(dtype, false, 512, 2048);
+            assert_eq!(&run(&mut alone, std::slice::from_ref(request))[0], expected);
+        }
     }
 }
 

@@ -16,11 +16,58 @@
 //! they share each K/V load; per row, the operations are those of a lone row. No `[seq, seq]`
 //! matrix is ever formed; per-task state is on the stack. The inner loops (`micro`) have one
 //! fixed arithmetic on every ISA.
+//!
+//! The cache holds f32 or f16 elements ([`KvElem`]); [`write_kv`] rounds to f16 (nearest even)
+//! and the kernels widen exactly, so an f16 cache changes the stored values, never the
+//! arithmetic done on them.
 
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool, vmath};
 
 mod micro;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+/// An element type of the KV cache: `f32` or `half::f16`.
+pub trait KvElem: Copy + Default + Send + Sync + sealed::Sealed + 'static {
+    /// Whether this is the 2-byte IEEE half type (the SIMD loads widen it).
+    const IS_F16: bool;
+    fn to_f32(self) -> f32;
+    /// Rounds to nearest even.
+    fn from_f32(x: f32) -> Self;
+}
+
+impl KvElem for f32 {
+    const IS_F16: bool = false;
+
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl KvElem for half::f16 {
+    const IS_F16: bool = true;
+
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
 
 /// Upper bound of query heads per KV head (a tile's per-row state lives on the stack).
 pub const MAX_GROUP: usize = 64;
@@ -80,12 +127,12 @@ pub struct AttentionSeq {
 
 /// Writes this step's `k, v` (`[num_tokens, num_kv_heads, head_dim]`) into the cache slots
 /// `slot_mapping[t] = block * block_size + offset`.
-pub fn write_kv(
+pub fn write_kv<E: KvElem>(
     k: &[f32],
     v: &[f32],
     slot_mapping: &[u32],
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [E],
+    v_cache: &mut [E],
 ) {
     let num_tokens = slot_mapping.len();
     if num_tokens == 0 {
@@ -95,8 +142,12 @@ pub fn write_kv(
     assert!(k.len() == v.len() && k.len() == num_tokens * row);
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let dst = slot as usize * row;
-        k_cache[dst..dst + row].copy_from_slice(&k[t * row..(t + 1) * row]);
-        v_cache[dst..dst + row].copy_from_slice(&v[t * row..(t + 1) * row]);
+        for (c, x) in k_cache[dst..dst + row].iter_mut().zip(&k[t * row..(t + 1) * row]) {
+            *c = E::from_f32(*x);
+        }
+        for (c, x) in v_cache[dst..dst + row].iter_mut().zip(&v[t * row..(t + 1) * row]) {
+            *c = E::from_f32(*x);
+        }
     }
 }
 
@@ -111,11 +162,11 @@ fn tile_tokens(group: usize) -> usize {
 /// Tasks are (sequence, tile of query tokens, KV head). Each output row is computed by the same
 /// sequence of operations whatever tile, batch or chunk it belongs to, so batching and chunked
 /// prefill never change a bit of it.
-pub fn paged_attention(
+pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     seqs: &[AttentionSeq],
     block_tables: &[u32],
     shape: &AttentionShape,
@@ -161,11 +212,11 @@ struct Tile<'a> {
 ///
 /// # Safety
 /// No other thread may access the tile's rows of `out` meanwhile.
-unsafe fn attend_tile(
+unsafe fn attend_tile<E: KvElem>(
     level: SimdLevel,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
     tile: &Tile<'_>,
     shape: &AttentionShape,
     out: SharedMut<f32>,
@@ -217,10 +268,10 @@ unsafe fn attend_tile(
             // SAFETY: the caller grants this tile's rows.
             unsafe {
                 match n {
-                    1 => attend_rows::<1>(level, q, &job, shape, &mut st, out),
-                    2 => attend_rows::<2>(level, q, &job, shape, &mut st, out),
-                    3 => attend_rows::<3>(level, q, &job, shape, &mut st, out),
-                    _ => attend_rows::<4>(level, q, &job, shape, &mut st, out),
+                    1 => attend_rows::<E, 1>(level, q, &job, shape, &mut st, out),
+                    2 => attend_rows::<E, 2>(level, q, &job, shape, &mut st, out),
+                    3 => attend_rows::<E, 3>(level, q, &job, shape, &mut st, out),
+                    _ => attend_rows::<E, 4>(level, q, &job, shape, &mut st, out),
                 }
             }
             r += n;
@@ -248,11 +299,11 @@ struct RowState {
 
 /// Rows `first..first + R` of a tile against the same `keys` consecutive keys of one block,
 /// whose K and V rows start at `k` and `v` (stride `num_kv_heads * head_dim`).
-struct Rows<'a> {
+struct Rows<'a, E> {
     first: usize,
     keys: usize,
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [E],
+    v: &'a [E],
 }
 
 /// One block's online-softmax step for `R` rows: scores, rescaling by the new running max,
@@ -260,10 +311,10 @@ struct Rows<'a> {
 ///
 /// # Safety
 /// No other thread may access these rows of `out` meanwhile.
-unsafe fn attend_rows<const R: usize>(
+unsafe fn attend_rows<E: KvElem, const R: usize>(
     level: SimdLevel,
     q: &[f32],
-    job: &Rows<'_>,
+    job: &Rows<'_, E>,
     shape: &AttentionShape,
     st: &mut RowState,
     out: SharedMut<f32>,

@@ -9,7 +9,7 @@
 //! and the LM head.
 
 use kiln_kernels::activation::gated_act_inplace;
-use kiln_kernels::attention::{AttentionShape, paged_attention, write_kv};
+use kiln_kernels::attention::{AttentionShape, KvElem, paged_attention, write_kv};
 use kiln_kernels::norm::{rms_norm, rms_norm_inplace};
 use kiln_kernels::rope::{Rope, RopeScaling};
 use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
@@ -17,7 +17,9 @@ use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
 use crate::model::{ForwardScratch, Logits, Model};
 use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
-use crate::{ForwardBatch, ForwardError, KvLayout, LoadError, ModelConfig, PagedKvCache};
+use crate::{
+    ForwardBatch, ForwardError, KvLayerMut, KvLayout, LoadError, ModelConfig, PagedKvCache,
+};
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -279,18 +281,11 @@ impl Model for DecoderModel {
             };
             rope.apply(pool, q, c.num_heads, &batch.positions);
             rope.apply(pool, k, c.num_kv_heads, &batch.positions);
-            let (k_cache, v_cache) = kv.layer_mut(l);
-            write_kv(k, v, &batch.slot_mapping, k_cache, v_cache);
-            paged_attention(
-                pool,
-                q,
-                k_cache,
-                v_cache,
-                &batch.seqs,
-                &batch.block_tables,
-                &self.attention_shape(batch.block_size(), l),
-                attn,
-            );
+            let shape = self.attention_shape(batch.block_size(), l);
+            match kv.layer_mut(l) {
+                KvLayerMut::F32(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
+                KvLayerMut::F16(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
+            }
             linear(pool, attn, t, &layer.o_proj, layer.o_bias.as_deref(), proj);
             if let Some(norm) = &layer.attn_out_norm {
                 rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
@@ -317,4 +312,21 @@ impl Model for DecoderModel {
         }
         Ok(())
     }
+}
+
+/// Writes this step's `k, v` (`[num_tokens, kv_dim]`) into one layer's cache and runs paged
+/// attention of `q` over it into `out` (`[num_tokens, q_dim]`).
+fn attend<E: KvElem>(
+    pool: &ThreadPool,
+    batch: &ForwardBatch,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [E],
+    v_cache: &mut [E],
+    shape: &AttentionShape,
+    out: &mut [f32],
+) {
+    write_kv(k, v, &batch.slot_mapping, k_cache, v_cache);
+    paged_attention(pool, q, k_cache, v_cache, &batch.seqs, &batch.block_tables, shape, out);
 }

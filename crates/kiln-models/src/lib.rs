@@ -26,7 +26,7 @@ pub use config::{Architecture, ModelConfig};
 pub use decoder::DecoderModel;
 pub use default_model::{DEFAULT_MODEL_NAME, fetch_default_model};
 pub use error::{ForwardError, LoadError};
-pub use kv_cache::{KvLayout, PagedKvCache};
+pub use kv_cache::{KvCacheDtype, KvLayerMut, KvLayout, PagedKvCache};
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{ForwardScratch, Logits, Model};
 pub use safetensors_store::WeightStore;

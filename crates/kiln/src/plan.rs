@@ -12,7 +12,7 @@ use kiln_core::Rng;
 use kiln_kernels::{GgmlType, ThreadPool, probe};
 
 use crate::bench::latency::{grid_engine, run_cell};
-use crate::engine_args::EngineArgs;
+use crate::engine_args::{self, EngineArgs};
 use crate::kv_args::{Bytes, available_memory};
 use crate::model_arg::ModelArgs;
 
@@ -39,7 +39,7 @@ pub struct PlanArgs {
     /// Tokens per request for the sequence count; default: the model's context length.
     #[arg(long)]
     max_model_len: Option<usize>,
-    /// KV cache element type to plan for (kiln's engine stores f32 today).
+    /// KV cache element type to plan for (kiln's engine stores f32 or f16).
     #[arg(long, value_enum, default_value = "f32")]
     kv_cache_dtype: KvDtypeArg,
     /// Context length of the decode estimate.
@@ -54,11 +54,13 @@ pub struct PlanArgs {
     /// Matmul rate in GOP/s instead of probing it.
     #[arg(long)]
     peak_gops: Option<f64>,
-    /// Run the model and print measured beside predicted.
+    /// Run the model and print measured beside predicted (with an f16 KV cache when
+    /// `--kv-cache-dtype f16`, else f32).
     #[arg(long)]
     measure: bool,
-    #[command(flatten)]
-    engine: EngineArgs,
+    /// Kernel threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
@@ -92,7 +94,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     };
     let max_model_len = args.max_model_len.unwrap_or(config.max_position_embeddings) as u64;
     print!("{}", describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype));
-    let pool = ThreadPool::new(args.engine.threads);
+    let pool = ThreadPool::new(args.threads);
     let machine = probe_machine(&pool, args);
     drop(pool);
     let measured = if args.measure { Some(measure(args, loaded.model)?) } else { None };
@@ -193,7 +195,15 @@ fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model>) -> anyhow::Resul
     let vocab = model.config().vocab_size as u64;
     let max_b = BATCHES[BATCHES.len() - 1];
     let len = args.context.max(args.prefill_len) + DECODE_TOKENS;
-    let mut core = grid_engine(model, &args.engine, 16, max_b, len, max_b * len, 0)?;
+    let engine = EngineArgs {
+        threads: args.threads,
+        kv_cache_dtype: match args.kv_cache_dtype {
+            KvDtypeArg::F16 => engine_args::KvDtype::F16,
+            _ => engine_args::KvDtype::F32,
+        },
+        ..EngineArgs::default()
+    };
+    let mut core = grid_engine(model, &engine, 16, max_b, len, max_b * len, 0)?;
     let mut rng = Rng::new(0);
     run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
     let prefill = run_cell(&mut core, &mut rng, vocab, 1, args.prefill_len, 1)?.prefill_tps();

@@ -137,6 +137,7 @@ struct LoadArgs {
     chat_template: Option<PathBuf>,
     kv: KvCacheArgs,
     scheduler: SchedulerConfig,
+    kv_cache_dtype: kiln_engine::KvCacheDtype,
     threads: usize,
     seed: u64,
 }
@@ -147,6 +148,7 @@ fn args_for_loading(args: &ServeArgs) -> LoadArgs {
         chat_template: args.chat_template.clone(),
         kv: args.kv.clone(),
         scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
+        kv_cache_dtype: args.engine.kv_cache_dtype(),
         threads: args.engine.threads,
         seed: args.seed,
     }
@@ -156,7 +158,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
     let loaded = args.model.load()?;
     let model = &loaded.model;
     let block_size = args.kv.block_size;
-    let bytes_per_block = model.kv_layout().bytes_per_token() * block_size;
+    let bytes_per_block = model.kv_layout().bytes_per_token(args.kv_cache_dtype) * block_size;
     let weight_bytes = model.weight_bytes() as u64;
     let free = available_memory().map(|a| a.saturating_sub(weight_bytes));
     let default_bytes =
@@ -175,6 +177,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         num_threads: args.threads,
         seed: args.seed,
         eos_token_ids: Vec::new(),
+        kv_cache_dtype: args.kv_cache_dtype,
     };
     let ready = kiln_server::load(&state.config, loaded, engine, args.chat_template.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;

@@ -48,6 +48,9 @@ pub struct TuneArgs {
     /// Values of --scheduling-policy to try.
     #[arg(long, value_delimiter = ',')]
     scheduling_policy: Vec<String>,
+    /// Values of --kv-cache-dtype to try (f32, f16).
+    #[arg(long, value_delimiter = ',')]
+    kv_cache_dtype: Vec<String>,
     /// Load levels: most requests in flight (all queued at once).
     #[arg(long, value_delimiter = ',', conflicts_with = "request_rate")]
     concurrency: Vec<usize>,
@@ -120,6 +123,7 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
         axis("--long-prefill-token-threshold", &args.long_prefill_token_threshold),
         axis("--max-num-partial-prefills", &args.max_num_partial_prefills),
         axis("--scheduling-policy", &args.scheduling_policy),
+        axis("--kv-cache-dtype", &args.kv_cache_dtype),
     ];
     let mut common_args = vec!["--model".to_owned(), args.model.clone()];
     common_args.extend(args.server_args.split_whitespace().map(str::to_owned));

@@ -10,6 +10,10 @@
 //! keys). Each row still gets exactly its lone-row operations, so the row count of a call never
 //! changes a bit (tested).
 //!
+//! K and V elements are f32 or f16 ([`KvElem`]); f16 ones are widened to f32 exactly as they
+//! are loaded, so a kernel over an f16 cache gives bitwise the result of the f32 kernel over
+//! the same values widened (tested), and every property above holds for both.
+//!
 //! Keys of a block sit at a fixed stride in the cache (`num_kv_heads * head_dim`). The scalar
 //! versions are the reference; the AVX-512 and AVX2 ones perform the same IEEE operations on
 //! the same operands (AVX-512 reduces 16 keys at once with a shuffle network that adds exactly
@@ -17,11 +21,18 @@
 //! (tested). With the per-row independence of the loops, that keeps attention outputs
 //! independent of batching and chunking.
 
+use super::KvElem;
 use crate::SimdLevel;
 
 /// `out[j] = q · k_j` where `k_j = keys[j * stride..][..q.len()]`, for `j < out.len()`.
 #[inline]
-pub(crate) fn scores(level: SimdLevel, q: &[f32], keys: &[f32], stride: usize, out: &mut [f32]) {
+pub(crate) fn scores<E: KvElem>(
+    level: SimdLevel,
+    q: &[f32],
+    keys: &[E],
+    stride: usize,
+    out: &mut [f32],
+) {
     let hd = q.len();
     if let Some(last) = out.len().checked_sub(1) {
         assert!(keys.len() >= last * stride + hd, "keys out of bounds");
@@ -31,7 +42,9 @@ pub(crate) fn scores(level: SimdLevel, q: &[f32], keys: &[f32], stride: usize, o
         if level == SimdLevel::Avx512 {
             let (q, o) = ([q.as_ptr()], [out.as_mut_ptr()]);
             // SAFETY: `level` is at most the detected level; bounds checked above.
-            return unsafe { x86::scores_avx512::<1>(q, hd, keys.as_ptr(), stride, out.len(), o) };
+            return unsafe {
+                x86::scores_avx512::<E, 1>(q, hd, keys.as_ptr(), stride, out.len(), o);
+            };
         }
         if level == SimdLevel::Avx2 {
             // SAFETY: as above.
@@ -41,12 +54,12 @@ pub(crate) fn scores(level: SimdLevel, q: &[f32], keys: &[f32], stride: usize, o
     scores_scalar(q, keys, stride, out);
 }
 
-pub(crate) fn scores_scalar(q: &[f32], keys: &[f32], stride: usize, out: &mut [f32]) {
+pub(crate) fn scores_scalar<E: KvElem>(q: &[f32], keys: &[E], stride: usize, out: &mut [f32]) {
     for (j, o) in out.iter_mut().enumerate() {
         let k = &keys[j * stride..][..q.len()];
         let mut lanes = [0.0f32; 16];
         for (i, (a, b)) in q.iter().zip(k).enumerate() {
-            lanes[i % 16] = a.mul_add(*b, lanes[i % 16]);
+            lanes[i % 16] = a.mul_add(b.to_f32(), lanes[i % 16]);
         }
         *o = reduce16(&lanes);
     }
@@ -63,11 +76,11 @@ pub(crate) fn reduce16(l: &[f32; 16]) -> f32 {
 
 /// `acc[d] = fma(p[j], v_j[d], acc[d])` for `j` in order, `v_j = rows[j * stride..][..acc.len()]`.
 #[inline]
-pub(crate) fn accumulate(
+pub(crate) fn accumulate<E: KvElem>(
     level: SimdLevel,
     acc: &mut [f32],
     p: &[f32],
-    rows: &[f32],
+    rows: &[E],
     stride: usize,
 ) {
     if let Some(last) = p.len().checked_sub(1) {
@@ -79,7 +92,7 @@ pub(crate) fn accumulate(
             let (hd, n) = (acc.len(), p.len());
             let (a, p) = ([acc.as_mut_ptr()], [p.as_ptr()]);
             // SAFETY: `level` is at most the detected level; bounds checked above.
-            return unsafe { x86::accumulate_avx512::<1>(a, hd, p, n, rows.as_ptr(), stride) };
+            return unsafe { x86::accumulate_avx512::<E, 1>(a, hd, p, n, rows.as_ptr(), stride) };
         }
         if level == SimdLevel::Avx2 {
             // SAFETY: as above.
@@ -89,10 +102,10 @@ pub(crate) fn accumulate(
     accumulate_scalar(acc, p, rows, stride);
 }
 
-pub(crate) fn accumulate_scalar(acc: &mut [f32], p: &[f32], rows: &[f32], stride: usize) {
+pub(crate) fn accumulate_scalar<E: KvElem>(acc: &mut [f32], p: &[f32], rows: &[E], stride: usize) {
     for (j, &pj) in p.iter().enumerate() {
         for (a, v) in acc.iter_mut().zip(&rows[j * stride..]) {
-            *a = pj.mul_add(*v, *a);
+            *a = pj.mul_add(v.to_f32(), *a);
         }
     }
 }
@@ -103,10 +116,10 @@ pub(crate) const MAX_ROWS: usize = 4;
 /// [`scores`] for `R` query rows against the same keys: `out[r][j] = q[r] · k_j`. Each result
 /// is computed exactly as by [`scores`]; AVX-512 loads every K row once for all `R` rows.
 #[inline]
-pub(crate) fn scores_rows<const R: usize>(
+pub(crate) fn scores_rows<E: KvElem, const R: usize>(
     level: SimdLevel,
     q: [&[f32]; R],
-    keys: &[f32],
+    keys: &[E],
     stride: usize,
     out: [&mut [f32]; R],
 ) {
@@ -120,7 +133,7 @@ pub(crate) fn scores_rows<const R: usize>(
         let q = q.map(<[f32]>::as_ptr);
         let out = out.map(<[f32]>::as_mut_ptr);
         // SAFETY: `level` is at most the detected level; bounds checked above.
-        return unsafe { x86::scores_avx512::<R>(q, hd, keys.as_ptr(), stride, n, out) };
+        return unsafe { x86::scores_avx512::<E, R>(q, hd, keys.as_ptr(), stride, n, out) };
     }
     for (qr, o) in q.into_iter().zip(out) {
         scores(level, qr, keys, stride, o);
@@ -131,11 +144,11 @@ pub(crate) fn scores_rows<const R: usize>(
 /// Each result is computed exactly as by [`accumulate`]; AVX-512 loads every V row once for
 /// all `R` rows.
 #[inline]
-pub(crate) fn accumulate_rows<const R: usize>(
+pub(crate) fn accumulate_rows<E: KvElem, const R: usize>(
     level: SimdLevel,
     acc: [&mut [f32]; R],
     p: [&[f32]; R],
-    rows: &[f32],
+    rows: &[E],
     stride: usize,
 ) {
     let (hd, n) = (acc[0].len(), p[0].len());
@@ -148,7 +161,7 @@ pub(crate) fn accumulate_rows<const R: usize>(
         let acc = acc.map(<[f32]>::as_mut_ptr);
         let p = p.map(<[f32]>::as_ptr);
         // SAFETY: `level` is at most the detected level; bounds checked above.
-        return unsafe { x86::accumulate_avx512::<R>(acc, hd, p, n, rows.as_ptr(), stride) };
+        return unsafe { x86::accumulate_avx512::<E, R>(acc, hd, p, n, rows.as_ptr(), stride) };
     }
     for (a, pr) in acc.into_iter().zip(p) {
         accumulate(level, a, pr, rows, stride);
@@ -159,7 +172,41 @@ pub(crate) fn accumulate_rows<const R: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::reduce16;
+    use super::{KvElem, reduce16};
+
+    /// 16 elements at `p` widened to f32 (lanes outside `mask` are zero and read nothing).
+    ///
+    /// # Safety
+    /// The masked elements are readable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load16<E: KvElem>(p: *const E, mask: __mmask16) -> __m512 {
+        // SAFETY: forwarded from the caller; `E` is f16 (2 bytes) or f32 (4 bytes) per `IS_F16`.
+        unsafe {
+            if E::IS_F16 {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast()))
+            } else {
+                _mm512_maskz_loadu_ps(mask, p.cast())
+            }
+        }
+    }
+
+    /// 8 elements at `p` widened to f32.
+    ///
+    /// # Safety
+    /// 8 elements readable at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if E::IS_F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+            } else {
+                _mm256_loadu_ps(p.cast())
+            }
+        }
+    }
 
     /// Keys whose lane sums one pass over `q` computes (sharing every load of `q`).
     const KEYS: usize = 4;
@@ -170,10 +217,10 @@ mod x86 {
     /// # Safety
     /// `hd` floats readable at every `q[r]` and `k[c]`.
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn lanes<const R: usize>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn lanes<E: KvElem, const R: usize>(
         q: [*const f32; R],
-        k: [*const f32; KEYS],
+        k: [*const E; KEYS],
         hd: usize,
     ) -> [[__m512; KEYS]; R] {
         let mut acc = [[_mm512_setzero_ps(); KEYS]; R];
@@ -181,7 +228,7 @@ mod x86 {
         // SAFETY (all loads): `i + 16 <= hd`, or the mask covers only the `hd - i` tail lanes.
         while i + 16 <= hd {
             let kv: [__m512; KEYS] =
-                std::array::from_fn(|c| unsafe { _mm512_loadu_ps(k[c].add(i)) });
+                std::array::from_fn(|c| unsafe { load16(k[c].add(i), u16::MAX) });
             for r in 0..R {
                 let qv = unsafe { _mm512_loadu_ps(q[r].add(i)) };
                 for c in 0..KEYS {
@@ -192,8 +239,7 @@ mod x86 {
         }
         if i < hd {
             let mask: __mmask16 = (1u16 << (hd - i)) - 1;
-            let kv: [__m512; KEYS] =
-                std::array::from_fn(|c| unsafe { _mm512_maskz_loadu_ps(mask, k[c].add(i)) });
+            let kv: [__m512; KEYS] = std::array::from_fn(|c| unsafe { load16(k[c].add(i), mask) });
             for r in 0..R {
                 let qv = unsafe { _mm512_maskz_loadu_ps(mask, q[r].add(i)) };
                 for c in 0..KEYS {
@@ -252,11 +298,11 @@ mod x86 {
     /// # Safety
     /// `hd` floats readable at every `q[r]` and at every key row, `n` writable at every
     /// `out[r]`.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_avx512<const R: usize>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn scores_avx512<E: KvElem, const R: usize>(
         q: [*const f32; R],
         hd: usize,
-        keys: *const f32,
+        keys: *const E,
         stride: usize,
         n: usize,
         out: [*mut f32; R],
@@ -267,13 +313,13 @@ mod x86 {
             let mut a = [[_mm512_setzero_ps(); 16]; R];
             for g in 0..cnt.div_ceil(KEYS) {
                 // Keys `j + 4g + c`; past `n`, key `j` is read again and its sums dropped.
-                let k: [*const f32; KEYS] = std::array::from_fn(|c| {
+                let k: [*const E; KEYS] = std::array::from_fn(|c| {
                     let key = if KEYS * g + c < cnt { j + KEYS * g + c } else { j };
                     // SAFETY: `key < n`.
                     unsafe { keys.add(key * stride) }
                 });
                 // SAFETY: forwarded from the caller.
-                let l = unsafe { lanes::<R>(q, k, hd) };
+                let l = unsafe { lanes::<E, R>(q, k, hd) };
                 for r in 0..R {
                     for c in 0..KEYS.min(cnt - KEYS * g) {
                         // Key `4g + c` of the 16 sits at position `4c + g`.
@@ -290,8 +336,8 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scores_avx2(q: &[f32], keys: &[f32], stride: usize, out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores_avx2<E: KvElem>(q: &[f32], keys: &[E], stride: usize, out: &mut [f32]) {
         let n = q.len();
         for (j, o) in out.iter_mut().enumerate() {
             let k = &keys[j * stride..][..n];
@@ -302,12 +348,12 @@ mod x86 {
                 unsafe {
                     lo = _mm256_fmadd_ps(
                         _mm256_loadu_ps(q.as_ptr().add(i)),
-                        _mm256_loadu_ps(k.as_ptr().add(i)),
+                        load8(k.as_ptr().add(i)),
                         lo,
                     );
                     hi = _mm256_fmadd_ps(
                         _mm256_loadu_ps(q.as_ptr().add(i + 8)),
-                        _mm256_loadu_ps(k.as_ptr().add(i + 8)),
+                        load8(k.as_ptr().add(i + 8)),
                         hi,
                     );
                 }
@@ -320,7 +366,7 @@ mod x86 {
                 _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
             }
             for (l, (a, b)) in q[i..].iter().zip(&k[i..]).enumerate() {
-                lanes[l] = a.mul_add(*b, lanes[l]);
+                lanes[l] = a.mul_add(b.to_f32(), lanes[l]);
             }
             *o = reduce16(&lanes);
         }
@@ -336,13 +382,13 @@ mod x86 {
     /// # Safety
     /// `hd` floats readable and writable at every `acc[r]`, readable at every V row; `n`
     /// readable at every `p[r]`.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn accumulate_avx512<const R: usize>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn accumulate_avx512<E: KvElem, const R: usize>(
         acc: [*mut f32; R],
         hd: usize,
         p: [*const f32; R],
         n: usize,
-        rows: *const f32,
+        rows: *const E,
         stride: usize,
     ) {
         let mut d = 0;
@@ -367,9 +413,8 @@ mod x86 {
             });
             for j in 0..n {
                 let v = rows.wrapping_add(j * stride + d);
-                let v: [__m512; CHUNKS] = std::array::from_fn(|c| unsafe {
-                    _mm512_maskz_loadu_ps(mask[c], v.wrapping_add(16 * c))
-                });
+                let v: [__m512; CHUNKS] =
+                    std::array::from_fn(|c| unsafe { load16(v.wrapping_add(16 * c), mask[c]) });
                 for r in 0..R {
                     // SAFETY: `j < n`.
                     let pj = _mm512_set1_ps(unsafe { *p[r].add(j) });
@@ -388,8 +433,13 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn accumulate_avx2(acc: &mut [f32], p: &[f32], rows: &[f32], stride: usize) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn accumulate_avx2<E: KvElem>(
+        acc: &mut [f32],
+        p: &[f32],
+        rows: &[E],
+        stride: usize,
+    ) {
         let n = acc.len();
         let full = n / 8 * 8;
         let mut d = 0;
@@ -398,7 +448,7 @@ mod x86 {
             unsafe {
                 let mut a = _mm256_loadu_ps(acc.as_ptr().add(d));
                 for (j, &pj) in p.iter().enumerate() {
-                    let v = _mm256_loadu_ps(rows.as_ptr().add(j * stride + d));
+                    let v = load8(rows.as_ptr().add(j * stride + d));
                     a = _mm256_fmadd_ps(_mm256_set1_ps(pj), v, a);
                 }
                 _mm256_storeu_ps(acc.as_mut_ptr().add(d), a);
@@ -407,7 +457,7 @@ mod x86 {
         }
         for (j, &pj) in p.iter().enumerate() {
             for (a, v) in acc[full..].iter_mut().zip(&rows[j * stride + full..]) {
-                *a = pj.mul_add(*v, *a);
+                *a = pj.mul_add(v.to_f32(), *a);
             }
         }
     }
@@ -446,6 +496,46 @@ mod tests {
                     rows_equal_one_row::<2>(level, hd, n_keys, stride, &keys);
                     rows_equal_one_row::<3>(level, hd, n_keys, stride, &keys);
                     rows_equal_one_row::<4>(level, hd, n_keys, stride, &keys);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_elements_equal_their_widened_f32_values_bitwise() {
+        for hd in [5, 16, 33, 256] {
+            for n_keys in [1, 15, 16, 17, 40] {
+                let stride = hd + 3;
+                let q = values(hd, 1, 2.0);
+                let keys16: Vec<half::f16> =
+                    values(n_keys * stride, 2, 2.0).into_iter().map(half::f16::from_f32).collect();
+                let keys32: Vec<f32> = keys16.iter().map(|x| x.to_f32()).collect();
+                let p = values(n_keys, 3, 1.0);
+                let mut want_s = vec![0.0; n_keys];
+                scores_scalar(&q, &keys32, stride, &mut want_s);
+                let mut want_acc = values(hd, 4, 1.0);
+                accumulate_scalar(&mut want_acc, &p, &keys32, stride);
+                for level in SimdLevel::available() {
+                    let mut s = vec![0.0; n_keys];
+                    scores(level, &q, &keys16, stride, &mut s);
+                    assert_eq!(bits(&s), bits(&want_s), "scores {level:?} hd={hd} keys={n_keys}");
+                    let mut acc = values(hd, 4, 1.0);
+                    accumulate(level, &mut acc, &p, &keys16, stride);
+                    assert_eq!(bits(&acc), bits(&want_acc), "accumulate {level:?} hd={hd}");
+                    let qs = [q.as_slice(); 3];
+                    let mut outs = [vec![0.0; n_keys], vec![0.0; n_keys], vec![0.0; n_keys]];
+                    scores_rows(level, qs, &keys16, stride, outs.each_mut().map(Vec::as_mut_slice));
+                    assert!(outs.iter().all(|o| bits(o) == bits(&want_s)), "scores_rows {level:?}");
+                    let mut accs: [Vec<f32>; 3] = std::array::from_fn(|_| values(hd, 4, 1.0));
+                    let ps = [p.as_slice(); 3];
+                    accumulate_rows(
+                        level,
+                        accs.each_mut().map(Vec::as_mut_slice),
+                        ps,
+                        &keys16,
+                        stride,
+                    );
+                    assert!(accs.iter().all(|a| bits(a) == bits(&want_acc)), "acc_rows {level:?}");
                 }
             }
         }

@@ -121,3 +121,40 @@ fn shape_validation() {
     shape.block_size = 0;
     assert!(shape.validate().is_err());
 }
+
+#[test]
+fn f16_cache_equals_f32_cache_of_the_rounded_values() {
+    let pool = ThreadPool::new(2);
+    let shape = AttentionShape {
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 40,
+        block_size: 8,
+        scale: 0.2,
+        sliding_window: Some(11),
+        softcap: None,
+    };
+    let kv_row = shape.num_kv_heads * shape.head_dim;
+    let (ctx, qlen) = (29usize, 6usize);
+    let num_blocks = ctx.div_ceil(shape.block_size);
+    let k = values(ctx * kv_row, 1);
+    let v = values(ctx * kv_row, 2);
+    let slots: Vec<u32> = (0..ctx as u32).collect();
+    let mut k16 = vec![half::f16::ZERO; num_blocks * shape.block_size * kv_row];
+    let mut v16 = k16.clone();
+    write_kv(&k, &v, &slots, &mut k16, &mut v16);
+    // The f32 cache holds the f16-rounded values, widened.
+    let k32: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+    let v32: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+    assert!(k32[..ctx * kv_row].iter().zip(&k).any(|(a, b)| a != b), "f16 rounds");
+    let seqs =
+        [AttentionSeq { query_start: 0, query_len: qlen, context_len: ctx, block_table_start: 0 }];
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
+    let q = values(qlen * shape.num_heads * shape.head_dim, 3);
+    let mut want = vec![0.0; q.len()];
+    paged_attention(&pool, &q, &k32, &v32, &seqs, &table, &shape, &mut want);
+    let mut got = vec![0.0; q.len()];
+    paged_attention(&pool, &q, &k16, &v16, &seqs, &table, &shape, &mut got);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+}

@@ -82,7 +82,11 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         max_tokens,
         args.seed,
     )?;
-    eprintln!("{} threads; warming up", core.pool().num_threads());
+    eprintln!(
+        "{} threads, {} KV cache; warming up",
+        core.pool().num_threads(),
+        args.engine.kv_cache_dtype().name()
+    );
     let mut rng = Rng::new(args.seed);
     run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
     println!("| B | PP | TG | T_PP s | S_PP tok/s | T_TG s | S_TG tok/s | T s | S tok/s |");
@@ -122,6 +126,7 @@ pub fn grid_engine(
         num_threads: engine.threads,
         seed,
         eos_token_ids: Vec::new(),
+        kv_cache_dtype: engine.kv_cache_dtype(),
     };
     EngineCore::new(model, config).context("building the engine")
 }

@@ -171,13 +171,12 @@ impl DatasetArgs {
     }
 
     fn config(&self) -> anyhow::Result<DatasetConfig> {
-        let args = self;
-        let kind = match args.dataset.first().map(String::as_str) {
+        let kind = match self.dataset.first().map(String::as_str) {
             Some("random") | None => DatasetKind::Random,
             Some("prefix-repetition") => DatasetKind::PrefixRepetition,
             Some("sharegpt") => {
                 let path =
-                    args.dataset.get(1).map(PathBuf::from).or_else(|| args.dataset_path.clone());
+                    self.dataset.get(1).map(PathBuf::from).or_else(|| self.dataset_path.clone());
                 let Some(path) = path else {
                     bail!("--dataset sharegpt needs a file: --dataset sharegpt FILE");
                 };
@@ -187,18 +186,18 @@ impl DatasetArgs {
                 bail!("unknown --dataset `{other}` (random, prefix-repetition, sharegpt FILE)")
             }
         };
-        if args.dataset.len() > 1 && !matches!(kind, DatasetKind::ShareGpt(_)) {
+        if self.dataset.len() > 1 && !matches!(kind, DatasetKind::ShareGpt(_)) {
             bail!("only --dataset sharegpt takes a file");
         }
         Ok(DatasetConfig {
             kind,
-            num_prompts: args.num_prompts,
-            input_len: args.input_len,
-            output_len: args.output_len,
-            range_ratio: args.range_ratio,
-            prefix_len: args.prefix_len,
-            num_prefixes: args.num_prefixes,
-            seed: args.seed,
+            num_prompts: self.num_prompts,
+            input_len: self.input_len,
+            output_len: self.output_len,
+            range_ratio: self.range_ratio,
+            prefix_len: self.prefix_len,
+            num_prefixes: self.num_prefixes,
+            seed: self.seed,
         })
     }
 }

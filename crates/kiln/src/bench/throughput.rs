@@ -59,7 +59,8 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         );
     }
     let block_size = args.kv.block_size;
-    let bytes_per_block = model.kv_layout().bytes_per_token() * block_size;
+    let dtype = args.engine.kv_cache_dtype();
+    let bytes_per_block = model.kv_layout().bytes_per_token(dtype) * block_size;
     let wanted = (args.num_prompts * (args.input_len + args.output_len)).div_ceil(block_size);
     let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
     let weight_bytes = model.weight_bytes() as u64;
@@ -78,11 +79,13 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         num_threads: args.engine.threads,
         seed: args.seed,
         eos_token_ids: Vec::new(),
+        kv_cache_dtype: dtype,
     };
     let mut core = EngineCore::new(model, config).context("building the engine")?;
     eprintln!(
-        "{}; {} threads",
+        "{}; {} KV cache; {} threads",
         sizing.describe(block_size, max_model_len),
+        dtype.name(),
         core.pool().num_threads()
     );
 
