@@ -34,8 +34,12 @@ fn bench_throughput_reports_rates_hits_and_preemptions() {
     assert!(stdout.contains("(112 of 160 prompt tokens); preemptions: 0"), "{stdout}");
     let (stdout, _) = run(&["--num-kv-blocks", "12"]);
     assert!(!stdout.contains("preemptions: 0"), "{stdout}");
-    // 2 layers x 2 KV heads x 16 dims x (K, V) x 4 bytes = 512 bytes per token, 4 KiB a block.
+    // 2 layers x 2 KV heads x 16 dims x (K, V) x 2 bytes (f16, the default) = 256 bytes per
+    // token, 2 KiB a block; f32 doubles it.
     let (_, stderr) = run(&["--kv-cache-memory", "64KiB"]);
+    assert!(stderr.contains("KV cache: 32 blocks of 8 tokens, 2048 bytes per block"), "{stderr}");
+    assert!(stderr.contains("f16 KV cache"), "{stderr}");
+    let (_, stderr) = run(&["--kv-cache-memory", "64KiB", "--kv-cache-dtype", "f32"]);
     assert!(stderr.contains("KV cache: 16 blocks of 8 tokens, 4096 bytes per block"), "{stderr}");
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["bench", "throughput", "--model", model, "--input-len", "20", "--output-len", "30"])
