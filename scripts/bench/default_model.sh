@@ -11,10 +11,10 @@ THREADS="${2:-2}"
 MODEL="$(python3 scripts/fetch_default_model.py 2>/dev/null)"
 cargo build --release -q -p kiln-models --example forward_bench
 cargo build --release -q -p kiln-kernels --example membw
-./target/release/examples/membw "$THREADS" 1024
+"${CARGO_TARGET_DIR:-target}"/release/examples/membw "$THREADS" 1024
 for run in $(seq "$RUNS"); do
   echo "== run $run: kiln"
-  ./target/release/examples/forward_bench "$MODEL" 512 128 "$THREADS" 2>/dev/null
+  "${CARGO_TARGET_DIR:-target}"/release/examples/forward_bench "$MODEL" 512 128 "$THREADS" 2>/dev/null
   if [[ -n "${LLAMA_BENCH:-}" ]]; then
     echo "== run $run: llama.cpp"
     "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p 512 -n 128 -r 1 2>/dev/null | grep -E "pp512|tg128"

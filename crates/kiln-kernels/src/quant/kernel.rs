@@ -236,6 +236,9 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
 ) {
     let (m, n, ty) = (acts.m, w.rows, w.ty);
     let chunk = if AMX { AMX_CHUNK } else { ROW_CHUNK };
+    let end = groups.end;
+    // With many rows a group computes long enough for the hardware prefetchers to keep up.
+    let prefetch = m <= PREFETCH_MAX_ROWS;
     for g in groups {
         let lanes = (n - g * LANES).min(LANES);
         for r0 in (0..m).step_by(chunk) {
@@ -261,6 +264,9 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                 };
                 let nb = w.unit_blocks(u);
                 let rec = w.record(g, u);
+                if prefetch && g + PREFETCH_GROUPS < end {
+                    prefetch_record(w, g + PREFETCH_GROUPS, u);
+                }
                 // SAFETY: `rec` is a whole record of `w`; features are the caller's.
                 unsafe { unpack::<S>(ty, nb, rec, &mut s.un) };
                 let quads = if ty == GgmlType::Q8_0 { rec } else { s.un.quads.as_ptr().cast() };
@@ -308,6 +314,34 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
             }
         }
     }
+}
+
+/// How many groups ahead [`prefetch_record`] asks for.
+const PREFETCH_GROUPS: usize = 2;
+/// Calls with more activation rows than this do not prefetch.
+const PREFETCH_MAX_ROWS: usize = 64;
+
+/// Asks the cache hierarchy for the record of group `g`, unit `u`, while an earlier group
+/// computes, so that streaming the weights overlaps the arithmetic (the 178 MB Q8_0 LM head
+/// of the default model: 7.2 → 5.7–6.2 ms at m = 1, 10.5 → 6.7–7.0 ms at m = 4,
+/// 13.5 → 10.7–11.2 ms at m = 16). One record at a time keeps each burst of prefetches small
+/// (the whole next group at once was slower). A hint only: results never depend on it.
+#[inline(always)]
+#[allow(clippy::inline_always)]
+fn prefetch_record(w: &QuantMatrix, g: usize, u: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let start = w.record(g, u);
+        let len = if u + 1 == w.units { w.group_bytes - u * w.full_record } else { w.full_record };
+        for off in (0..len).step_by(64) {
+            // SAFETY: prefetching is a hint that never faults; the addresses lie inside `w`'s
+            // data (record `u` of group `g`).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(off).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, g, u);
 }
 
 /// Where one unit's pass reads and writes the accumulators of its rows (row `r` is 16 f32).
