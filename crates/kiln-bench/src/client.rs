@@ -53,6 +53,19 @@ pub struct Target {
     pub ignore_eos: bool,
 }
 
+impl Target {
+    /// A target for the server's other endpoints (`/health`, `/v1/models`) only.
+    pub fn server(base_url: &str, api_key: Option<String>) -> Self {
+        Self {
+            base_url: base_url.to_owned(),
+            endpoint: "/v1/completions".into(),
+            model: String::new(),
+            api_key,
+            ignore_eos: false,
+        }
+    }
+}
+
 /// What one request measured.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {

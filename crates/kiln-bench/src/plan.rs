@@ -98,6 +98,17 @@ impl KvDtype {
     }
 }
 
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [Self::F32, Self::F16, Self::Bf16, Self::Int8]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("`{s}` is not a KV dtype (f32, f16, bf16 or int8)"))
+    }
+}
+
 /// How much fits in a memory budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
@@ -209,6 +220,8 @@ mod tests {
         // 2 × 18 × 1 × 256 × 4 B = 36,864 B per token in f32; 18,432 in f16.
         assert_eq!(g.kv_bytes_per_token(KvDtype::F32), 36_864);
         assert_eq!(g.kv_bytes_per_token(KvDtype::F16), 18_432);
+        assert_eq!("bf16".parse::<KvDtype>(), Ok(KvDtype::Bf16));
+        assert!("fp8".parse::<KvDtype>().is_err());
         // Context 2048: 3 global layers see 2048, 15 sliding see 512 → 13,824 positions.
         assert_eq!(g.attended_positions(2048), 13_824);
         assert_eq!(g.attended_positions(100), 1_800);

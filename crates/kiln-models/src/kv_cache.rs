@@ -49,6 +49,18 @@ impl KvCacheDtype {
     }
 }
 
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            _ => Err(format!("`{s}` is not a KV cache dtype (f32 or f16)")),
+        }
+    }
+}
+
 /// Per layer K and V buffers of one element type.
 enum Store {
     F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },

@@ -140,14 +140,9 @@ impl Envelope {
 
     /// A whole (not streamed) response.
     pub fn response(&self, object: &str, choices: &[Value], usage: &Usage) -> Value {
-        json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage.to_json(),
-        })
+        let mut response = self.chunk(object, &json!(choices));
+        response["usage"] = usage.to_json();
+        response
     }
 
     /// A stream chunk of `object`.
@@ -167,6 +162,10 @@ pub trait ChunkFormat: Send + 'static {
     /// The chunks' `object`.
     const OBJECT: &'static str;
     fn envelope(&self) -> &Envelope;
+    /// A chunk of [`Self::OBJECT`] carrying `choices`.
+    fn chunk(&self, choices: &Value) -> Value {
+        self.envelope().chunk(Self::OBJECT, choices)
+    }
     /// Chunks sent before any token (chat's role chunk), per choice.
     fn opening(&mut self, index: usize) -> Option<Value>;
     /// The chunk for one delta of choice `index` (`None`: nothing worth sending).
@@ -228,7 +227,7 @@ pub fn stream_response<F: ChunkFormat>(
             }
         }
         if include_usage {
-            let mut chunk = format.envelope().chunk(F::OBJECT, &json!([]));
+            let mut chunk = format.chunk(&json!([]));
             chunk["usage"] = usage.to_json();
             if !send(chunk.to_string()).await {
                 return;

@@ -24,13 +24,6 @@ pub enum Policy {
     Sjf,
 }
 
-/// `--kv-cache-dtype`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum KvDtype {
-    F32,
-    F16,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Profile {
     Latency,
@@ -88,10 +81,10 @@ pub struct EngineArgs {
     /// remaining work; the last two age so nothing starves.
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: Policy,
-    /// Element type of the KV cache: f16 (as llama.cpp's default) halves its memory and the
-    /// bytes attention reads; f32 keeps K and V unrounded.
-    #[arg(long, value_enum, default_value = "f16")]
-    pub kv_cache_dtype: KvDtype,
+    /// Element type of the KV cache, f16 or f32: f16 (as llama.cpp's default) halves its
+    /// memory and the bytes attention reads; f32 keeps K and V unrounded.
+    #[arg(long, default_value = "f16")]
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for EngineArgs {
@@ -104,7 +97,7 @@ impl Default for EngineArgs {
             long_prefill_token_threshold: None,
             max_num_partial_prefills: None,
             scheduling_policy: Policy::Fcfs,
-            kv_cache_dtype: KvDtype::F16,
+            kv_cache_dtype: KvCacheDtype::F16,
         }
     }
 }
@@ -122,13 +115,6 @@ impl EngineArgs {
             max_num_partial_prefills: self
                 .max_num_partial_prefills
                 .unwrap_or(d.max_num_partial_prefills),
-        }
-    }
-
-    pub fn kv_cache_dtype(&self) -> KvCacheDtype {
-        match self.kv_cache_dtype {
-            KvDtype::F32 => KvCacheDtype::F32,
-            KvDtype::F16 => KvCacheDtype::F16,
         }
     }
 
@@ -181,7 +167,7 @@ mod tests {
             (7, 8192, 0)
         );
         assert!(Cli::try_parse_from(["kiln", "--profile", "fast"]).is_err());
-        assert_eq!(parse(&[]).kv_cache_dtype(), KvCacheDtype::F16);
-        assert_eq!(parse(&["--kv-cache-dtype", "f32"]).kv_cache_dtype(), KvCacheDtype::F32);
+        assert_eq!(parse(&[]).kv_cache_dtype, KvCacheDtype::F16);
+        assert_eq!(parse(&["--kv-cache-dtype", "f32"]).kv_cache_dtype, KvCacheDtype::F32);
     }
 }

@@ -9,22 +9,15 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use kiln_bench::plan::{KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate};
 use kiln_core::Rng;
+use kiln_engine::KvCacheDtype;
 use kiln_kernels::{GgmlType, ThreadPool, probe};
 
 use crate::bench::latency::{grid_engine, run_cell};
-use crate::engine_args::{self, EngineArgs};
+use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, available_memory};
 use crate::model_arg::ModelArgs;
 
 const BATCHES: [usize; 5] = [1, 4, 16, 32, 64];
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum KvDtypeArg {
-    F32,
-    F16,
-    Bf16,
-    Int8,
-}
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -39,9 +32,10 @@ pub struct PlanArgs {
     /// Tokens per request for the sequence count; default: the model's context length.
     #[arg(long)]
     max_model_len: Option<usize>,
-    /// KV cache element type to plan for (kiln's engine stores f32 or f16).
-    #[arg(long, value_enum, default_value = "f32")]
-    kv_cache_dtype: KvDtypeArg,
+    /// KV cache element type to plan for: f32, f16, bf16 or int8 (kiln's engine stores f32
+    /// or f16).
+    #[arg(long, default_value = "f32")]
+    kv_cache_dtype: KvDtype,
     /// Context length of the decode estimate.
     #[arg(long, default_value_t = 256)]
     context: usize,
@@ -81,12 +75,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         layer_windows: config.layer_windows.clone(),
         max_position_embeddings: config.max_position_embeddings,
     };
-    let dtype = match args.kv_cache_dtype {
-        KvDtypeArg::F32 => KvDtype::F32,
-        KvDtypeArg::F16 => KvDtype::F16,
-        KvDtypeArg::Bf16 => KvDtype::Bf16,
-        KvDtypeArg::Int8 => KvDtype::Int8,
-    };
+    let dtype = args.kv_cache_dtype;
     let memory = match args.memory {
         Some(Bytes(b)) => b,
         None => available_memory()
@@ -198,8 +187,8 @@ fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model>) -> anyhow::Resul
     let engine = EngineArgs {
         threads: args.threads,
         kv_cache_dtype: match args.kv_cache_dtype {
-            KvDtypeArg::F16 => engine_args::KvDtype::F16,
-            _ => engine_args::KvDtype::F32,
+            KvDtype::F16 => KvCacheDtype::F16,
+            _ => KvCacheDtype::F32,
         },
         ..EngineArgs::default()
     };

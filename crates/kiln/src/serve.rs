@@ -148,7 +148,7 @@ fn args_for_loading(args: &ServeArgs) -> LoadArgs {
         chat_template: args.chat_template.clone(),
         kv: args.kv.clone(),
         scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
-        kv_cache_dtype: args.engine.kv_cache_dtype(),
+        kv_cache_dtype: args.engine.kv_cache_dtype,
         threads: args.engine.threads,
         seed: args.seed,
     }

@@ -109,7 +109,7 @@ impl TuneReport {
     pub fn write(&self, config: &TuneConfig) -> anyhow::Result<()> {
         let dir = &config.output_dir;
         let csv_path = dir.join("runs.csv");
-        std::fs::write(&csv_path, self.csv(config))
+        std::fs::write(&csv_path, self.csv())
             .with_context(|| format!("writing {}", csv_path.display()))?;
         let (w, h) = PLOT_SIZE;
         self.pareto_chart(config)
@@ -138,7 +138,7 @@ impl TuneReport {
         flags
     }
 
-    fn csv(&self, config: &TuneConfig) -> String {
+    fn csv(&self) -> String {
         let flags = self.flags();
         let mut s = String::from("run,config");
         for f in &flags {
@@ -176,7 +176,6 @@ impl TuneReport {
             }
             let _ = writeln!(s, ",{},{}", self.feasible[i], self.best == Some(i));
         }
-        let _ = config;
         s
     }
 

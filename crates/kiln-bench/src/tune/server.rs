@@ -50,13 +50,7 @@ impl ServerProcess {
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        let client = ApiClient::new(Target {
-            base_url: self.base_url.clone(),
-            endpoint: "/v1/completions".into(),
-            model: String::new(),
-            api_key: None,
-            ignore_eos: false,
-        })?;
+        let client = ApiClient::new(Target::server(&self.base_url, None))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let start = Instant::now();
         while start.elapsed() < timeout {

@@ -162,12 +162,6 @@ struct ChatChunks {
     envelope: Envelope,
 }
 
-impl ChatChunks {
-    fn chunk(&self, choices: &Value) -> Value {
-        self.envelope.chunk(Self::OBJECT, choices)
-    }
-}
-
 impl ChunkFormat for ChatChunks {
     const OBJECT: &'static str = "chat.completion.chunk";
 

@@ -253,12 +253,6 @@ struct CompletionChunks {
     offsets: Vec<usize>,
 }
 
-impl CompletionChunks {
-    fn chunk(&self, choices: &Value) -> Value {
-        self.envelope.chunk(Self::OBJECT, choices)
-    }
-}
-
 impl ChunkFormat for CompletionChunks {
     const OBJECT: &'static str = "text_completion";
 

@@ -85,7 +85,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     eprintln!(
         "{} threads, {} KV cache; warming up",
         core.pool().num_threads(),
-        args.engine.kv_cache_dtype().name()
+        args.engine.kv_cache_dtype.name()
     );
     let mut rng = Rng::new(args.seed);
     run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
@@ -126,7 +126,7 @@ pub fn grid_engine(
         num_threads: engine.threads,
         seed,
         eos_token_ids: Vec::new(),
-        kv_cache_dtype: engine.kv_cache_dtype(),
+        kv_cache_dtype: engine.kv_cache_dtype,
     };
     EngineCore::new(model, config).context("building the engine")
 }

@@ -204,13 +204,7 @@ impl DatasetArgs {
 
 /// The first model id of the server's `/v1/models`.
 fn first_served_model(args: &ServeBenchArgs) -> anyhow::Result<String> {
-    let client = kiln_bench::ApiClient::new(Target {
-        base_url: args.base_url.clone(),
-        endpoint: args.endpoint.clone(),
-        model: String::new(),
-        api_key: args.api_key.clone(),
-        ignore_eos: false,
-    })?;
+    let client = kiln_bench::ApiClient::new(Target::server(&args.base_url, args.api_key.clone()))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (status, body) = runtime
         .block_on(client.get("/v1/models"))

@@ -59,7 +59,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         );
     }
     let block_size = args.kv.block_size;
-    let dtype = args.engine.kv_cache_dtype();
+    let dtype = args.engine.kv_cache_dtype;
     let bytes_per_block = model.kv_layout().bytes_per_token(dtype) * block_size;
     let wanted = (args.num_prompts * (args.input_len + args.output_len)).div_ceil(block_size);
     let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
