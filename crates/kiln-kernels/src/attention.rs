@@ -247,7 +247,20 @@ unsafe fn attend_tile<E: KvElem>(
     let range = |st: &RowState, r: usize, block: usize| {
         ((block * bs).max(st.lo[r]), ((block + 1) * bs).min(st.pos[r] + 1))
     };
+    // Keys and values of a block: `bs` rows of `hd` elements at stride `kv_row`.
+    let prefetch_block = |block: usize| {
+        let start = tile.block_table[block] as usize * bs * kv_row + tile.kv_head * hd;
+        let bytes = hd * std::mem::size_of::<E>();
+        prefetch_rows(k_cache, start, bs, kv_row, bytes);
+        prefetch_rows(v_cache, start, bs, kv_row, bytes);
+    };
+    for block in first_block..(first_block + PREFETCH_BLOCKS).min(last_block + 1) {
+        prefetch_block(block);
+    }
     for block in first_block..=last_block {
+        if block + PREFETCH_BLOCKS <= last_block {
+            prefetch_block(block + PREFETCH_BLOCKS);
+        }
         let mut r = 0;
         while r < num_rows {
             let (j0, j1) = range(&st, r, block);
@@ -284,6 +297,29 @@ unsafe fn attend_tile<E: KvElem>(
             *a *= inv;
         }
     }
+}
+
+/// KV blocks requested ahead of the one being attended ([`prefetch_rows`]).
+const PREFETCH_BLOCKS: usize = 2;
+
+/// Asks for the `rows` rows of `bytes` bytes at elements `start + i * stride` of `cache`, so
+/// that the next blocks' keys and values stream in while this block computes: cache blocks
+/// are scattered, so the hardware prefetchers would restart at every block (64 decode rows
+/// over 192 cached tokens, f16, cache cold: 1.1–1.3 → 0.92–0.97 ms per layer). A hint only:
+/// results never depend on it.
+#[inline]
+fn prefetch_rows<E: KvElem>(cache: &[E], start: usize, rows: usize, stride: usize, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in 0..rows {
+        let row = cache.as_ptr().wrapping_add(start + i * stride).cast::<u8>();
+        for off in (0..bytes).step_by(64) {
+            use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+            // SAFETY: prefetching never faults; the addresses are computed without dereference.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(off).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (cache, start, rows, stride, bytes);
 }
 
 /// Per row `r` = (token, head) of a tile: position, first visible key, running max and sum,

@@ -54,6 +54,11 @@ pub(crate) trait Isa: Copy {
     unsafe fn load_f16(p: *const u8) -> Self::F;
     unsafe fn loadf(p: *const f32) -> Self::F;
     unsafe fn storef(p: *mut f32, v: Self::F);
+    /// [`Isa::storef`] that bypasses the caches where it can (`p` 64-byte aligned).
+    unsafe fn streamf(p: *mut f32, v: Self::F) {
+        // SAFETY: forwarded.
+        unsafe { Self::storef(p, v) }
+    }
     unsafe fn splatf(v: f32) -> Self::F;
     unsafe fn mulf(a: Self::F, b: Self::F) -> Self::F;
     /// `a·b + c`, fused.

@@ -167,7 +167,7 @@ fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
             for n in [1usize, 17, 40] {
                 let (_, q) = quantized(ty, n, k, n as u64 + k as u64);
                 let w = dequantized(&q);
-                for m in [1usize, 3, 17, 64, 65, 130] {
+                for m in [1usize, 3, 17, 64, 65, 130, 300] {
                     let x = values(m * k, m as u64 + 5, 2.0);
                     let mut acts = QuantActs::default();
                     acts.quantize(&pool, &x, m, k, q.act_block());
@@ -305,4 +305,28 @@ fn from_quantized_checks_sizes_and_maps_floats() {
     let f = WeightMatrix::new(1, 96, WeightData::F32(vec![0.0; 96].into())).unwrap();
     assert!(f.quantize(GgmlType::Q4K).is_err());
     assert!(f.quantize(GgmlType::Q8_0).is_ok());
+}
+
+/// Vocabulary-sized outputs go out with non-temporal stores (`kernel::stream_output`); the
+/// values must be those of ordinary stores: each row equals the row computed alone.
+#[test]
+fn streamed_outputs_equal_rows_alone_bitwise() {
+    let pool = ThreadPool::new(2);
+    let (k, n, m) = (32, 1 << 16, 64);
+    let (_, q) = quantized(GgmlType::Q8_0, n, k, 5);
+    let x = values(m * k, 6, 2.0);
+    let mut acts = QuantActs::default();
+    for isa in QuantIsa::available() {
+        acts.quantize(&pool, &x, m, k, q.act_block());
+        // A 64-byte aligned output, as the streaming stores need.
+        let mut buf = vec![f32::NAN; m * n + 15];
+        let start = buf.as_ptr().align_offset(64);
+        let out = &mut buf[start..start + m * n];
+        qgemm_groups(isa, &acts, &q, 0..n / 16, SharedMut::new(out));
+        for r in [0, 17, 63] {
+            acts.quantize(&pool, &x[r * k..(r + 1) * k], 1, k, q.act_block());
+            let alone = run(isa, &acts, &q);
+            assert_eq!(alone, out[r * n..(r + 1) * n], "{isa:?} row {r}");
+        }
+    }
 }

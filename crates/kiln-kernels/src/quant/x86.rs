@@ -139,6 +139,18 @@ macro_rules! avx512_common {
         }
         #[inline]
         #[target_feature(enable = $feat)]
+        unsafe fn streamf(p: *mut f32, v: __m512) {
+            // SAFETY: the caller guarantees 16 writable f32.
+            unsafe {
+                if (p as usize).is_multiple_of(64) {
+                    _mm512_stream_ps(p, v);
+                } else {
+                    _mm512_storeu_ps(p, v);
+                }
+            }
+        }
+        #[inline]
+        #[target_feature(enable = $feat)]
         unsafe fn splatf(v: f32) -> __m512 {
             _mm512_set1_ps(v)
         }
