@@ -18,6 +18,7 @@
 //! the batch, the logits, the scratch and the per-step row list are reused.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_kernels::ThreadPool;
@@ -48,6 +49,9 @@ struct PromptLogprobState {
     /// `None` once delivered.
     entries: Option<PromptLogprobs>,
 }
+
+/// A row being sampled: the request's sampler, its logits, and the result.
+type SampleJob<'a> = (&'a mut Sampler, &'a mut [f32], Option<(TokenId, Option<Logprobs>)>);
 
 /// One scheduled request's rows in this step's logits.
 #[derive(Clone, Copy, Debug)]
@@ -215,20 +219,28 @@ impl ModelRunner {
             return Ok(());
         }
         self.model.forward(pool, &self.batch, &mut self.kv, &mut self.scratch, &mut self.logits)?;
+        // Prompt log-probabilities read every row of a request but its last one, the row that
+        // sampling changes in place (penalties, bias), so gathering them all first is the same
+        // as gathering request by request.
         let mut row = 0;
+        let mut to_sample = Vec::with_capacity(self.step_rows.len());
         for i in 0..self.step_rows.len() {
             let StepRow { id, start, num_rows, samples } = self.step_rows[i];
             self.gather_prompt_logprobs(id, start, row, num_rows);
             row += num_rows;
+            if samples {
+                to_sample.push((id, row - 1));
+            }
+        }
+        let mut sampled = self.sample_rows(pool, &to_sample)?.into_iter();
+        for &StepRow { id, samples, .. } in &self.step_rows {
             if !samples {
                 out.sampled.push((id, None));
                 continue;
             }
-            let (Some(sampler), Some(r)) = (self.samplers.get_mut(&id), self.requests.get_mut(&id))
-            else {
-                return Err(ForwardError::Batch(format!("{id} has no sampler")));
+            let (Some((token, lp)), Some(r)) = (sampled.next(), self.requests.get_mut(&id)) else {
+                return Err(ForwardError::Batch(format!("{id} was sampled but is unknown")));
             };
-            let (token, lp) = sampler.sample_with_logprobs(self.logits.row_mut(row - 1));
             r.tokens.push(token.0);
             out.sampled.push((id, Some(token)));
             let prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
@@ -237,6 +249,52 @@ impl ModelRunner {
             }
         }
         Ok(())
+    }
+
+    /// Samples logit row `row` with the sampler of `id` for every `(id, row)`, the rows in
+    /// parallel on `pool`: each request's sampler owns its random state and touches only its
+    /// own row, so the tokens are those of sampling the rows one by one (a greedy row of a
+    /// 262k vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
+    fn sample_rows(
+        &mut self,
+        pool: &ThreadPool,
+        rows: &[(RequestId, usize)],
+    ) -> Result<Vec<(TokenId, Option<Logprobs>)>, ForwardError> {
+        let mut samplers = Vec::with_capacity(rows.len());
+        for &(id, _) in rows {
+            let Some(sampler) = self.samplers.remove(&id) else {
+                for (&(id, _), sampler) in rows.iter().zip(samplers) {
+                    self.samplers.insert(id, sampler);
+                }
+                return Err(ForwardError::Batch(format!("{id} has no sampler")));
+            };
+            samplers.push(sampler);
+        }
+        let vocab = self.logits.vocab_size();
+        let mut logit_rows: Vec<Option<&mut [f32]>> =
+            self.logits.as_mut_slice().chunks_exact_mut(vocab).map(Some).collect();
+        let jobs: Vec<Mutex<SampleJob<'_>>> = rows
+            .iter()
+            .zip(samplers.iter_mut())
+            .map(|(&(_, row), sampler)| {
+                let logits = logit_rows[row].take().expect("one sampled row per request");
+                Mutex::new((sampler, logits, None))
+            })
+            .collect();
+        pool.run(jobs.len(), |i| {
+            let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
+            let (sampler, logits, result) = &mut *job;
+            *result = Some(sampler.sample_with_logprobs(logits));
+        });
+        let results = jobs
+            .into_iter()
+            .map(|job| job.into_inner().unwrap_or_else(PoisonError::into_inner).2)
+            .collect::<Option<Vec<_>>>()
+            .expect("every job ran");
+        for (&(id, _), sampler) in rows.iter().zip(samplers) {
+            self.samplers.insert(id, sampler);
+        }
+        Ok(results)
     }
 
     /// Stores the log-probabilities of prompt tokens `start + 1 ..` found in logit rows
