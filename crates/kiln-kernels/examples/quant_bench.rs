@@ -1,6 +1,7 @@
 //! Quantized matmul throughput: `cargo run --release -p kiln-kernels --example quant_bench --
 //! [threads] [filter]`. For each (type, n, k) of gemma-3-270m's matrices (plus the LM head) and
-//! m = 1, 4, 16, 64, prints GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs.
+//! m = 1, 4, 16, 64 (decode batches) and 256, 2048 (prefill chunks; not for the LM head), prints
+//! GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs.
 
 use std::time::Instant;
 
@@ -28,17 +29,23 @@ fn main() {
         }
         let w = pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block");
         let bytes = w.data().num_bytes();
-        for m in [1usize, 4, 16, 64] {
+        for m in [1usize, 4, 16, 64, 256, 2048] {
+            if n > 100_000 && m > 64 {
+                continue;
+            }
             let x: Vec<f32> =
                 (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
-            let mut out = vec![0.0f32; m * n];
-            linear(&pool, &x, m, &w, None, &mut out);
+            // 64-byte aligned like the engine's logits (vocabulary-sized outputs are streamed).
+            let mut buf = vec![0.0f32; m * n + 15];
+            let start = buf.as_ptr().align_offset(64);
+            let out = &mut buf[start..start + m * n];
+            linear(&pool, &x, m, &w, None, out);
             let reps = (3e8 / bytes as f64).clamp(3.0, 2000.0) as usize;
             let mut best = f64::INFINITY;
             for _ in 0..3 {
                 let start = Instant::now();
                 for _ in 0..reps {
-                    linear(&pool, &x, m, &w, None, &mut out);
+                    linear(&pool, &x, m, &w, None, out);
                 }
                 best = best.min(start.elapsed().as_secs_f64() / reps as f64);
             }
