@@ -15,8 +15,9 @@
 //! pipeline does not drain at tile boundaries). The activation scales come from
 //! `QuantActs::d_tiles`, where a tile's 16 row scales of a block sit side by side.
 //!
-//! Tiles (one configuration per call, [`configure`]): `tmm0`, `tmm1` results (16 × 16 i32);
-//! `tmm2`/`tmm3` and `tmm4`/`tmm5` the A/B pairs of the two sets (K = 32, or 16 for Q6_K).
+//! Tiles (one configuration per call, [`configure`]): `tmm0`–`tmm3` the results of the four
+//! sets (16 × 16 i32); `tmm4`/`tmm5` the A/B pair of sets 0 and 2, `tmm6`/`tmm7` that of sets 1
+//! and 3 (K = 32, or 16 for Q6_K).
 
 use std::arch::asm;
 use std::sync::OnceLock;
