@@ -12,9 +12,6 @@ use std::ops::Range;
 use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
 
-/// Rows of an AMX tile (the grouping of [`QuantActs::d_tiles`]).
-const TILE_M: usize = 16;
-
 /// Rows quantized per pool task.
 const ROWS_PER_TASK: usize = 8;
 
@@ -28,9 +25,6 @@ pub(crate) struct QuantActs {
     pub qs: Vec<i8>,
     /// `[m, k / block]`
     pub d: Vec<f32>,
-    /// `[m / 16, k / block, 16]`: `d` of every whole 16-row tile with the tile's rows
-    /// innermost, so the AMX kernels read one block's 16 row scales at fixed offsets.
-    pub d_tiles: Vec<f32>,
     /// `[m, k / 16]`
     pub s16: Vec<i32>,
     /// `[m, k / 32]`
@@ -79,18 +73,6 @@ impl QuantActs {
             });
         } else {
             run(0..m);
-        }
-        let nb = k / block;
-        let tiles = m / TILE_M;
-        grow(&mut self.d_tiles, tiles * nb * TILE_M);
-        for t in 0..tiles {
-            let rows = &self.d[t * TILE_M * nb..(t + 1) * TILE_M * nb];
-            let out = &mut self.d_tiles[t * nb * TILE_M..(t + 1) * nb * TILE_M];
-            for (r, row) in rows.chunks_exact(nb).enumerate() {
-                for (b, &d) in row.iter().enumerate() {
-                    out[b * TILE_M + r] = d;
-                }
-            }
         }
     }
 }

@@ -11,9 +11,7 @@
 //! operations, in the same order, as in `kernel` (the batch-invariance invariant of that
 //! module): AMX only changes how the exact integers are obtained. Blocks are software
 //! pipelined over four sets of result tiles: the tiles of the next three blocks are computed
-//! while a block is scaled (for Q4_0/Q5_0/Q8_0 across all 16-row tiles of a pass, so the
-//! pipeline does not drain at tile boundaries). The activation scales come from
-//! `QuantActs::d_tiles`, where a tile's 16 row scales of a block sit side by side.
+//! while a block is scaled.
 //!
 //! Tiles (one configuration per call, [`configure`]): `tmm0`–`tmm3` the results of the four
 //! sets (16 × 16 i32); `tmm4`/`tmm5` the A/B pair of sets 0 and 2, `tmm6`/`tmm7` that of sets 1
@@ -121,7 +119,8 @@ impl TileBuf {
 /// `w` for `kb / 4` quads.
 #[inline(always)] // a few instructions, inlined into the kernels
 #[allow(clippy::inline_always)]
-unsafe fn dot<const SET: usize>(x: *const i8, k: usize, w: *const u8, out: *mut [i32; LANES]) {
+unsafe fn dot<const SET: usize>(x: *const i8, k: usize, w: *const u8, buf: &mut TileBuf) {
+    let out = buf.0[SET].as_mut_ptr();
     // SAFETY: guaranteed by the caller; the tile numbers follow `configure`.
     unsafe {
         asm!(
@@ -149,22 +148,19 @@ unsafe fn dot<const SET: usize>(x: *const i8, k: usize, w: *const u8, out: *mut 
 unsafe fn dot_set(j: usize, x: *const i8, k: usize, w: *const u8, buf: &mut TileBuf) {
     // SAFETY: forwarded.
     unsafe {
-        let out = buf.0[j % SETS].as_mut_ptr();
         match j % SETS {
-            0 => dot::<0>(x, k, w, out),
-            1 => dot::<1>(x, k, w, out),
-            2 => dot::<2>(x, k, w, out),
-            _ => dot::<3>(x, k, w, out),
+            0 => dot::<0>(x, k, w, buf),
+            1 => dot::<1>(x, k, w, buf),
+            2 => dot::<2>(x, k, w, buf),
+            _ => dot::<3>(x, k, w, buf),
         }
     }
 }
 
-/// Rows `i..i + 16 · tiles` against one unit of Q4_0/Q5_0/Q8_0 blocks; `sq` holds the signed
-/// quads. The (tile, block) pairs form one software pipeline, tile-major, so the tiles of the
-/// next pairs compute while a pair is scaled, also across the tile boundaries.
+/// Rows `i..i + 16` against one unit of Q4_0/Q5_0/Q8_0 blocks; `sq` holds the signed quads.
 ///
 /// # Safety
-/// As `kernel::row_a` for `16 · tiles` rows, plus tiles configured with K = 32.
+/// As `kernel::row_a`, plus tiles configured with K = 32.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always, clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_a<S: Isa>(
@@ -173,52 +169,36 @@ pub(crate) unsafe fn rows_a<S: Isa>(
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
-    tiles: usize,
     u: usize,
     acc: Acc,
     buf: &mut TileBuf,
 ) {
     let k = acts.k;
     let nbk = k / QK;
-    let pairs = tiles * nb;
-    debug_assert!(i.is_multiple_of(TILE_M), "tiles start on a `d_tiles` tile");
-    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + 16 · tiles` are inside `acts`, the
-    // unit holds `nb` blocks of 8 quads, and `acc` has at least `16 · tiles` rows.
+    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + 16` are inside `acts`, the unit
+    // holds `nb` blocks of 8 quads, and `acc` has at least 16 rows.
     unsafe {
         let x = acts.qs.as_ptr().add(i * k + u * 8 * QK);
-        // Pair `j` is tile `j / nb`, block `j % nb`.
-        let issue = |j: usize, buf: &mut TileBuf| {
-            let (t, b) = (j / nb, j % nb);
-            dot_set(j, x.add(t * TILE_M * k + b * QK), k, sq.add(b * 8 * 64), buf);
-        };
-        for j in 0..AHEAD.min(pairs) {
-            issue(j, buf);
-        }
         let mut a: [S::F; TILE_M] = std::array::from_fn(|r| acc.get::<S>(r));
-        let (mut t, mut b) = (0, 0);
-        for j in 0..pairs {
-            if j + AHEAD < pairs {
-                issue(j + AHEAD, buf);
+        for b in 0..AHEAD.min(nb) {
+            dot_set(b, x.add(b * QK), k, sq.add(b * 8 * 64), buf);
+        }
+        for b in 0..nb {
+            if b + AHEAD < nb {
+                let j = b + AHEAD;
+                dot_set(j, x.add(j * QK), k, sq.add(j * 8 * 64), buf);
             }
             let bg = u * 8 + b;
-            let dt = acts.d_tiles.as_ptr().add(((i / TILE_M + t) * nbk + bg) * TILE_M);
             let fs = S::loadf(un.fscale[b].as_ptr());
-            let tb = &buf.0[j % SETS];
+            let t = &buf.0[b % SETS];
             for r in 0..TILE_M {
-                let dx = S::splatf(*dt.add(r));
-                let tv = S::load(tb[r].as_ptr().cast());
+                let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
+                let tv = S::load(t[r].as_ptr().cast());
                 a[r] = S::fmadd(S::cvt(tv), S::mulf(fs, dx), a[r]);
             }
-            b += 1;
-            if b == nb {
-                for (r, &ar) in a.iter().enumerate() {
-                    acc.put::<S>(t * TILE_M + r, ar);
-                }
-                (t, b) = (t + 1, 0);
-                if t < tiles {
-                    a = std::array::from_fn(|r| acc.get::<S>(t * TILE_M + r));
-                }
-            }
+        }
+        for (r, &ar) in a.iter().enumerate() {
+            acc.put::<S>(r, ar);
         }
     }
 }
@@ -287,8 +267,7 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
             for p in 0..4 {
                 mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
             }
-            let dx =
-                S::splatf(*acts.d_tiles.get_unchecked((i / TILE_M * (k / 256) + u) * TILE_M + r));
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
             let mut a = acc.get::<S>(r);
             a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
             a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
@@ -320,8 +299,7 @@ pub(crate) unsafe fn rows_q6k<S: Isa>(
         let t = scaled_subs::<S>(16, 16, x, k, sq, un, buf);
         let d = S::loadf(un.fscale[0].as_ptr());
         for (r, &tr) in t.iter().enumerate() {
-            let dx =
-                S::splatf(*acts.d_tiles.get_unchecked((i / TILE_M * (k / 256) + u) * TILE_M + r));
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
             let a = S::fmadd(S::cvt(tr), S::mulf(d, dx), acc.get::<S>(r));
             acc.put::<S>(r, a);
         }

@@ -295,13 +295,9 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     let a = unsafe { acc.rows_from(i - r0) };
                     #[cfg(target_arch = "x86_64")]
                     if tiles && r1 - i >= TILE_M {
-                        // Q4_0/Q5_0/Q8_0 pipeline every whole tile of the pass in one call.
-                        let n_tiles = if ty.block_elems() == QK { (r1 - i) / TILE_M } else { 1 };
                         // SAFETY: as below; the tiles are configured (`AMX`).
-                        unsafe {
-                            tile_rows::<S>(ty, nb, sq, un, acts, i, n_tiles, u, a, &mut s.tiles);
-                        }
-                        i += TILE_M * n_tiles;
+                        unsafe { tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, &mut s.tiles) };
+                        i += TILE_M;
                         continue;
                     }
                     // SAFETY: `quads` holds the unit's quads; rows `i..i + R` are below `m`,
@@ -451,7 +447,6 @@ unsafe fn tile_rows<S: Isa>(
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
-    n_tiles: usize,
     u: usize,
     acc: Acc,
     buf: &mut super::amx::TileBuf,
@@ -461,7 +456,7 @@ unsafe fn tile_rows<S: Isa>(
     unsafe {
         match ty {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                amx::rows_a::<S>(nb, sq, un, acts, i, n_tiles, u, acc, buf);
+                amx::rows_a::<S>(nb, sq, un, acts, i, u, acc, buf);
             }
             GgmlType::Q4K | GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
             GgmlType::Q6K => amx::rows_q6k::<S>(sq, un, acts, i, u, acc, buf),
