@@ -174,6 +174,42 @@ impl DecoderModel {
         linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
     }
 
+    /// `q, k, v` of the tokens of `normed` (`[n, h]`) at `positions`: projections, the
+    /// per-head norms (Gemma 3) and rotary embeddings.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv(
+        &self,
+        pool: &ThreadPool,
+        layer: &Layer,
+        normed: &[f32],
+        positions: &[u32],
+        q: &mut [f32],
+        k: &mut [f32],
+        v: &mut [f32],
+    ) {
+        let c = &self.config;
+        linear_multi(
+            pool,
+            normed,
+            positions.len(),
+            &mut [
+                LinearJob { weight: &layer.q_proj, bias: layer.q_bias.as_deref(), out: q },
+                LinearJob { weight: &layer.k_proj, bias: layer.k_bias.as_deref(), out: k },
+                LinearJob { weight: &layer.v_proj, bias: layer.v_bias.as_deref(), out: v },
+            ],
+        );
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            rms_norm_inplace(pool, q, qn, c.rms_norm_eps);
+            rms_norm_inplace(pool, k, kn, c.rms_norm_eps);
+        }
+        let rope = match (&self.local_rope, layer.local_rope) {
+            (Some(local), true) => local,
+            _ => &self.rope,
+        };
+        rope.apply(pool, q, c.num_heads, positions);
+        rope.apply(pool, k, c.num_kv_heads, positions);
+    }
+
     fn attention_shape(&self, block_size: usize, layer: usize) -> AttentionShape {
         let c = &self.config;
         AttentionShape {
@@ -186,6 +222,21 @@ impl DecoderModel {
             softcap: c.attn_logit_softcap,
         }
     }
+}
+
+/// Most tokens a layer's per-token work (norms, projections, MLP) takes at once. A big step
+/// (a prefill of 2,048 tokens) goes through each layer in slices, so that each slice's
+/// intermediates (the MLP's `[n, intermediate]` pair above all) stay in cache between one
+/// operation and the next; attention still sees the whole step. Every one of those operations
+/// computes each token's row on its own, so slicing never changes a bit of the output.
+const SLICE_TOKENS: usize = 512;
+
+/// `0..t` cut into the fewest slices of at most [`SLICE_TOKENS`], of nearly equal sizes
+/// (multiples of 16, the AMX tile height, except the last).
+fn token_slices(t: usize) -> impl Iterator<Item = std::ops::Range<usize>> + Clone {
+    let n = t.div_ceil(SLICE_TOKENS).max(1);
+    let size = t.div_ceil(n).next_multiple_of(16).min(SLICE_TOKENS);
+    (0..t).step_by(size.max(1)).map(move |s| s..(s + size).min(t))
 }
 
 fn add_inplace(acc: &mut [f32], x: &[f32]) {
@@ -245,8 +296,8 @@ impl Model for DecoderModel {
             t * kv_dim,
             t * q_dim,
             t * h,
-            t * i,
-            t * i,
+            t.min(SLICE_TOKENS) * i,
+            t.min(SLICE_TOKENS) * i,
             num_rows * h,
             num_rows * h,
         ]);
@@ -259,45 +310,56 @@ impl Model for DecoderModel {
                 }
             }
         }
+        let slices = token_slices(t);
         for (l, layer) in self.layers.iter().enumerate() {
-            rms_norm(pool, hidden, &layer.attn_norm, c.rms_norm_eps, normed);
-            linear_multi(
-                pool,
-                normed,
-                t,
-                &mut [
-                    LinearJob { weight: &layer.q_proj, bias: layer.q_bias.as_deref(), out: q },
-                    LinearJob { weight: &layer.k_proj, bias: layer.k_bias.as_deref(), out: k },
-                    LinearJob { weight: &layer.v_proj, bias: layer.v_bias.as_deref(), out: v },
-                ],
-            );
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                rms_norm_inplace(pool, q, qn, c.rms_norm_eps);
-                rms_norm_inplace(pool, k, kn, c.rms_norm_eps);
+            for r in slices.clone() {
+                rms_norm(
+                    pool,
+                    &hidden[r.start * h..r.end * h],
+                    &layer.attn_norm,
+                    c.rms_norm_eps,
+                    &mut normed[r.start * h..r.end * h],
+                );
+                self.qkv(
+                    pool,
+                    layer,
+                    &normed[r.start * h..r.end * h],
+                    &batch.positions[r.clone()],
+                    &mut q[r.start * q_dim..r.end * q_dim],
+                    &mut k[r.start * kv_dim..r.end * kv_dim],
+                    &mut v[r.start * kv_dim..r.end * kv_dim],
+                );
             }
-            let rope = match (&self.local_rope, layer.local_rope) {
-                (Some(local), true) => local,
-                _ => &self.rope,
-            };
-            rope.apply(pool, q, c.num_heads, &batch.positions);
-            rope.apply(pool, k, c.num_kv_heads, &batch.positions);
             let shape = self.attention_shape(batch.block_size(), l);
             match kv.layer_mut(l) {
                 KvLayerMut::F32(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
                 KvLayerMut::F16(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
             }
-            linear(pool, attn, t, &layer.o_proj, layer.o_bias.as_deref(), proj);
-            if let Some(norm) = &layer.attn_out_norm {
-                rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
-            }
-            add_inplace(hidden, proj);
+            for r in slices.clone() {
+                let n = r.len();
+                let hidden = &mut hidden[r.start * h..r.end * h];
+                let proj = &mut proj[r.start * h..r.end * h];
+                let normed = &mut normed[r.start * h..r.end * h];
+                linear(
+                    pool,
+                    &attn[r.start * q_dim..r.end * q_dim],
+                    n,
+                    &layer.o_proj,
+                    layer.o_bias.as_deref(),
+                    proj,
+                );
+                if let Some(norm) = &layer.attn_out_norm {
+                    rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
+                }
+                add_inplace(hidden, proj);
 
-            rms_norm(pool, hidden, &layer.mlp_norm, c.rms_norm_eps, normed);
-            self.mlp(pool, layer, t, normed, gate, up, proj);
-            if let Some(norm) = &layer.mlp_out_norm {
-                rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
+                rms_norm(pool, hidden, &layer.mlp_norm, c.rms_norm_eps, normed);
+                self.mlp(pool, layer, n, normed, &mut gate[..n * i], &mut up[..n * i], proj);
+                if let Some(norm) = &layer.mlp_out_norm {
+                    rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
+                }
+                add_inplace(hidden, proj);
             }
-            add_inplace(hidden, proj);
         }
 
         for (dst, &r) in rows.chunks_exact_mut(h).zip(&batch.logits_rows) {

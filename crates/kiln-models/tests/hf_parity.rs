@@ -65,6 +65,30 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
     }
 }
 
+/// A step of more tokens than a layer takes at once (the forward pass cuts it into slices of at
+/// most 512 tokens around attention) gives every sequence the logits it gets alone.
+#[test]
+fn step_of_1200_tokens_equals_each_sequence_alone() {
+    for name in ["gemma3", "llama3"] {
+        let mut runner = Runner::new(name);
+        let vocab = runner.vocab() as u32;
+        let seqs: Vec<Vec<u32>> = (0..6u32)
+            .map(|s| (0..200u32).map(|i| (i * 31 + s * 7 + 3) % vocab).collect())
+            .collect();
+        let alone: Vec<_> = seqs.iter().map(|seq| runner.one_shot(seq)).collect();
+        runner.batch.clear();
+        for seq in &seqs {
+            let table = runner.blocks(seq.len());
+            runner.batch.push_seq(seq, 0, &table, LogitsWanted::All).unwrap();
+        }
+        let batched = runner.run();
+        for (i, want) in alone.iter().enumerate() {
+            let rows = &batched[i * 200..(i + 1) * 200];
+            assert_rows_close(rows, want, BITWISE, &format!("{name} sequence {i}"));
+        }
+    }
+}
+
 #[test]
 fn chunked_prefill_of_seven_equals_one_shot() {
     for name in MODELS {

@@ -13,6 +13,8 @@ use kiln_models::{
 use serde_json::Value;
 
 pub const BLOCK_SIZE: usize = 4;
+/// KV blocks of a [`Runner`] (4,096 tokens).
+pub const NUM_BLOCKS: usize = 1024;
 
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
@@ -80,7 +82,7 @@ impl Runner {
     }
 
     pub fn with(loaded: LoadedModel) -> Self {
-        let kv = PagedKvCache::new(loaded.model.kv_layout(), 256, BLOCK_SIZE);
+        let kv = PagedKvCache::new(loaded.model.kv_layout(), NUM_BLOCKS, BLOCK_SIZE);
         Self {
             loaded,
             pool: ThreadPool::new(2),
@@ -101,7 +103,7 @@ impl Runner {
         (0..len.div_ceil(BLOCK_SIZE))
             .map(|_| {
                 self.next_block += 1;
-                (self.next_block * 37) % 256
+                (self.next_block * 37) % NUM_BLOCKS as u32
             })
             .collect()
     }
