@@ -46,6 +46,53 @@ pub fn rms_norm_inplace(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f
     });
 }
 
+/// The residual step between two sublayers, in one pass over rows of `d`: `branch` (`[rows,
+/// d]`, a sublayer's output) is first normalised in place by `post` when given (Gemma's
+/// post-attention / post-FFN norms), then added into the residual stream `x`; with `next`,
+/// `out = rmsnorm(x) * next` (the following sublayer's input norm). Bitwise the same as
+/// [`rms_norm_inplace`], `x += branch` and [`rms_norm`] one after the other.
+pub fn residual_norm(
+    pool: &ThreadPool,
+    d: usize,
+    branch: &mut [f32],
+    post: Option<&[f32]>,
+    x: &mut [f32],
+    next: Option<(&[f32], &mut [f32])>,
+    eps: f32,
+) {
+    assert!(d > 0 && x.len() == branch.len() && x.len().is_multiple_of(d));
+    assert!(post.is_none_or(|w| w.len() == d));
+    let rows = x.len() / d;
+    let (branch_ptr, x_ptr) = (SharedMut::new(branch), SharedMut::new(x));
+    let (next_w, out_ptr) = match next {
+        Some((w, out)) => {
+            assert!(w.len() == d && out.len() == rows * d);
+            (Some(w), Some(SharedMut::new(out)))
+        }
+        None => (None, None),
+    };
+    pool.run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(rows) {
+            // SAFETY: each task touches only its own rows r0..r1 of the three buffers.
+            let (b, xr) = unsafe { (branch_ptr.slice(r * d, d), x_ptr.slice(r * d, d)) };
+            if let Some(w) = post {
+                let inv = inv_rms(b, eps);
+                for (v, w) in b.iter_mut().zip(w) {
+                    *v = *v * inv * w;
+                }
+            }
+            for (a, v) in xr.iter_mut().zip(b.iter()) {
+                *a += v;
+            }
+            if let (Some(w), Some(out)) = (next_w, out_ptr) {
+                // SAFETY: as above.
+                rms_norm_row(xr, w, eps, unsafe { out.slice(r * d, d) });
+            }
+        }
+    });
+}
+
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let mean_sq = vec_ops::dot(x, x) / x.len() as f32;
     1.0 / (mean_sq + eps).sqrt()
@@ -62,6 +109,41 @@ pub fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn residual_norm_equals_the_separate_steps_bitwise() {
+        let pool = ThreadPool::new(2);
+        let (rows, d) = (37, 24);
+        let vals = |seed: usize| -> Vec<f32> {
+            (0..rows * d).map(|i| (((i + seed) * 37 % 101) as f32 - 50.0) / 17.0).collect()
+        };
+        let (post, next): (Vec<f32>, Vec<f32>) = (
+            (0..d).map(|i| 0.5 + i as f32 / 9.0).collect(),
+            (0..d).map(|i| 1.5 - i as f32 / 30.0).collect(),
+        );
+        for with_post in [false, true] {
+            for with_next in [false, true] {
+                let (mut branch, mut x) = (vals(1), vals(2));
+                let (mut want_b, mut want_x) = (branch.clone(), x.clone());
+                if with_post {
+                    rms_norm_inplace(&pool, &mut want_b, &post, 1e-6);
+                }
+                for (a, b) in want_x.iter_mut().zip(&want_b) {
+                    *a += b;
+                }
+                let mut want_out = vec![0.0; rows * d];
+                rms_norm(&pool, &want_x, &next, 1e-6, &mut want_out);
+                let mut out = vec![0.0; rows * d];
+                let post_w = with_post.then_some(post.as_slice());
+                let next_w = with_next.then_some((next.as_slice(), out.as_mut_slice()));
+                residual_norm(&pool, d, &mut branch, post_w, &mut x, next_w, 1e-6);
+                assert_eq!((&branch, &x), (&want_b, &want_x));
+                if with_next {
+                    assert_eq!(out, want_out);
+                }
+            }
+        }
+    }
 
     #[test]
     fn matches_definition_and_inplace_agrees() {

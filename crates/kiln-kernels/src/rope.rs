@@ -123,16 +123,63 @@ impl Rope {
         });
     }
 
+    /// `table[t] = [cos θ_0 … cos θ_{d/2−1}, sin θ_0 … sin θ_{d/2−1}]` (`[positions.len(),
+    /// rotary_dim]`) with `θ_i = positions[t] · inv_freq[i]`: the angles of a step, computed once
+    /// and shared by every layer and by q and k ([`Rope::apply_table`]).
+    pub fn table(&self, positions: &[u32], table: &mut [f32]) {
+        let d = self.rotary_dim();
+        assert_eq!(table.len(), positions.len() * d, "rope table is not [tokens, rotary_dim]");
+        for (row, &p) in table.chunks_exact_mut(d).zip(positions) {
+            let (cos, sin) = row.split_at_mut(d / 2);
+            self.angles(p, cos, sin);
+        }
+    }
+
+    /// [`Rope::apply`] with the angles of each token from [`Rope::table`] (`[num_tokens,
+    /// rotary_dim]`): bitwise the same result.
+    pub fn apply_table(&self, pool: &ThreadPool, x: &mut [f32], num_heads: usize, table: &[f32]) {
+        let d = self.rotary_dim();
+        let num_tokens = table.len() / d;
+        if num_tokens == 0 {
+            return;
+        }
+        assert!(table.len().is_multiple_of(d) && x.len().is_multiple_of(num_tokens * num_heads));
+        let head_dim = x.len() / (num_tokens * num_heads);
+        assert!(d <= head_dim);
+        let row = num_heads * head_dim;
+        let ptr = SharedMut::new(x);
+        pool.run(num_tokens.div_ceil(TOKENS_PER_TASK), |task| {
+            let t0 = task * TOKENS_PER_TASK;
+            let t1 = (t0 + TOKENS_PER_TASK).min(num_tokens);
+            for t in t0..t1 {
+                // SAFETY: each task owns rows t0..t1.
+                let xs = unsafe { ptr.slice(t * row, row) };
+                let (cos, sin) = table[t * d..(t + 1) * d].split_at(d / 2);
+                self.rotate(xs, num_heads, head_dim, cos, sin);
+            }
+        });
+    }
+
+    /// `cos[i], sin[i]` of the angle of pair `i` at `position`.
+    fn angles(&self, position: u32, cos: &mut [f32], sin: &mut [f32]) {
+        let pos = position as f32;
+        for ((c, s), f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+            (*s, *c) = (pos * f).sin_cos();
+        }
+    }
+
     /// Rotates all heads of one token (`x` is `[num_heads, head_dim]`).
     pub fn rotate_token(&self, x: &mut [f32], num_heads: usize, head_dim: usize, position: u32) {
         let half = self.inv_freq.len();
         let mut cos = [0.0f32; MAX_ROTARY_DIM / 2];
         let mut sin = [0.0f32; MAX_ROTARY_DIM / 2];
-        let pos = position as f32;
-        for i in 0..half {
-            let angle = pos * self.inv_freq[i];
-            (sin[i], cos[i]) = angle.sin_cos();
-        }
+        self.angles(position, &mut cos[..half], &mut sin[..half]);
+        self.rotate(x, num_heads, head_dim, &cos[..half], &sin[..half]);
+    }
+
+    /// Rotates all heads of one token by the angles whose `cos` and `sin` are given.
+    fn rotate(&self, x: &mut [f32], num_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+        let half = self.inv_freq.len();
         for h in 0..num_heads {
             let head = &mut x[h * head_dim..(h + 1) * head_dim];
             match self.style {
@@ -171,6 +218,23 @@ mod tests {
             let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
             assert!((norm(&x[24..]) - norm(&orig[24..])).abs() < 1e-4);
             assert_ne!(&x[24..], &orig[24..]);
+        }
+    }
+
+    #[test]
+    fn table_gives_bitwise_the_rotation_of_apply() {
+        let pool = ThreadPool::new(2);
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            let rope = Rope::new(10_000.0, 8, RopeScaling::None, style);
+            let positions = [0u32, 3, 17, 4095, 3];
+            let orig: Vec<f32> = (0..5 * 2 * 12).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut want = orig.clone();
+            rope.apply(&pool, &mut want, 2, &positions);
+            let mut table = vec![0.0; 5 * 8];
+            rope.table(&positions, &mut table);
+            let mut got = orig.clone();
+            rope.apply_table(&pool, &mut got, 2, &table);
+            assert_eq!(got, want, "{style:?}");
         }
     }
 

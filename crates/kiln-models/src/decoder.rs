@@ -10,7 +10,7 @@
 
 use kiln_kernels::activation::gated_act_inplace;
 use kiln_kernels::attention::{AttentionShape, KvElem, paged_attention, write_kv};
-use kiln_kernels::norm::{rms_norm, rms_norm_inplace};
+use kiln_kernels::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use kiln_kernels::rope::{Rope, RopeScaling};
 use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
 
@@ -174,15 +174,16 @@ impl DecoderModel {
         linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
     }
 
-    /// `q, k, v` of the tokens of `normed` (`[n, h]`) at `positions`: projections, the
-    /// per-head norms (Gemma 3) and rotary embeddings.
+    /// `q, k, v` of the tokens of `normed` (`[n, h]`): projections, the per-head norms
+    /// (Gemma 3) and rotary embeddings by `rope` with the tokens' angles (`[n, rotary_dim]`,
+    /// [`Rope::table`]).
     #[allow(clippy::too_many_arguments)]
     fn qkv(
         &self,
         pool: &ThreadPool,
         layer: &Layer,
         normed: &[f32],
-        positions: &[u32],
+        (rope, angles): (&Rope, &[f32]),
         q: &mut [f32],
         k: &mut [f32],
         v: &mut [f32],
@@ -191,7 +192,7 @@ impl DecoderModel {
         linear_multi(
             pool,
             normed,
-            positions.len(),
+            normed.len() / c.hidden_size,
             &mut [
                 LinearJob { weight: &layer.q_proj, bias: layer.q_bias.as_deref(), out: q },
                 LinearJob { weight: &layer.k_proj, bias: layer.k_bias.as_deref(), out: k },
@@ -202,12 +203,47 @@ impl DecoderModel {
             rms_norm_inplace(pool, q, qn, c.rms_norm_eps);
             rms_norm_inplace(pool, k, kn, c.rms_norm_eps);
         }
-        let rope = match (&self.local_rope, layer.local_rope) {
-            (Some(local), true) => local,
-            _ => &self.rope,
-        };
-        rope.apply(pool, q, c.num_heads, positions);
-        rope.apply(pool, k, c.num_kv_heads, positions);
+        rope.apply_table(pool, q, c.num_heads, angles);
+        rope.apply_table(pool, k, c.num_kv_heads, angles);
+    }
+
+    /// `hidden[t] = embedding(token_ids[t])`, scaled where the model says so (Gemma).
+    fn embed(&self, token_ids: &[u32], hidden: &mut [f32]) {
+        let h = self.config.hidden_size;
+        for (row, &token) in hidden.chunks_exact_mut(h).zip(token_ids) {
+            self.embed_tokens.row_to_f32(token as usize, row);
+            if let Some(scale) = self.config.embedding_scale {
+                for x in row.iter_mut() {
+                    *x *= scale;
+                }
+            }
+        }
+    }
+
+    /// The logits of the rows `logits_rows` of `hidden`: final norm and LM head (through the
+    /// `rows` / `rows_normed` scratch, `[rows, h]`), then the final soft cap.
+    fn logits(
+        &self,
+        pool: &ThreadPool,
+        hidden: &[f32],
+        logits_rows: &[usize],
+        rows: &mut [f32],
+        rows_normed: &mut [f32],
+        logits: &mut Logits,
+    ) {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let num_rows = logits_rows.len();
+        for (dst, &r) in rows.chunks_exact_mut(h).zip(logits_rows) {
+            dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
+        }
+        rms_norm(pool, rows, &self.final_norm, c.rms_norm_eps, rows_normed);
+        logits.reset(num_rows, c.vocab_size);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        linear(pool, rows_normed, num_rows, head, None, logits.as_mut_slice());
+        if let Some(cap) = c.final_logit_softcap {
+            logits.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
     }
 
     fn attention_shape(&self, block_size: usize, layer: usize) -> AttentionShape {
@@ -237,12 +273,6 @@ fn token_slices(t: usize) -> impl Iterator<Item = std::ops::Range<usize>> + Clon
     let n = t.div_ceil(SLICE_TOKENS).max(1);
     let size = t.div_ceil(n).next_multiple_of(16).min(SLICE_TOKENS);
     (0..t).step_by(size.max(1)).map(move |s| s..(s + size).min(t))
-}
-
-fn add_inplace(acc: &mut [f32], x: &[f32]) {
-    for (a, b) in acc.iter_mut().zip(x) {
-        *a += b;
-    }
 }
 
 impl Model for DecoderModel {
@@ -288,7 +318,23 @@ impl Model for DecoderModel {
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
-        let [hidden, normed, q, k, v, attn, proj, gate, up, rows, rows_normed] = scratch.take([
+        let rot = self.rope.rotary_dim();
+        let local_rot = self.local_rope.as_ref().map_or(0, Rope::rotary_dim);
+        let [
+            hidden,
+            normed,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            rows,
+            rows_normed,
+            angles,
+            local_angles,
+        ] = scratch.take([
             t * h,
             t * h,
             t * q_dim,
@@ -300,31 +346,40 @@ impl Model for DecoderModel {
             t.min(SLICE_TOKENS) * i,
             num_rows * h,
             num_rows * h,
+            t * rot,
+            t * local_rot,
         ]);
-
-        for (row, &token) in hidden.chunks_exact_mut(h).zip(&batch.token_ids) {
-            self.embed_tokens.row_to_f32(token as usize, row);
-            if let Some(scale) = c.embedding_scale {
-                for x in row.iter_mut() {
-                    *x *= scale;
-                }
-            }
+        // The step's rotary angles, shared by every layer.
+        self.rope.table(&batch.positions, angles);
+        if let Some(local) = &self.local_rope {
+            local.table(&batch.positions, local_angles);
         }
+
+        self.embed(&batch.token_ids, hidden);
         let slices = token_slices(t);
         for (l, layer) in self.layers.iter().enumerate() {
             for r in slices.clone() {
-                rms_norm(
-                    pool,
-                    &hidden[r.start * h..r.end * h],
-                    &layer.attn_norm,
-                    c.rms_norm_eps,
-                    &mut normed[r.start * h..r.end * h],
-                );
+                // Later layers get their input norm from the previous layer's last step.
+                if l == 0 {
+                    rms_norm(
+                        pool,
+                        &hidden[r.start * h..r.end * h],
+                        &layer.attn_norm,
+                        c.rms_norm_eps,
+                        &mut normed[r.start * h..r.end * h],
+                    );
+                }
+                let (rope, table) = match (&self.local_rope, layer.local_rope) {
+                    (Some(local), true) => {
+                        (local, &local_angles[r.start * local_rot..r.end * local_rot])
+                    }
+                    _ => (&self.rope, &angles[r.start * rot..r.end * rot]),
+                };
                 self.qkv(
                     pool,
                     layer,
                     &normed[r.start * h..r.end * h],
-                    &batch.positions[r.clone()],
+                    (rope, table),
                     &mut q[r.start * q_dim..r.end * q_dim],
                     &mut k[r.start * kv_dim..r.end * kv_dim],
                     &mut v[r.start * kv_dim..r.end * kv_dim],
@@ -348,30 +403,16 @@ impl Model for DecoderModel {
                     layer.o_bias.as_deref(),
                     proj,
                 );
-                if let Some(norm) = &layer.attn_out_norm {
-                    rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
-                }
-                add_inplace(hidden, proj);
-
-                rms_norm(pool, hidden, &layer.mlp_norm, c.rms_norm_eps, normed);
+                let eps = c.rms_norm_eps;
+                let post = layer.attn_out_norm.as_deref();
+                residual_norm(pool, h, proj, post, hidden, Some((&layer.mlp_norm, normed)), eps);
                 self.mlp(pool, layer, n, normed, &mut gate[..n * i], &mut up[..n * i], proj);
-                if let Some(norm) = &layer.mlp_out_norm {
-                    rms_norm_inplace(pool, proj, norm, c.rms_norm_eps);
-                }
-                add_inplace(hidden, proj);
+                let next = self.layers.get(l + 1).map(|next| (&next.attn_norm[..], normed));
+                residual_norm(pool, h, proj, layer.mlp_out_norm.as_deref(), hidden, next, eps);
             }
         }
 
-        for (dst, &r) in rows.chunks_exact_mut(h).zip(&batch.logits_rows) {
-            dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
-        }
-        rms_norm(pool, rows, &self.final_norm, c.rms_norm_eps, rows_normed);
-        logits.reset(num_rows, c.vocab_size);
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        linear(pool, rows_normed, num_rows, head, None, logits.as_mut_slice());
-        if let Some(cap) = c.final_logit_softcap {
-            logits.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-        }
+        self.logits(pool, hidden, &batch.logits_rows, rows, rows_normed, logits);
         Ok(())
     }
 }
