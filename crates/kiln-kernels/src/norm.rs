@@ -37,11 +37,7 @@ pub fn rms_norm_inplace(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f
         let r1 = (r0 + ROWS_PER_TASK).min(rows);
         for r in r0..r1 {
             // SAFETY: each task touches only its own rows r0..r1.
-            let row = unsafe { x_ptr.slice(r * d, d) };
-            let inv = inv_rms(row, eps);
-            for (v, w) in row.iter_mut().zip(weight) {
-                *v = *v * inv * w;
-            }
+            rms_norm_row_inplace(unsafe { x_ptr.slice(r * d, d) }, weight, eps);
         }
     });
 }
@@ -77,10 +73,7 @@ pub fn residual_norm(
             // SAFETY: each task touches only its own rows r0..r1 of the three buffers.
             let (b, xr) = unsafe { (branch_ptr.slice(r * d, d), x_ptr.slice(r * d, d)) };
             if let Some(w) = post {
-                let inv = inv_rms(b, eps);
-                for (v, w) in b.iter_mut().zip(w) {
-                    *v = *v * inv * w;
-                }
+                rms_norm_row_inplace(b, w, eps);
             }
             for (a, v) in xr.iter_mut().zip(b.iter()) {
                 *a += v;
@@ -91,6 +84,13 @@ pub fn residual_norm(
             }
         }
     });
+}
+
+fn rms_norm_row_inplace(row: &mut [f32], weight: &[f32], eps: f32) {
+    let inv = inv_rms(row, eps);
+    for (v, w) in row.iter_mut().zip(weight) {
+        *v = *v * inv * w;
+    }
 }
 
 fn inv_rms(x: &[f32], eps: f32) -> f32 {

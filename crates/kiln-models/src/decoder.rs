@@ -7,6 +7,11 @@
 //! `h += [norm](down(act(gate(x)) * up(x)))` over `rmsnorm(h)`, where the bracketed output
 //! norms exist only with sandwich norms. Only rows that need logits go through the final norm
 //! and the LM head.
+//!
+//! Everything but attention works on each token's row alone, so a step runs it in slices of
+//! at most 512 tokens (attention sees the whole step) and fuses each residual add with the
+//! norms around it; neither changes a bit of any row. The rotary angles are computed once per
+//! step and shared by every layer.
 
 use kiln_kernels::activation::gated_act_inplace;
 use kiln_kernels::attention::{AttentionShape, KvElem, paged_attention, write_kv};
@@ -359,7 +364,7 @@ impl Model for DecoderModel {
         let slices = token_slices(t);
         for (l, layer) in self.layers.iter().enumerate() {
             for r in slices.clone() {
-                // Later layers get their input norm from the previous layer's last step.
+                // Later layers' input norms come with the previous layer's last residual add.
                 if l == 0 {
                     rms_norm(
                         pool,
