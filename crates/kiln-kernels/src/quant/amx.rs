@@ -183,19 +183,37 @@ pub(crate) unsafe fn rows_a<S: Isa>(
         for b in 0..AHEAD.min(nb) {
             dot_set(b, x.add(b * QK), k, sq.add(b * 8 * 64), buf);
         }
-        for b in 0..nb {
-            if b + AHEAD < nb {
-                let j = b + AHEAD;
-                dot_set(j, x.add(j * QK), k, sq.add(j * 8 * 64), buf);
+        // Block `b` uses tile set `b % 4`: unrolled by four so that every set is a constant.
+        let dxs = acts.d.as_ptr().add(i * nbk + u * 8);
+        macro_rules! block {
+            ($set:literal, $b:expr) => {{
+                let b = $b;
+                if b + AHEAD < nb {
+                    let j = b + AHEAD;
+                    dot::<{ ($set + AHEAD) % SETS }>(x.add(j * QK), k, sq.add(j * 8 * 64), buf);
+                }
+                let fs = S::loadf(un.fscale[b].as_ptr());
+                let t = &buf.0[$set];
+                let dx = dxs.add(b);
+                for r in 0..TILE_M {
+                    let tv = S::load(t[r].as_ptr().cast());
+                    a[r] = S::fmadd(S::cvt(tv), S::mulf(fs, S::splatf(*dx.add(r * nbk))), a[r]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b < nb {
+            block!(0, b);
+            if b + 1 < nb {
+                block!(1, b + 1);
             }
-            let bg = u * 8 + b;
-            let fs = S::loadf(un.fscale[b].as_ptr());
-            let t = &buf.0[b % SETS];
-            for r in 0..TILE_M {
-                let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
-                let tv = S::load(t[r].as_ptr().cast());
-                a[r] = S::fmadd(S::cvt(tv), S::mulf(fs, dx), a[r]);
+            if b + 2 < nb {
+                block!(2, b + 2);
             }
+            if b + 3 < nb {
+                block!(3, b + 3);
+            }
+            b += SETS;
         }
         for (r, &ar) in a.iter().enumerate() {
             acc.put::<S>(r, ar);
