@@ -103,24 +103,9 @@ impl Rope {
     /// Rotates `x[num_tokens, num_heads, head_dim]` in place; token `t` sits at `positions[t]`.
     /// Only the first `rotary_dim` elements of each head rotate.
     pub fn apply(&self, pool: &ThreadPool, x: &mut [f32], num_heads: usize, positions: &[u32]) {
-        let num_tokens = positions.len();
-        if num_tokens == 0 {
-            return;
-        }
-        assert!(x.len().is_multiple_of(num_tokens * num_heads));
-        let head_dim = x.len() / (num_tokens * num_heads);
-        assert!(self.rotary_dim() <= head_dim);
-        let row = num_heads * head_dim;
-        let ptr = SharedMut::new(x);
-        pool.run(num_tokens.div_ceil(TOKENS_PER_TASK), |task| {
-            let t0 = task * TOKENS_PER_TASK;
-            let t1 = (t0 + TOKENS_PER_TASK).min(num_tokens);
-            for (t, &position) in positions.iter().enumerate().take(t1).skip(t0) {
-                // SAFETY: each task owns rows t0..t1.
-                let xs = unsafe { ptr.slice(t * row, row) };
-                self.rotate_token(xs, num_heads, head_dim, position);
-            }
-        });
+        let mut table = vec![0.0; positions.len() * self.rotary_dim()];
+        self.table(positions, &mut table);
+        self.apply_table(pool, x, num_heads, &table);
     }
 
     /// `table[t] = [cos θ_0 … cos θ_{d/2−1}, sin θ_0 … sin θ_{d/2−1}]` (`[positions.len(),
@@ -222,14 +207,16 @@ mod tests {
     }
 
     #[test]
-    fn table_gives_bitwise_the_rotation_of_apply() {
+    fn table_gives_bitwise_the_rotation_of_each_token_alone() {
         let pool = ThreadPool::new(2);
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
             let rope = Rope::new(10_000.0, 8, RopeScaling::None, style);
             let positions = [0u32, 3, 17, 4095, 3];
             let orig: Vec<f32> = (0..5 * 2 * 12).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut want = orig.clone();
-            rope.apply(&pool, &mut want, 2, &positions);
+            for (x, &p) in want.chunks_exact_mut(2 * 12).zip(&positions) {
+                rope.rotate_token(x, 2, 12, p);
+            }
             let mut table = vec![0.0; 5 * 8];
             rope.table(&positions, &mut table);
             let mut got = orig.clone();
