@@ -251,10 +251,10 @@ impl ModelRunner {
         Ok(())
     }
 
-    /// Samples logit row `row` with the sampler of `id` for every `(id, row)`, the rows in
-    /// parallel on `pool`: each request's sampler owns its random state and touches only its
-    /// own row, so the tokens are those of sampling the rows one by one (a greedy row of a
-    /// 262k vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
+    /// Samples logit row `row` with the sampler of `id` for every `(id, row)` (rows increasing),
+    /// the rows in parallel on `pool`: each request's sampler owns its random state and touches
+    /// only its own row, so the tokens are those of sampling the rows one by one (a greedy row
+    /// of a 262k vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
     fn sample_rows(
         &mut self,
         pool: &ThreadPool,
@@ -271,13 +271,14 @@ impl ModelRunner {
             samplers.push(sampler);
         }
         let vocab = self.logits.vocab_size();
-        let mut logit_rows: Vec<Option<&mut [f32]>> =
-            self.logits.as_mut_slice().chunks_exact_mut(vocab).map(Some).collect();
+        // `rows` is in increasing row order (the step's order), one row per request.
+        let mut logit_rows = self.logits.as_mut_slice().chunks_exact_mut(vocab).enumerate();
         let jobs: Vec<Mutex<SampleJob<'_>>> = rows
             .iter()
             .zip(samplers.iter_mut())
             .map(|(&(_, row), sampler)| {
-                let logits = logit_rows[row].take().expect("one sampled row per request");
+                let (_, logits) =
+                    logit_rows.find(|&(i, _)| i == row).expect("rows in increasing order");
                 Mutex::new((sampler, logits, None))
             })
             .collect();

@@ -188,7 +188,8 @@ impl DecoderModel {
         pool: &ThreadPool,
         layer: &Layer,
         normed: &[f32],
-        (rope, angles): (&Rope, &[f32]),
+        rope: &Rope,
+        angles: &[f32],
         q: &mut [f32],
         k: &mut [f32],
         v: &mut [f32],
@@ -362,29 +363,22 @@ impl Model for DecoderModel {
 
         self.embed(&batch.token_ids, hidden);
         let slices = token_slices(t);
+        // Later layers' input norms come with the previous layer's last residual add.
+        if let Some(first) = self.layers.first() {
+            rms_norm(pool, hidden, &first.attn_norm, c.rms_norm_eps, normed);
+        }
         for (l, layer) in self.layers.iter().enumerate() {
+            let (rope, table, rot) = match (&self.local_rope, layer.local_rope) {
+                (Some(local), true) => (local, &*local_angles, local_rot),
+                _ => (&self.rope, &*angles, rot),
+            };
             for r in slices.clone() {
-                // Later layers' input norms come with the previous layer's last residual add.
-                if l == 0 {
-                    rms_norm(
-                        pool,
-                        &hidden[r.start * h..r.end * h],
-                        &layer.attn_norm,
-                        c.rms_norm_eps,
-                        &mut normed[r.start * h..r.end * h],
-                    );
-                }
-                let (rope, table) = match (&self.local_rope, layer.local_rope) {
-                    (Some(local), true) => {
-                        (local, &local_angles[r.start * local_rot..r.end * local_rot])
-                    }
-                    _ => (&self.rope, &angles[r.start * rot..r.end * rot]),
-                };
                 self.qkv(
                     pool,
                     layer,
                     &normed[r.start * h..r.end * h],
-                    (rope, table),
+                    rope,
+                    &table[r.start * rot..r.end * rot],
                     &mut q[r.start * q_dim..r.end * q_dim],
                     &mut k[r.start * kv_dim..r.end * kv_dim],
                     &mut v[r.start * kv_dim..r.end * kv_dim],

@@ -204,8 +204,7 @@ pub(crate) unsafe fn rows_a<S: Isa>(
                 }
             }};
         }
-        let mut b = 0;
-        while b < nb {
+        for b in (0..nb).step_by(SETS) {
             block!(0, b);
             if b + 1 < nb {
                 block!(1, b + 1);
@@ -216,7 +215,6 @@ pub(crate) unsafe fn rows_a<S: Isa>(
             if b + 3 < nb {
                 block!(3, b + 3);
             }
-            b += SETS;
         }
         for (r, &ar) in a.iter().enumerate() {
             acc.put::<S>(r, ar);
