@@ -8,8 +8,9 @@
 //! The 16 lanes of every vector are the 16 weight rows of the group, so no horizontal sums are
 //! needed. Activation rows are taken 4 at a time, so each weight vector loaded from the unpacked
 //! record feeds 4 `vpdpbusd`. With [`QuantIsa::Amx`], every full 16 activation rows go through
-//! AMX tiles instead (`amx`), the remaining rows through the VNNI path. Outputs of
-//! vocabulary-sized rows are written with non-temporal stores ([`stream_output`]).
+//! AMX tiles instead (`amx`), the remaining rows through the VNNI path. Without AMX, VNNI calls
+//! of Q4_0/Q5_0/Q8_0 weights with 8 or more rows take the 2-group register tile of `pairs`.
+//! Outputs of vocabulary-sized rows are written with non-temporal stores ([`stream_output`]).
 //!
 //! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that
 //! starts at 0 and, for every weight block in column order, takes
@@ -101,6 +102,8 @@ struct Scratch {
     sq: Box<Unpacked>,
     #[cfg(target_arch = "x86_64")]
     tiles: Box<super::amx::TileBuf>,
+    #[cfg(target_arch = "x86_64")]
+    pairs: Box<super::pairs::PairScratch>,
 }
 
 thread_local! {
@@ -128,6 +131,8 @@ pub(crate) fn qgemm_groups(
             sq: Unpacked::new(),
             #[cfg(target_arch = "x86_64")]
             tiles: super::amx::TileBuf::new(),
+            #[cfg(target_arch = "x86_64")]
+            pairs: super::pairs::PairScratch::new(),
         });
         // SAFETY: the dispatched variant's CPU features are checked before each call; the
         // remaining preconditions were asserted above or are the caller's (`out`).
@@ -167,9 +172,9 @@ mod x86_entry {
     use std::ops::Range;
 
     use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
-    use crate::quant::amx;
     use crate::quant::formats::GgmlType;
     use crate::quant::x86::{Avx2, Avx512, Vnni};
+    use crate::quant::{amx, pairs};
 
     /// # Safety
     /// AMX must be available ([`amx::available`]), with AVX-512 VNNI.
@@ -197,8 +202,14 @@ mod x86_entry {
         o: SharedMut<f32>,
         s: &mut Scratch,
     ) {
-        // SAFETY: forwarded; the features are enabled here.
-        unsafe { kernel::<Vnni, false>(a, w, g, o, s) }
+        // SAFETY: forwarded; the features are enabled here; `pairs::applies` checked.
+        unsafe {
+            if pairs::applies(w.ty, a.m) {
+                pairs::kernel(a, w, g, o, &mut s.pairs);
+            } else {
+                kernel::<Vnni, false>(a, w, g, o, s);
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
@@ -258,18 +269,9 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                 s.acc[..r1 - r0].fill([0.0; LANES]);
             }
             for u in 0..w.units {
-                let last = u + 1 == w.units;
-                let acc = Acc {
-                    load: if u == 0 { std::ptr::null() } else { scratch },
-                    // SAFETY: row `r0` of `out` is in bounds (the caller's).
-                    store: if last && direct {
-                        unsafe { out.ptr().add(r0 * n + g * LANES) }
-                    } else {
-                        scratch
-                    },
-                    stride: if last && direct { n } else { LANES },
-                    stream: last && direct && stream,
-                };
+                // SAFETY: row `r0` of `out` is in bounds (the caller's).
+                let dst = unsafe { out.ptr().add(r0 * n + g * LANES) };
+                let acc = Acc::for_unit(u, w.units, scratch, direct.then_some(dst), n, stream);
                 let nb = w.unit_blocks(u);
                 let rec = w.record(g, u);
                 if prefetch && g + PREFETCH_GROUPS < end {
@@ -330,7 +332,7 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
 /// every ordinary store of it first reads the line it overwrites; streaming saves that read
 /// (the 262k × 640 Q8_0 LM head at 64 rows: 36 → 28 ms). Smaller outputs are read again soon
 /// by the next operation and stay cached. Results never depend on it.
-fn stream_output(m: usize, n: usize) -> bool {
+pub(crate) fn stream_output(m: usize, n: usize) -> bool {
     n >= STREAM_MIN_ROW && m * n * 4 >= STREAM_MIN_BYTES
 }
 
@@ -338,9 +340,9 @@ const STREAM_MIN_ROW: usize = 1 << 16;
 const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// How many groups ahead [`prefetch_record`] asks for.
-const PREFETCH_GROUPS: usize = 2;
+pub(crate) const PREFETCH_GROUPS: usize = 2;
 /// Calls with more activation rows than this do not prefetch.
-const PREFETCH_MAX_ROWS: usize = 64;
+pub(crate) const PREFETCH_MAX_ROWS: usize = 64;
 
 /// Asks the cache hierarchy for the record of group `g`, unit `u`, while an earlier group
 /// computes, so that streaming the weights overlaps the arithmetic (the 178 MB Q8_0 LM head
@@ -349,7 +351,7 @@ const PREFETCH_MAX_ROWS: usize = 64;
 /// (the whole next group at once was slower). A hint only: results never depend on it.
 #[inline(always)]
 #[allow(clippy::inline_always)]
-fn prefetch_record(w: &QuantMatrix, g: usize, u: usize) {
+pub(crate) fn prefetch_record(w: &QuantMatrix, g: usize, u: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
@@ -383,11 +385,29 @@ pub(crate) struct Acc {
 }
 
 impl Acc {
+    /// The accumulators of unit `u` of `units`: the first unit starts at zero, every unit
+    /// but the last stores into `scratch` (row stride 16), and the last stores into `out`
+    /// (row stride `n`, streamed when `stream`) when given, else into `scratch`.
+    pub(crate) fn for_unit(
+        u: usize,
+        units: usize,
+        scratch: *mut f32,
+        out: Option<*mut f32>,
+        n: usize,
+        stream: bool,
+    ) -> Self {
+        let load = if u == 0 { std::ptr::null() } else { scratch.cast_const() };
+        match out {
+            Some(store) if u + 1 == units => Self { load, store, stride: n, stream },
+            _ => Self { load, store: scratch, stride: LANES, stream: false },
+        }
+    }
+
     /// The same rows from row `r` on.
     ///
     /// # Safety
     /// Row `r` must be inside both buffers.
-    unsafe fn rows_from(self, r: usize) -> Self {
+    pub(crate) unsafe fn rows_from(self, r: usize) -> Self {
         // SAFETY: guaranteed by the caller; `load` stays null when null.
         unsafe {
             Self {

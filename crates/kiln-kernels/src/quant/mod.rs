@@ -19,6 +19,8 @@ mod dequant;
 pub mod formats;
 mod isa;
 mod kernel;
+#[cfg(target_arch = "x86_64")]
+mod pairs;
 mod quantize;
 mod repack;
 #[cfg(test)]
