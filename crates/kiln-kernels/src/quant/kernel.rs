@@ -9,7 +9,7 @@
 //! needed. Activation rows are taken 4 at a time, so each weight vector loaded from the unpacked
 //! record feeds 4 `vpdpbusd`. With [`QuantIsa::Amx`], every full 16 activation rows go through
 //! AMX tiles instead (`amx`), the remaining rows through the VNNI path. Without AMX, VNNI calls
-//! of Q4_0/Q5_0/Q8_0 weights with 8 or more rows take the 2-group register tile of `pairs`.
+//! with 8 or more rows take the 2-group register tiles of `pairs`.
 //! Outputs of vocabulary-sized rows are written with non-temporal stores ([`stream_output`]).
 //!
 //! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that

@@ -21,6 +21,8 @@ mod isa;
 mod kernel;
 #[cfg(target_arch = "x86_64")]
 mod pairs;
+#[cfg(target_arch = "x86_64")]
+mod pairs_k;
 mod quantize;
 mod repack;
 #[cfg(test)]

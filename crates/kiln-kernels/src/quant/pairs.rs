@@ -1,5 +1,6 @@
-//! The AVX-512 VNNI kernel for Q4_0 / Q5_0 / Q8_0 weights with [`MIN_ROWS`] or more activation
-//! rows: a register tile of 2 weight groups (32 weight rows) × 4 activation rows.
+//! The AVX-512 VNNI kernel for calls with [`MIN_ROWS`] or more activation rows: a register
+//! tile of 2 weight groups (32 weight rows) × 4 activation rows. Q4_0 / Q5_0 / Q8_0 tiles are
+//! here, the K-quant ones in `pairs_k`.
 //!
 //! The arithmetic is the general kernel's (`kernel::row_a`): unsigned stored levels `w + o`
 //! against signed activations, `t = Σ (w + o)·x − o·Σx` per block. What changes is the order
@@ -24,6 +25,7 @@ use super::formats::{GgmlType, QK};
 use super::kernel::{
     Acc, PREFETCH_GROUPS, PREFETCH_MAX_ROWS, ROW_CHUNK, prefetch_record, stream_output,
 };
+use super::pairs_k;
 use super::repack::{LANES, Unpacked, unpack};
 use super::x86::Vnni;
 use crate::thread_pool::SharedMut;
@@ -38,7 +40,7 @@ const TILE_ROWS: usize = 4;
 
 /// Whether [`kernel`] serves `ty` at `m` activation rows.
 pub(crate) fn applies(ty: GgmlType, m: usize) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0) && m >= MIN_ROWS
+    ty.is_quantized() && m >= MIN_ROWS
 }
 
 /// Per-thread buffers of the two groups in flight.
@@ -63,7 +65,7 @@ impl PairScratch {
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI must be available; [`applies`] holds for `w.ty` and `acts.m`;
-/// `acts` quantized with blocks of 32; `out` as for `qgemm_groups`.
+/// `acts` quantized with blocks of `w.act_block()`; `out` as for `qgemm_groups`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(crate) unsafe fn kernel(
     acts: &QuantActs,
@@ -72,7 +74,7 @@ pub(crate) unsafe fn kernel(
     out: SharedMut<f32>,
     s: &mut PairScratch,
 ) {
-    debug_assert!(applies(w.ty, acts.m) && acts.block == QK);
+    debug_assert!(applies(w.ty, acts.m) && acts.block == w.act_block());
     let m = acts.m;
     for r0 in (0..m).step_by(ROW_CHUNK) {
         let rows = r0..(r0 + ROW_CHUNK).min(m);
@@ -138,10 +140,10 @@ unsafe fn group_tile<const G: usize>(
             unsafe {
                 let acc = acc.map(|a| a.rows_from(i - rows.start));
                 if rows.end - i >= TILE_ROWS {
-                    tile::<G, TILE_ROWS>(ty, nb, quads, s, acts, i, u, acc);
+                    tile_any::<G, TILE_ROWS>(ty, nb, quads, s, acts, i, u, acc);
                     i += TILE_ROWS;
                 } else {
-                    tile::<G, 1>(ty, nb, quads, s, acts, i, u, acc);
+                    tile_any::<G, 1>(ty, nb, quads, s, acts, i, u, acc);
                     i += 1;
                 }
             }
@@ -158,8 +160,35 @@ unsafe fn group_tile<const G: usize>(
     }
 }
 
-/// Activation rows `i..i + R` against groups `0..G` (levels at `quads[j]`, scales in
-/// `s.un[j]`) for the `nb` blocks of unit `u`.
+/// Activation rows `i..i + R` against unit `u` of groups `0..G`, by weight type.
+///
+/// # Safety
+/// As [`tile`].
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+unsafe fn tile_any<const G: usize, const R: usize>(
+    ty: GgmlType,
+    nb: usize,
+    quads: [*const u8; G],
+    s: &PairScratch,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: [Acc; G],
+) {
+    let un: [&Unpacked; G] = std::array::from_fn(|j| &*s.un[j]);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match ty {
+            GgmlType::Q4K | GgmlType::Q5K => pairs_k::tile_k45::<G, R>(quads, un, acts, i, u, acc),
+            GgmlType::Q6K => pairs_k::tile_q6k::<G, R>(quads, un, acts, i, u, acc),
+            _ => tile::<G, R>(ty, nb, quads, s, acts, i, u, acc),
+        }
+    }
+}
+
+/// Activation rows `i..i + R` against groups `0..G` of Q4_0 / Q5_0 / Q8_0 (levels at
+/// `quads[j]`, scales in `s.un[j]`) for the `nb` blocks of unit `u`.
 ///
 /// # Safety
 /// As [`kernel`]; rows `i..i + R` inside `acts` and inside every `acc`; `quads[j]` holds the
