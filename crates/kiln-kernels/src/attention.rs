@@ -306,8 +306,8 @@ const PREFETCH_BLOCKS: usize = 2;
 /// that the next blocks' keys and values stream in while this block computes: cache blocks
 /// are scattered, so the hardware prefetchers would restart at every block (64 decode rows
 /// over 192 cached tokens, f16, cache cold: 1.1–1.3 → 0.92–0.97 ms per layer). Into L1
-/// (`T0`): on AMD Zen 5 batch-16 and batch-64 decode gained 3–10 % over `T1` (A/B, same
-/// binary). A hint only: results never depend on it.
+/// (`T0`): on AMD Zen 5 batch-16 and batch-64 decode gained 3–12 % over `T1` (A/B of the
+/// hint alone). A hint only: results never depend on it.
 #[inline]
 fn prefetch_rows<E: KvElem>(cache: &[E], start: usize, rows: usize, stride: usize, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
