@@ -182,13 +182,13 @@ unsafe fn tile_any<const G: usize, const R: usize>(
         match ty {
             GgmlType::Q4K | GgmlType::Q5K => pairs_k::tile_k45::<G, R>(quads, un, acts, i, u, acc),
             GgmlType::Q6K => pairs_k::tile_q6k::<G, R>(quads, un, acts, i, u, acc),
-            _ => tile::<G, R>(ty, nb, quads, s, acts, i, u, acc),
+            _ => tile::<G, R>(ty, nb, quads, un, acts, i, u, acc),
         }
     }
 }
 
 /// Activation rows `i..i + R` against groups `0..G` of Q4_0 / Q5_0 / Q8_0 (levels at
-/// `quads[j]`, scales in `s.un[j]`) for the `nb` blocks of unit `u`.
+/// `quads[j]`, scales in `un[j]`) for the `nb` blocks of unit `u`.
 ///
 /// # Safety
 /// As [`kernel`]; rows `i..i + R` inside `acts` and inside every `acc`; `quads[j]` holds the
@@ -199,7 +199,7 @@ unsafe fn tile<const G: usize, const R: usize>(
     ty: GgmlType,
     nb: usize,
     quads: [*const u8; G],
-    s: &PairScratch,
+    un: [&Unpacked; G],
     acts: &QuantActs,
     i: usize,
     u: usize,
@@ -239,7 +239,7 @@ unsafe fn tile<const G: usize, const R: usize>(
                 }
             }
             let fs: [__m512; G] =
-                std::array::from_fn(|j| _mm512_loadu_ps(s.un[j].fscale[b].as_ptr()));
+                std::array::from_fn(|j| _mm512_loadu_ps(un[j].fscale[b].as_ptr()));
             for r in 0..R {
                 let dx = _mm512_set1_ps(*acts.d.get_unchecked((i + r) * nbk + bg));
                 for j in 0..G {

@@ -40,21 +40,8 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
         let mut t: [[V; G]; R] = [[Vnni::zero(); G]; R];
         for s in 0..8 {
             let mut p: [[V; G]; R] = [[Vnni::zero(); G]; R];
-            for q in 0..8 {
-                let wv: [V; G] =
-                    std::array::from_fn(|j| Vnni::load(quads[j].add((s * 8 + q) * 64)));
-                for (pr, xr) in p.iter_mut().zip(&x) {
-                    for (pj, wj) in pr.iter_mut().zip(&wv) {
-                        *pj = Vnni::dot(*pj, *wj, xr.add(s * 32 + 4 * q));
-                    }
-                }
-            }
-            let sc: [V; G] = std::array::from_fn(|j| Vnni::load(un[j].iscale[s].as_ptr().cast()));
-            for (tr, pr) in t.iter_mut().zip(&p) {
-                for j in 0..G {
-                    tr[j] = Vnni::add32(tr[j], Vnni::mullo32(pr[j], sc[j]));
-                }
-            }
+            dots(&mut p, quads, &x, s * 8, 8);
+            add_scaled(&mut t, &p, un, s);
         }
         for (r, tr) in t.iter().enumerate() {
             let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
@@ -105,21 +92,8 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
             // `Σ (q − 32)·x = Σ q·x − 32·Σx`: the correction starts the sum.
             let mut p: [[V; G]; R] =
                 std::array::from_fn(|r| [Vnni::splat32(-(*s16[r].add(s) << 5)); G]);
-            for q in 0..4 {
-                let wv: [V; G] =
-                    std::array::from_fn(|j| Vnni::load(quads[j].add((s * 4 + q) * 64)));
-                for (pr, xr) in p.iter_mut().zip(&x) {
-                    for (pj, wj) in pr.iter_mut().zip(&wv) {
-                        *pj = Vnni::dot(*pj, *wj, xr.add(s * 16 + 4 * q));
-                    }
-                }
-            }
-            let sc: [V; G] = std::array::from_fn(|j| Vnni::load(un[j].iscale[s].as_ptr().cast()));
-            for (tr, pr) in t.iter_mut().zip(&p) {
-                for j in 0..G {
-                    tr[j] = Vnni::add32(tr[j], Vnni::mullo32(pr[j], sc[j]));
-                }
-            }
+            dots(&mut p, quads, &x, s * 4, 4);
+            add_scaled(&mut t, &p, un, s);
         }
         for (r, tr) in t.iter().enumerate() {
             let dx = Vnni::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
@@ -127,6 +101,56 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
                 let d = Vnni::loadf(un[j].fscale[0].as_ptr());
                 let a = Vnni::fmadd(Vnni::cvt(tj), Vnni::mulf(d, dx), acc[j].get::<Vnni>(r));
                 acc[j].put::<Vnni>(r, a);
+            }
+        }
+    }
+}
+
+/// `p[r][j] += Σ_q w_j(q) · x_r(q)` for the `n` quads from quad `q0` of the unit (activations
+/// from element `4·q0` of each row): every broadcast quad feeds all `G` groups.
+///
+/// # Safety
+/// As [`tile_k45`]; quads `q0..q0 + n` inside the unit.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn dots<const G: usize, const R: usize>(
+    p: &mut [[V; G]; R],
+    quads: [*const u8; G],
+    x: &[*const i8; R],
+    q0: usize,
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        for q in q0..q0 + n {
+            let wv: [V; G] = std::array::from_fn(|j| Vnni::load(quads[j].add(q * 64)));
+            for (pr, xr) in p.iter_mut().zip(x) {
+                for (pj, wj) in pr.iter_mut().zip(&wv) {
+                    *pj = Vnni::dot(*pj, *wj, xr.add(4 * q));
+                }
+            }
+        }
+    }
+}
+
+/// `t[r][j] += p[r][j] · sc_j`, the sub-block scales `sc_j` being row `s` of `un[j].iscale`.
+///
+/// # Safety
+/// AVX-512 F available.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn add_scaled<const G: usize, const R: usize>(
+    t: &mut [[V; G]; R],
+    p: &[[V; G]; R],
+    un: [&Unpacked; G],
+    s: usize,
+) {
+    // SAFETY: the features are the caller's; an `iscale` row is 64 bytes.
+    unsafe {
+        let sc: [V; G] = std::array::from_fn(|j| Vnni::load(un[j].iscale[s].as_ptr().cast()));
+        for (tr, pr) in t.iter_mut().zip(p) {
+            for j in 0..G {
+                tr[j] = Vnni::add32(tr[j], Vnni::mullo32(pr[j], sc[j]));
             }
         }
     }
