@@ -22,6 +22,7 @@ use std::ops::Range;
 use super::QuantMatrix;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
+use super::isa::Isa;
 use super::kernel::{
     Acc, PREFETCH_GROUPS, PREFETCH_MAX_ROWS, ROW_CHUNK, prefetch_record, stream_output,
 };
@@ -216,28 +217,17 @@ unsafe fn tile<const G: usize, const R: usize>(
     // SAFETY (whole body): block `u·8 + b` of rows `i..i + R` is inside `acts` (`k` columns);
     // `quads[j]` and the scales hold `nb` blocks; `acc` has `R` rows.
     unsafe {
+        let x: [*const i8; R] =
+            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 8 * QK));
         let mut a: [[__m512; G]; R] =
             std::array::from_fn(|r| std::array::from_fn(|j| acc[j].get::<Vnni>(r)));
         for b in 0..nb {
             let bg = u * 8 + b;
-            let x: [*const i8; R] =
-                std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
             let mut t: [[__m512i; G]; R] = std::array::from_fn(|r| {
                 let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
                 [_mm512_set1_epi32(-(sx << shift)); G]
             });
-            for q in 0..8 {
-                let wv: [__m512i; G] = std::array::from_fn(|j| {
-                    _mm512_loadu_si512(quads[j].add((b * 8 + q) * 64).cast())
-                });
-                for (tr, xr) in t.iter_mut().zip(&x) {
-                    // Read at each use, so the broadcast folds into `vpdpbusd`'s memory operand.
-                    let xb = _mm512_set1_epi32(xr.add(4 * q).cast::<i32>().read_unaligned());
-                    for (tj, wj) in tr.iter_mut().zip(&wv) {
-                        *tj = _mm512_dpbusd_epi32(*tj, *wj, xb);
-                    }
-                }
-            }
+            dots(&mut t, quads, &x, b * 8, 8);
             let fs: [__m512; G] =
                 std::array::from_fn(|j| _mm512_loadu_ps(un[j].fscale[b].as_ptr()));
             for r in 0..R {
@@ -251,6 +241,35 @@ unsafe fn tile<const G: usize, const R: usize>(
         for (r, ar) in a.iter().enumerate() {
             for (j, &v) in ar.iter().enumerate() {
                 acc[j].put::<Vnni>(r, v);
+            }
+        }
+    }
+}
+
+/// `p[r][j] += Σ_q w_j(q) · x_r(q)` for the `n` quads from quad `q0` of the unit (activations
+/// from element `4·q0` of each row): every broadcast quad feeds all `G` groups, read at each
+/// use so that the broadcast folds into `vpdpbusd`'s memory operand.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and VNNI available; quads `q0..q0 + n` inside every `quads[j]`, and their
+/// activations inside every row of `x`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+pub(super) unsafe fn dots<const G: usize, const R: usize>(
+    p: &mut [[__m512i; G]; R],
+    quads: [*const u8; G],
+    x: &[*const i8; R],
+    q0: usize,
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        for q in q0..q0 + n {
+            let wv: [__m512i; G] = std::array::from_fn(|j| Vnni::load(quads[j].add(q * 64)));
+            for (pr, xr) in p.iter_mut().zip(x) {
+                for (pj, wj) in pr.iter_mut().zip(&wv) {
+                    *pj = Vnni::dot(*pj, *wj, xr.add(4 * q));
+                }
             }
         }
     }

@@ -10,6 +10,7 @@
 use super::act::QuantActs;
 use super::isa::Isa;
 use super::kernel::Acc;
+use super::pairs::dots;
 use super::repack::Unpacked;
 use super::x86::Vnni;
 
@@ -101,33 +102,6 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
                 let d = Vnni::loadf(un[j].fscale[0].as_ptr());
                 let a = Vnni::fmadd(Vnni::cvt(tj), Vnni::mulf(d, dx), acc[j].get::<Vnni>(r));
                 acc[j].put::<Vnni>(r, a);
-            }
-        }
-    }
-}
-
-/// `p[r][j] += Σ_q w_j(q) · x_r(q)` for the `n` quads from quad `q0` of the unit (activations
-/// from element `4·q0` of each row): every broadcast quad feeds all `G` groups.
-///
-/// # Safety
-/// As [`tile_k45`]; quads `q0..q0 + n` inside the unit.
-#[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always)]
-unsafe fn dots<const G: usize, const R: usize>(
-    p: &mut [[V; G]; R],
-    quads: [*const u8; G],
-    x: &[*const i8; R],
-    q0: usize,
-    n: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        for q in q0..q0 + n {
-            let wv: [V; G] = std::array::from_fn(|j| Vnni::load(quads[j].add(q * 64)));
-            for (pr, xr) in p.iter_mut().zip(x) {
-                for (pj, wj) in pr.iter_mut().zip(&wv) {
-                    *pj = Vnni::dot(*pj, *wj, xr.add(4 * q));
-                }
             }
         }
     }
