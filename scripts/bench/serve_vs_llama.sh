@@ -5,7 +5,8 @@
 # concurrency 4. Each server runs alone on the machine, 2 threads, default model.
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench/serve_vs_llama.sh [OUT_DIR]
-# (SKIP_KILN=1 runs only llama-server.)
+# (SKIP_KILN=1 runs only llama-server; KILN_ARGS adds flags to `kiln serve`, e.g.
+# KILN_ARGS="--profile latency".)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results}"
@@ -39,7 +40,7 @@ run_suite() {
 
 if [[ -z "${SKIP_KILN:-}" ]]; then
   "$KILN" serve --model "$MODEL" --served-model-name gemma-3-270m --port "$PORT" --threads 2 \
-    --disable-log-requests 2>"$OUT/kiln-server.log" &
+    --disable-log-requests ${KILN_ARGS:-} 2>"$OUT/kiln-server.log" &
   KILN_PID=$!
   trap 'kill $KILN_PID 2>/dev/null || true' EXIT
   wait_ready

@@ -9,7 +9,7 @@
 //! needed. Activation rows are taken 4 at a time, so each weight vector loaded from the unpacked
 //! record feeds 4 `vpdpbusd`. With [`QuantIsa::Amx`], every full 16 activation rows go through
 //! AMX tiles instead (`amx`), the remaining rows through the VNNI path. Without AMX, VNNI calls
-//! with 8 or more rows take the 2-group register tiles of `pairs`.
+//! with 4 or more rows take the 2-group register tiles of `pairs`.
 //! Outputs of vocabulary-sized rows are written with non-temporal stores ([`stream_output`]).
 //!
 //! Fixed order (the batch-invariance invariant): output `(i, j)` is an f32 accumulator that
@@ -350,7 +350,9 @@ pub(crate) const PREFETCH_MAX_ROWS: usize = 64;
 /// 13.5 → 10.7–11.2 ms at m = 16). One record at a time keeps each burst of prefetches small
 /// (the whole next group at once was slower). The lines go to L1 (`T0`): on AMD Zen 5 the LM
 /// head at 16 rows took 8.8–9.0 ms against 9.5–10.5 with `T1`, and batch-64 decode gained
-/// 13–18 % in an A/B of the hint alone. A hint only: results never depend on it.
+/// 13–18 % in an A/B of the hint alone. The general kernel uses it; the register tiles of
+/// `pairs` spread their requests over the arithmetic instead ([`super::prefetch`]). A hint
+/// only: results never depend on it.
 #[inline(always)]
 #[allow(clippy::inline_always)]
 pub(crate) fn prefetch_record(w: &QuantMatrix, g: usize, u: usize) {

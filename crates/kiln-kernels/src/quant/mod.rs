@@ -23,6 +23,8 @@ mod kernel;
 mod pairs;
 #[cfg(target_arch = "x86_64")]
 mod pairs_k;
+#[cfg(target_arch = "x86_64")]
+mod prefetch;
 mod quantize;
 mod repack;
 #[cfg(test)]

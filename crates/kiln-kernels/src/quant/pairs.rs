@@ -23,18 +23,18 @@ use super::QuantMatrix;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::isa::Isa;
-use super::kernel::{
-    Acc, PREFETCH_GROUPS, PREFETCH_MAX_ROWS, ROW_CHUNK, prefetch_record, stream_output,
-};
+use super::kernel::{Acc, PREFETCH_GROUPS, PREFETCH_MAX_ROWS, ROW_CHUNK, stream_output};
 use super::pairs_k;
-use super::repack::{LANES, Unpacked, unpack};
+use super::prefetch::Prefetch;
+use super::repack::{LANES, UNIT, Unpacked, unpack};
 use super::x86::Vnni;
 use crate::thread_pool::SharedMut;
 
-/// Activation rows from which a call takes this kernel: below it the general kernel, whose
-/// prefetches run further ahead of a memory-bound call, is as fast or faster (the 262k × 640
-/// Q8_0 LM head at 4 rows: 5.4 ms against 6.3).
-pub(crate) const MIN_ROWS: usize = 8;
+/// Activation rows from which a call takes this kernel (one full tile). Below it the general
+/// kernel's one weight group per broadcast does as well. With the spread prefetch of
+/// [`super::prefetch`] this kernel is also the faster one at 4–7 rows (the 262k × 640 Q8_0
+/// LM head at 4 rows: 4.9–6.2 ms against 5.5–7.6, alternating runs).
+pub(crate) const MIN_ROWS: usize = 4;
 
 /// Activation rows of the register tile.
 const TILE_ROWS: usize = 4;
@@ -125,26 +125,33 @@ unsafe fn group_tile<const G: usize>(
         });
         let mut quads = [std::ptr::null(); G];
         for (j, q) in quads.iter_mut().enumerate() {
-            if prefetch && g + j + PREFETCH_GROUPS < end {
-                prefetch_record(w, g + j + PREFETCH_GROUPS, u);
-            }
             let rec = w.record(g + j, u);
             // SAFETY: `rec` is a whole record of `nb` blocks.
             unsafe { unpack::<Vnni>(ty, nb, rec, &mut s.un[j]) };
             *q = if ty == GgmlType::Q8_0 { rec } else { s.un[j].quads.as_ptr().cast() };
         }
         let s = &*s;
+        // This unit's share of the groups `PREFETCH_GROUPS` ahead, spread over its row tiles.
+        let ahead = if prefetch {
+            unit_share_ahead(w, g..(g + G).min(end), end, u)
+        } else {
+            Prefetch::NONE
+        };
+        let num_tiles = rows.len() / TILE_ROWS + rows.len() % TILE_ROWS;
         let mut i = rows.start;
+        let mut t = 0;
         while i < rows.end {
+            let pf = ahead.part(t, num_tiles);
+            t += 1;
             // SAFETY: rows `i..` are inside the chunk's scratch and `out` rows; blocks of unit
             // `u` are inside `acts` (`k` columns); the features are the caller's.
             unsafe {
                 let acc = acc.map(|a| a.rows_from(i - rows.start));
                 if rows.end - i >= TILE_ROWS {
-                    tile_any::<G, TILE_ROWS>(ty, nb, quads, s, acts, i, u, acc);
+                    tile_any::<G, TILE_ROWS>(ty, nb, quads, s, acts, i, u, acc, pf);
                     i += TILE_ROWS;
                 } else {
-                    tile_any::<G, 1>(ty, nb, quads, s, acts, i, u, acc);
+                    tile_any::<G, 1>(ty, nb, quads, s, acts, i, u, acc, pf);
                     i += 1;
                 }
             }
@@ -161,7 +168,22 @@ unsafe fn group_tile<const G: usize>(
     }
 }
 
-/// Activation rows `i..i + R` against unit `u` of groups `0..G`, by weight type.
+/// The weight bytes to request while unit `u` of `groups` computes: the same share of the
+/// groups [`PREFETCH_GROUPS`] further on (up to `end`) as unit `u` is of a row, so that a pass
+/// over all units requests those groups whole, each line once.
+fn unit_share_ahead(w: &QuantMatrix, groups: Range<usize>, end: usize, u: usize) -> Prefetch {
+    let (first, last) = (groups.start + PREFETCH_GROUPS, (groups.end + PREFETCH_GROUPS).min(end));
+    if first >= last {
+        return Prefetch::NONE;
+    }
+    let span = (last - first) * w.group_bytes;
+    let (c0, c1) = (u * UNIT, ((u + 1) * UNIT).min(w.cols));
+    let base = first * w.group_bytes;
+    Prefetch::bytes(w, base + span * c0 / w.cols, base + span * c1 / w.cols)
+}
+
+/// Activation rows `i..i + R` against unit `u` of groups `0..G`, by weight type; `pf` is
+/// requested along the way.
 ///
 /// # Safety
 /// As [`tile`].
@@ -176,20 +198,23 @@ unsafe fn tile_any<const G: usize, const R: usize>(
     i: usize,
     u: usize,
     acc: [Acc; G],
+    pf: Prefetch,
 ) {
     let un: [&Unpacked; G] = std::array::from_fn(|j| &*s.un[j]);
     // SAFETY: forwarded from the caller.
     unsafe {
         match ty {
-            GgmlType::Q4K | GgmlType::Q5K => pairs_k::tile_k45::<G, R>(quads, un, acts, i, u, acc),
-            GgmlType::Q6K => pairs_k::tile_q6k::<G, R>(quads, un, acts, i, u, acc),
-            _ => tile::<G, R>(ty, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q4K | GgmlType::Q5K => {
+                pairs_k::tile_k45::<G, R>(quads, un, acts, i, u, acc, pf);
+            }
+            GgmlType::Q6K => pairs_k::tile_q6k::<G, R>(quads, un, acts, i, u, acc, pf),
+            _ => tile::<G, R>(ty, nb, quads, un, acts, i, u, acc, pf),
         }
     }
 }
 
 /// Activation rows `i..i + R` against groups `0..G` of Q4_0 / Q5_0 / Q8_0 (levels at
-/// `quads[j]`, scales in `un[j]`) for the `nb` blocks of unit `u`.
+/// `quads[j]`, scales in `un[j]`) for the `nb` blocks of unit `u`; a part of `pf` per block.
 ///
 /// # Safety
 /// As [`kernel`]; rows `i..i + R` inside `acts` and inside every `acc`; `quads[j]` holds the
@@ -205,7 +230,9 @@ unsafe fn tile<const G: usize, const R: usize>(
     i: usize,
     u: usize,
     acc: [Acc; G],
+    pf: Prefetch,
 ) {
+    let mut pf = pf.steps(nb);
     let k = acts.k;
     let nbk = k / QK;
     // The level offset `o` as a shift: 128, 8 or 16.
@@ -222,6 +249,7 @@ unsafe fn tile<const G: usize, const R: usize>(
         let mut a: [[__m512; G]; R] =
             std::array::from_fn(|r| std::array::from_fn(|j| acc[j].get::<Vnni>(r)));
         for b in 0..nb {
+            pf.step();
             let bg = u * 8 + b;
             let mut t: [[__m512i; G]; R] = std::array::from_fn(|r| {
                 let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);

@@ -11,13 +11,14 @@ use super::act::QuantActs;
 use super::isa::Isa;
 use super::kernel::Acc;
 use super::pairs::dots;
+use super::prefetch::Prefetch;
 use super::repack::Unpacked;
 use super::x86::Vnni;
 
 type V = <Vnni as Isa>::V;
 
 /// Rows `i..i + R` against one Q4_K / Q5_K unit `u` of groups `0..G` (levels at `quads[j]`,
-/// scales and mins in `un[j]`).
+/// scales and mins in `un[j]`); a part of `pf` per sub-block.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI available; block `u` of rows `i..i + R` inside `acts` (quantized
@@ -31,7 +32,9 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
     i: usize,
     u: usize,
     acc: [Acc; G],
+    pf: Prefetch,
 ) {
+    let mut pf = pf.steps(8);
     let k = acts.k;
     // SAFETY (whole body): as the caller guarantees; offsets stay inside the unit's 256
     // activations per row, its 64 quads, and `acts`' per-64 and per-256 arrays.
@@ -40,6 +43,7 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
             std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
         let mut t: [[V; G]; R] = [[Vnni::zero(); G]; R];
         for s in 0..8 {
+            pf.step();
             let mut p: [[V; G]; R] = [[Vnni::zero(); G]; R];
             dots(&mut p, quads, &x, s * 8, 8);
             add_scaled(&mut t, &p, un, s);
@@ -80,7 +84,9 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
     i: usize,
     u: usize,
     acc: [Acc; G],
+    pf: Prefetch,
 ) {
+    let mut pf = pf.steps(16);
     let k = acts.k;
     // SAFETY (whole body): as in `tile_k45`, with `acts.s16`'s 16 sums per row and unit.
     unsafe {
@@ -90,6 +96,7 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
             std::array::from_fn(|r| acts.s16.as_ptr().add((i + r) * (k / 16) + u * 16));
         let mut t: [[V; G]; R] = [[Vnni::zero(); G]; R];
         for s in 0..16 {
+            pf.step();
             // `Σ (q − 32)·x = Σ q·x − 32·Σx`: the correction starts the sum.
             let mut p: [[V; G]; R] =
                 std::array::from_fn(|r| [Vnni::splat32(-(*s16[r].add(s) << 5)); G]);
