@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use super::repack::UNIT;
 use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
 
@@ -34,6 +35,29 @@ pub(crate) struct QuantActs {
 }
 
 impl QuantActs {
+    /// The quantized activations of unit `u` (columns `256·u..`) of rows `i..i + R`.
+    ///
+    /// # Safety
+    /// Rows `i..i + R` are below `m` and unit `u` starts below `k`.
+    #[inline(always)] // inlines into the `#[target_feature]` kernels
+    #[allow(clippy::inline_always)]
+    pub unsafe fn unit_rows<const R: usize>(&self, i: usize, u: usize) -> [*const i8; R] {
+        // SAFETY: the offsets stay inside `qs` (`[m, k]`), as the caller guarantees.
+        std::array::from_fn(|r| unsafe { self.qs.as_ptr().add((i + r) * self.k + u * UNIT) })
+    }
+
+    /// The 16 sums of 16 activations of unit `u` of rows `i..i + R` (in `s16`).
+    ///
+    /// # Safety
+    /// As [`Self::unit_rows`].
+    #[inline(always)] // inlines into the `#[target_feature]` kernels
+    #[allow(clippy::inline_always)]
+    pub unsafe fn unit_sums16<const R: usize>(&self, i: usize, u: usize) -> [*const i32; R] {
+        let per_row = self.k / 16;
+        // SAFETY: the offsets stay inside `s16` (`[m, k / 16]`), as the caller guarantees.
+        std::array::from_fn(|r| unsafe { self.s16.as_ptr().add((i + r) * per_row + u * 16) })
+    }
+
     /// Quantizes `x[m, k]` with blocks of `block` (`k % block == 0`, `block % 64 == 0` or 32).
     pub fn quantize(&mut self, pool: &ThreadPool, x: &[f32], m: usize, k: usize, block: usize) {
         assert!(k.is_multiple_of(block) && x.len() == m * k);

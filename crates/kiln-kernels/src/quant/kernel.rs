@@ -589,8 +589,7 @@ unsafe fn row_k45<S: Isa, const R: usize>(
     // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
     // quads; `acc` has at least `R` rows.
     unsafe {
-        let x: [*const i8; R] =
-            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
+        let x: [*const i8; R] = acts.unit_rows(i, u);
         let mut t = [S::zero(); R];
         for s in 0..8 {
             let w = quads.add(s * 8 * 64);
@@ -639,10 +638,8 @@ unsafe fn row_q6k<S: Isa, const R: usize>(
     // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
     // quads; `acc` has at least `R` rows.
     unsafe {
-        let x: [*const i8; R] =
-            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
-        let s16: [*const i32; R] =
-            std::array::from_fn(|r| acts.s16.as_ptr().add((i + r) * (k / 16) + u * 16));
+        let x: [*const i8; R] = acts.unit_rows(i, u);
+        let s16: [*const i32; R] = acts.unit_sums16(i, u);
         let mut t = [S::zero(); R];
         for s in 0..16 {
             let w = quads.add(s * 4 * 64);

@@ -244,8 +244,7 @@ unsafe fn tile<const G: usize, const R: usize>(
     // SAFETY (whole body): block `u·8 + b` of rows `i..i + R` is inside `acts` (`k` columns);
     // `quads[j]` and the scales hold `nb` blocks; `acc` has `R` rows.
     unsafe {
-        let x: [*const i8; R] =
-            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 8 * QK));
+        let x: [*const i8; R] = acts.unit_rows(i, u);
         let mut a: [[__m512; G]; R] =
             std::array::from_fn(|r| std::array::from_fn(|j| acc[j].get::<Vnni>(r)));
         for b in 0..nb {

@@ -39,8 +39,7 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
     // SAFETY (whole body): as the caller guarantees; offsets stay inside the unit's 256
     // activations per row, its 64 quads, and `acts`' per-64 and per-256 arrays.
     unsafe {
-        let x: [*const i8; R] =
-            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
+        let x: [*const i8; R] = acts.unit_rows(i, u);
         let mut t: [[V; G]; R] = [[Vnni::zero(); G]; R];
         for s in 0..8 {
             pf.step();
@@ -90,10 +89,8 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
     let k = acts.k;
     // SAFETY (whole body): as in `tile_k45`, with `acts.s16`'s 16 sums per row and unit.
     unsafe {
-        let x: [*const i8; R] =
-            std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + u * 256));
-        let s16: [*const i32; R] =
-            std::array::from_fn(|r| acts.s16.as_ptr().add((i + r) * (k / 16) + u * 16));
+        let x: [*const i8; R] = acts.unit_rows(i, u);
+        let s16: [*const i32; R] = acts.unit_sums16(i, u);
         let mut t: [[V; G]; R] = [[Vnni::zero(); G]; R];
         for s in 0..16 {
             pf.step();
