@@ -39,6 +39,13 @@ pub trait KvElem: Copy + Default + Send + Sync + sealed::Sealed + 'static {
     fn to_f32(self) -> f32;
     /// Rounds to nearest even.
     fn from_f32(x: f32) -> Self;
+
+    /// `dst[i] = from_f32(src[i])`, vectorized where the type allows (same values).
+    fn slice_from_f32(dst: &mut [Self], src: &[f32]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(x);
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -66,6 +73,11 @@ impl KvElem for half::f16 {
     #[inline]
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x)
+    }
+
+    fn slice_from_f32(dst: &mut [Self], src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
     }
 }
 
@@ -142,12 +154,8 @@ pub fn write_kv<E: KvElem>(
     assert!(k.len() == v.len() && k.len() == num_tokens * row);
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let dst = slot as usize * row;
-        for (c, x) in k_cache[dst..dst + row].iter_mut().zip(&k[t * row..(t + 1) * row]) {
-            *c = E::from_f32(*x);
-        }
-        for (c, x) in v_cache[dst..dst + row].iter_mut().zip(&v[t * row..(t + 1) * row]) {
-            *c = E::from_f32(*x);
-        }
+        E::slice_from_f32(&mut k_cache[dst..dst + row], &k[t * row..(t + 1) * row]);
+        E::slice_from_f32(&mut v_cache[dst..dst + row], &v[t * row..(t + 1) * row]);
     }
 }
 

@@ -187,13 +187,19 @@ mod x86 {
             _mm512_div_ps($a, $b)
         };
         (and, $a:expr, $b:expr) => {
-            _mm512_and_ps($a, $b)
+            // Through the integer form: `_mm512_and_ps` needs AVX-512 DQ, not enabled here.
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512($a), _mm512_castps_si512($b)))
         };
         (andnot, $a:expr, $b:expr) => {
-            _mm512_andnot_ps($a, $b)
+            // Through the integer form: `_mm512_andnot_ps` needs AVX-512 DQ, not enabled here.
+            _mm512_castsi512_ps(_mm512_andnot_si512(
+                _mm512_castps_si512($a),
+                _mm512_castps_si512($b),
+            ))
         };
         (or, $a:expr, $b:expr) => {
-            _mm512_or_ps($a, $b)
+            // Through the integer form: `_mm512_or_ps` needs AVX-512 DQ, not enabled here.
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512($a), _mm512_castps_si512($b)))
         };
         (fmadd, $a:expr, $b:expr, $c:expr) => {
             _mm512_fmadd_ps($a, $b, $c)

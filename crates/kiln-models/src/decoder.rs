@@ -6,7 +6,11 @@
 //! Per layer: `h += [norm](o_proj(attn(rope(q), rope(k), v)))` over `rmsnorm(h)`, then
 //! `h += [norm](down(act(gate(x)) * up(x)))` over `rmsnorm(h)`, where the bracketed output
 //! norms exist only with sandwich norms. Only rows that need logits go through the final norm
-//! and the LM head.
+//! and the LM head, and the last layer already carries only those rows past its K/V: its
+//! attention, output projection and MLP run for them alone (a prefill chunk that needs no
+//! logits stops at the last layer's K/V). Each of those rows is computed exactly as in the
+//! full step (attention of a row depends on its position and the cache only), so the logits
+//! are bit for bit the same.
 //!
 //! Everything but attention works on each token's row alone, so a step runs it in slices of
 //! at most 512 tokens (attention sees the whole step) and fuses each residual add with the
@@ -14,7 +18,7 @@
 //! step and shared by every layer.
 
 use kiln_kernels::activation::gated_act_inplace;
-use kiln_kernels::attention::{AttentionShape, KvElem, paged_attention, write_kv};
+use kiln_kernels::attention::{AttentionSeq, AttentionShape, KvElem, paged_attention, write_kv};
 use kiln_kernels::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use kiln_kernels::rope::{Rope, RopeScaling};
 use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
@@ -179,6 +183,30 @@ impl DecoderModel {
         linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
     }
 
+    /// The rest of layer `l` for `n` rows once attention is done (`attn`, `[n, q_dim]`):
+    /// `hidden += [norm](o_proj(attn))`, then `hidden += [norm](mlp(rmsnorm(hidden)))`, leaving
+    /// the next layer's input norm of `hidden` in `normed` (`[n, h]`). `proj` (`[n, h]`) and
+    /// `gate`, `up` (`[n, intermediate]`) are scratch.
+    fn attn_out_and_mlp(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        attn: &[f32],
+        hidden: &mut [f32],
+        normed: &mut [f32],
+        [proj, gate, up]: [&mut [f32]; 3],
+    ) {
+        let c = &self.config;
+        let (h, eps, layer) = (c.hidden_size, c.rms_norm_eps, &self.layers[l]);
+        let n = hidden.len() / h;
+        linear(pool, attn, n, &layer.o_proj, layer.o_bias.as_deref(), proj);
+        let post = layer.attn_out_norm.as_deref();
+        residual_norm(pool, h, proj, post, hidden, Some((&layer.mlp_norm, normed)), eps);
+        self.mlp(pool, layer, n, normed, gate, up, proj);
+        let next = self.layers.get(l + 1).map(|next| (&next.attn_norm[..], normed));
+        residual_norm(pool, h, proj, layer.mlp_out_norm.as_deref(), hidden, next, eps);
+    }
+
     /// `q, k, v` of the tokens of `normed` (`[n, h]`): projections, the per-head norms
     /// (Gemma 3) and rotary embeddings by `rope` with the tokens' angles (`[n, rotary_dim]`,
     /// [`Rope::table`]).
@@ -226,23 +254,30 @@ impl DecoderModel {
         }
     }
 
-    /// The logits of the rows `logits_rows` of `hidden`: final norm and LM head (through the
-    /// `rows` / `rows_normed` scratch, `[rows, h]`), then the final soft cap.
+    /// The logits of the rows that need them: rows `gather` of `hidden`, or (`None`) its first
+    /// rows, already compacted. Final norm (through the `rows` / `rows_normed` scratch,
+    /// `[num_rows, h]`) and LM head, then the final soft cap.
     fn logits(
         &self,
         pool: &ThreadPool,
         hidden: &[f32],
-        logits_rows: &[usize],
+        gather: Option<&[usize]>,
         rows: &mut [f32],
         rows_normed: &mut [f32],
         logits: &mut Logits,
     ) {
         let c = &self.config;
         let h = c.hidden_size;
-        let num_rows = logits_rows.len();
-        for (dst, &r) in rows.chunks_exact_mut(h).zip(logits_rows) {
-            dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
-        }
+        let num_rows = rows_normed.len() / h;
+        let rows: &[f32] = match gather {
+            Some(gather) => {
+                for (dst, &r) in rows.chunks_exact_mut(h).zip(gather) {
+                    dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
+                }
+                rows
+            }
+            None => &hidden[..num_rows * h],
+        };
         rms_norm(pool, rows, &self.final_norm, c.rms_norm_eps, rows_normed);
         logits.reset(num_rows, c.vocab_size);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
@@ -326,6 +361,7 @@ impl Model for DecoderModel {
         let kv_dim = c.num_kv_heads * c.head_dim;
         let rot = self.rope.rotary_dim();
         let local_rot = self.local_rope.as_ref().map_or(0, Rope::rotary_dim);
+        let mut row_seqs = std::mem::take(&mut scratch.row_seqs);
         let [
             hidden,
             normed,
@@ -367,6 +403,13 @@ impl Model for DecoderModel {
         if let Some(first) = self.layers.first() {
             rms_norm(pool, hidden, &first.attn_norm, c.rms_norm_eps, normed);
         }
+        // Whether the last layer carries only the logits rows (compacted to rows 0..num_rows
+        // of `q` and `hidden`) past its K/V.
+        let prune = num_rows < t;
+        if prune {
+            single_query_seqs(batch, &mut row_seqs);
+        }
+        let last = self.layers.len().saturating_sub(1);
         for (l, layer) in self.layers.iter().enumerate() {
             let (rope, table, rot) = match (&self.local_rope, layer.local_rope) {
                 (Some(local), true) => (local, &*local_angles, local_rot),
@@ -385,50 +428,91 @@ impl Model for DecoderModel {
                 );
             }
             let shape = self.attention_shape(batch.block_size(), l);
+            let (seqs, rows_on) = if prune && l == last {
+                compact_rows(q, q_dim, &batch.logits_rows);
+                compact_rows(hidden, h, &batch.logits_rows);
+                (&row_seqs[..], num_rows)
+            } else {
+                (&batch.seqs[..], t)
+            };
+            let inputs = AttnInputs { batch, seqs, q, k, v, shape: &shape };
             match kv.layer_mut(l) {
-                KvLayerMut::F32(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
-                KvLayerMut::F16(kc, vc) => attend(pool, batch, q, k, v, kc, vc, &shape, attn),
+                KvLayerMut::F32(kc, vc) => attend(pool, &inputs, kc, vc, attn),
+                KvLayerMut::F16(kc, vc) => attend(pool, &inputs, kc, vc, attn),
             }
-            for r in slices.clone() {
+            for r in token_slices(rows_on) {
                 let n = r.len();
-                let hidden = &mut hidden[r.start * h..r.end * h];
-                let proj = &mut proj[r.start * h..r.end * h];
-                let normed = &mut normed[r.start * h..r.end * h];
-                linear(
+                self.attn_out_and_mlp(
                     pool,
+                    l,
                     &attn[r.start * q_dim..r.end * q_dim],
-                    n,
-                    &layer.o_proj,
-                    layer.o_bias.as_deref(),
-                    proj,
+                    &mut hidden[r.start * h..r.end * h],
+                    &mut normed[r.start * h..r.end * h],
+                    [&mut proj[r.start * h..r.end * h], &mut gate[..n * i], &mut up[..n * i]],
                 );
-                let eps = c.rms_norm_eps;
-                let post = layer.attn_out_norm.as_deref();
-                residual_norm(pool, h, proj, post, hidden, Some((&layer.mlp_norm, normed)), eps);
-                self.mlp(pool, layer, n, normed, &mut gate[..n * i], &mut up[..n * i], proj);
-                let next = self.layers.get(l + 1).map(|next| (&next.attn_norm[..], normed));
-                residual_norm(pool, h, proj, layer.mlp_out_norm.as_deref(), hidden, next, eps);
             }
         }
 
-        self.logits(pool, hidden, &batch.logits_rows, rows, rows_normed, logits);
+        let gather = (!prune).then_some(&batch.logits_rows[..]);
+        self.logits(pool, hidden, gather, rows, rows_normed, logits);
+        scratch.row_seqs = row_seqs;
         Ok(())
     }
 }
 
-/// Writes this step's `k, v` (`[num_tokens, kv_dim]`) into one layer's cache and runs paged
-/// attention of `q` over it into `out` (`[num_tokens, q_dim]`).
+/// One layer's attention inputs: the step's `k, v` (`[num_tokens, kv_dim]`) and the queries
+/// `q` of the rows of `seqs` (the batch's sequences, or [`single_query_seqs`] over the
+/// compacted logits rows).
+struct AttnInputs<'a> {
+    batch: &'a ForwardBatch,
+    seqs: &'a [AttentionSeq],
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    shape: &'a AttentionShape,
+}
+
+/// Writes the step's `k, v` into one layer's cache and runs paged attention of the rows of
+/// `inputs.seqs` over it into `out` (`[rows, q_dim]`).
 fn attend<E: KvElem>(
     pool: &ThreadPool,
-    batch: &ForwardBatch,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    inputs: &AttnInputs<'_>,
     k_cache: &mut [E],
     v_cache: &mut [E],
-    shape: &AttentionShape,
     out: &mut [f32],
 ) {
-    write_kv(k, v, &batch.slot_mapping, k_cache, v_cache);
-    paged_attention(pool, q, k_cache, v_cache, &batch.seqs, &batch.block_tables, shape, out);
+    write_kv(inputs.k, inputs.v, &inputs.batch.slot_mapping, k_cache, v_cache);
+    if inputs.seqs.is_empty() {
+        return;
+    }
+    let tables = &inputs.batch.block_tables;
+    paged_attention(pool, inputs.q, k_cache, v_cache, inputs.seqs, tables, inputs.shape, out);
+}
+
+/// One attention sequence per logits row of `batch`, in row order: query `i` is the row's
+/// token alone at its position, over its sequence's cache (context up to and including it).
+fn single_query_seqs(batch: &ForwardBatch, out: &mut Vec<AttentionSeq>) {
+    out.clear();
+    let mut seqs = batch.seqs.iter().peekable();
+    for (i, &row) in batch.logits_rows.iter().enumerate() {
+        while seqs.peek().is_some_and(|s| s.query_start + s.query_len <= row) {
+            seqs.next();
+        }
+        let Some(seq) = seqs.peek() else { break };
+        let first_pos = seq.context_len - seq.query_len;
+        out.push(AttentionSeq {
+            query_start: i,
+            query_len: 1,
+            context_len: first_pos + (row - seq.query_start) + 1,
+            block_table_start: seq.block_table_start,
+        });
+    }
+}
+
+/// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
+fn compact_rows(buf: &mut [f32], width: usize, rows: &[usize]) {
+    for (i, &r) in rows.iter().enumerate() {
+        debug_assert!(r >= i && (i == 0 || r > rows[i - 1]), "rows ascend");
+        buf.copy_within(r * width..(r + 1) * width, i * width);
+    }
 }

@@ -59,6 +59,8 @@ impl Logits {
 #[derive(Default)]
 pub struct ForwardScratch {
     pub(crate) buffers: Vec<Vec<f32>>,
+    /// The last layer's attention sequences: one single-query sequence per logits row.
+    pub(crate) row_seqs: Vec<kiln_kernels::attention::AttentionSeq>,
 }
 
 impl ForwardScratch {

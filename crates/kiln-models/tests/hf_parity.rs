@@ -136,3 +136,39 @@ fn decode_after_prefill_equals_full_recompute_and_transformers() {
         }
     }
 }
+
+/// The last layer carries only the rows that need logits past its K/V. A step mixing a chunk
+/// that needs none, a prompt that needs its last row, one that needs all, and a decode gives
+/// each the one-shot logits bit for bit, and the chunk without logits leaves the cache right
+/// for the chunk after it.
+#[test]
+fn rows_without_logits_change_no_logits_and_no_cache() {
+    for name in ["gemma3", "llama3", "qwen3"] {
+        let mut runner = Runner::new(name);
+        let vocab = runner.vocab() as u32;
+        let seq = |s: u32, len: u32| -> Vec<u32> {
+            (0..len).map(|i| (i * 13 + s * 5 + 1) % vocab).collect()
+        };
+        let (a, b, c, d) = (seq(0, 40), seq(1, 23), seq(2, 9), seq(3, 17));
+        let want: Vec<_> = [&a, &b, &c, &d].iter().map(|s| runner.one_shot(s)).collect();
+        let tables: Vec<_> = [&a, &b, &c, &d].iter().map(|s| runner.blocks(s.len())).collect();
+        // Decode's context first: all of `d` but its last token.
+        runner.batch.clear();
+        runner.batch.push_seq(&d[..16], 0, &tables[3], LogitsWanted::None).unwrap();
+        assert!(runner.run().is_empty());
+        runner.batch.clear();
+        runner.batch.push_seq(&a[..25], 0, &tables[0], LogitsWanted::None).unwrap();
+        runner.batch.push_seq(&b, 0, &tables[1], LogitsWanted::Last).unwrap();
+        runner.batch.push_seq(&c, 0, &tables[2], LogitsWanted::All).unwrap();
+        runner.batch.push_seq(&d[16..], 16, &tables[3], LogitsWanted::Last).unwrap();
+        let got = runner.run();
+        assert_eq!(got.len(), 1 + 9 + 1);
+        assert_rows_close(&got[..1], &want[1][22..], BITWISE, &format!("{name} last row"));
+        assert_rows_close(&got[1..10], &want[2], BITWISE, &format!("{name} all rows"));
+        assert_rows_close(&got[10..], &want[3][16..], BITWISE, &format!("{name} decode"));
+        runner.batch.clear();
+        runner.batch.push_seq(&a[25..], 25, &tables[0], LogitsWanted::All).unwrap();
+        let rest = runner.run();
+        assert_rows_close(&rest, &want[0][25..], BITWISE, &format!("{name} after a chunk"));
+    }
+}

@@ -158,3 +158,32 @@ fn f16_cache_equals_f32_cache_of_the_rounded_values() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&got), bits(&want));
 }
+
+/// The vectorized f16 row conversion of `write_kv` rounds every value as the scalar one does:
+/// ties to even, subnormals, overflow to infinity, signed zeros, over every tail length.
+#[test]
+fn f16_row_conversion_equals_elementwise() {
+    let mut src = values(300, 7);
+    let specials = [
+        0.0,
+        -0.0,
+        1.0 + f32::EPSILON,
+        1.000_488_3, // halfway between two f16 values
+        65_519.0,    // rounds down to the largest f16
+        65_520.0,    // rounds up to infinity
+        1e-7,        // f16 subnormal
+        -3e-8,       // rounds to a signed zero or the smallest subnormal
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE,
+    ];
+    src[..specials.len()].copy_from_slice(&specials);
+    for len in [0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 64, 255, 300] {
+        let mut fast = vec![half::f16::ZERO; len];
+        half::f16::slice_from_f32(&mut fast, &src[..len]);
+        for (i, (&got, &x)) in fast.iter().zip(&src).enumerate() {
+            let want = half::f16::from_f32(x);
+            assert_eq!(got.to_bits(), want.to_bits(), "len {len}, element {i}: {x}");
+        }
+    }
+}
