@@ -6,9 +6,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
-use kiln_kernels::ThreadPool;
 use kiln_kv::KvCacheConfig;
-use kiln_models::{KvCacheDtype, Model};
+use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
 };
@@ -25,8 +24,6 @@ pub struct EngineConfig {
     /// at the KV cache capacity. Overrides `scheduler.max_model_len`.
     pub max_model_len: Option<usize>,
     pub scheduler: SchedulerConfig,
-    /// Kernel threads (0 = all cores).
-    pub num_threads: usize,
     /// Requests whose sampling params carry no seed use `seed + request id`.
     pub seed: u64,
     /// The model's end-of-sequence ids (ignored by requests with `ignore_eos`).
@@ -42,7 +39,6 @@ impl Default for EngineConfig {
             num_kv_blocks: 1024,
             max_model_len: None,
             scheduler: SchedulerConfig::default(),
-            num_threads: 0,
             seed: 0,
             eos_token_ids: Vec::new(),
             kv_cache_dtype: KvCacheDtype::F32,
@@ -101,7 +97,6 @@ impl EngineStats {
 pub struct EngineCore {
     scheduler: Scheduler,
     runner: ModelRunner,
-    pool: ThreadPool,
     config: EngineConfig,
     runner_output: ModelRunnerOutput,
     next_id: u64,
@@ -111,14 +106,13 @@ pub struct EngineCore {
 }
 
 impl EngineCore {
-    /// Validates `config` against the model and allocates the KV cache.
-    pub fn new(model: Box<dyn Model>, mut config: EngineConfig) -> Result<Self, EngineError> {
+    /// Validates `config` against the model and allocates the KV cache on the model's backend.
+    pub fn new<B: Backend>(
+        model: Box<dyn Model<B>>,
+        mut config: EngineConfig,
+    ) -> Result<Self, EngineError> {
         let block_size = config.block_size;
-        if !block_size.is_power_of_two() || block_size > 256 {
-            return Err(EngineError::Config(format!(
-                "`block_size` ({block_size}) must be a power of two up to 256"
-            )));
-        }
+        check_block_size(block_size).map_err(EngineError::Config)?;
         if config.num_kv_blocks == 0 {
             return Err(EngineError::Config("`num_kv_blocks` must be at least 1".into()));
         }
@@ -143,18 +137,13 @@ impl EngineCore {
         };
         let scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
             .map_err(|e| EngineError::Config(e.0))?;
-        let runner = ModelRunner::new(
-            model,
-            block_size,
-            config.num_kv_blocks,
-            config.kv_cache_dtype,
-            config.seed,
-        )
-        .with_eos_token_ids(&config.eos_token_ids);
+        let bound = BoundModel::new(model, config.kv_cache_dtype, config.num_kv_blocks, block_size)
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let runner = ModelRunner::new(Box::new(bound), config.seed)
+            .with_eos_token_ids(&config.eos_token_ids);
         Ok(Self {
             scheduler,
             runner,
-            pool: ThreadPool::new(config.num_threads),
             config,
             runner_output: ModelRunnerOutput::default(),
             next_id: 0,
@@ -172,12 +161,9 @@ impl EngineCore {
         self.scheduler.config().max_model_len
     }
 
-    pub fn model(&self) -> &dyn Model {
+    /// The model, bound to the engine's KV cache on its backend.
+    pub fn model(&self) -> &dyn StepModel {
         self.runner.model()
-    }
-
-    pub fn pool(&self) -> &ThreadPool {
-        &self.pool
     }
 
     pub fn bytes_per_block(&self) -> usize {
@@ -261,7 +247,7 @@ impl EngineCore {
             });
         }
         self.runner
-            .execute(&self.pool, &sched_out, &mut self.runner_output)
+            .execute(&sched_out, &mut self.runner_output)
             .map_err(|e| EngineError::Forward(e.to_string()))?;
         let outputs: Vec<EngineOutput> = self
             .scheduler

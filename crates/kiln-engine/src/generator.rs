@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use kiln_core::{FinishReason, SamplingError, SamplingParams};
-use kiln_kernels::ThreadPool;
 use kiln_models::{
-    ForwardBatch, ForwardError, ForwardScratch, Logits, LogitsWanted, Model, PagedKvCache,
+    Backend, BoundModel, ForwardBatch, ForwardError, KvCacheDtype, Logits, LogitsWanted, Model,
+    StepModel,
 };
 
 use crate::Sampler;
@@ -105,11 +105,8 @@ pub struct RunStats {
 }
 
 pub struct Generator {
-    model: Box<dyn Model>,
-    pool: ThreadPool,
+    model: Box<dyn StepModel>,
     config: GeneratorConfig,
-    kv: PagedKvCache,
-    scratch: ForwardScratch,
     logits: Logits,
     batch: ForwardBatch,
     free_blocks: Vec<u32>,
@@ -117,28 +114,25 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(model: Box<dyn Model>, num_threads: usize, config: GeneratorConfig) -> Self {
-        let kv = PagedKvCache::new(model.kv_layout(), config.num_blocks, config.block_size);
+    pub fn new<B: Backend>(
+        model: Box<dyn Model<B>>,
+        config: GeneratorConfig,
+    ) -> Result<Self, ForwardError> {
+        let model =
+            BoundModel::new(model, KvCacheDtype::F32, config.num_blocks, config.block_size)?;
         let free_blocks = (0..config.num_blocks as u32).rev().collect();
-        Self {
-            pool: ThreadPool::new(num_threads),
+        Ok(Self {
             batch: ForwardBatch::new(config.block_size),
-            model,
+            model: Box::new(model),
             config,
-            kv,
-            scratch: ForwardScratch::new(),
             logits: Logits::default(),
             free_blocks,
             stats: RunStats::default(),
-        }
+        })
     }
 
-    pub fn model(&self) -> &dyn Model {
+    pub fn model(&self) -> &dyn StepModel {
         &*self.model
-    }
-
-    pub fn pool(&self) -> &ThreadPool {
-        &self.pool
     }
 
     pub fn stats(&self) -> RunStats {
@@ -267,13 +261,7 @@ impl Generator {
                     wanted,
                 )?;
             }
-            self.model.forward(
-                &self.pool,
-                &self.batch,
-                &mut self.kv,
-                &mut self.scratch,
-                &mut self.logits,
-            )?;
+            self.model.forward(&self.batch, &mut self.logits)?;
             let mut row = 0;
             for &(i, n) in &scheduled {
                 let seq = &mut seqs[i];

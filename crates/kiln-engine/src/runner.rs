@@ -21,11 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
-use kiln_kernels::ThreadPool;
-use kiln_models::{
-    ForwardBatch, ForwardError, ForwardScratch, KvCacheDtype, Logits, LogitsWanted, Model,
-    PagedKvCache,
-};
+use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
 use kiln_sched::{ModelRunnerOutput, SchedulerOutput};
 
 use crate::{Logprobs, Sampler, logprobs};
@@ -76,9 +72,8 @@ struct RunnerRequest {
 }
 
 pub struct ModelRunner {
-    model: Box<dyn Model>,
-    kv: PagedKvCache,
-    scratch: ForwardScratch,
+    /// The model bound to its KV cache and workspace on its backend.
+    model: Box<dyn StepModel>,
     logits: Logits,
     batch: ForwardBatch,
     requests: HashMap<RequestId, RunnerRequest>,
@@ -94,19 +89,11 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    /// A runner with a KV cache of `num_blocks` blocks of `block_size` tokens of `dtype`.
-    pub fn new(
-        model: Box<dyn Model>,
-        block_size: usize,
-        num_blocks: usize,
-        dtype: KvCacheDtype,
-        seed: u64,
-    ) -> Self {
-        let kv = PagedKvCache::with_dtype(model.kv_layout(), dtype, num_blocks, block_size);
+    /// A runner over `model` and the KV cache it is bound to.
+    pub fn new(model: Box<dyn StepModel>, seed: u64) -> Self {
+        let block_size = model.kv_spec().block_size;
         Self {
             model,
-            kv,
-            scratch: ForwardScratch::new(),
             logits: Logits::default(),
             batch: ForwardBatch::new(block_size),
             requests: HashMap::new(),
@@ -131,13 +118,13 @@ impl ModelRunner {
         self.extras.remove(&id)
     }
 
-    pub fn model(&self) -> &dyn Model {
+    pub fn model(&self) -> &dyn StepModel {
         &*self.model
     }
 
     /// Bytes of one KV block across all layers.
     pub fn bytes_per_block(&self) -> usize {
-        self.kv.bytes_per_block()
+        self.model.kv_spec().bytes_per_block()
     }
 
     /// Requests the runner holds batch state for (scheduled and not finished or preempted).
@@ -156,7 +143,6 @@ impl ModelRunner {
     /// (cleared first), in `sched_out.scheduled()` order.
     pub fn execute(
         &mut self,
-        pool: &ThreadPool,
         sched_out: &SchedulerOutput,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
@@ -218,7 +204,7 @@ impl ModelRunner {
         if self.step_rows.is_empty() {
             return Ok(());
         }
-        self.model.forward(pool, &self.batch, &mut self.kv, &mut self.scratch, &mut self.logits)?;
+        self.model.forward(&self.batch, &mut self.logits)?;
         // Prompt log-probabilities read every row of a request but its last one, the row that
         // sampling changes in place (penalties, bias), so gathering them all first is the same
         // as gathering request by request.
@@ -232,7 +218,7 @@ impl ModelRunner {
                 to_sample.push((id, row - 1));
             }
         }
-        let mut sampled = self.sample_rows(pool, &to_sample)?.into_iter();
+        let mut sampled = self.sample_rows(&to_sample)?.into_iter();
         for &StepRow { id, samples, .. } in &self.step_rows {
             if !samples {
                 out.sampled.push((id, None));
@@ -252,12 +238,11 @@ impl ModelRunner {
     }
 
     /// Samples logit row `row` with the sampler of `id` for every `(id, row)` (rows increasing),
-    /// the rows in parallel on `pool`: each request's sampler owns its random state and touches
+    /// the rows in parallel on the backend's host threads: each request's sampler owns its random state and touches
     /// only its own row, so the tokens are those of sampling the rows one by one (a greedy row
     /// of a 262k vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
     fn sample_rows(
         &mut self,
-        pool: &ThreadPool,
         rows: &[(RequestId, usize)],
     ) -> Result<Vec<(TokenId, Option<Logprobs>)>, ForwardError> {
         let mut samplers = Vec::with_capacity(rows.len());
@@ -282,7 +267,7 @@ impl ModelRunner {
                 Mutex::new((sampler, logits, None))
             })
             .collect();
-        pool.run(jobs.len(), |i| {
+        self.model.host_parallel(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
             let (sampler, logits, result) = &mut *job;
             *result = Some(sampler.sample_with_logprobs(logits));

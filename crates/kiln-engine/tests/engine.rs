@@ -11,7 +11,12 @@ use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_engine::{
     EngineConfig, EngineCore, EngineError, EngineHandle, KvCacheDtype, SchedulerConfig,
 };
+use kiln_kernels::Cpu;
 use kiln_models::load_model;
+
+fn cpu() -> std::sync::Arc<Cpu> {
+    std::sync::Arc::new(Cpu::new(2))
+}
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
@@ -30,7 +35,7 @@ fn engine_of(
     num_kv_blocks: usize,
     max_num_batched_tokens: usize,
 ) -> EngineCore {
-    let model = load_model(&fixture("llama3")).unwrap().model;
+    let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let config = EngineConfig {
         block_size: 4,
         num_kv_blocks,
@@ -40,7 +45,6 @@ fn engine_of(
             enable_prefix_caching: prefix_caching,
             ..SchedulerConfig::default()
         },
-        num_threads: 2,
         kv_cache_dtype,
         ..EngineConfig::default()
     };
@@ -245,7 +249,7 @@ fn too_long_requests_are_rejected_with_vllms_message() {
 
 #[test]
 fn engine_config_is_validated() {
-    let model = || load_model(&fixture("llama3")).unwrap().model;
+    let model = || load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let bad_block = EngineConfig { block_size: 6, ..EngineConfig::default() };
     assert!(matches!(EngineCore::new(model(), bad_block), Err(EngineError::Config(_))));
     let too_long = EngineConfig { max_model_len: Some(100_000), ..EngineConfig::default() };

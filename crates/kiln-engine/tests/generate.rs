@@ -19,7 +19,8 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn generator(name: &str, config: GeneratorConfig) -> Generator {
-    Generator::new(load_model(&fixture(name)).unwrap().model, 2, config)
+    let cpu = std::sync::Arc::new(kiln_kernels::Cpu::new(2));
+    Generator::new(load_model(&fixture(name), &cpu).unwrap().model, config).unwrap()
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use kiln_core::{SamplingParams, TokenId};
 use kiln_engine::{EngineConfig, EngineCore, EngineError, EngineHandle, EngineOutput};
 use kiln_engine::{PromptLogprobs, SchedulerConfig};
+use kiln_kernels::Cpu;
 use kiln_models::{WeightStore, load_model};
 use serde_json::Value;
 
@@ -16,13 +17,12 @@ fn fixture() -> PathBuf {
 }
 
 fn engine(max_num_batched_tokens: usize) -> EngineCore {
-    let model = load_model(&fixture()).unwrap().model;
+    let model = load_model(&fixture(), &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
     let config = EngineConfig {
         block_size: 4,
         num_kv_blocks: 128,
         max_model_len: Some(64),
         scheduler: SchedulerConfig { max_num_batched_tokens, ..SchedulerConfig::default() },
-        num_threads: 2,
         ..EngineConfig::default()
     };
     EngineCore::new(model, config).unwrap()
@@ -44,13 +44,7 @@ fn reference() -> (Vec<u32>, usize, Vec<Vec<f32>>) {
     let vocab = r["dims"]["vocab_size"].as_u64().unwrap() as usize;
     let store = WeightStore::open_files(&[dir.join("reference_logits.safetensors")]).unwrap();
     let m = store.matrix(case["logits_tensor"].as_str().unwrap(), tokens.len(), vocab).unwrap();
-    let logits = (0..tokens.len())
-        .map(|row| {
-            let mut v = vec![0.0; vocab];
-            m.row_to_f32(row, &mut v);
-            v
-        })
-        .collect();
+    let logits = m.to_f32_vec().unwrap().chunks_exact(vocab).map(<[f32]>::to_vec).collect();
     (tokens, num_prompt, logits)
 }
 

@@ -81,61 +81,9 @@ impl KvElem for half::f16 {
     }
 }
 
-/// Upper bound of query heads per KV head (a tile's per-row state lives on the stack).
-pub const MAX_GROUP: usize = 64;
-/// Upper bound of the KV block size.
-pub const MAX_BLOCK_SIZE: usize = 256;
-
-/// Static shape of one attention layer.
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    /// Multiplies `q · k` (usually `head_dim^-0.5`).
-    pub scale: f32,
-    /// Keys older than `window` positions are masked (sliding-window layers).
-    pub sliding_window: Option<usize>,
-    /// `score = cap * tanh(score / cap)` when set.
-    pub softcap: Option<f32>,
-}
-
-impl AttentionShape {
-    fn group(&self) -> usize {
-        self.num_heads / self.num_kv_heads
-    }
-
-    /// Checks the static limits of this kernel.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(format!(
-                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
-                self.num_heads, self.num_kv_heads
-            ));
-        }
-        if self.group() > MAX_GROUP {
-            return Err(format!("heads per KV head must be at most {MAX_GROUP}"));
-        }
-        if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE {
-            return Err(format!("block size must be in 1..={MAX_BLOCK_SIZE}"));
-        }
-        Ok(())
-    }
-}
-
-/// One sequence of a varlen batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionSeq {
-    /// First row of this sequence in the batch's `[num_tokens, ...]` buffers.
-    pub query_start: usize,
-    pub query_len: usize,
-    /// Tokens in the cache for this sequence, including this step's.
-    pub context_len: usize,
-    /// Where this sequence's block table starts in the batch's flat block-table buffer; it
-    /// has `context_len.div_ceil(block_size)` entries (physical block of each logical block).
-    pub block_table_start: usize,
-}
+pub use kiln_backend::MAX_BLOCK_SIZE;
+pub use kiln_backend::SeqSpan as AttentionSeq;
+pub use kiln_backend::ops::{AttentionShape, MAX_GROUP};
 
 /// Writes this step's `k, v` (`[num_tokens, num_kv_heads, head_dim]`) into the cache slots
 /// `slot_mapping[t] = block * block_size + offset`.

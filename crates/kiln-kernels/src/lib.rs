@@ -12,22 +12,26 @@
 
 pub mod activation;
 pub mod attention;
+mod cpu;
 pub mod matmul;
 pub mod norm;
 pub mod probe;
 pub mod quant;
+mod reference;
 pub mod rope;
 mod simd;
 pub mod softmax;
-mod storage;
 #[cfg(test)]
 mod testing;
 mod thread_pool;
 pub mod vec_ops;
 pub mod vmath;
 
+pub use cpu::{Cpu, CpuKvStore, KvLayer, KvLayerMut};
+pub use kiln_backend as backend;
+pub use kiln_backend::{MappedFile, Storage};
 pub use matmul::{LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_multi};
 pub use quant::{GgmlType, QuantMatrix};
+pub use reference::Reference;
 pub use simd::SimdLevel;
-pub use storage::{MappedFile, Storage};
 pub use thread_pool::{SharedMut, ThreadPool};

@@ -14,28 +14,7 @@ const TOKENS_PER_TASK: usize = 8;
 /// Largest supported rotary dimension (stack buffers for cos/sin).
 pub const MAX_ROTARY_DIM: usize = 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    Neox,
-    Interleaved,
-}
-
-/// Frequency scaling applied on top of the base frequencies.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// Positions divided by `factor`.
-    Linear {
-        factor: f32,
-    },
-    /// Llama 3.1: long wavelengths divided by `factor`, short kept, a smooth ramp between.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position: f32,
-    },
-}
+pub use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
 
 /// Precomputed rotary parameters of one attention layer.
 #[derive(Clone, Debug)]
@@ -79,6 +58,15 @@ impl Rope {
             }
         }
         Self { inv_freq, style }
+    }
+
+    /// The rotary parameters of `config`.
+    pub fn from_config(config: &RopeConfig) -> Self {
+        let rope = Self::new(config.base, config.rotary_dim, config.scaling, config.style);
+        match &config.freq_factors {
+            Some(factors) => rope.with_freq_factors(factors),
+            None => rope,
+        }
     }
 
     /// Divides each frequency by its factor (llama.cpp's `rope_freqs` tensor, which carries

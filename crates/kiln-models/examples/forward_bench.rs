@@ -4,12 +4,13 @@
 //! `cargo run --release -p kiln-models --example forward_bench -- [MODEL] [P] [D] [THREADS]`
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_kernels::ThreadPool;
+use kiln_kernels::Cpu;
 use kiln_models::{
-    ForwardBatch, ForwardScratch, Logits, LogitsWanted, PagedKvCache, fetch_default_model,
-    load_model,
+    Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, Logits, LogitsWanted, Workspace,
+    fetch_default_model, load_model,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,37 +23,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let decode: usize = args.get(3).map_or(Ok(64), |s| s.parse())?;
     let threads: usize = args.get(4).map_or(Ok(0), |s| s.parse())?;
     let start = Instant::now();
-    let loaded = load_model(&path)?;
+    let cpu = Arc::new(Cpu::new(threads));
+    let loaded = load_model(&path, &cpu)?;
     println!("load {:.2} s", start.elapsed().as_secs_f64());
     let model = &loaded.model;
-    let pool = ThreadPool::new(threads);
     let block_size = 16;
     let total = prefill + decode;
-    let mut kv = PagedKvCache::new(model.kv_layout(), total.div_ceil(block_size), block_size);
+    let num_blocks = total.div_ceil(block_size);
+    let spec =
+        KvCacheSpec { layout: model.kv_layout(), dtype: KvCacheDtype::F32, num_blocks, block_size };
+    let mut kv = cpu.alloc_kv(spec)?;
     let table: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % vocab.min(30_000)).collect();
-    let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
+    let (mut workspace, mut logits) = (Workspace::new(), Logits::default());
     let mut batch = ForwardBatch::new(block_size);
     batch.push_seq(&tokens[..prefill], 0, &table, LogitsWanted::Last)?;
     // Warm-up (grows the scratch buffers, as a server's first request does), then timed.
-    model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
+    model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
     let start = Instant::now();
-    model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
+    model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
     let secs = start.elapsed().as_secs_f64();
     println!("prefill {prefill} tokens: {:.1} ms, {:.0} tok/s", secs * 1e3, prefill as f64 / secs);
     let start = Instant::now();
     for pos in prefill..total {
         batch.clear();
         batch.push_seq(&tokens[pos..=pos], pos, &table, LogitsWanted::Last)?;
-        model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits)?;
+        model.forward(&batch, &mut kv, &mut workspace, &mut logits)?;
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
         "decode {decode} steps: {:.2} ms/token, {:.1} tok/s ({} threads)",
         secs * 1e3 / decode as f64,
         decode as f64 / secs,
-        pool.num_threads()
+        cpu.pool().num_threads()
     );
     Ok(())
 }

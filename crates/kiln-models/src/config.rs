@@ -6,37 +6,12 @@
 
 use std::path::Path;
 
-use kiln_kernels::activation::GateActivation;
-use kiln_kernels::rope::{RopeScaling, RopeStyle};
+use kiln_backend::{GateActivation, RopeScaling, RopeStyle};
 use serde_json::Value;
 
 use crate::LoadError;
-
-/// Model families kiln runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Gemma3,
-}
-
-impl Architecture {
-    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-         Qwen3ForCausalLM, Gemma3ForCausalLM";
-
-    fn from_hf(name: &str) -> Option<Self> {
-        Some(match name {
-            "LlamaForCausalLM" => Self::Llama,
-            "MistralForCausalLM" => Self::Mistral,
-            "Qwen2ForCausalLM" => Self::Qwen2,
-            "Qwen3ForCausalLM" => Self::Qwen3,
-            "Gemma3ForCausalLM" => Self::Gemma3,
-            _ => return None,
-        })
-    }
-}
+pub use crate::family::Architecture;
+use crate::family::HfContext;
 
 /// Everything the forward pass needs to know about a model's shape.
 // Independent per-architecture switches, each mirroring a config.json flag.
@@ -91,20 +66,21 @@ pub struct ModelConfig {
 }
 
 /// Limits that keep a hostile config from requesting absurd allocations.
-const MAX_DIM: usize = 1 << 20;
-const MAX_LAYERS: usize = 1024;
+pub(crate) const MAX_DIM: usize = 1 << 20;
+pub(crate) const MAX_LAYERS: usize = 1024;
 
-struct Fields<'a> {
-    json: &'a Value,
+/// The fields of one `config.json`, read with checks that name the file and the key.
+pub(crate) struct Fields<'a> {
+    pub json: &'a Value,
     path: &'a Path,
 }
 
 impl Fields<'_> {
-    fn err(&self, message: String) -> LoadError {
+    pub(crate) fn err(&self, message: String) -> LoadError {
         LoadError::config(self.path, message)
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>, LoadError> {
+    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, LoadError> {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
@@ -116,7 +92,7 @@ impl Fields<'_> {
         }
     }
 
-    fn dim(&self, key: &str) -> Result<usize, LoadError> {
+    pub(crate) fn dim(&self, key: &str) -> Result<usize, LoadError> {
         let v = self.opt_usize(key)?.ok_or_else(|| self.err(format!("missing `{key}`")))?;
         if v == 0 || v > MAX_DIM {
             return Err(self.err(format!("`{key}` = {v} is out of range 1..={MAX_DIM}")));
@@ -124,7 +100,7 @@ impl Fields<'_> {
         Ok(v)
     }
 
-    fn opt_f32(&self, key: &str) -> Result<Option<f32>, LoadError> {
+    pub(crate) fn opt_f32(&self, key: &str) -> Result<Option<f32>, LoadError> {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
@@ -136,25 +112,26 @@ impl Fields<'_> {
         }
     }
 
-    fn opt_positive(&self, key: &str) -> Result<Option<f32>, LoadError> {
+    pub(crate) fn opt_positive(&self, key: &str) -> Result<Option<f32>, LoadError> {
         match self.opt_f32(key)? {
             Some(c) if c <= 0.0 => Err(self.err(format!("`{key}` must be positive"))),
             c => Ok(c),
         }
     }
 
-    /// The MLP's gate activation (`hidden_activation`, else `hidden_act`).
-    fn hidden_act(&self, gemma: bool) -> Result<GateActivation, LoadError> {
+    /// The MLP's gate activation (`hidden_activation`, else `hidden_act`), `default` when the
+    /// config names none.
+    pub(crate) fn hidden_act(&self, default: GateActivation) -> Result<GateActivation, LoadError> {
         let name = self.json.get("hidden_activation").or_else(|| self.json.get("hidden_act"));
         match name.and_then(Value::as_str) {
-            None if gemma => Ok(GateActivation::GeluTanh),
-            None | Some("silu" | "swish") => Ok(GateActivation::Silu),
+            None => Ok(default),
+            Some("silu" | "swish") => Ok(GateActivation::Silu),
             Some("gelu_pytorch_tanh" | "gelu_new" | "gelu") => Ok(GateActivation::GeluTanh),
             Some(other) => Err(self.err(format!("hidden activation `{other}` is not supported"))),
         }
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>, LoadError> {
+    pub(crate) fn opt_bool(&self, key: &str) -> Result<Option<bool>, LoadError> {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
@@ -213,33 +190,7 @@ impl ModelConfig {
         let (rope_theta, rope_scaling, keyed_local_theta) = rope_settings(&f)?;
         let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
         let window = f.opt_usize("sliding_window")?.filter(|w| *w > 0);
-        let layer_windows = match architecture {
-            Architecture::Mistral => vec![window; num_layers],
-            Architecture::Qwen2 | Architecture::Qwen3 => {
-                if f.opt_bool("use_sliding_window")?.unwrap_or(false) {
-                    return Err(f.err("use_sliding_window = true is not supported".into()));
-                }
-                vec![None; num_layers]
-            }
-            Architecture::Llama => vec![None; num_layers],
-            Architecture::Gemma3 => gemma_layer_windows(&f, num_layers, window)?,
-        };
-        let gemma = architecture == Architecture::Gemma3;
-        let hidden_act = f.hidden_act(gemma)?;
-        let query_scalar = if gemma {
-            f.opt_f32("query_pre_attn_scalar")?.unwrap_or(head_dim as f32)
-        } else {
-            head_dim as f32
-        };
-        if query_scalar <= 0.0 {
-            return Err(f.err("query_pre_attn_scalar must be positive".into()));
-        }
-        let rope_local_theta = if gemma {
-            Some(keyed_local_theta.or(f.opt_f32("rope_local_base_freq")?).unwrap_or(10_000.0))
-        } else {
-            None
-        };
-        Ok(Self {
+        let mut config = Self {
             architecture,
             vocab_size: f.dim("vocab_size")?,
             hidden_size,
@@ -252,57 +203,32 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             max_position_embeddings: f.opt_usize("max_position_embeddings")?.unwrap_or(4096),
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
-            layer_windows,
-            rope_local_theta,
+            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            layer_windows: vec![None; num_layers],
+            rope_local_theta: None,
             rope_style: RopeStyle::Neox,
             rope_freq_factors: None,
-            hidden_act,
-            attention_scale: 1.0 / query_scalar.sqrt(),
-            embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
-            sandwich_norms: gemma,
-            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            hidden_act: f.hidden_act(GateActivation::Silu)?,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            embedding_scale: None,
+            sandwich_norms: false,
+            norm_weight_offset: 0.0,
             attn_logit_softcap: f.opt_positive("attn_logit_softcapping")?,
             final_logit_softcap: f.opt_positive("final_logit_softcapping")?,
-            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+            qkv_bias: attention_bias,
             o_bias: attention_bias,
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
-        })
+            qk_norm: false,
+        };
+        let ctx = HfContext { window, keyed_local_theta };
+        architecture.apply_hf(&f, &ctx, &mut config)?;
+        Ok(config)
     }
 
     /// The attention window of layer `l`.
     pub fn layer_window(&self, l: usize) -> Option<usize> {
         self.layer_windows.get(l).copied().flatten()
     }
-}
-
-/// Gemma 3's per-layer windows: `layer_types`, else every `sliding_window_pattern`-th layer
-/// (default 6) is global.
-fn gemma_layer_windows(
-    f: &Fields<'_>,
-    num_layers: usize,
-    window: Option<usize>,
-) -> Result<Vec<Option<usize>>, LoadError> {
-    let window = window.ok_or_else(|| f.err("Gemma 3 needs a positive `sliding_window`".into()))?;
-    if let Some(types) = f.json.get("layer_types").and_then(Value::as_array) {
-        if types.len() != num_layers {
-            return Err(f.err(format!(
-                "`layer_types` has {} entries for {num_layers} layers",
-                types.len()
-            )));
-        }
-        return types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Ok(Some(window)),
-                Some("full_attention") => Ok(None),
-                _ => Err(f.err(format!("unknown layer type {t}"))),
-            })
-            .collect();
-    }
-    let pattern = f.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
-    Ok((0..num_layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect())
 }
 
 /// `(rope_theta, scaling, local theta)` from either config spelling; the local theta comes
@@ -359,6 +285,6 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling, Option<f32>), Load
     Ok((theta, scaling, local_theta))
 }
 
-mod gguf;
+pub(crate) mod gguf;
 #[cfg(test)]
 mod tests;

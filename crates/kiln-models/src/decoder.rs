@@ -17,71 +17,97 @@
 //! norms around it; neither changes a bit of any row. The rotary angles are computed once per
 //! step and shared by every layer.
 
-use kiln_kernels::activation::gated_act_inplace;
-use kiln_kernels::attention::{AttentionSeq, AttentionShape, KvElem, paged_attention, write_kv};
-use kiln_kernels::norm::{residual_norm, rms_norm, rms_norm_inplace};
-use kiln_kernels::rope::{Rope, RopeScaling};
-use kiln_kernels::{LinearJob, ThreadPool, WeightMatrix, linear, linear_multi};
+use std::sync::Arc;
 
-use crate::model::{ForwardScratch, Logits, Model};
-use crate::names::{LayerTensor as L, Tensor};
-use crate::weights::Weights;
-use crate::{
-    ForwardBatch, ForwardError, KvLayerMut, KvLayout, LoadError, ModelConfig, PagedKvCache,
+use kiln_backend::{
+    AttentionShape, Backend, ForwardBatch, ForwardError, KvLayout, LinearJob, Logits, RopeConfig,
+    RopeScaling, SeqSpan, Workspace,
 };
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    q_proj: WeightMatrix,
-    k_proj: WeightMatrix,
-    v_proj: WeightMatrix,
-    o_proj: WeightMatrix,
-    q_bias: Option<Vec<f32>>,
-    k_bias: Option<Vec<f32>>,
-    v_bias: Option<Vec<f32>>,
-    o_bias: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    attn_out_norm: Option<Vec<f32>>,
-    mlp_norm: Vec<f32>,
-    mlp_out_norm: Option<Vec<f32>>,
-    gate_proj: WeightMatrix,
-    up_proj: WeightMatrix,
-    down_proj: WeightMatrix,
-    gate_bias: Option<Vec<f32>>,
-    up_bias: Option<Vec<f32>>,
-    down_bias: Option<Vec<f32>>,
+use crate::model::Model;
+use crate::names::{LayerTensor as L, Tensor};
+use crate::weights::Weights;
+use crate::{LoadError, ModelConfig};
+
+mod mlp;
+
+use mlp::{Mlp, MlpIo};
+
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    q_proj: B::Weight,
+    k_proj: B::Weight,
+    v_proj: B::Weight,
+    o_proj: B::Weight,
+    q_bias: Option<B::Vector>,
+    k_bias: Option<B::Vector>,
+    v_bias: Option<B::Vector>,
+    o_bias: Option<B::Vector>,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    attn_out_norm: Option<B::Vector>,
+    mlp_norm: B::Vector,
+    mlp_out_norm: Option<B::Vector>,
+    mlp: Mlp<B>,
     /// Sliding-window layers use the local RoPE when the model has one.
     local_rope: bool,
 }
 
-pub struct DecoderModel {
+pub struct DecoderModel<B: Backend> {
+    backend: Arc<B>,
     config: ModelConfig,
-    embed_tokens: WeightMatrix,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
+    embed_tokens: B::Weight,
+    layers: Vec<Layer<B>>,
+    final_norm: B::Vector,
     /// `None` when tied to `embed_tokens`.
-    lm_head: Option<WeightMatrix>,
-    rope: Rope,
+    lm_head: Option<B::Weight>,
+    rope: B::Rope,
     /// RoPE of sliding-window layers when their base differs (Gemma 3).
-    local_rope: Option<Rope>,
+    local_rope: Option<B::Rope>,
 }
 
-impl DecoderModel {
-    pub(crate) fn load(config: ModelConfig, w: &Weights<'_>) -> Result<Self, LoadError> {
+/// The step's buffers, each at least as long as the step needs.
+struct StepBuffers<'a, B: Backend> {
+    /// `[t, h]` the residual stream, `[t, h]` its normed form.
+    hidden: &'a mut B::Buffer,
+    normed: &'a mut B::Buffer,
+    /// `[t, q_dim]`, `[t, kv_dim]`, `[t, kv_dim]`, `[t, q_dim]` attention output.
+    q: &'a mut B::Buffer,
+    k: &'a mut B::Buffer,
+    v: &'a mut B::Buffer,
+    attn: &'a mut B::Buffer,
+    /// `[t, h]` a sublayer's output.
+    proj: &'a mut B::Buffer,
+    /// `[min(t, SLICE_TOKENS), intermediate]` each.
+    gate: &'a mut B::Buffer,
+    up: &'a mut B::Buffer,
+    /// `[num_rows, h]` the logits rows, gathered and normed.
+    rows: &'a mut B::Buffer,
+    rows_normed: &'a mut B::Buffer,
+    /// `[t, rotary_dim]` and `[t, local_rotary_dim]` the step's angles.
+    angles: &'a mut B::Buffer,
+    local_angles: &'a mut B::Buffer,
+}
+
+impl<B: Backend> DecoderModel<B> {
+    pub(crate) fn load(
+        config: ModelConfig,
+        w: &Weights<'_, B>,
+        backend: Arc<B>,
+    ) -> Result<Self, LoadError> {
         let c = &config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
         // RMSNorm weights, with the offset of (1 + w) norms folded in.
-        let norm = |t: Tensor, len: usize| -> Result<Vec<f32>, LoadError> {
-            let mut v = w.vector(t, len)?;
+        let norm = |t: Tensor, len: usize| -> Result<B::Vector, LoadError> {
+            let mut v = w.source.vector(&w.naming.name(t), len)?;
             if c.norm_weight_offset != 0.0 {
                 for x in &mut v {
                     *x += c.norm_weight_offset;
                 }
             }
-            Ok(v)
+            w.load_vector(t, &v)
         };
         let opt_norm = |t: Tensor, len: usize, present: bool| {
             if present { norm(t, len).map(Some) } else { Ok(None) }
@@ -105,12 +131,7 @@ impl DecoderModel {
                 attn_out_norm: opt_norm(t(L::AttnOutNorm), h, sandwich)?,
                 mlp_norm: norm(t(L::MlpNorm), h)?,
                 mlp_out_norm: opt_norm(t(L::MlpOutNorm), h, sandwich)?,
-                gate_proj: w.matrix(t(L::Gate), i, h)?,
-                up_proj: w.matrix(t(L::Up), i, h)?,
-                down_proj: w.matrix(t(L::Down), h, i)?,
-                gate_bias: w.optional_vector(t(L::GateBias), i, c.mlp_bias)?,
-                up_bias: w.optional_vector(t(L::UpBias), i, c.mlp_bias)?,
-                down_bias: w.optional_vector(t(L::DownBias), h, c.mlp_bias)?,
+                mlp: Mlp::load_dense(w, l, (h, c.intermediate_size), c.mlp_bias, c.hidden_act)?,
                 local_rope: c.layer_window(l).is_some() && c.rope_local_theta.is_some(),
             });
         }
@@ -120,12 +141,26 @@ impl DecoderModel {
         } else {
             Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
         };
-        let mut rope = Rope::new(c.rope_theta, c.head_dim, c.rope_scaling, c.rope_style);
-        if let Some(factors) = &c.rope_freq_factors {
-            rope = rope.with_freq_factors(factors);
-        }
-        let local_rope =
-            c.rope_local_theta.map(|b| Rope::new(b, c.head_dim, RopeScaling::None, c.rope_style));
+        let rope_err = |e: kiln_backend::LoadTensorError| LoadError::Quantize {
+            name: "rotary embeddings".into(),
+            message: e.to_string(),
+        };
+        let global = RopeConfig {
+            base: c.rope_theta,
+            rotary_dim: c.head_dim,
+            scaling: c.rope_scaling,
+            style: c.rope_style,
+            freq_factors: c.rope_freq_factors.clone(),
+        };
+        let rope = backend.load_rope(&global).map_err(rope_err)?;
+        let local_rope = match c.rope_local_theta {
+            Some(base) => {
+                let local =
+                    RopeConfig { base, scaling: RopeScaling::None, freq_factors: None, ..global };
+                Some(backend.load_rope(&local).map_err(rope_err)?)
+            }
+            None => None,
+        };
         Ok(Self {
             embed_tokens,
             layers,
@@ -134,22 +169,24 @@ impl DecoderModel {
             rope,
             local_rope,
             config,
+            backend,
         })
     }
 
     /// The cache must match the model, the batch must be valid for both.
-    fn check_batch(&self, batch: &ForwardBatch, kv: &PagedKvCache) -> Result<(), ForwardError> {
+    fn check_batch(&self, batch: &ForwardBatch, kv: &B::KvStore) -> Result<(), ForwardError> {
         let c = &self.config;
-        if kv.layout() != self.kv_layout() || kv.block_size() != batch.block_size() {
+        let spec = self.backend.kv_spec(kv);
+        if spec.layout != self.kv_layout() || spec.block_size != batch.block_size() {
             return Err(ForwardError::KvLayout(format!(
                 "cache {:?} with block size {}, model needs {:?} with block size {}",
-                kv.layout(),
-                kv.block_size(),
+                spec.layout,
+                spec.block_size,
                 self.kv_layout(),
                 batch.block_size()
             )));
         }
-        batch.validate(c.vocab_size, kv.num_blocks())?;
+        batch.validate(c.vocab_size, spec.num_blocks)?;
         for l in 0..c.num_layers {
             self.attention_shape(batch.block_size(), l)
                 .validate()
@@ -158,133 +195,137 @@ impl DecoderModel {
         Ok(())
     }
 
-    /// `proj[t, h] = down(act(gate(x)) * up(x))` over `normed[t, h]`, through `gate`/`up`
-    /// (`[t, intermediate]`).
-    fn mlp(
-        &self,
-        pool: &ThreadPool,
-        layer: &Layer,
-        t: usize,
-        normed: &[f32],
-        gate: &mut [f32],
-        up: &mut [f32],
-        proj: &mut [f32],
-    ) {
-        linear_multi(
-            pool,
-            normed,
-            t,
-            &mut [
-                LinearJob { weight: &layer.gate_proj, bias: layer.gate_bias.as_deref(), out: gate },
-                LinearJob { weight: &layer.up_proj, bias: layer.up_bias.as_deref(), out: up },
-            ],
-        );
-        gated_act_inplace(pool, self.config.hidden_act, gate, up);
-        linear(pool, gate, t, &layer.down_proj, layer.down_bias.as_deref(), proj);
+    /// Rows `r` of `n`-wide buffers as a range of elements.
+    fn rows(r: &std::ops::Range<usize>, n: usize) -> std::ops::Range<usize> {
+        r.start * n..r.end * n
     }
 
-    /// The rest of layer `l` for `n` rows once attention is done (`attn`, `[n, q_dim]`):
-    /// `hidden += [norm](o_proj(attn))`, then `hidden += [norm](mlp(rmsnorm(hidden)))`, leaving
-    /// the next layer's input norm of `hidden` in `normed` (`[n, h]`). `proj` (`[n, h]`) and
-    /// `gate`, `up` (`[n, intermediate]`) are scratch.
-    fn attn_out_and_mlp(
-        &self,
-        pool: &ThreadPool,
-        l: usize,
-        attn: &[f32],
-        hidden: &mut [f32],
-        normed: &mut [f32],
-        [proj, gate, up]: [&mut [f32]; 3],
-    ) {
-        let c = &self.config;
-        let (h, eps, layer) = (c.hidden_size, c.rms_norm_eps, &self.layers[l]);
-        let n = hidden.len() / h;
-        linear(pool, attn, n, &layer.o_proj, layer.o_bias.as_deref(), proj);
-        let post = layer.attn_out_norm.as_deref();
-        residual_norm(pool, h, proj, post, hidden, Some((&layer.mlp_norm, normed)), eps);
-        self.mlp(pool, layer, n, normed, gate, up, proj);
-        let next = self.layers.get(l + 1).map(|next| (&next.attn_norm[..], normed));
-        residual_norm(pool, h, proj, layer.mlp_out_norm.as_deref(), hidden, next, eps);
-    }
-
-    /// `q, k, v` of the tokens of `normed` (`[n, h]`): projections, the per-head norms
-    /// (Gemma 3) and rotary embeddings by `rope` with the tokens' angles (`[n, rotary_dim]`,
-    /// [`Rope::table`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `q, k, v` of token rows `r` of `normed`: projections, the per-head norms (Gemma 3,
+    /// Qwen3) and rotary embeddings by `rope` with the tokens' angles (`table`, `[t, rot]`).
     fn qkv(
         &self,
-        pool: &ThreadPool,
-        layer: &Layer,
-        normed: &[f32],
-        rope: &Rope,
-        angles: &[f32],
-        q: &mut [f32],
-        k: &mut [f32],
-        v: &mut [f32],
+        layer: &Layer<B>,
+        b: &mut StepBuffers<'_, B>,
+        r: &std::ops::Range<usize>,
+        (rope, local): (&B::Rope, bool),
     ) {
         let c = &self.config;
-        linear_multi(
-            pool,
-            normed,
-            normed.len() / c.hidden_size,
+        let be = &*self.backend;
+        let (h, q_dim, kv_dim) =
+            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let (qr, kr) = (Self::rows(r, q_dim), Self::rows(r, kv_dim));
+        be.linear(
+            B::view(b.normed, Self::rows(r, h)),
+            r.len(),
             &mut [
-                LinearJob { weight: &layer.q_proj, bias: layer.q_bias.as_deref(), out: q },
-                LinearJob { weight: &layer.k_proj, bias: layer.k_bias.as_deref(), out: k },
-                LinearJob { weight: &layer.v_proj, bias: layer.v_bias.as_deref(), out: v },
+                LinearJob {
+                    weight: &layer.q_proj,
+                    bias: layer.q_bias.as_ref(),
+                    out: B::view_mut(b.q, qr.clone()),
+                },
+                LinearJob {
+                    weight: &layer.k_proj,
+                    bias: layer.k_bias.as_ref(),
+                    out: B::view_mut(b.k, kr.clone()),
+                },
+                LinearJob {
+                    weight: &layer.v_proj,
+                    bias: layer.v_bias.as_ref(),
+                    out: B::view_mut(b.v, kr.clone()),
+                },
             ],
         );
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            rms_norm_inplace(pool, q, qn, c.rms_norm_eps);
-            rms_norm_inplace(pool, k, kn, c.rms_norm_eps);
+            be.rms_norm_inplace(B::view_mut(b.q, qr.clone()), qn, c.rms_norm_eps);
+            be.rms_norm_inplace(B::view_mut(b.k, kr.clone()), kn, c.rms_norm_eps);
         }
-        rope.apply_table(pool, q, c.num_heads, angles);
-        rope.apply_table(pool, k, c.num_kv_heads, angles);
+        let (table, rot) = if local {
+            (&*b.local_angles, self.local_rope.as_ref().map_or(0, |_| c.head_dim))
+        } else {
+            (&*b.angles, c.head_dim)
+        };
+        let angles = B::view(table, Self::rows(r, rot));
+        be.rope_apply(rope, B::view_mut(b.q, qr), c.num_heads, angles);
+        be.rope_apply(rope, B::view_mut(b.k, kr), c.num_kv_heads, angles);
     }
 
-    /// `hidden[t] = embedding(token_ids[t])`, scaled where the model says so (Gemma).
-    fn embed(&self, token_ids: &[u32], hidden: &mut [f32]) {
-        let h = self.config.hidden_size;
-        for (row, &token) in hidden.chunks_exact_mut(h).zip(token_ids) {
-            self.embed_tokens.row_to_f32(token as usize, row);
-            if let Some(scale) = self.config.embedding_scale {
-                for x in row.iter_mut() {
-                    *x *= scale;
-                }
-            }
-        }
+    /// The rest of layer `l` for token rows `r` once attention is done: `hidden += [norm](o_proj
+    /// (attn))`, then `hidden += [norm](mlp(rmsnorm(hidden)))`, leaving the next layer's input
+    /// norm of `hidden` in `normed`.
+    fn attn_out_and_mlp(&self, l: usize, b: &mut StepBuffers<'_, B>, r: &std::ops::Range<usize>) {
+        let c = &self.config;
+        let be = &*self.backend;
+        let (h, eps, layer) = (c.hidden_size, c.rms_norm_eps, &self.layers[l]);
+        let q_dim = c.num_heads * c.head_dim;
+        let (n, hr) = (r.len(), Self::rows(r, h));
+        let o = LinearJob {
+            weight: &layer.o_proj,
+            bias: layer.o_bias.as_ref(),
+            out: B::view_mut(b.proj, hr.clone()),
+        };
+        be.linear(B::view(b.attn, Self::rows(r, q_dim)), n, &mut [o]);
+        be.residual_norm(
+            h,
+            B::view_mut(b.proj, hr.clone()),
+            layer.attn_out_norm.as_ref(),
+            B::view_mut(b.hidden, hr.clone()),
+            Some((&layer.mlp_norm, B::view_mut(b.normed, hr.clone()))),
+            eps,
+        );
+        let io = MlpIo {
+            n,
+            input: B::view(b.normed, hr.clone()),
+            out: B::view_mut(b.proj, hr.clone()),
+            gate: &mut *b.gate,
+            up: &mut *b.up,
+        };
+        layer.mlp.forward(be, io);
+        let next =
+            self.layers.get(l + 1).map(|next| (&next.attn_norm, B::view_mut(b.normed, hr.clone())));
+        be.residual_norm(
+            h,
+            B::view_mut(b.proj, hr.clone()),
+            layer.mlp_out_norm.as_ref(),
+            B::view_mut(b.hidden, hr),
+            next,
+            eps,
+        );
     }
 
     /// The logits of the rows that need them: rows `gather` of `hidden`, or (`None`) its first
-    /// rows, already compacted. Final norm (through the `rows` / `rows_normed` scratch,
-    /// `[num_rows, h]`) and LM head, then the final soft cap.
+    /// `num_rows` rows, already compacted. Final norm, LM head, final soft cap.
     fn logits(
         &self,
-        pool: &ThreadPool,
-        hidden: &[f32],
+        b: &mut StepBuffers<'_, B>,
+        t: usize,
         gather: Option<&[usize]>,
-        rows: &mut [f32],
-        rows_normed: &mut [f32],
+        num_rows: usize,
         logits: &mut Logits,
     ) {
         let c = &self.config;
+        let be = &*self.backend;
         let h = c.hidden_size;
-        let num_rows = rows_normed.len() / h;
-        let rows: &[f32] = match gather {
+        let rows = 0..num_rows * h;
+        let src: &B::Buffer = match gather {
             Some(gather) => {
-                for (dst, &r) in rows.chunks_exact_mut(h).zip(gather) {
-                    dst.copy_from_slice(&hidden[r * h..(r + 1) * h]);
-                }
-                rows
+                be.gather_rows(
+                    B::view(b.hidden, 0..t * h),
+                    h,
+                    gather,
+                    B::view_mut(b.rows, rows.clone()),
+                );
+                &*b.rows
             }
-            None => &hidden[..num_rows * h],
+            None => &*b.hidden,
         };
-        rms_norm(pool, rows, &self.final_norm, c.rms_norm_eps, rows_normed);
-        logits.reset(num_rows, c.vocab_size);
+        be.rms_norm(
+            B::view(src, rows.clone()),
+            &self.final_norm,
+            c.rms_norm_eps,
+            B::view_mut(b.rows_normed, rows.clone()),
+        );
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        linear(pool, rows_normed, num_rows, head, None, logits.as_mut_slice());
-        if let Some(cap) = c.final_logit_softcap {
-            logits.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-        }
+        be.logits(B::view(b.rows_normed, rows), num_rows, head, c.final_logit_softcap, logits);
     }
 
     fn attention_shape(&self, block_size: usize, layer: usize) -> AttentionShape {
@@ -316,9 +357,13 @@ fn token_slices(t: usize) -> impl Iterator<Item = std::ops::Range<usize>> + Clon
     (0..t).step_by(size.max(1)).map(move |s| s..(s + size).min(t))
 }
 
-impl Model for DecoderModel {
+impl<B: Backend> Model<B> for DecoderModel<B> {
     fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    fn backend(&self) -> &B {
+        &self.backend
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -330,39 +375,81 @@ impl Model for DecoderModel {
     }
 
     fn weight_bytes(&self) -> usize {
+        let be = &*self.backend;
         let layer_bytes: usize = self
             .layers
             .iter()
             .map(|l| {
-                [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj]
-                    .iter()
-                    .map(|w| w.data().num_bytes())
-                    .sum::<usize>()
+                let attn = [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj];
+                attn.into_iter().chain(l.mlp.matrices()).map(|w| be.weight_bytes(w)).sum::<usize>()
             })
             .sum();
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        layer_bytes + head.data().num_bytes()
+        layer_bytes + be.weight_bytes(head)
     }
 
     fn forward(
         &self,
-        pool: &ThreadPool,
         batch: &ForwardBatch,
-        kv: &mut PagedKvCache,
-        scratch: &mut ForwardScratch,
+        kv: &mut B::KvStore,
+        workspace: &mut Workspace<B>,
         logits: &mut Logits,
     ) -> Result<(), ForwardError> {
-        let c = &self.config;
         self.check_batch(batch, kv)?;
-        let t = batch.num_tokens();
-        let num_rows = batch.logits_rows.len();
+        let mut row_seqs = std::mem::take(&mut workspace.row_seqs);
+        let mut b = self.step_buffers(workspace, batch);
+        self.embed_and_angles(batch, &mut b);
+        // Whether the last layer carries only the logits rows (compacted to rows 0..num_rows
+        // of `q` and `hidden`) past its K/V.
+        let (t, num_rows) = (batch.num_tokens(), batch.logits_rows().len());
+        let prune = num_rows < t;
+        if prune {
+            single_query_seqs(batch, &mut row_seqs);
+        }
+        for l in 0..self.layers.len() {
+            let last_pruned = prune && l + 1 == self.layers.len();
+            let pruned = last_pruned.then_some(&row_seqs[..]);
+            self.layer(l, batch, kv, &mut b, pruned);
+        }
+        let gather = (!prune).then_some(batch.logits_rows());
+        self.logits(&mut b, t, gather, num_rows, logits);
+        workspace.row_seqs = row_seqs;
+        Ok(())
+    }
+}
+
+impl<B: Backend> DecoderModel<B> {
+    /// The step's buffers, grown to its token count.
+    fn step_buffers<'w>(
+        &self,
+        workspace: &'w mut Workspace<B>,
+        batch: &ForwardBatch,
+    ) -> StepBuffers<'w, B> {
+        let c = &self.config;
+        let (t, num_rows) = (batch.num_tokens(), batch.logits_rows().len());
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
-        let rot = self.rope.rotary_dim();
-        let local_rot = self.local_rope.as_ref().map_or(0, Rope::rotary_dim);
-        let mut row_seqs = std::mem::take(&mut scratch.row_seqs);
-        let [
+        let local_rot = self.local_rope.as_ref().map_or(0, |_| c.head_dim);
+        let slice = t.min(SLICE_TOKENS);
+        let lens = [
+            t * h,
+            t * h,
+            t * q_dim,
+            t * kv_dim,
+            t * kv_dim,
+            t * q_dim,
+            t * h,
+            slice * i,
+            slice * i,
+            num_rows * h,
+            num_rows * h,
+            t * c.head_dim,
+            t * local_rot,
+        ];
+        let [hidden, normed, q, k, v, attn, proj, gate, up, rows, rows_normed, angles, local] =
+            workspace.take(&*self.backend, lens);
+        StepBuffers {
             hidden,
             normed,
             q,
@@ -375,144 +462,92 @@ impl Model for DecoderModel {
             rows,
             rows_normed,
             angles,
-            local_angles,
-        ] = scratch.take([
-            t * h,
-            t * h,
-            t * q_dim,
-            t * kv_dim,
-            t * kv_dim,
-            t * q_dim,
-            t * h,
-            t.min(SLICE_TOKENS) * i,
-            t.min(SLICE_TOKENS) * i,
-            num_rows * h,
-            num_rows * h,
-            t * rot,
-            t * local_rot,
-        ]);
-        // The step's rotary angles, shared by every layer.
-        self.rope.table(&batch.positions, angles);
+            local_angles: local,
+        }
+    }
+
+    /// The step's rotary angles (shared by every layer), the embeddings, and the first layer's
+    /// input norm (later layers' come with the previous layer's last residual add).
+    fn embed_and_angles(&self, batch: &ForwardBatch, b: &mut StepBuffers<'_, B>) {
+        let c = &self.config;
+        let be = &*self.backend;
+        let (t, h, rot) = (batch.num_tokens(), c.hidden_size, c.head_dim);
+        be.rope_table(&self.rope, batch.positions(), B::view_mut(b.angles, 0..t * rot));
         if let Some(local) = &self.local_rope {
-            local.table(&batch.positions, local_angles);
+            be.rope_table(local, batch.positions(), B::view_mut(b.local_angles, 0..t * rot));
         }
-
-        self.embed(&batch.token_ids, hidden);
-        let slices = token_slices(t);
-        // Later layers' input norms come with the previous layer's last residual add.
+        let hidden = B::view_mut(b.hidden, 0..t * h);
+        be.embed(&self.embed_tokens, batch.token_ids(), c.embedding_scale, hidden);
         if let Some(first) = self.layers.first() {
-            rms_norm(pool, hidden, &first.attn_norm, c.rms_norm_eps, normed);
+            let (x, out) = (B::view(b.hidden, 0..t * h), B::view_mut(b.normed, 0..t * h));
+            be.rms_norm(x, &first.attn_norm, c.rms_norm_eps, out);
         }
-        // Whether the last layer carries only the logits rows (compacted to rows 0..num_rows
-        // of `q` and `hidden`) past its K/V.
-        let prune = num_rows < t;
-        if prune {
-            single_query_seqs(batch, &mut row_seqs);
+    }
+
+    /// Layer `l` over the step: q/k/v per slice, the K/V write, attention over the whole step,
+    /// then per slice the rest. With `pruned` (the last layer, when not every row needs
+    /// logits), attention and everything after it run for the logits rows only, compacted to
+    /// the first rows, as single-query sequences `pruned`.
+    fn layer(
+        &self,
+        l: usize,
+        batch: &ForwardBatch,
+        kv: &mut B::KvStore,
+        b: &mut StepBuffers<'_, B>,
+        pruned: Option<&[SeqSpan]>,
+    ) {
+        let c = &self.config;
+        let be = &*self.backend;
+        let layer = &self.layers[l];
+        let t = batch.num_tokens();
+        let (h, q_dim) = (c.hidden_size, c.num_heads * c.head_dim);
+        let kv_dim = c.num_kv_heads * c.head_dim;
+        let rope = match (&self.local_rope, layer.local_rope) {
+            (Some(local), true) => (local, true),
+            _ => (&self.rope, false),
+        };
+        for r in token_slices(t) {
+            self.qkv(layer, b, &r, rope);
         }
-        let last = self.layers.len().saturating_sub(1);
-        for (l, layer) in self.layers.iter().enumerate() {
-            let (rope, table, rot) = match (&self.local_rope, layer.local_rope) {
-                (Some(local), true) => (local, &*local_angles, local_rot),
-                _ => (&self.rope, &*angles, rot),
-            };
-            for r in slices.clone() {
-                self.qkv(
-                    pool,
-                    layer,
-                    &normed[r.start * h..r.end * h],
-                    rope,
-                    &table[r.start * rot..r.end * rot],
-                    &mut q[r.start * q_dim..r.end * q_dim],
-                    &mut k[r.start * kv_dim..r.end * kv_dim],
-                    &mut v[r.start * kv_dim..r.end * kv_dim],
-                );
+        let (k, v) = (B::view(b.k, 0..t * kv_dim), B::view(b.v, 0..t * kv_dim));
+        be.write_kv(kv, l, k, v, batch.slot_mapping());
+        let (seqs, rows_on) = match pruned {
+            Some(row_seqs) => {
+                let rows = batch.logits_rows();
+                be.compact_rows(B::view_mut(b.q, 0..t * q_dim), q_dim, rows);
+                be.compact_rows(B::view_mut(b.hidden, 0..t * h), h, rows);
+                (row_seqs, rows.len())
             }
+            None => (batch.seqs(), t),
+        };
+        if !seqs.is_empty() {
             let shape = self.attention_shape(batch.block_size(), l);
-            let (seqs, rows_on) = if prune && l == last {
-                compact_rows(q, q_dim, &batch.logits_rows);
-                compact_rows(hidden, h, &batch.logits_rows);
-                (&row_seqs[..], num_rows)
-            } else {
-                (&batch.seqs[..], t)
-            };
-            let inputs = AttnInputs { batch, seqs, q, k, v, shape: &shape };
-            match kv.layer_mut(l) {
-                KvLayerMut::F32(kc, vc) => attend(pool, &inputs, kc, vc, attn),
-                KvLayerMut::F16(kc, vc) => attend(pool, &inputs, kc, vc, attn),
-            }
-            for r in token_slices(rows_on) {
-                let n = r.len();
-                self.attn_out_and_mlp(
-                    pool,
-                    l,
-                    &attn[r.start * q_dim..r.end * q_dim],
-                    &mut hidden[r.start * h..r.end * h],
-                    &mut normed[r.start * h..r.end * h],
-                    [&mut proj[r.start * h..r.end * h], &mut gate[..n * i], &mut up[..n * i]],
-                );
-            }
+            let q = B::view(b.q, 0..rows_on * q_dim);
+            let out = B::view_mut(b.attn, 0..rows_on * q_dim);
+            be.paged_attention(kv, l, q, seqs, batch.block_tables(), &shape, out);
         }
-
-        let gather = (!prune).then_some(&batch.logits_rows[..]);
-        self.logits(pool, hidden, gather, rows, rows_normed, logits);
-        scratch.row_seqs = row_seqs;
-        Ok(())
+        for r in token_slices(rows_on) {
+            self.attn_out_and_mlp(l, b, &r);
+        }
     }
-}
-
-/// One layer's attention inputs: the step's `k, v` (`[num_tokens, kv_dim]`) and the queries
-/// `q` of the rows of `seqs` (the batch's sequences, or [`single_query_seqs`] over the
-/// compacted logits rows).
-struct AttnInputs<'a> {
-    batch: &'a ForwardBatch,
-    seqs: &'a [AttentionSeq],
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    shape: &'a AttentionShape,
-}
-
-/// Writes the step's `k, v` into one layer's cache and runs paged attention of the rows of
-/// `inputs.seqs` over it into `out` (`[rows, q_dim]`).
-fn attend<E: KvElem>(
-    pool: &ThreadPool,
-    inputs: &AttnInputs<'_>,
-    k_cache: &mut [E],
-    v_cache: &mut [E],
-    out: &mut [f32],
-) {
-    write_kv(inputs.k, inputs.v, &inputs.batch.slot_mapping, k_cache, v_cache);
-    if inputs.seqs.is_empty() {
-        return;
-    }
-    let tables = &inputs.batch.block_tables;
-    paged_attention(pool, inputs.q, k_cache, v_cache, inputs.seqs, tables, inputs.shape, out);
 }
 
 /// One attention sequence per logits row of `batch`, in row order: query `i` is the row's
 /// token alone at its position, over its sequence's cache (context up to and including it).
-fn single_query_seqs(batch: &ForwardBatch, out: &mut Vec<AttentionSeq>) {
+fn single_query_seqs(batch: &ForwardBatch, out: &mut Vec<SeqSpan>) {
     out.clear();
-    let mut seqs = batch.seqs.iter().peekable();
-    for (i, &row) in batch.logits_rows.iter().enumerate() {
+    let mut seqs = batch.seqs().iter().peekable();
+    for (i, &row) in batch.logits_rows().iter().enumerate() {
         while seqs.peek().is_some_and(|s| s.query_start + s.query_len <= row) {
             seqs.next();
         }
         let Some(seq) = seqs.peek() else { break };
         let first_pos = seq.context_len - seq.query_len;
-        out.push(AttentionSeq {
+        out.push(SeqSpan {
             query_start: i,
             query_len: 1,
             context_len: first_pos + (row - seq.query_start) + 1,
             block_table_start: seq.block_table_start,
         });
-    }
-}
-
-/// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
-fn compact_rows(buf: &mut [f32], width: usize, rows: &[usize]) {
-    for (i, &r) in rows.iter().enumerate() {
-        debug_assert!(r >= i && (i == 0 || r > rows[i - 1]), "rows ascend");
-        buf.copy_within(r * width..(r + 1) * width, i * width);
     }
 }

@@ -42,18 +42,3 @@ impl LoadError {
         Self::Config { path: path.into(), message: message.into() }
     }
 }
-
-/// A batch the model cannot run (the engine validates first; this is the last line).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ForwardError {
-    #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
-    TokenOutOfVocab { token: u32, vocab_size: usize },
-    #[error("block table of sequence {seq} covers {covered} tokens, needs {needed}")]
-    BlockTableTooShort { seq: usize, covered: usize, needed: usize },
-    #[error("block id {block} is outside the KV cache ({num_blocks} blocks)")]
-    BlockOutOfRange { block: u32, num_blocks: usize },
-    #[error("KV cache layout does not match the model: {0}")]
-    KvLayout(String),
-    #[error("malformed batch: {0}")]
-    Batch(String),
-}

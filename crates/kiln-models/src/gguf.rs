@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_kernels::MappedFile;
+use kiln_backend::MappedFile;
 
 use crate::LoadError;
 

@@ -1,19 +1,21 @@
 //! Models of kiln: loading weights, configs and tokenizers, and stateless forward passes over
-//! a paged KV cache that the caller owns.
+//! a paged KV cache that the caller owns, on any [`kiln_backend::Backend`].
 //!
 //! Invariants:
-//! - a model never owns KV memory: [`PagedKvCache`] is passed to every [`Model::forward`];
+//! - model code reaches device memory only through the backend's operations (it never indexes
+//!   a weight, an activation or the KV cache);
+//! - a model never owns KV memory: the backend's KV store is passed to every
+//!   [`Model::forward`];
 //! - every file is validated with checked arithmetic before use; bad input yields a
 //!   [`LoadError`] naming the file and tensor, never a panic or an out-of-bounds read;
-//! - `forward` allocates nothing once its [`ForwardScratch`] has grown to the batch size.
+//! - `forward` allocates nothing once its [`Workspace`] has grown to the batch size.
 
-mod batch;
 mod config;
 mod decoder;
 mod default_model;
 mod error;
+mod family;
 pub mod gguf;
-mod kv_cache;
 mod loader;
 mod model;
 mod names;
@@ -21,13 +23,15 @@ mod safetensors_store;
 mod tokenizer;
 mod weights;
 
-pub use batch::{BatchSeq, ForwardBatch, LogitsWanted};
 pub use config::{Architecture, ModelConfig};
 pub use decoder::DecoderModel;
 pub use default_model::{DEFAULT_MODEL_NAME, fetch_default_model};
-pub use error::{ForwardError, LoadError};
-pub use kv_cache::{KvCacheDtype, KvLayerMut, KvLayout, PagedKvCache};
+pub use error::LoadError;
+pub use kiln_backend::{
+    Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, LogitsWanted,
+    SeqSpan, Workspace, check_block_size,
+};
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
-pub use model::{ForwardScratch, Logits, Model};
+pub use model::{BoundModel, Model, StepModel};
 pub use safetensors_store::WeightStore;
 pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, Tokenizer};

@@ -2,19 +2,19 @@
 //! safetensors weights) or a single GGUF file (config, tokenizer and weights in one).
 
 use std::path::Path;
+use std::sync::Arc;
 
-use kiln_kernels::GgmlType;
+use kiln_backend::{Backend, GgmlType};
 
-use crate::config::Architecture;
 use crate::decoder::DecoderModel;
 use crate::gguf::GgufFile;
 use crate::names::Naming;
 use crate::weights::Weights;
 use crate::{GenerationDefaults, LoadError, Model, ModelConfig, Tokenizer, WeightStore};
 
-/// A model with its tokenizer and generation defaults.
-pub struct LoadedModel {
-    pub model: Box<dyn Model>,
+/// A model on backend `B` with its tokenizer and generation defaults.
+pub struct LoadedModel<B: Backend> {
+    pub model: Box<dyn Model<B>>,
     pub tokenizer: Tokenizer,
     pub generation_defaults: GenerationDefaults,
 }
@@ -29,15 +29,19 @@ pub struct LoadOptions {
     pub quantization: Option<GgmlType>,
 }
 
-/// Loads the model at `path`: an HF model directory or a `.gguf` file.
-pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
-    load_model_with(path, &LoadOptions::default())
+/// Loads the model at `path` (an HF model directory or a `.gguf` file) onto `backend`.
+pub fn load_model<B: Backend>(path: &Path, backend: &Arc<B>) -> Result<LoadedModel<B>, LoadError> {
+    load_model_with(path, &LoadOptions::default(), backend)
 }
 
 /// [`load_model`] with options.
-pub fn load_model_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
+pub fn load_model_with<B: Backend>(
+    path: &Path,
+    options: &LoadOptions,
+    backend: &Arc<B>,
+) -> Result<LoadedModel<B>, LoadError> {
     if path.is_file() {
-        return load_gguf(path, options);
+        return load_gguf(path, options, backend);
     }
     if !path.is_dir() {
         return Err(LoadError::format(
@@ -48,9 +52,10 @@ pub fn load_model_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel
     let config = ModelConfig::from_file(&path.join("config.json"))?;
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
-    let naming = Naming::Hf { sandwich: config.architecture == Architecture::Gemma3 };
-    let weights = Weights { source: &store, naming, quantize: options.quantization };
-    let model = DecoderModel::load(config, &weights)?;
+    let naming = Naming::Hf(config.architecture);
+    let weights =
+        Weights { source: &store, naming, backend: &**backend, quantize: options.quantization };
+    let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
 }
 
@@ -63,7 +68,11 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
     Tokenizer::from_dir(path).map(|(tokenizer, _)| tokenizer)
 }
 
-fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
+fn load_gguf<B: Backend>(
+    path: &Path,
+    options: &LoadOptions,
+    backend: &Arc<B>,
+) -> Result<LoadedModel<B>, LoadError> {
     let file = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&file)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
@@ -78,8 +87,13 @@ fn load_gguf(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadErro
             ),
         ));
     }
-    let weights = Weights { source: &file, naming: Naming::Gguf, quantize: options.quantization };
-    let model = DecoderModel::load(config, &weights)?;
+    let weights = Weights {
+        source: &file,
+        naming: Naming::Gguf,
+        backend: &**backend,
+        quantize: options.quantization,
+    };
+    let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer,

@@ -1,95 +1,20 @@
-//! The model interface: a stateless forward pass over a caller-owned paged KV cache.
+//! The model interface: a stateless forward pass on a backend over a caller-owned paged KV
+//! cache, and [`BoundModel`], a model bound to its cache and workspace so that drivers above it
+//! (the engine's runner) need not be generic over the backend.
 
-use kiln_kernels::ThreadPool;
+use kiln_backend::{
+    Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, Workspace,
+};
 
-use crate::{ForwardBatch, ForwardError, KvLayout, ModelConfig, PagedKvCache};
+use crate::ModelConfig;
 
-/// Logits of the batch's `logits_rows`, `[num_rows, vocab_size]`; reused across steps.
-///
-/// The rows start on a 64-byte boundary (`start` floats into `data`), so the matmul can write
-/// them with whole-line non-temporal stores.
-#[derive(Clone, Debug, Default)]
-pub struct Logits {
-    data: Vec<f32>,
-    start: usize,
-    vocab_size: usize,
-    num_rows: usize,
-}
-
-/// Floats in 64 bytes.
-const LINE_FLOATS: usize = 16;
-
-impl Logits {
-    /// Resizes for `num_rows` rows (grows the buffer only when needed).
-    pub fn reset(&mut self, num_rows: usize, vocab_size: usize) {
-        self.num_rows = num_rows;
-        self.vocab_size = vocab_size;
-        let len = num_rows * vocab_size + LINE_FLOATS - 1;
-        if self.data.len() < len {
-            self.data.resize(len, 0.0);
-        }
-        // f32 is 4-aligned, so the offset to a 64-byte boundary is at most 15 floats.
-        self.start = self.data.as_ptr().align_offset(64).min(LINE_FLOATS - 1);
-    }
-
-    pub fn num_rows(&self) -> usize {
-        self.num_rows
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    /// `[vocab_size]` logits of row `i`.
-    pub fn row(&self, i: usize) -> &[f32] {
-        &self.data[self.start + i * self.vocab_size..][..self.vocab_size]
-    }
-
-    pub fn row_mut(&mut self, i: usize) -> &mut [f32] {
-        &mut self.data[self.start + i * self.vocab_size..][..self.vocab_size]
-    }
-
-    /// All rows, `[num_rows, vocab_size]`.
-    pub fn as_mut_slice(&mut self) -> &mut [f32] {
-        &mut self.data[self.start..][..self.num_rows * self.vocab_size]
-    }
-}
-
-/// Activation buffers of a forward pass; they grow to the largest batch seen and are reused.
-#[derive(Default)]
-pub struct ForwardScratch {
-    pub(crate) buffers: Vec<Vec<f32>>,
-    /// The last layer's attention sequences: one single-query sequence per logits row.
-    pub(crate) row_seqs: Vec<kiln_kernels::attention::AttentionSeq>,
-}
-
-impl ForwardScratch {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Mutable slices of the requested lengths, one per buffer.
-    pub(crate) fn take<const N: usize>(&mut self, lens: [usize; N]) -> [&mut [f32]; N] {
-        if self.buffers.len() < N {
-            self.buffers.resize_with(N, Vec::new);
-        }
-        for (buf, &len) in self.buffers.iter_mut().zip(&lens) {
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-        }
-        let mut iter = self.buffers.iter_mut();
-        lens.map(|len| match iter.next() {
-            Some(buf) => &mut buf[..len],
-            None => unreachable!("buffers were resized to at least N"),
-        })
-    }
-}
-
-/// A causal language model. Implementations are stateless: all per-sequence state lives in the
-/// KV cache and the batch.
-pub trait Model: Send + Sync {
+/// A causal language model on backend `B`. Implementations are stateless: all per-sequence
+/// state lives in the KV cache and the batch.
+pub trait Model<B: Backend>: Send + Sync {
     fn config(&self) -> &ModelConfig;
+
+    /// The backend the weights live on.
+    fn backend(&self) -> &B;
 
     /// The KV cache shape this model writes.
     fn kv_layout(&self) -> KvLayout;
@@ -101,10 +26,78 @@ pub trait Model: Send + Sync {
     /// with one row per entry of `batch.logits_rows()`.
     fn forward(
         &self,
-        pool: &ThreadPool,
         batch: &ForwardBatch,
-        kv: &mut PagedKvCache,
-        scratch: &mut ForwardScratch,
+        kv: &mut B::KvStore,
+        workspace: &mut Workspace<B>,
         logits: &mut Logits,
     ) -> Result<(), ForwardError>;
+}
+
+/// What a step driver needs of a model, with the backend erased: one virtual call per step.
+pub trait StepModel: Send {
+    fn config(&self) -> &ModelConfig;
+    fn weight_bytes(&self) -> usize;
+    /// The KV cache this model is bound to.
+    fn kv_spec(&self) -> KvCacheSpec;
+    /// The backend's name ("cpu", "reference").
+    fn backend_name(&self) -> &'static str;
+    /// Runs one step over the bound cache ([`Model::forward`]).
+    fn forward(&mut self, batch: &ForwardBatch, logits: &mut Logits) -> Result<(), ForwardError>;
+    /// Runs `task(0..num_tasks)` on the backend's host threads ([`Backend::host_parallel`]).
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
+}
+
+/// A model with its own KV cache and workspace on its backend.
+pub struct BoundModel<B: Backend> {
+    model: Box<dyn Model<B>>,
+    kv: B::KvStore,
+    workspace: Workspace<B>,
+}
+
+impl<B: Backend> BoundModel<B> {
+    /// Binds `model` to a fresh cache of `num_blocks` blocks of `block_size` tokens of `dtype`.
+    pub fn new(
+        model: Box<dyn Model<B>>,
+        dtype: KvCacheDtype,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, ForwardError> {
+        let spec = KvCacheSpec { layout: model.kv_layout(), dtype, num_blocks, block_size };
+        let kv = model.backend().alloc_kv(spec)?;
+        Ok(Self { model, kv, workspace: Workspace::new() })
+    }
+
+    pub fn model(&self) -> &dyn Model<B> {
+        &*self.model
+    }
+
+    pub fn kv(&self) -> &B::KvStore {
+        &self.kv
+    }
+}
+
+impl<B: Backend> StepModel for BoundModel<B> {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
+    fn kv_spec(&self) -> KvCacheSpec {
+        self.model.backend().kv_spec(&self.kv)
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.model.backend().name()
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch, logits: &mut Logits) -> Result<(), ForwardError> {
+        self.model.forward(batch, &mut self.kv, &mut self.workspace, logits)
+    }
+
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        self.model.backend().host_parallel(num_tasks, task);
+    }
 }

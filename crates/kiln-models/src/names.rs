@@ -1,6 +1,8 @@
 //! Tensor names of one model across file formats: the decoder asks for a role, the naming of
 //! its file answers with the stored name.
 
+use crate::family::Architecture;
+
 /// A tensor of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LayerTensor {
@@ -41,9 +43,9 @@ pub(crate) enum Tensor {
 /// How a file names its tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Naming {
-    /// Hugging Face transformers; `sandwich` for Gemma's four norms per layer, whose
-    /// `post_attention_layernorm` is the attention-output norm rather than the MLP-input one.
-    Hf { sandwich: bool },
+    /// Hugging Face transformers, with the family's own names where they differ
+    /// ([`Architecture::hf_layer_leaf`]).
+    Hf(Architecture),
     /// llama.cpp's GGUF names.
     Gguf,
 }
@@ -52,14 +54,14 @@ impl Naming {
     pub(crate) fn name(self, t: Tensor) -> String {
         use LayerTensor as L;
         match (self, t) {
-            (Self::Hf { .. }, Tensor::Embed) => "model.embed_tokens.weight".into(),
-            (Self::Hf { .. }, Tensor::FinalNorm) => "model.norm.weight".into(),
-            (Self::Hf { .. }, Tensor::LmHead) => "lm_head.weight".into(),
+            (Self::Hf(_), Tensor::Embed) => "model.embed_tokens.weight".into(),
+            (Self::Hf(_), Tensor::FinalNorm) => "model.norm.weight".into(),
+            (Self::Hf(_), Tensor::LmHead) => "lm_head.weight".into(),
             (Self::Gguf, Tensor::Embed) => "token_embd.weight".into(),
             (Self::Gguf, Tensor::FinalNorm) => "output_norm.weight".into(),
             (Self::Gguf, Tensor::LmHead) => "output.weight".into(),
-            (Self::Hf { sandwich }, Tensor::Layer(l, t)) => {
-                let leaf = match t {
+            (Self::Hf(arch), Tensor::Layer(l, t)) => {
+                let leaf = arch.hf_layer_leaf(t).unwrap_or(match t {
                     L::AttnNorm => "input_layernorm.weight",
                     L::Q => "self_attn.q_proj.weight",
                     L::K => "self_attn.k_proj.weight",
@@ -71,7 +73,6 @@ impl Naming {
                     L::OBias => "self_attn.o_proj.bias",
                     L::QNorm => "self_attn.q_norm.weight",
                     L::KNorm => "self_attn.k_norm.weight",
-                    L::MlpNorm if sandwich => "pre_feedforward_layernorm.weight",
                     L::AttnOutNorm | L::MlpNorm => "post_attention_layernorm.weight",
                     L::MlpOutNorm => "post_feedforward_layernorm.weight",
                     L::Gate => "mlp.gate_proj.weight",
@@ -80,7 +81,7 @@ impl Naming {
                     L::GateBias => "mlp.gate_proj.bias",
                     L::UpBias => "mlp.up_proj.bias",
                     L::DownBias => "mlp.down_proj.bias",
-                };
+                });
                 format!("model.layers.{l}.{leaf}")
             }
             (Self::Gguf, Tensor::Layer(l, t)) => {

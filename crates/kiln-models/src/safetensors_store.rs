@@ -11,8 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use half::{bf16, f16};
-use kiln_kernels::{MappedFile, Storage, WeightData, WeightMatrix};
+use kiln_backend::{GgmlType, HostTensor, MappedFile, Storage};
 use serde_json::Value;
 
 use crate::LoadError;
@@ -134,49 +133,40 @@ impl WeightStore {
     }
 
     /// A `[rows, cols]` weight in its stored dtype, zero-copy when aligned.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError> {
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
         let entry = self.entry(name, &[rows, cols])?;
-        let data = self.weight_data(entry);
-        WeightMatrix::new(rows, cols, data).ok_or_else(|| {
-            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` size"))
-        })
+        self.host_tensor(entry, rows, cols, name)
     }
 
     /// A 1-D tensor of `len` elements converted to f32 (norm weights, biases).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         let entry = self.entry(name, &[len])?;
-        let matrix = WeightMatrix::new(1, len, self.weight_data(entry)).ok_or_else(|| {
-            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` size"))
-        })?;
-        let mut out = vec![0.0; len];
-        matrix.row_to_f32(0, &mut out);
-        Ok(out)
+        let t = self.host_tensor(entry, 1, len, name)?;
+        t.to_f32_vec().ok_or_else(|| {
+            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` dtype"))
+        })
     }
 
-    fn weight_data(&self, entry: &TensorEntry) -> WeightData {
+    /// The entry's bytes, viewed in the mapped file, as a `[rows, cols]` tensor.
+    fn host_tensor(
+        &self,
+        entry: &TensorEntry,
+        rows: usize,
+        cols: usize,
+        name: &str,
+    ) -> Result<HostTensor, LoadError> {
         let file = &self.files[entry.file];
-        let n = entry.num_elements;
-        let bytes = &file.bytes()[entry.start..];
-        match entry.dtype {
-            Dtype::F32 => WeightData::F32(
-                Storage::mapped(Arc::clone(file), entry.start, n)
-                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, f32::from_le_bytes))),
-            ),
-            Dtype::F16 => WeightData::F16(
-                Storage::mapped(Arc::clone(file), entry.start, n)
-                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, f16::from_le_bytes))),
-            ),
-            Dtype::Bf16 | Dtype::Other => WeightData::Bf16(
-                Storage::mapped(Arc::clone(file), entry.start, n)
-                    .unwrap_or_else(|| Storage::Owned(decode(bytes, n, bf16::from_le_bytes))),
-            ),
-        }
+        let ty = match entry.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::Bf16 | Dtype::Other => GgmlType::Bf16,
+        };
+        let size_err = || LoadError::format(file.path(), format!("tensor `{name}` size"));
+        let num_bytes = entry.num_elements.checked_mul(ty.block_bytes()).ok_or_else(size_err)?;
+        let bytes =
+            Storage::mapped(Arc::clone(file), entry.start, num_bytes).ok_or_else(size_err)?;
+        HostTensor::new(ty, rows, cols, bytes).ok_or_else(size_err)
     }
-}
-
-/// Copies `n` little-endian elements out of unaligned bytes.
-fn decode<T, const B: usize>(bytes: &[u8], n: usize, f: fn([u8; B]) -> T) -> Vec<T> {
-    bytes[..n * B].chunks_exact(B).map(|c| f(c.try_into().unwrap_or([0; B]))).collect()
 }
 
 /// Shard file names listed in an index's `weight_map`, deduplicated, in first-seen order.
@@ -291,7 +281,7 @@ fn parse_header(
 }
 
 impl crate::weights::WeightSource for WeightStore {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
         WeightStore::matrix(self, name, rows, cols)
     }
 

@@ -1,7 +1,8 @@
-//! Where a model's weights come from: a safetensors store or a GGUF file, optionally
-//! quantized as they load (matrices only: norms and biases stay f32).
+//! Where a model's weights come from: a safetensors store or a GGUF file, as host tensors
+//! moved onto the model's backend, optionally converted as they load (matrices only: norms and
+//! biases stay f32).
 
-use kiln_kernels::{GgmlType, WeightData, WeightMatrix};
+use kiln_backend::{Backend, GgmlType, HostTensor};
 
 use crate::LoadError;
 use crate::names::{Naming, Tensor};
@@ -9,21 +10,23 @@ use crate::names::{Naming, Tensor};
 /// Tensors by stored name.
 pub(crate) trait WeightSource {
     /// A `[rows, cols]` matrix in its stored format.
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError>;
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError>;
     /// A 1-D tensor of `len` elements as f32.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
     fn contains(&self, name: &str) -> bool;
 }
 
-/// A source, its naming, and the quantization to apply to float matrices.
-pub(crate) struct Weights<'a> {
+/// A source, its naming, the backend the weights go to, and the conversion to apply to float
+/// matrices.
+pub(crate) struct Weights<'a, B: Backend> {
     pub source: &'a dyn WeightSource,
     pub naming: Naming,
+    pub backend: &'a B,
     /// Quantize float matrices to this type as they load (`--quantization`).
     pub quantize: Option<GgmlType>,
 }
 
-impl Weights<'_> {
+impl<B: Backend> Weights<'_, B> {
     pub(crate) fn contains(&self, t: Tensor) -> bool {
         self.source.contains(&self.naming.name(t))
     }
@@ -33,21 +36,25 @@ impl Weights<'_> {
         t: Tensor,
         rows: usize,
         cols: usize,
-    ) -> Result<WeightMatrix, LoadError> {
+    ) -> Result<B::Weight, LoadError> {
         let name = self.naming.name(t);
-        let m = self.source.matrix(&name, rows, cols)?;
-        let Some(ty) = self.quantize.and_then(|ty| fallback_type(ty, cols)) else { return Ok(m) };
-        // Float checkpoints are quantized; quantized GGUF tensors keep their own type unless
-        // a float type is asked for (dequantize: exact-arithmetic checks and debugging).
-        let stored_quantized = matches!(m.data(), WeightData::Quant(_));
-        if m.data().dtype_name() == ty.name() || (stored_quantized && ty.is_quantized()) {
-            return Ok(m);
-        }
-        m.quantize(ty).map_err(|e| LoadError::Quantize { name, message: e.to_string() })
+        let tensor = self.source.matrix(&name, rows, cols)?;
+        let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
+        self.backend
+            .load_weight(tensor, convert)
+            .map_err(|e| LoadError::Quantize { name, message: e.to_string() })
     }
 
-    pub(crate) fn vector(&self, t: Tensor, len: usize) -> Result<Vec<f32>, LoadError> {
-        self.source.vector(&self.naming.name(t), len)
+    pub(crate) fn vector(&self, t: Tensor, len: usize) -> Result<B::Vector, LoadError> {
+        let values = self.source.vector(&self.naming.name(t), len)?;
+        self.load_vector(t, &values)
+    }
+
+    /// Moves `values` (the f32 form of `t`) onto the backend.
+    pub(crate) fn load_vector(&self, t: Tensor, values: &[f32]) -> Result<B::Vector, LoadError> {
+        self.backend
+            .load_vector(values)
+            .map_err(|e| LoadError::Quantize { name: self.naming.name(t), message: e.to_string() })
     }
 
     /// The vector when `present`, else `None`.
@@ -56,9 +63,19 @@ impl Weights<'_> {
         t: Tensor,
         len: usize,
         present: bool,
-    ) -> Result<Option<Vec<f32>>, LoadError> {
+    ) -> Result<Option<B::Vector>, LoadError> {
         if present { self.vector(t, len).map(Some) } else { Ok(None) }
     }
+}
+
+/// The conversion to apply to a matrix stored as `stored` when `--quantization` asks for
+/// `wanted`: float checkpoints are quantized; quantized GGUF tensors keep their own type unless
+/// a float type is asked for (dequantize: exact-arithmetic checks and debugging). `None` keeps
+/// the matrix as it is.
+fn conversion(stored: GgmlType, wanted: GgmlType, cols: usize) -> Option<GgmlType> {
+    let ty = fallback_type(wanted, cols)?;
+    let keep = stored == ty || (stored.is_quantized() && ty.is_quantized());
+    (!keep).then_some(ty)
 }
 
 /// `ty`, or the type llama.cpp falls back to when `cols` is not a whole number of `ty`'s

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use kiln_kernels::Cpu;
 use kiln_models::gguf::GgufValue;
 use kiln_models::gguf::writer::GgufWriter;
 use kiln_models::load_model;
@@ -25,7 +26,7 @@ fn copy_fixture(name: &str, tag: &str) -> PathBuf {
 }
 
 fn load_error(dir: &Path) -> String {
-    match load_model(dir) {
+    match load_model(dir, &std::sync::Arc::new(Cpu::new(1))) {
         Ok(_) => panic!("{} loaded", dir.display()),
         Err(e) => e.to_string(),
     }
@@ -120,7 +121,7 @@ fn write_gguf(
 #[test]
 fn broken_gguf_models_name_what_is_wrong() {
     let ok = write_gguf("ok", |_, _| {});
-    assert!(load_model(&ok).is_ok());
+    assert!(load_model(&ok, &std::sync::Arc::new(Cpu::new(1))).is_ok());
     let cases: Vec<(PathBuf, &str)> = vec![
         (
             write_gguf("arch", |m, _| m[0].1 = GgufValue::String("falcon".into())),

@@ -19,12 +19,12 @@
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use kiln_kernels::{GgmlType, ThreadPool};
+use kiln_kernels::{Cpu, GgmlType};
 use kiln_models::{
-    ForwardBatch, ForwardScratch, LoadOptions, LoadedModel, Logits, LogitsWanted, PagedKvCache,
-    fetch_default_model, load_model, load_model_with,
+    Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, LoadOptions, LoadedModel, Logits,
+    LogitsWanted, Workspace, fetch_default_model, load_model, load_model_with,
 };
 use serde_json::Value;
 
@@ -43,9 +43,22 @@ fn model_path() -> &'static PathBuf {
     PATH.get_or_init(|| fetch_default_model().unwrap())
 }
 
-fn model() -> &'static LoadedModel {
-    static MODEL: OnceLock<LoadedModel> = OnceLock::new();
-    MODEL.get_or_init(|| load_model(model_path()).unwrap())
+/// The CPU backend on every core.
+fn cpu() -> &'static Arc<Cpu> {
+    static CPU: OnceLock<Arc<Cpu>> = OnceLock::new();
+    CPU.get_or_init(|| Arc::new(Cpu::new(0)))
+}
+
+fn model() -> &'static LoadedModel<Cpu> {
+    static MODEL: OnceLock<LoadedModel<Cpu>> = OnceLock::new();
+    MODEL.get_or_init(|| load_model(model_path(), cpu()).unwrap())
+}
+
+/// An f32 KV cache of `num_blocks` blocks for `loaded`.
+fn kv_cache(loaded: &LoadedModel<Cpu>, num_blocks: usize) -> kiln_kernels::CpuKvStore {
+    let layout = loaded.model.kv_layout();
+    let spec = KvCacheSpec { layout, dtype: KvCacheDtype::F32, num_blocks, block_size: BLOCK_SIZE };
+    loaded.model.backend().alloc_kv(spec).unwrap()
 }
 
 struct Case {
@@ -123,20 +136,19 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// Log-probabilities at every step of every case, teacher-forced: `[case][step][vocab]`.
-fn teacher_forced_logprobs(loaded: &LoadedModel, cases: &[Case]) -> Vec<Vec<Vec<f32>>> {
-    let pool = ThreadPool::new(0);
+fn teacher_forced_logprobs(loaded: &LoadedModel<Cpu>, cases: &[Case]) -> Vec<Vec<Vec<f32>>> {
     cases
         .iter()
         .map(|case| {
             let tokens: Vec<u32> =
                 case.prompt_ids.iter().chain(&case.output_ids).copied().collect();
             let num_blocks = tokens.len().div_ceil(BLOCK_SIZE);
-            let mut kv = PagedKvCache::new(loaded.model.kv_layout(), num_blocks, BLOCK_SIZE);
+            let mut kv = kv_cache(loaded, num_blocks);
             let table: Vec<u32> = (0..num_blocks as u32).collect();
             let mut batch = ForwardBatch::new(BLOCK_SIZE);
             batch.push_seq(&tokens, 0, &table, LogitsWanted::All).unwrap();
-            let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
-            loaded.model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits).unwrap();
+            let (mut workspace, mut logits) = (Workspace::new(), Logits::default());
+            loaded.model.forward(&batch, &mut kv, &mut workspace, &mut logits).unwrap();
             let n = case.prompt_ids.len();
             (0..case.top5.len()).map(|step| log_softmax(logits.row(n - 1 + step))).collect()
         })
@@ -146,20 +158,19 @@ fn teacher_forced_logprobs(loaded: &LoadedModel, cases: &[Case]) -> Vec<Vec<Vec<
 /// Runs `case` the way the engine does: the prompt prefilled in chunks of 7 over a scrambled
 /// block table, then one token per step. With `teacher` the steps feed llama.cpp's output ids,
 /// else our own greedy choices. Returns the log-probabilities of each step and the fed tokens.
-fn incremental(loaded: &LoadedModel, case: &Case, teacher: bool) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let pool = ThreadPool::new(0);
+fn incremental(loaded: &LoadedModel<Cpu>, case: &Case, teacher: bool) -> (Vec<Vec<f32>>, Vec<u32>) {
     let steps = case.top5.len();
     let total = case.prompt_ids.len() + steps;
     let num_blocks = total.div_ceil(BLOCK_SIZE);
-    let mut kv = PagedKvCache::new(loaded.model.kv_layout(), num_blocks + 3, BLOCK_SIZE);
+    let mut kv = kv_cache(loaded, num_blocks + 3);
     let table: Vec<u32> =
         (0..num_blocks as u32).map(|b| (b * 5 + 3) % (num_blocks as u32 + 3)).collect();
     let mut batch = ForwardBatch::new(BLOCK_SIZE);
-    let (mut scratch, mut logits) = (ForwardScratch::new(), Logits::default());
+    let (mut workspace, mut logits) = (Workspace::new(), Logits::default());
     let mut run = |tokens: &[u32], start: usize| {
         batch.clear();
         batch.push_seq(tokens, start, &table, LogitsWanted::Last).unwrap();
-        loaded.model.forward(&pool, &batch, &mut kv, &mut scratch, &mut logits).unwrap();
+        loaded.model.forward(&batch, &mut kv, &mut workspace, &mut logits).unwrap();
         log_softmax(logits.row(0))
     };
     let prompt = &case.prompt_ids;
@@ -264,7 +275,7 @@ fn mean_gap(a: &[Vec<Vec<(u32, f32)>>], b: &[Vec<Vec<(u32, f32)>>]) -> f64 {
 #[test]
 fn dequantized_forward_matches_transformers() {
     let options = LoadOptions { quantization: Some(GgmlType::F32) };
-    let loaded = load_model_with(model_path(), &options).unwrap();
+    let loaded = load_model_with(model_path(), &options, cpu()).unwrap();
     let cases = cases();
     let ours = teacher_forced_logprobs(&loaded, &cases);
     let (mean, max) = distance(&ours, &transformers_top5());

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Runner, argmax, assert_rows_close, cases, fixture, max_abs_diff};
+use common::{Runner, argmax, assert_rows_close, cases, cpu, fixture, max_abs_diff};
 use kiln_kernels::GgmlType;
 use kiln_models::gguf::GgufValue;
 use kiln_models::gguf::writer::GgufWriter;
@@ -166,15 +166,10 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
     for hf in names.iter().filter(|n| store.contains(n)) {
         let shape = store.shape(hf).unwrap().to_vec();
         let (rows, cols) = if shape.len() == 2 { (shape[0], shape[1]) } else { (1, shape[0]) };
-        let m = store.matrix(hf, rows, cols).unwrap_or_else(|_| {
-            let v = store.vector(hf, cols).unwrap();
-            kiln_kernels::WeightMatrix::new(1, cols, kiln_kernels::WeightData::F32(v.into()))
-                .unwrap()
-        });
-        let mut data = vec![0.0f32; rows * cols];
-        for r in 0..rows {
-            m.row_to_f32(r, &mut data[r * cols..(r + 1) * cols]);
-        }
+        let mut data = match store.matrix(hf, rows, cols) {
+            Ok(m) => m.to_f32_vec().unwrap(),
+            Err(_) => store.vector(hf, cols).unwrap(),
+        };
         if arch == "llama" && hf.ends_with("q_proj.weight") {
             data = permute_rows(&data, rows, cols, heads as usize);
         }
@@ -207,7 +202,7 @@ fn converted_fixtures_match_transformers() {
         [("llama2", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3", "gemma3")]
     {
         let path = convert(name, arch, &dir);
-        let mut runner = Runner::with(load_model(&path).unwrap());
+        let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
         for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
             let tokens: Vec<u32> =
                 case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
@@ -227,7 +222,7 @@ fn converted_fixtures_match_transformers() {
 /// every reference case of `name` loaded with `ty` quantize-on-load.
 fn quantized_error(name: &str, ty: GgmlType) -> (f32, f64) {
     let options = LoadOptions { quantization: Some(ty) };
-    let mut runner = Runner::with(load_model_with(&fixture(name), &options).unwrap());
+    let mut runner = Runner::with(load_model_with(&fixture(name), &options, &cpu()).unwrap());
     let (mut worst, mut agree, mut total) = (0.0f32, 0usize, 0usize);
     for case in cases(name, Some(runner.vocab())) {
         let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();

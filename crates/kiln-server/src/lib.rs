@@ -34,7 +34,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use kiln_engine::{EngineConfig, EngineCore, EngineHandle};
-use kiln_models::LoadedModel;
+use kiln_models::{Backend, LoadedModel};
 
 pub use config::ServerConfig;
 pub use error::ApiError;
@@ -45,9 +45,9 @@ use crate::validate::Limits;
 
 /// Builds the engine for `model`, starts its thread, and returns what the server needs.
 /// `engine.eos_token_ids` defaults to the tokenizer's.
-pub fn load(
+pub fn load<B: Backend>(
     config: &ServerConfig,
-    model: LoadedModel,
+    model: LoadedModel<B>,
     mut engine: EngineConfig,
     chat_template_file: Option<&Path>,
 ) -> Result<Loaded, String> {

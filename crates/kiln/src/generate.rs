@@ -59,7 +59,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         bail!("--block-size must be in 1..=256");
     }
     let load_start = Instant::now();
-    let loaded = args.model.load()?;
+    let loaded = args.model.load(args.threads)?;
+    let num_threads = loaded.model.backend().pool().num_threads();
     let load_time = load_start.elapsed();
     let tokenizer = &loaded.tokenizer;
     let defaults = &loaded.generation_defaults;
@@ -86,7 +87,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         seed: args.seed,
     };
     let eos = tokenizer.eos_token_ids().to_vec();
-    let mut generator = Generator::new(loaded.model, args.threads, config);
+    let mut generator = Generator::new(loaded.model, config)?;
     let mut decoder = tokenizer.decode_stream(true);
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
@@ -112,7 +113,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         rate(stats.num_prompt_tokens, stats.prefill_time),
         stats.num_output_tokens,
         rate(stats.num_output_tokens.saturating_sub(1), stats.decode_time),
-        generator.pool().num_threads(),
+        num_threads,
     );
     Ok(())
 }

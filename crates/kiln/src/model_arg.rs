@@ -2,9 +2,10 @@
 //! or the default model fetched on first use) and `--quantization`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
-use kiln_kernels::GgmlType;
+use kiln_kernels::{Cpu, GgmlType};
 use kiln_models::{
     DEFAULT_MODEL_NAME, LoadOptions, LoadedModel, fetch_default_model, load_model_with,
 };
@@ -51,10 +52,12 @@ impl ModelArgs {
         Ok(PathBuf::from(&self.model))
     }
 
-    pub fn load(&self) -> anyhow::Result<LoadedModel> {
+    /// Loads the model onto the CPU backend with `threads` kernel threads (0 = all cores).
+    pub fn load(&self, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
         let path = self.resolve()?;
         let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
-        load_model_with(&path, &options)
+        let backend = Arc::new(Cpu::new(threads));
+        load_model_with(&path, &options, &backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }
 }

@@ -10,7 +10,7 @@ use anyhow::bail;
 use kiln_bench::plan::{KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate};
 use kiln_core::Rng;
 use kiln_engine::KvCacheDtype;
-use kiln_kernels::{GgmlType, ThreadPool, probe};
+use kiln_kernels::{Cpu, GgmlType, ThreadPool, probe};
 
 use crate::bench::latency::{grid_engine, run_cell};
 use crate::engine_args::EngineArgs;
@@ -61,7 +61,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if args.context == 0 || args.prefill_len == 0 {
         bail!("--context and --prefill-len must be at least 1");
     }
-    let loaded = args.model.load()?;
+    let loaded = args.model.load(args.threads)?;
     let config = loaded.model.config().clone();
     let shape = ModelShape {
         weight_bytes: loaded.model.weight_bytes() as u64,
@@ -83,9 +83,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     };
     let max_model_len = args.max_model_len.unwrap_or(config.max_position_embeddings) as u64;
     print!("{}", describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype));
-    let pool = ThreadPool::new(args.threads);
-    let machine = probe_machine(&pool, args);
-    drop(pool);
+    let machine = probe_machine(loaded.model.backend().pool(), args);
     let measured = if args.measure { Some(measure(args, loaded.model)?) } else { None };
     print!("{}", describe_speed(&shape, machine, args, dtype, measured.as_ref()));
     Ok(())
@@ -180,7 +178,7 @@ struct Measured {
 
 const DECODE_TOKENS: usize = 32;
 
-fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model>) -> anyhow::Result<Measured> {
+fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model<Cpu>>) -> anyhow::Result<Measured> {
     let vocab = model.config().vocab_size as u64;
     let max_b = BATCHES[BATCHES.len() - 1];
     let len = args.context.max(args.prefill_len) + DECODE_TOKENS;

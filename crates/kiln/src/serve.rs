@@ -155,7 +155,7 @@ fn args_for_loading(args: &ServeArgs) -> LoadArgs {
 }
 
 fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
-    let loaded = args.model.load()?;
+    let loaded = args.model.load(args.threads)?;
     let model = &loaded.model;
     let block_size = args.kv.block_size;
     let bytes_per_block = model.kv_layout().bytes_per_token(args.kv_cache_dtype) * block_size;
@@ -174,7 +174,6 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         num_kv_blocks: sizing.num_blocks,
         max_model_len: Some(max_model_len),
         scheduler: args.scheduler.clone(),
-        num_threads: args.threads,
         seed: args.seed,
         eos_token_ids: Vec::new(),
         kv_cache_dtype: args.kv_cache_dtype,

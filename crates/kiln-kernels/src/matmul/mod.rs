@@ -22,9 +22,9 @@ use std::cell::RefCell;
 use half::{bf16, f16};
 
 use crate::quant::{GgmlType, QuantActs, QuantIsa, QuantMatrix, qgemm_groups, quantize_row};
-use crate::storage::Storage;
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool};
+use kiln_backend::Storage;
 
 pub use gemv::gemv_rows;
 
@@ -188,7 +188,7 @@ impl std::error::Error for QuantizeError {}
 /// `bytes` (little-endian elements of `T`) as a typed storage: a view when mapped and aligned,
 /// else a copy.
 #[allow(clippy::needless_pass_by_value)]
-fn float_storage<T: crate::storage::Pod, const N: usize>(
+fn float_storage<T: kiln_backend::Pod, const N: usize>(
     bytes: Storage<u8>,
     from_le: fn([u8; N]) -> T,
 ) -> Storage<T> {

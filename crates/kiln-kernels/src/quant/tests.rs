@@ -1,8 +1,8 @@
 use super::*;
-use crate::storage::Storage;
 use crate::testing::values;
 use crate::thread_pool::SharedMut;
 use crate::{LinearJob, ThreadPool, WeightData, WeightMatrix, linear, linear_multi};
+use kiln_backend::Storage;
 
 /// Roughly Gaussian values (sum of 4 uniforms, unit variance).
 fn gaussian(n: usize, seed: u64) -> Vec<f32> {

@@ -1,29 +1,19 @@
 //! [`ModelConfig`] from GGUF metadata (`{arch}.*` keys, as llama.cpp writes them).
 //!
-//! What the metadata does not say is fixed per architecture the way llama.cpp fixes it:
-//! Gemma 3's sliding layers are 5 of every 6 (unless `gemma3.attention.sliding_window_pattern`
-//! says otherwise) with a local RoPE base of 10 000, its attention scale is
-//! `1/sqrt(key_length)`, and its norm weights are stored with the `+1` already added. Llama
-//! GGUFs have their q/k rows permuted for interleaved RoPE, and carry Llama 3's frequency
-//! scaling as a `rope_freqs` tensor.
+//! The shared shape is read here; what the metadata does not say is fixed per family the way
+//! llama.cpp fixes it (`crate::family`): Gemma 3's sliding layers and local RoPE base, Llama's
+//! interleaved RoPE. The attention scale is `1/sqrt(key_length)`, norm weights are stored with
+//! any `+1` already added, and Llama 3's frequency scaling comes as a `rope_freqs` tensor.
 
-use kiln_kernels::activation::GateActivation;
-use kiln_kernels::rope::{RopeScaling, RopeStyle};
+use kiln_backend::{GateActivation, RopeScaling, RopeStyle};
 
 use super::{Architecture, MAX_DIM, MAX_LAYERS, ModelConfig};
 use crate::LoadError;
 use crate::gguf::{GgufFile, GgufValue};
 use crate::weights::WeightSource;
 
-/// GGUF `general.architecture` values kiln runs.
-pub const GGUF_SUPPORTED: &str = "llama, qwen2, qwen3, gemma3";
-
-/// Gemma 3: every 6th layer (5, 11, ...) attends globally, unless the file says otherwise.
-const GEMMA3_SWA_PATTERN: usize = 6;
-const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
-
 /// The `{arch}.*` keys of one file.
-struct Keys<'a> {
+pub(crate) struct Keys<'a> {
     file: &'a GgufFile,
     arch: &'a str,
 }
@@ -33,7 +23,7 @@ impl Keys<'_> {
         format!("{}.{k}", self.arch)
     }
 
-    fn err(&self, m: String) -> LoadError {
+    pub(crate) fn err(&self, m: String) -> LoadError {
         LoadError::config(self.file.path(), m)
     }
 
@@ -45,7 +35,7 @@ impl Keys<'_> {
         Ok(v)
     }
 
-    fn opt_dim(&self, k: &str) -> Result<Option<usize>, LoadError> {
+    pub(crate) fn opt_dim(&self, k: &str) -> Result<Option<usize>, LoadError> {
         self.file.u64(&self.key(k))?.map(|_| self.dim(k)).transpose()
     }
 
@@ -101,8 +91,12 @@ impl Keys<'_> {
     }
 
     /// Which layers use the sliding window: `attention.sliding_window_pattern` as a period `n`
-    /// (every `n`-th layer is global) or one bool per layer; absent, Gemma 3's period of 6.
-    fn sliding_layers(&self, num_layers: usize) -> Result<Vec<bool>, LoadError> {
+    /// (every `n`-th layer is global) or one bool per layer; absent, `default_period`.
+    pub(crate) fn sliding_layers(
+        &self,
+        num_layers: usize,
+        default_period: usize,
+    ) -> Result<Vec<bool>, LoadError> {
         let key = self.key("attention.sliding_window_pattern");
         let err = |m: &str| self.err(format!("`{key}` {m}"));
         if let Some(GgufValue::Array(_)) = self.file.get(&key) {
@@ -113,7 +107,7 @@ impl Keys<'_> {
             return Ok(flags);
         }
         let period = match self.file.u64(&key)? {
-            None => GEMMA3_SWA_PATTERN,
+            None => default_period,
             Some(p) => {
                 usize::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| err("must be positive"))?
             }
@@ -126,19 +120,11 @@ fn architecture(file: &GgufFile) -> Result<(&str, Architecture), LoadError> {
     let name = file.str("general.architecture")?.ok_or_else(|| {
         LoadError::config(file.path(), "missing `general.architecture`".to_string())
     })?;
-    let arch = match name {
-        "llama" => Architecture::Llama,
-        "qwen2" => Architecture::Qwen2,
-        "qwen3" => Architecture::Qwen3,
-        "gemma3" => Architecture::Gemma3,
-        other => {
-            return Err(LoadError::UnsupportedArchitecture {
-                path: file.path().to_path_buf(),
-                name: other.to_string(),
-                supported: GGUF_SUPPORTED,
-            });
-        }
-    };
+    let arch = Architecture::from_gguf(name).ok_or_else(|| LoadError::UnsupportedArchitecture {
+        path: file.path().to_path_buf(),
+        name: name.to_string(),
+        supported: Architecture::GGUF_SUPPORTED,
+    })?;
     Ok((name, arch))
 }
 
@@ -180,16 +166,7 @@ impl ModelConfig {
         }
         let (num_heads, num_kv_heads, head_dim) = keys.attention_dims(hidden_size)?;
         let (rope_theta, rope_scaling) = keys.rope()?;
-        let gemma = architecture == Architecture::Gemma3;
-        let layer_windows = if gemma {
-            let window = keys
-                .opt_dim("attention.sliding_window")?
-                .ok_or_else(|| keys.err("gemma3 needs `attention.sliding_window`".into()))?;
-            keys.sliding_layers(num_layers)?.into_iter().map(|s| s.then_some(window)).collect()
-        } else {
-            vec![None; num_layers]
-        };
-        Ok(Self {
+        let mut config = Self {
             architecture,
             vocab_size: vocab_size(file)?,
             hidden_size,
@@ -203,19 +180,14 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings: keys.opt_dim("context_length")?.unwrap_or(4096),
             tie_word_embeddings: file.tensor("output.weight").is_none(),
-            layer_windows,
-            rope_local_theta: gemma.then_some(GEMMA3_LOCAL_ROPE_BASE),
-            // llama.cpp's converter permutes Llama q/k rows to the interleaved RoPE layout.
-            rope_style: if architecture == Architecture::Llama {
-                RopeStyle::Interleaved
-            } else {
-                RopeStyle::Neox
-            },
+            layer_windows: vec![None; num_layers],
+            rope_local_theta: None,
+            rope_style: RopeStyle::Neox,
             rope_freq_factors: rope_freq_factors(file, head_dim)?,
-            hidden_act: if gemma { GateActivation::GeluTanh } else { GateActivation::Silu },
+            hidden_act: GateActivation::Silu,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
-            embedding_scale: gemma.then(|| (hidden_size as f32).sqrt()),
-            sandwich_norms: gemma,
+            embedding_scale: None,
+            sandwich_norms: false,
             norm_weight_offset: 0.0,
             attn_logit_softcap: keys.positive("attn_logit_softcapping")?,
             final_logit_softcap: keys.positive("final_logit_softcapping")?,
@@ -223,6 +195,8 @@ impl ModelConfig {
             o_bias: file.tensor("blk.0.attn_output.bias").is_some(),
             mlp_bias: file.tensor("blk.0.ffn_up.bias").is_some(),
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
-        })
+        };
+        architecture.apply_gguf(&keys, &mut config)?;
+        Ok(config)
     }
 }

@@ -135,7 +135,7 @@ impl<'a> Cursor<'a> {
 
 /// `(block elements, block bytes)` of the tensor types kiln can load.
 pub(super) fn type_layout(type_id: u32) -> Option<(u64, u64)> {
-    kiln_kernels::GgmlType::from_gguf_id(type_id)
+    kiln_backend::GgmlType::from_gguf_id(type_id)
         .map(|t| (t.block_elems() as u64, t.block_bytes() as u64))
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kiln_kernels::{GgmlType, Storage, WeightMatrix};
+use kiln_backend::{GgmlType, HostTensor, Storage};
 
 use super::{GgufFile, GgufTensorInfo};
 use crate::LoadError;
@@ -32,38 +32,37 @@ impl GgufFile {
         Ok(info)
     }
 
-    /// The tensor as a `[rows, cols]` weight matrix (quantized types are repacked for the
-    /// kernels; float types are viewed in place).
+    /// The tensor as a `[rows, cols]` host tensor viewing the mapped file.
     fn weight(
         &self,
         info: &GgufTensorInfo,
         rows: usize,
         cols: usize,
-    ) -> Result<WeightMatrix, LoadError> {
+    ) -> Result<HostTensor, LoadError> {
         let err =
             |m: String| LoadError::format(self.path(), format!("tensor `{}`: {m}", info.name));
         let ty = GgmlType::from_gguf_id(info.type_id)
             .ok_or_else(|| err(format!("unsupported type {}", info.type_id)))?;
         let bytes = Storage::mapped(Arc::clone(self.mapped_file()), info.offset, info.num_bytes)
             .ok_or_else(|| err("data out of bounds".into()))?;
-        WeightMatrix::from_quantized(rows, cols, ty, bytes).ok_or_else(|| {
+        HostTensor::new(ty, rows, cols, bytes).ok_or_else(|| {
             err(format!("{} bytes do not hold [{rows}, {cols}] {}", info.num_bytes, ty.name()))
         })
     }
 }
 
 impl WeightSource for GgufFile {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, LoadError> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
         let info = self.expect(name, &[cols as u64, rows as u64], &[rows, cols])?;
         self.weight(info, rows, cols)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         let info = self.expect(name, &[len as u64], &[len])?;
-        let m = self.weight(info, 1, len)?;
-        let mut out = vec![0.0; len];
-        m.row_to_f32(0, &mut out);
-        Ok(out)
+        let t = self.weight(info, 1, len)?;
+        t.to_f32_vec().ok_or_else(|| {
+            LoadError::format(self.path(), format!("1-D tensor `{name}` is not a float type"))
+        })
     }
 
     fn contains(&self, name: &str) -> bool {

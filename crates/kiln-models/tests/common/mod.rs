@@ -4,11 +4,12 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use kiln_kernels::ThreadPool;
+use kiln_kernels::Cpu;
 use kiln_models::{
-    ForwardBatch, ForwardScratch, LoadedModel, Logits, LogitsWanted, PagedKvCache, WeightStore,
-    load_model,
+    Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, LoadedModel, Logits, LogitsWanted,
+    WeightStore, Workspace, load_model,
 };
 use serde_json::Value;
 
@@ -51,14 +52,8 @@ pub fn cases(name: &str, vocab: Option<usize>) -> Vec<Case> {
                 None => Vec::new(),
                 Some(vocab) => {
                     let name = c["logits_tensor"].as_str().unwrap();
-                    let m = store.matrix(name, rows, vocab).unwrap();
-                    (0..rows)
-                        .map(|r| {
-                            let mut row = vec![0.0; vocab];
-                            m.row_to_f32(r, &mut row);
-                            row
-                        })
-                        .collect()
+                    let m = store.matrix(name, rows, vocab).unwrap().to_f32_vec().unwrap();
+                    m.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
                 }
             };
             Case { prompt: c["prompt"].as_str().unwrap().into(), prompt_ids, greedy_ids, logits }
@@ -66,28 +61,45 @@ pub fn cases(name: &str, vocab: Option<usize>) -> Vec<Case> {
         .collect()
 }
 
-pub struct Runner {
-    pub loaded: LoadedModel,
-    pub pool: ThreadPool,
-    pub kv: PagedKvCache,
-    pub scratch: ForwardScratch,
+/// The CPU backend with 2 threads.
+pub fn cpu() -> Arc<Cpu> {
+    Arc::new(Cpu::new(2))
+}
+
+/// A model on backend `B` with an f32 KV cache of [`NUM_BLOCKS`] blocks.
+pub struct Runner<B: Backend = Cpu> {
+    pub loaded: LoadedModel<B>,
+    pub kv: B::KvStore,
+    pub workspace: Workspace<B>,
     pub logits: Logits,
     pub batch: ForwardBatch,
     pub next_block: u32,
 }
 
-impl Runner {
+impl Runner<Cpu> {
     pub fn new(name: &str) -> Self {
-        Self::with(load_model(&fixture(name)).unwrap())
+        Self::with(load_model(&fixture(name), &cpu()).unwrap())
+    }
+}
+
+impl<B: Backend> Runner<B> {
+    /// Fixture `name` on `backend`.
+    pub fn on(name: &str, backend: &Arc<B>) -> Self {
+        Self::with(load_model(&fixture(name), backend).unwrap())
     }
 
-    pub fn with(loaded: LoadedModel) -> Self {
-        let kv = PagedKvCache::new(loaded.model.kv_layout(), NUM_BLOCKS, BLOCK_SIZE);
+    pub fn with(loaded: LoadedModel<B>) -> Self {
+        let spec = KvCacheSpec {
+            layout: loaded.model.kv_layout(),
+            dtype: KvCacheDtype::F32,
+            num_blocks: NUM_BLOCKS,
+            block_size: BLOCK_SIZE,
+        };
+        let kv = loaded.model.backend().alloc_kv(spec).unwrap();
         Self {
             loaded,
-            pool: ThreadPool::new(2),
             kv,
-            scratch: ForwardScratch::new(),
+            workspace: Workspace::new(),
             logits: Logits::default(),
             batch: ForwardBatch::new(BLOCK_SIZE),
             next_block: 0,
@@ -112,7 +124,7 @@ impl Runner {
     pub fn run(&mut self) -> Vec<Vec<f32>> {
         self.loaded
             .model
-            .forward(&self.pool, &self.batch, &mut self.kv, &mut self.scratch, &mut self.logits)
+            .forward(&self.batch, &mut self.kv, &mut self.workspace, &mut self.logits)
             .unwrap();
         (0..self.logits.num_rows()).map(|r| self.logits.row(r).to_vec()).collect()
     }

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kiln_engine::{EngineConfig, SchedulerConfig};
+use kiln_kernels::Cpu;
 use kiln_models::load_model;
 use kiln_server::{ServerConfig, ServerState};
 use serde_json::Value;
@@ -43,7 +44,6 @@ pub fn engine_config() -> EngineConfig {
         num_kv_blocks: 256,
         max_model_len: Some(256),
         scheduler: SchedulerConfig { max_num_batched_tokens: 64, ..SchedulerConfig::default() },
-        num_threads: 1,
         ..EngineConfig::default()
     }
 }
@@ -55,7 +55,7 @@ impl TestServer {
 
     pub fn start_with(config: ServerConfig, engine: EngineConfig) -> Self {
         let state = ServerState::new(config);
-        let model = load_model(&fixture("llama3")).unwrap();
+        let model = load_model(&fixture("llama3"), &Arc::new(Cpu::new(1))).unwrap();
         let loaded = kiln_server::load(&state.config, model, engine, None).unwrap();
         assert!(state.set_loaded(loaded));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

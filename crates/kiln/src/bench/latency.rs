@@ -71,7 +71,8 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     let max_len = grid.iter().map(|&(_, i, o)| i + o).max().unwrap_or(1);
     let max_tokens = grid.iter().map(|&(b, i, o)| b * (i + o)).max().unwrap_or(1);
     let max_batch = grid.iter().map(|&(b, _, _)| b).max().unwrap_or(1);
-    let loaded = args.model.load()?;
+    let loaded = args.model.load(args.engine.threads)?;
+    let num_threads = loaded.model.backend().pool().num_threads();
     let vocab = loaded.model.config().vocab_size as u64;
     let mut core = grid_engine(
         loaded.model,
@@ -84,7 +85,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     )?;
     eprintln!(
         "{} threads, {} KV cache; warming up",
-        core.pool().num_threads(),
+        num_threads,
         args.engine.kv_cache_dtype.name()
     );
     let mut rng = Rng::new(args.seed);
@@ -108,7 +109,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
 /// An engine for cells of up to `max_batch` requests of `max_len` tokens, `max_tokens` in
 /// all; prefix caching off so every cell computes everything.
 pub fn grid_engine(
-    model: Box<dyn kiln_models::Model>,
+    model: Box<dyn kiln_models::Model<kiln_kernels::Cpu>>,
     engine: &EngineArgs,
     block_size: usize,
     max_batch: usize,
@@ -123,7 +124,6 @@ pub fn grid_engine(
         num_kv_blocks: max_tokens.div_ceil(block_size) + max_batch,
         max_model_len: Some(max_len),
         scheduler: engine.scheduler_config(false),
-        num_threads: engine.threads,
         seed,
         eos_token_ids: Vec::new(),
         kv_cache_dtype: engine.kv_cache_dtype,

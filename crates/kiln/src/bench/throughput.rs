@@ -48,7 +48,8 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.prefix_len > args.input_len {
         bail!("--prefix-len ({}) exceeds --input-len ({})", args.prefix_len, args.input_len);
     }
-    let loaded = args.model.load()?;
+    let loaded = args.model.load(args.engine.threads)?;
+    let num_threads = loaded.model.backend().pool().num_threads();
     let model = loaded.model;
     let vocab = model.config().vocab_size as u64;
     let max_model_len = args.kv.max_model_len.unwrap_or(args.input_len + args.output_len);
@@ -76,7 +77,6 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         num_kv_blocks,
         max_model_len: Some(max_model_len),
         scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
-        num_threads: args.engine.threads,
         seed: args.seed,
         eos_token_ids: Vec::new(),
         kv_cache_dtype: dtype,
@@ -86,7 +86,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         "{}; {} KV cache; {} threads",
         sizing.describe(block_size, max_model_len),
         dtype.name(),
-        core.pool().num_threads()
+        num_threads
     );
 
     let mut rng = Rng::new(args.seed);

@@ -6,8 +6,6 @@
 //! all of its `context_len` tokens; `slot_mapping[t]` is the cache slot of token `t`;
 //! `positions[t]` is its position in its sequence. Buffers are reused across steps.
 
-use kiln_kernels::attention::AttentionSeq;
-
 use crate::ForwardError;
 
 /// Which rows of a sequence need logits.
@@ -21,23 +19,36 @@ pub enum LogitsWanted {
     All,
 }
 
-/// Public view of one sequence of the batch.
-pub type BatchSeq = AttentionSeq;
+/// One sequence of a varlen batch: where its rows and block table sit in the batch's flat
+/// buffers. Attention kernels of every backend take these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// First row of this sequence in the batch's `[num_tokens, ...]` buffers.
+    pub query_start: usize,
+    pub query_len: usize,
+    /// Tokens in the cache for this sequence, including this step's.
+    pub context_len: usize,
+    /// Where this sequence's block table starts in the batch's flat block-table buffer; it
+    /// has `context_len.div_ceil(block_size)` entries (physical block of each logical block).
+    pub block_table_start: usize,
+}
 
+/// One step's inputs on the host. A device backend uploads the id, position, slot and block-table
+/// buffers once per step; they are the same for every layer.
 #[derive(Clone, Debug)]
 pub struct ForwardBatch {
     block_size: usize,
     /// `[num_tokens]`
-    pub(crate) token_ids: Vec<u32>,
+    token_ids: Vec<u32>,
     /// `[num_tokens]`
-    pub(crate) positions: Vec<u32>,
+    positions: Vec<u32>,
     /// `[num_tokens]`
-    pub(crate) slot_mapping: Vec<u32>,
-    pub(crate) seqs: Vec<AttentionSeq>,
+    slot_mapping: Vec<u32>,
+    seqs: Vec<SeqSpan>,
     /// Block tables of all sequences, back to back.
-    pub(crate) block_tables: Vec<u32>,
+    block_tables: Vec<u32>,
     /// Token rows whose logits are computed, in order.
-    pub(crate) logits_rows: Vec<usize>,
+    logits_rows: Vec<usize>,
 }
 
 impl ForwardBatch {
@@ -70,8 +81,28 @@ impl ForwardBatch {
         self.token_ids.len()
     }
 
-    pub fn seqs(&self) -> &[BatchSeq] {
+    pub fn seqs(&self) -> &[SeqSpan] {
         &self.seqs
+    }
+
+    /// `[num_tokens]` token ids.
+    pub fn token_ids(&self) -> &[u32] {
+        &self.token_ids
+    }
+
+    /// `[num_tokens]` positions in their sequences.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// `[num_tokens]` cache slot of each token (`block * block_size + offset`).
+    pub fn slot_mapping(&self) -> &[u32] {
+        &self.slot_mapping
+    }
+
+    /// The block tables of all sequences, back to back (see [`SeqSpan::block_table_start`]).
+    pub fn block_tables(&self) -> &[u32] {
+        &self.block_tables
     }
 
     /// Rows (token indices) for which logits are produced, in output order.
@@ -105,7 +136,7 @@ impl ForwardBatch {
             return Err(ForwardError::Batch("sequence longer than 2^32 tokens".into()));
         }
         let query_start = self.token_ids.len();
-        self.seqs.push(AttentionSeq {
+        self.seqs.push(SeqSpan {
             query_start,
             query_len: new_tokens.len(),
             context_len,

@@ -1,0 +1,206 @@
+//! The [`Backend`] trait: device memory and the coarse operations of a decoder step.
+//!
+//! The cut follows candle's storage/device split at the granularity of vLLM's custom ops: a
+//! backend owns weights, vectors, rotary tables, the KV store and activation buffers, and runs
+//! whole operations on them (several linear layers sharing one input, residual + norm, RoPE, KV
+//! write, paged attention, gated activation, embedding gather, logits). Model code composes
+//! these and never indexes device memory: it reaches an activation buffer only through
+//! [`Backend::view`] / [`Backend::view_mut`] ranges handed back to the backend's own ops.
+//!
+//! Contracts every implementation keeps:
+//! - activations are f32, row-major; every op states its shapes, and views cover exactly them;
+//! - each output row depends only on its own input row (and, for attention, on its sequence's
+//!   cache), never on what else is in the batch: batched == alone, chunked == one shot;
+//! - ops run in call order; a backend may queue them (a device stream) as long as
+//!   [`Backend::logits`] returns with the host logits complete;
+//! - the integer step metadata (token ids, positions, slots, block tables) comes as host slices
+//!   of the step's [`crate::ForwardBatch`]; they are the same for every layer of a step, so a
+//!   device backend uploads them once per step.
+
+use std::ops::Range;
+
+use crate::{
+    AttentionShape, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
+    LoadTensorError, Logits, RopeConfig, SeqSpan,
+};
+
+/// One matrix of a [`Backend::linear`] call: `out[m, n] = x[m, k] · weightᵀ + bias`.
+pub struct LinearJob<'a, B: Backend> {
+    /// `[n, k]`
+    pub weight: &'a B::Weight,
+    /// `[n]`
+    pub bias: Option<&'a B::Vector>,
+    /// `[m, n]`
+    pub out: B::ViewMut<'a>,
+}
+
+/// The most matrices one [`Backend::linear`] call takes (q/k/v; gate/up).
+pub const MAX_LINEAR_JOBS: usize = 4;
+
+/// A device that runs decoder steps. See the module docs for the contracts.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A `[rows, cols]` weight matrix in the backend's layout.
+    type Weight: Send + Sync;
+    /// An f32 vector (norm weights, biases).
+    type Vector: Send + Sync;
+    /// Precomputed rotary frequencies of one kind of layer.
+    type Rope: Send + Sync;
+    /// K and V of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
+    type KvStore: Send;
+    /// A growable f32 activation buffer.
+    type Buffer: Send;
+    /// Read access to a range of a buffer.
+    type View<'a>: Copy
+    where
+        Self: 'a;
+    /// Write access to a range of a buffer.
+    type ViewMut<'a>
+    where
+        Self: 'a;
+
+    /// A short name for logs ("cpu", "reference").
+    fn name(&self) -> &'static str;
+
+    // ---- memory ----
+
+    /// Moves a loaded tensor onto the device, converted to `convert` first when given
+    /// (quantize-on-load, or dequantize to a float type).
+    fn load_weight(
+        &self,
+        tensor: HostTensor,
+        convert: Option<GgmlType>,
+    ) -> Result<Self::Weight, LoadTensorError>;
+    /// Bytes one full read of `weight` costs (decode is bound by their sum).
+    fn weight_bytes(&self, weight: &Self::Weight) -> usize;
+    fn load_vector(&self, values: &[f32]) -> Result<Self::Vector, LoadTensorError>;
+    fn load_rope(&self, config: &RopeConfig) -> Result<Self::Rope, LoadTensorError>;
+    fn alloc_kv(&self, spec: KvCacheSpec) -> Result<Self::KvStore, ForwardError>;
+    fn kv_spec(&self, kv: &Self::KvStore) -> KvCacheSpec;
+    fn new_buffer(&self) -> Self::Buffer;
+    /// Grows `buf` to at least `len` elements (contents unspecified).
+    fn reserve(&self, buf: &mut Self::Buffer, len: usize);
+    fn view(buf: &Self::Buffer, range: Range<usize>) -> Self::View<'_>;
+    fn view_mut(buf: &mut Self::Buffer, range: Range<usize>) -> Self::ViewMut<'_>;
+
+    // ---- operations ----
+
+    /// `out[t] = table[token_ids[t]] * scale` (`out`: `[num_tokens, hidden]`).
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        token_ids: &[u32],
+        scale: Option<f32>,
+        out: Self::ViewMut<'_>,
+    );
+    /// Every job's `out = x · Wᵀ + bias` over the same `x` (`[m, k]`), in one dispatch; at most
+    /// [`MAX_LINEAR_JOBS`] jobs.
+    fn linear(&self, x: Self::View<'_>, m: usize, jobs: &mut [LinearJob<'_, Self>]);
+    /// `out[rows, d] = rmsnorm(x[rows, d]) * weight[d]`.
+    fn rms_norm(&self, x: Self::View<'_>, weight: &Self::Vector, eps: f32, out: Self::ViewMut<'_>);
+    /// [`Backend::rms_norm`] in place; with `d = head_dim` it normalises each head.
+    fn rms_norm_inplace(&self, x: Self::ViewMut<'_>, weight: &Self::Vector, eps: f32);
+    /// The residual step between sublayers over rows of `d`: `branch` is normalised in place by
+    /// `post` when given, added into `x`, and with `next`, `out = rmsnorm(x) * next`.
+    fn residual_norm(
+        &self,
+        d: usize,
+        branch: Self::ViewMut<'_>,
+        post: Option<&Self::Vector>,
+        x: Self::ViewMut<'_>,
+        next: Option<(&Self::Vector, Self::ViewMut<'_>)>,
+        eps: f32,
+    );
+    /// The step's rotary angles, `[num_tokens, rotary_dim]`, one row per position.
+    fn rope_table(&self, rope: &Self::Rope, positions: &[u32], table: Self::ViewMut<'_>);
+    /// Rotates `x[num_tokens, num_heads, head_dim]` in place by the angles of `table`.
+    fn rope_apply(
+        &self,
+        rope: &Self::Rope,
+        x: Self::ViewMut<'_>,
+        num_heads: usize,
+        table: Self::View<'_>,
+    );
+    /// `gate = act(gate) * up`, element-wise.
+    fn gated_act(&self, act: GateActivation, gate: Self::ViewMut<'_>, up: Self::View<'_>);
+    /// Writes `k, v` (`[num_tokens, num_kv_heads, head_dim]`) into `layer` of the cache at
+    /// `slot_mapping[t]`.
+    fn write_kv(
+        &self,
+        kv: &mut Self::KvStore,
+        layer: usize,
+        k: Self::View<'_>,
+        v: Self::View<'_>,
+        slot_mapping: &[u32],
+    );
+    /// `out[rows, num_heads * head_dim]` = attention of the queries `q` (rows of `seqs`) over
+    /// `layer` of the cache, causal (and windowed when the shape says so).
+    fn paged_attention(
+        &self,
+        kv: &Self::KvStore,
+        layer: usize,
+        q: Self::View<'_>,
+        seqs: &[SeqSpan],
+        block_tables: &[u32],
+        shape: &AttentionShape,
+        out: Self::ViewMut<'_>,
+    );
+    /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
+    fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);
+    /// `dst[i] = src[rows[i]]` over rows of `width`.
+    fn gather_rows(
+        &self,
+        src: Self::View<'_>,
+        width: usize,
+        rows: &[usize],
+        dst: Self::ViewMut<'_>,
+    );
+    /// `out = x · headᵀ` (`x`: `[m, hidden]`), then `cap * tanh(out / cap)` with a soft cap,
+    /// into host memory.
+    fn logits(
+        &self,
+        x: Self::View<'_>,
+        m: usize,
+        head: &Self::Weight,
+        softcap: Option<f32>,
+        out: &mut Logits,
+    );
+
+    /// Runs `task(0..num_tasks)` on the backend's host threads (sampling and other host work
+    /// of the engine); tasks must be independent.
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
+}
+
+/// Activation buffers of a forward pass on backend `B`: they grow to the largest step seen and
+/// are reused, so a warm step allocates nothing.
+pub struct Workspace<B: Backend> {
+    buffers: Vec<B::Buffer>,
+    /// Host-side sequence spans a step builds (the last layer's single-query sequences).
+    pub row_seqs: Vec<SeqSpan>,
+}
+
+impl<B: Backend> Default for Workspace<B> {
+    fn default() -> Self {
+        Self { buffers: Vec::new(), row_seqs: Vec::new() }
+    }
+}
+
+impl<B: Backend> Workspace<B> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `N` distinct buffers of at least the requested lengths.
+    pub fn take<const N: usize>(&mut self, backend: &B, lens: [usize; N]) -> [&mut B::Buffer; N] {
+        while self.buffers.len() < N {
+            self.buffers.push(backend.new_buffer());
+        }
+        for (buf, &len) in self.buffers.iter_mut().zip(&lens) {
+            backend.reserve(buf, len);
+        }
+        let mut iter = self.buffers.iter_mut();
+        lens.map(|_| match iter.next() {
+            Some(buf) => buf,
+            None => unreachable!("buffers were grown to at least N"),
+        })
+    }
+}

@@ -1,0 +1,268 @@
+//! The CPU backend: today's SIMD kernels (AMX / AVX-512 VNNI / AVX2 / scalar, chosen at run
+//! time) on a persistent [`ThreadPool`], behind [`kiln_backend::Backend`].
+//!
+//! Memory is host memory: weights are [`WeightMatrix`] values (float tensors viewed in place in
+//! their memory-mapped files when aligned, block-quantized ones repacked for the int8 kernels),
+//! activation buffers are `Vec<f32>` and views are plain slices, the KV store is
+//! [`CpuKvStore`]. Every op is the kernel the model called before the seam existed, so results
+//! are bitwise those of the kernels (tested in the kernels' own modules).
+
+mod kv_store;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kiln_backend::{
+    AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
+    LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan,
+};
+
+pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
+
+use crate::activation::gated_act_inplace;
+use crate::attention::{paged_attention, write_kv};
+use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
+use crate::rope::Rope;
+use crate::{ThreadPool, WeightMatrix, linear_multi};
+
+/// The CPU backend; cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct Cpu {
+    pool: Arc<ThreadPool>,
+}
+
+impl Cpu {
+    /// A backend with its own pool of `num_threads` threads (0 = all cores).
+    pub fn new(num_threads: usize) -> Self {
+        Self::with_pool(Arc::new(ThreadPool::new(num_threads)))
+    }
+
+    pub fn with_pool(pool: Arc<ThreadPool>) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+/// A kernel job borrowing a backend job.
+fn kernel_job<'a>(job: &'a mut LinearJob<'_, Cpu>) -> crate::LinearJob<'a> {
+    crate::LinearJob { weight: job.weight, bias: job.bias.map(Vec::as_slice), out: &mut *job.out }
+}
+
+impl Backend for Cpu {
+    type Weight = WeightMatrix;
+    type Vector = Vec<f32>;
+    type Rope = Rope;
+    type KvStore = CpuKvStore;
+    type Buffer = Vec<f32>;
+    type View<'a> = &'a [f32];
+    type ViewMut<'a> = &'a mut [f32];
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_weight(
+        &self,
+        tensor: HostTensor,
+        convert: Option<GgmlType>,
+    ) -> Result<WeightMatrix, LoadTensorError> {
+        let (ty, rows, cols) = (tensor.ty(), tensor.rows(), tensor.cols());
+        let bytes = tensor.into_bytes();
+        let size = LoadTensorError::Size { rows, cols, ty, bytes: bytes.len() };
+        let m = WeightMatrix::from_quantized(rows, cols, ty, bytes).ok_or(size)?;
+        match convert {
+            None => Ok(m),
+            Some(to) => m.quantize(to).map_err(|e| LoadTensorError::Convert {
+                ty: e.ty,
+                cols: e.cols,
+                block: e.block,
+            }),
+        }
+    }
+
+    fn weight_bytes(&self, weight: &WeightMatrix) -> usize {
+        weight.data().num_bytes()
+    }
+
+    fn load_vector(&self, values: &[f32]) -> Result<Vec<f32>, LoadTensorError> {
+        Ok(values.to_vec())
+    }
+
+    fn load_rope(&self, config: &RopeConfig) -> Result<Rope, LoadTensorError> {
+        let max = crate::rope::MAX_ROTARY_DIM;
+        let d = config.rotary_dim;
+        if d == 0 || !d.is_multiple_of(2) || d > max {
+            return Err(LoadTensorError::Unsupported(format!(
+                "rotary dimension {d} (must be even, 2..={max})"
+            )));
+        }
+        if config.freq_factors.as_ref().is_some_and(|f| f.len() != d / 2) {
+            return Err(LoadTensorError::Unsupported("one RoPE frequency factor per pair".into()));
+        }
+        Ok(Rope::from_config(config))
+    }
+
+    fn alloc_kv(&self, spec: KvCacheSpec) -> Result<CpuKvStore, ForwardError> {
+        kiln_backend::check_block_size(spec.block_size).map_err(ForwardError::KvLayout)?;
+        Ok(CpuKvStore::new(spec))
+    }
+
+    fn kv_spec(&self, kv: &CpuKvStore) -> KvCacheSpec {
+        kv.spec()
+    }
+
+    fn new_buffer(&self) -> Vec<f32> {
+        Vec::new()
+    }
+
+    fn reserve(&self, buf: &mut Vec<f32>, len: usize) {
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+    }
+
+    fn view(buf: &Vec<f32>, range: Range<usize>) -> &[f32] {
+        &buf[range]
+    }
+
+    fn view_mut(buf: &mut Vec<f32>, range: Range<usize>) -> &mut [f32] {
+        &mut buf[range]
+    }
+
+    fn embed(&self, table: &WeightMatrix, token_ids: &[u32], scale: Option<f32>, out: &mut [f32]) {
+        let h = table.cols();
+        for (row, &token) in out.chunks_exact_mut(h).zip(token_ids) {
+            table.row_to_f32(token as usize, row);
+            if let Some(scale) = scale {
+                for x in row.iter_mut() {
+                    *x *= scale;
+                }
+            }
+        }
+    }
+
+    fn linear(&self, x: &[f32], m: usize, jobs: &mut [LinearJob<'_, Self>]) {
+        let pool = &self.pool;
+        match jobs {
+            [] => {}
+            [a] => linear_multi(pool, x, m, &mut [kernel_job(a)]),
+            [a, b] => linear_multi(pool, x, m, &mut [kernel_job(a), kernel_job(b)]),
+            [a, b, c] => {
+                linear_multi(pool, x, m, &mut [kernel_job(a), kernel_job(b), kernel_job(c)]);
+            }
+            [a, b, c, d] => linear_multi(
+                pool,
+                x,
+                m,
+                &mut [kernel_job(a), kernel_job(b), kernel_job(c), kernel_job(d)],
+            ),
+            _ => panic!("linear: at most {} matrices", kiln_backend::MAX_LINEAR_JOBS),
+        }
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: &Vec<f32>, eps: f32, out: &mut [f32]) {
+        rms_norm(&self.pool, x, weight, eps, out);
+    }
+
+    fn rms_norm_inplace(&self, x: &mut [f32], weight: &Vec<f32>, eps: f32) {
+        rms_norm_inplace(&self.pool, x, weight, eps);
+    }
+
+    fn residual_norm(
+        &self,
+        d: usize,
+        branch: &mut [f32],
+        post: Option<&Vec<f32>>,
+        x: &mut [f32],
+        next: Option<(&Vec<f32>, &mut [f32])>,
+        eps: f32,
+    ) {
+        let next = next.map(|(w, out)| (w.as_slice(), out));
+        residual_norm(&self.pool, d, branch, post.map(Vec::as_slice), x, next, eps);
+    }
+
+    fn rope_table(&self, rope: &Rope, positions: &[u32], table: &mut [f32]) {
+        rope.table(positions, table);
+    }
+
+    fn rope_apply(&self, rope: &Rope, x: &mut [f32], num_heads: usize, table: &[f32]) {
+        rope.apply_table(&self.pool, x, num_heads, table);
+    }
+
+    fn gated_act(&self, act: GateActivation, gate: &mut [f32], up: &[f32]) {
+        gated_act_inplace(&self.pool, act, gate, up);
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut CpuKvStore,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+        slot_mapping: &[u32],
+    ) {
+        match kv.layer_mut(layer) {
+            KvLayerMut::F32(kc, vc) => write_kv(k, v, slot_mapping, kc, vc),
+            KvLayerMut::F16(kc, vc) => write_kv(k, v, slot_mapping, kc, vc),
+        }
+    }
+
+    fn paged_attention(
+        &self,
+        kv: &CpuKvStore,
+        layer: usize,
+        q: &[f32],
+        seqs: &[SeqSpan],
+        block_tables: &[u32],
+        shape: &AttentionShape,
+        out: &mut [f32],
+    ) {
+        if seqs.is_empty() {
+            return;
+        }
+        let pool = &self.pool;
+        match kv.layer(layer) {
+            KvLayer::F32(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out);
+            }
+            KvLayer::F16(kc, vc) => {
+                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out);
+            }
+        }
+    }
+
+    fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
+        for (i, &r) in rows.iter().enumerate() {
+            debug_assert!(r >= i && (i == 0 || r > rows[i - 1]), "rows ascend");
+            buf.copy_within(r * width..(r + 1) * width, i * width);
+        }
+    }
+
+    fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
+        for (d, &r) in dst.chunks_exact_mut(width).zip(rows) {
+            d.copy_from_slice(&src[r * width..(r + 1) * width]);
+        }
+    }
+
+    fn logits(
+        &self,
+        x: &[f32],
+        m: usize,
+        head: &WeightMatrix,
+        softcap: Option<f32>,
+        out: &mut Logits,
+    ) {
+        out.reset(m, head.rows());
+        crate::linear(&self.pool, x, m, head, None, out.as_mut_slice());
+        if let Some(cap) = softcap {
+            out.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
+    }
+
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        self.pool.run(num_tasks, task);
+    }
+}

@@ -1,0 +1,380 @@
+//! The scalar reference backend: every operation of [`Backend`] as plain f32 loops, one thread,
+//! no SIMD, no blocking, no fusion. It exists to prove the seam: the same model code runs on it
+//! and on [`crate::Cpu`], and the two agree within float rounding (the model crate's
+//! `backend_parity` test). It is not fast and is not meant to be.
+//!
+//! Sums (dot products, softmax denominators) accumulate in f64.
+//!
+//! Weights are dequantized to f32 at load with the format reference ([`dequantize_row`]); a
+//! conversion (`--quantization`) is applied by quantizing each row and dequantizing it again,
+//! so the reference sees the same weight values as the CPU backend. The KV store keeps f32
+//! values, rounded through f16 first when the cache dtype is f16, as the CPU backend stores
+//! them.
+
+use std::ops::Range;
+
+use half::f16;
+use kiln_backend::{
+    AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheDtype,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
+};
+
+use crate::quant::{dequantize_row, quantize_row};
+use crate::rope::Rope;
+
+/// The scalar reference backend (tests only; slow by design).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reference;
+
+/// A `[rows, cols]` matrix of f32.
+pub struct RefMatrix {
+    rows: usize,
+    cols: usize,
+    /// `[rows, cols]`
+    data: Vec<f32>,
+    /// Bytes of the stored (or converted) tensor.
+    stored_bytes: usize,
+}
+
+/// Rotary frequencies and pairing.
+pub struct RefRope {
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+}
+
+/// Per layer K and V, `[num_blocks * block_size, num_kv_heads * head_dim]` each.
+pub struct RefKvStore {
+    spec: KvCacheSpec,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+/// Dequantizes `bytes` (`rows` rows of `ty`) to f32.
+fn to_f32_rows(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<f32> {
+    let mut out = vec![0.0; rows * cols];
+    if cols == 0 {
+        return out;
+    }
+    let row_bytes = bytes.len() / rows.max(1);
+    for (src, dst) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
+        dequantize_row(ty, src, dst);
+    }
+    out
+}
+
+/// `a · b`, accumulated in f64 so that the reference's own rounding stays far below the
+/// CPU kernels' (whose 16-lane sums are what it checks).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut sum = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        sum += f64::from(*x) * f64::from(*y);
+    }
+    sum as f32
+}
+
+fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean_sq = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+fn activate(act: GateActivation, x: f32) -> f32 {
+    match act {
+        GateActivation::Silu => x / (1.0 + (-x).exp()),
+        GateActivation::GeluTanh => {
+            let c = (2.0 / std::f32::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
+        }
+    }
+}
+
+impl Backend for Reference {
+    type Weight = RefMatrix;
+    type Vector = Vec<f32>;
+    type Rope = RefRope;
+    type KvStore = RefKvStore;
+    type Buffer = Vec<f32>;
+    type View<'a> = &'a [f32];
+    type ViewMut<'a> = &'a mut [f32];
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn load_weight(
+        &self,
+        tensor: HostTensor,
+        convert: Option<GgmlType>,
+    ) -> Result<RefMatrix, LoadTensorError> {
+        let (ty, rows, cols) = (tensor.ty(), tensor.rows(), tensor.cols());
+        let bytes = tensor.bytes().as_slice();
+        let data = to_f32_rows(ty, rows, cols, bytes);
+        let Some(to) = convert else {
+            return Ok(RefMatrix { rows, cols, data, stored_bytes: bytes.len() });
+        };
+        let row_bytes = to.row_bytes(cols).ok_or(LoadTensorError::Convert {
+            ty: to,
+            cols,
+            block: to.block_elems(),
+        })?;
+        let mut converted = vec![0u8; rows * row_bytes];
+        for (src, dst) in data.chunks_exact(cols.max(1)).zip(converted.chunks_exact_mut(row_bytes))
+        {
+            quantize_row(to, src, dst);
+        }
+        let data = to_f32_rows(to, rows, cols, &converted);
+        Ok(RefMatrix { rows, cols, data, stored_bytes: converted.len() })
+    }
+
+    fn weight_bytes(&self, weight: &RefMatrix) -> usize {
+        weight.stored_bytes
+    }
+
+    fn load_vector(&self, values: &[f32]) -> Result<Vec<f32>, LoadTensorError> {
+        Ok(values.to_vec())
+    }
+
+    fn load_rope(&self, config: &RopeConfig) -> Result<RefRope, LoadTensorError> {
+        if config.rotary_dim == 0 || !config.rotary_dim.is_multiple_of(2) {
+            return Err(LoadTensorError::Unsupported("an odd rotary dimension".into()));
+        }
+        // The frequencies are parameters, not arithmetic under test: the same as the CPU's.
+        let inv_freq = Rope::from_config(config).inv_freq().to_vec();
+        Ok(RefRope { inv_freq, style: config.style })
+    }
+
+    fn alloc_kv(&self, spec: KvCacheSpec) -> Result<RefKvStore, ForwardError> {
+        kiln_backend::check_block_size(spec.block_size).map_err(ForwardError::KvLayout)?;
+        let layer = || vec![0.0; spec.layer_elems()];
+        let n = spec.layout.num_layers;
+        Ok(RefKvStore {
+            spec,
+            k: (0..n).map(|_| layer()).collect(),
+            v: (0..n).map(|_| layer()).collect(),
+        })
+    }
+
+    fn kv_spec(&self, kv: &RefKvStore) -> KvCacheSpec {
+        kv.spec
+    }
+
+    fn new_buffer(&self) -> Vec<f32> {
+        Vec::new()
+    }
+
+    fn reserve(&self, buf: &mut Vec<f32>, len: usize) {
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+    }
+
+    fn view(buf: &Vec<f32>, range: Range<usize>) -> &[f32] {
+        &buf[range]
+    }
+
+    fn view_mut(buf: &mut Vec<f32>, range: Range<usize>) -> &mut [f32] {
+        &mut buf[range]
+    }
+
+    fn embed(&self, table: &RefMatrix, token_ids: &[u32], scale: Option<f32>, out: &mut [f32]) {
+        let h = table.cols;
+        for (row, &token) in out.chunks_exact_mut(h).zip(token_ids) {
+            let t = token as usize;
+            row.copy_from_slice(&table.data[t * h..(t + 1) * h]);
+            for x in row.iter_mut() {
+                *x *= scale.unwrap_or(1.0);
+            }
+        }
+    }
+
+    fn linear(&self, x: &[f32], m: usize, jobs: &mut [LinearJob<'_, Self>]) {
+        for job in jobs {
+            let w = job.weight;
+            for r in 0..m {
+                let xr = &x[r * w.cols..(r + 1) * w.cols];
+                for n in 0..w.rows {
+                    let bias = job.bias.map_or(0.0, |b| b[n]);
+                    job.out[r * w.rows + n] = dot(xr, &w.data[n * w.cols..(n + 1) * w.cols]) + bias;
+                }
+            }
+        }
+    }
+
+    fn rms_norm(&self, x: &[f32], weight: &Vec<f32>, eps: f32, out: &mut [f32]) {
+        let d = weight.len();
+        for (xr, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm_row(xr, weight, eps, o);
+        }
+    }
+
+    fn rms_norm_inplace(&self, x: &mut [f32], weight: &Vec<f32>, eps: f32) {
+        let d = weight.len();
+        let mut row = vec![0.0; d];
+        for xr in x.chunks_exact_mut(d) {
+            rms_norm_row(xr, weight, eps, &mut row);
+            xr.copy_from_slice(&row);
+        }
+    }
+
+    fn residual_norm(
+        &self,
+        d: usize,
+        branch: &mut [f32],
+        post: Option<&Vec<f32>>,
+        x: &mut [f32],
+        next: Option<(&Vec<f32>, &mut [f32])>,
+        eps: f32,
+    ) {
+        if let Some(w) = post {
+            self.rms_norm_inplace(branch, w, eps);
+        }
+        for (a, b) in x.iter_mut().zip(branch.iter()) {
+            *a += b;
+        }
+        if let Some((w, out)) = next {
+            debug_assert_eq!(w.len(), d);
+            self.rms_norm(x, w, eps, out);
+        }
+    }
+
+    fn rope_table(&self, rope: &RefRope, positions: &[u32], table: &mut [f32]) {
+        let half = rope.inv_freq.len();
+        for (row, &p) in table.chunks_exact_mut(2 * half).zip(positions) {
+            for (i, f) in rope.inv_freq.iter().enumerate() {
+                let angle = p as f32 * f;
+                row[i] = angle.cos();
+                row[half + i] = angle.sin();
+            }
+        }
+    }
+
+    fn rope_apply(&self, rope: &RefRope, x: &mut [f32], num_heads: usize, table: &[f32]) {
+        let half = rope.inv_freq.len();
+        let num_tokens = table.len() / (2 * half);
+        if num_tokens == 0 {
+            return;
+        }
+        let head_dim = x.len() / num_tokens / num_heads;
+        for (t, token) in x.chunks_exact_mut(num_heads * head_dim).enumerate() {
+            let (cos, sin) = table[t * 2 * half..(t + 1) * 2 * half].split_at(half);
+            for head in token.chunks_exact_mut(head_dim) {
+                for i in 0..half {
+                    let (ia, ib) = match rope.style {
+                        RopeStyle::Neox => (i, i + half),
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let (a, b) = (head[ia], head[ib]);
+                    head[ia] = a * cos[i] - b * sin[i];
+                    head[ib] = b * cos[i] + a * sin[i];
+                }
+            }
+        }
+    }
+
+    fn gated_act(&self, act: GateActivation, gate: &mut [f32], up: &[f32]) {
+        for (g, u) in gate.iter_mut().zip(up) {
+            *g = activate(act, *g) * u;
+        }
+    }
+
+    fn write_kv(&self, kv: &mut RefKvStore, layer: usize, k: &[f32], v: &[f32], slots: &[u32]) {
+        let row = kv.spec.layout.num_kv_heads * kv.spec.layout.head_dim;
+        let f16 = kv.spec.dtype == KvCacheDtype::F16;
+        let store = |x: f32| if f16 { f16::from_f32(x).to_f32() } else { x };
+        for (t, &slot) in slots.iter().enumerate() {
+            let dst = slot as usize * row;
+            for i in 0..row {
+                kv.k[layer][dst + i] = store(k[t * row + i]);
+                kv.v[layer][dst + i] = store(v[t * row + i]);
+            }
+        }
+    }
+
+    fn paged_attention(
+        &self,
+        kv: &RefKvStore,
+        layer: usize,
+        q: &[f32],
+        seqs: &[SeqSpan],
+        block_tables: &[u32],
+        shape: &AttentionShape,
+        out: &mut [f32],
+    ) {
+        let (hd, bs) = (shape.head_dim, shape.block_size);
+        let kv_row = shape.num_kv_heads * hd;
+        let q_row = shape.num_heads * hd;
+        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        for seq in seqs {
+            let table = &block_tables[seq.block_table_start..];
+            let slot = |j: usize| table[j / bs] as usize * bs + j % bs;
+            for i in 0..seq.query_len {
+                let p = seq.context_len - seq.query_len + i;
+                let lo = shape.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let row = seq.query_start + i;
+                for h in 0..shape.num_heads {
+                    let kvh = h / shape.group();
+                    let qh = &q[row * q_row + h * hd..][..hd];
+                    let mut scores: Vec<f32> = (lo..=p)
+                        .map(|j| {
+                            let s = dot(qh, &kc[slot(j) * kv_row + kvh * hd..][..hd]) * shape.scale;
+                            shape.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0f64;
+                    for s in &mut scores {
+                        *s = (*s - max).exp();
+                        sum += f64::from(*s);
+                    }
+                    let mut acc = vec![0.0f64; hd];
+                    for (j, s) in (lo..=p).zip(&scores) {
+                        let vr = &vc[slot(j) * kv_row + kvh * hd..][..hd];
+                        for (a, b) in acc.iter_mut().zip(vr) {
+                            *a += f64::from(*s) * f64::from(*b);
+                        }
+                    }
+                    let o = &mut out[row * q_row + h * hd..][..hd];
+                    for (o, a) in o.iter_mut().zip(&acc) {
+                        *o = (a / sum) as f32;
+                    }
+                }
+            }
+        }
+    }
+
+    fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
+        for (i, &r) in rows.iter().enumerate() {
+            buf.copy_within(r * width..(r + 1) * width, i * width);
+        }
+    }
+
+    fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
+        for (d, &r) in dst.chunks_exact_mut(width).zip(rows) {
+            d.copy_from_slice(&src[r * width..(r + 1) * width]);
+        }
+    }
+
+    fn logits(
+        &self,
+        x: &[f32],
+        m: usize,
+        head: &RefMatrix,
+        softcap: Option<f32>,
+        out: &mut Logits,
+    ) {
+        out.reset(m, head.rows);
+        for r in 0..m {
+            let xr = &x[r * head.cols..(r + 1) * head.cols];
+            for (n, o) in out.row_mut(r).iter_mut().enumerate() {
+                let z = dot(xr, &head.data[n * head.cols..(n + 1) * head.cols]);
+                *o = softcap.map_or(z, |cap| cap * (z / cap).tanh());
+            }
+        }
+    }
+
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (0..num_tasks).for_each(task);
+    }
+}

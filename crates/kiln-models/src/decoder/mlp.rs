@@ -1,0 +1,100 @@
+//! The feed-forward block of a decoder layer. [`Mlp`] is an enum so that other kinds (a
+//! mixture of experts: a router, per-expert gate/up/down, top-k combine) join as variants
+//! without touching the families that use the dense one.
+
+use kiln_backend::{Backend, GateActivation, LinearJob};
+
+use crate::LoadError;
+use crate::names::{LayerTensor as L, Tensor};
+use crate::weights::Weights;
+
+/// A gated MLP: `down(act(gate(x)) * up(x))`.
+pub(crate) struct DenseMlp<B: Backend> {
+    gate_proj: B::Weight,
+    up_proj: B::Weight,
+    down_proj: B::Weight,
+    gate_bias: Option<B::Vector>,
+    up_bias: Option<B::Vector>,
+    down_bias: Option<B::Vector>,
+    act: GateActivation,
+    intermediate: usize,
+}
+
+/// The feed-forward block of a layer.
+pub(crate) enum Mlp<B: Backend> {
+    Dense(DenseMlp<B>),
+}
+
+/// Buffers of one MLP call over `n` tokens: the normed input `[n, hidden]`, the output
+/// `[n, hidden]`, and the gate/up intermediates `[n, intermediate]`.
+pub(crate) struct MlpIo<'a, B: Backend> {
+    pub n: usize,
+    pub input: B::View<'a>,
+    pub out: B::ViewMut<'a>,
+    pub gate: &'a mut B::Buffer,
+    pub up: &'a mut B::Buffer,
+}
+
+impl<B: Backend> Mlp<B> {
+    /// The dense MLP of `layer`: `[intermediate, hidden]` gate/up, `[hidden, intermediate]`
+    /// down, with biases when `bias`.
+    pub(crate) fn load_dense(
+        w: &Weights<'_, B>,
+        layer: usize,
+        (h, i): (usize, usize),
+        bias: bool,
+        act: GateActivation,
+    ) -> Result<Self, LoadError> {
+        let t = |x: L| Tensor::Layer(layer, x);
+        Ok(Self::Dense(DenseMlp {
+            gate_proj: w.matrix(t(L::Gate), i, h)?,
+            up_proj: w.matrix(t(L::Up), i, h)?,
+            down_proj: w.matrix(t(L::Down), h, i)?,
+            gate_bias: w.optional_vector(t(L::GateBias), i, bias)?,
+            up_bias: w.optional_vector(t(L::UpBias), i, bias)?,
+            down_bias: w.optional_vector(t(L::DownBias), h, bias)?,
+            act,
+            intermediate: i,
+        }))
+    }
+
+    /// The weight matrices (for the bytes one step reads).
+    pub(crate) fn matrices(&self) -> Vec<&B::Weight> {
+        match self {
+            Self::Dense(m) => vec![&m.gate_proj, &m.up_proj, &m.down_proj],
+        }
+    }
+
+    /// `io.out = mlp(io.input)` over `io.n` tokens.
+    pub(crate) fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
+        match self {
+            Self::Dense(m) => m.forward(backend, io),
+        }
+    }
+}
+
+impl<B: Backend> DenseMlp<B> {
+    fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
+        let MlpIo { n, input, out, gate, up } = io;
+        let len = n * self.intermediate;
+        backend.linear(
+            input,
+            n,
+            &mut [
+                LinearJob {
+                    weight: &self.gate_proj,
+                    bias: self.gate_bias.as_ref(),
+                    out: B::view_mut(gate, 0..len),
+                },
+                LinearJob {
+                    weight: &self.up_proj,
+                    bias: self.up_bias.as_ref(),
+                    out: B::view_mut(up, 0..len),
+                },
+            ],
+        );
+        backend.gated_act(self.act, B::view_mut(gate, 0..len), B::view(up, 0..len));
+        let down = LinearJob { weight: &self.down_proj, bias: self.down_bias.as_ref(), out };
+        backend.linear(B::view(gate, 0..len), n, &mut [down]);
+    }
+}

@@ -1,0 +1,86 @@
+//! The backend seam, proven with a second implementation: every HF fixture runs the same model
+//! code on the CPU backend (SIMD kernels, thread pool, fused and sliced steps) and on the scalar
+//! reference backend (plain f32 loops), and the two agree within float rounding. Both also meet
+//! transformers' logits, and the reference backend passes the step-shape invariants the engine
+//! relies on (a chunked prefill and a mixed batch give what one shot gives).
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Runner, assert_rows_close, cases, max_abs_diff};
+use kiln_kernels::Reference;
+use kiln_models::LogitsWanted;
+
+const MODELS: [&str; 6] = ["llama3", "llama2", "mistral", "qwen2", "qwen3", "gemma3"];
+/// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
+/// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.
+const BACKEND_TOLERANCE: f32 = 1e-4;
+/// Max |reference - transformers|, as for the CPU backend (`hf_parity.rs`).
+const HF_TOLERANCE: f32 = 1e-3;
+
+fn reference(name: &str) -> Runner<Reference> {
+    Runner::on(name, &Arc::new(Reference))
+}
+
+#[test]
+fn cpu_and_reference_backends_agree_on_every_fixture() {
+    for name in MODELS {
+        let mut cpu = Runner::new(name);
+        let mut reference = reference(name);
+        let mut worst = 0.0f32;
+        for (i, case) in cases(name, Some(cpu.vocab())).iter().enumerate() {
+            let tokens: Vec<u32> =
+                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+            let got_cpu = cpu.one_shot(&tokens);
+            let got_ref = reference.one_shot(&tokens);
+            let what = format!("{name} case {i}");
+            assert_rows_close(&got_ref, &case.logits, HF_TOLERANCE, &format!("{what} (hf)"));
+            assert_eq!(got_cpu.len(), got_ref.len(), "{what}: rows");
+            for (r, (a, b)) in got_cpu.iter().zip(&got_ref).enumerate() {
+                let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+                let d = max_abs_diff(a, b) / scale;
+                assert!(d <= BACKEND_TOLERANCE, "{what}: row {r} differs by {d:e} of {scale}");
+                worst = worst.max(d);
+            }
+        }
+        eprintln!("{name}: max |cpu - reference| / scale = {worst:e}");
+        // The two really are different implementations (else this test proves nothing).
+        assert!(worst > 0.0, "{name}: the backends agree bit for bit; is the reference in use?");
+    }
+}
+
+#[test]
+fn reference_backend_chunked_and_batched_equal_one_shot() {
+    for name in MODELS {
+        let mut runner = reference(name);
+        let cases = cases(name, Some(runner.vocab()));
+        let prompts: Vec<&Vec<u32>> = cases.iter().map(|c| &c.prompt_ids).take(2).collect();
+        let alone: Vec<_> = prompts.iter().map(|p| runner.one_shot(p)).collect();
+        // Both prompts in one step.
+        runner.batch.clear();
+        for p in &prompts {
+            let table = runner.blocks(p.len());
+            runner.batch.push_seq(p, 0, &table, LogitsWanted::All).unwrap();
+        }
+        let batched = runner.run();
+        let mut rows = batched.into_iter();
+        for (p, want) in prompts.iter().zip(&alone) {
+            let got: Vec<_> = rows.by_ref().take(p.len()).collect();
+            assert_rows_close(&got, want, 0.0, &format!("{name}: batched"));
+        }
+        // The first prompt in chunks of 3.
+        let p = prompts[0];
+        let table = runner.blocks(p.len());
+        let mut got = Vec::new();
+        for start in (0..p.len()).step_by(3) {
+            let end = (start + 3).min(p.len());
+            runner.batch.clear();
+            runner.batch.push_seq(&p[start..end], start, &table, LogitsWanted::All).unwrap();
+            got.extend(runner.run());
+        }
+        assert_rows_close(&got, &alone[0], 0.0, &format!("{name}: chunked"));
+    }
+}
