@@ -236,10 +236,15 @@ fn tune_within_a_one_minute_budget_writes_csv_plots_and_the_best_command() {
     assert!(lines[0].starts_with("run,config,max-num-seqs,load_kind,load,completed,failed"));
     assert!(lines[1..].iter().all(|l| l.contains(",concurrency,") && l.contains(",8,0,")), "{csv}");
     assert_eq!(lines.iter().filter(|l| l.ends_with(",true,true")).count(), 1, "one best run");
-    for name in ["pareto", "ttft", "tpot"] {
+    for (name, title) in [
+        ("pareto", "the line is the Pareto front"),
+        ("ttft", "TTFT percentiles against load"),
+        ("tpot", "TPOT percentiles against load"),
+    ] {
         assert_png(&dir.join(format!("{name}.png")));
         let svg = std::fs::read_to_string(dir.join(format!("{name}.svg"))).unwrap();
         assert!(svg.contains("<svg") && svg.contains("max-num-seqs=8"), "{name}.svg");
+        assert!(svg.contains(title), "{name}.svg: {title}");
     }
     assert!(std::fs::read_to_string(dir.join("best.txt")).unwrap().contains("kiln serve"));
 

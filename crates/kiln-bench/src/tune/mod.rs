@@ -10,6 +10,7 @@
 //! must not find the next level's prompts in its prefix cache.
 
 mod objective;
+mod plot;
 mod report;
 mod server;
 mod space;

@@ -7,13 +7,12 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::Context;
-use kiln_plot::{Chart, Series, Style};
-
 use super::objective::pareto_front;
+use super::plot::{Chart, Series, Style};
 use super::space::{Load, ServerConfig, describe, to_args};
 use super::{Goal, TuneConfig};
 use crate::result::BenchResult;
+use anyhow::Context;
 
 const PLOT_SIZE: (u32, u32) = (960, 600);
 
