@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A/B of two kiln binaries on the default model, alternating (A B A B ...) so that machine
+# noise hits both alike: prefill of 512 tokens, batch-1 decode, batch-64 decode (all `kiln
+# bench latency`, in process) and serving at concurrency 16 (`kiln bench serve` against
+# `kiln serve`). Prints one line per run and the medians; keeps raw output in OUT_DIR.
+#
+#   scripts/bench/ab.sh OLD_KILN NEW_KILN [ROUNDS=3] [OUT_DIR=bench-ab]
+set -euo pipefail
+OLD="$1"; NEW="$2"; ROUNDS="${3:-3}"; OUT="${4:-bench-ab}"
+mkdir -p "$OUT"
+PORT=8097
+: > "$OUT/runs.tsv"
+
+# `kiln bench latency` prints a markdown row `| B | PP | TG | T_PP | S_PP | T_TG | S_TG | ...`.
+latency() { # binary label args...
+  local bin="$1" label="$2"; shift 2
+  "$bin" bench latency --threads 2 "$@" 2>/dev/null | tee -a "$OUT/$label.txt" |
+    awk -F'|' '/^\| *[0-9]/ {gsub(/ /,""); print $6 "\t" $8}' | tail -1
+}
+
+serve() { # binary label
+  local bin="$1" label="$2"
+  "$bin" serve --threads 2 --port "$PORT" --served-model-name gemma-3-270m \
+    --disable-log-requests 2>"$OUT/$label-server.log" &
+  local pid=$!
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.2; done
+  "$NEW" bench serve --base-url "http://127.0.0.1:$PORT" --model gemma-3-270m --num-prompts 64 \
+    --input-len 220 --output-len 128 --ignore-eos --max-concurrency 16 --seed 16 \
+    --save-result "$OUT/$label-serve.json" >"$OUT/$label-serve.txt" 2>&1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.1f\t%.0f" % (r["output_throughput"], r["p95_ttft_ms"]))' "$OUT/$label-serve.json"
+}
+
+for round in $(seq "$ROUNDS"); do
+  for side in old new; do
+    bin="$OLD"; [[ $side == new ]] && bin="$NEW"
+    tag="$side-$round"
+    prefill=$(latency "$bin" "$tag-prefill" --batch-size 1 --input-len 512 --output-len 2 | cut -f1)
+    decode1=$(latency "$bin" "$tag-b1" --batch-size 1 --input-len 128 --output-len 128 | cut -f2)
+    decode64=$(latency "$bin" "$tag-b64" --batch-size 64 --input-len 128 --output-len 128 | cut -f2)
+    read -r serve_tps ttft95 <<<"$(serve "$bin" "$tag")"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$side" "$round" "$prefill" "$decode1" "$decode64" \
+      "$serve_tps" "$ttft95" | tee -a "$OUT/runs.tsv"
+  done
+done
+
+python3 - "$OUT/runs.tsv" <<'PY'
+import statistics, sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+names = ["prefill 512 tok/s", "decode B=1 tok/s", "decode B=64 tok/s", "c=16 output tok/s", "c=16 TTFT p95 ms"]
+print("| metric | old runs | new runs | old median | new median | new/old |")
+print("|---|---|---|---:|---:|---:|")
+for i, name in enumerate(names):
+    vals = {s: [float(r[2 + i]) for r in rows if r[0] == s] for s in ("old", "new")}
+    mo, mn = statistics.median(vals["old"]), statistics.median(vals["new"])
+    fmt = lambda v: " / ".join(f"{x:,.0f}" for x in v)
+    print(f"| {name} | {fmt(vals['old'])} | {fmt(vals['new'])} | {mo:,.0f} | {mn:,.0f} | {mn/mo:.3f} |")
+PY
