@@ -1,9 +1,12 @@
 //! The model runner: turns the scheduler's step diff into a [`ForwardBatch`], runs the model and
 //! samples.
 //!
-//! It mirrors the scheduler's view of each scheduled request (tokens, computed count, block
-//! table): new requests arrive in full (from their `num_computed_tokens`, a prefix-cache hit),
-//! cached ones as deltas (tokens to compute, blocks appended). Logits are computed only for rows
+//! It holds each scheduled request's tokens and block table exactly as the scheduler's diffs
+//! state them, and predicts nothing: new requests arrive in full (from their
+//! `num_computed_tokens`, a prefix-cache hit), cached ones as deltas (the tokens `update`
+//! accepted since, blocks appended) with the scheduler's `num_computed_tokens`, so tokens the
+//! scheduler dropped or rolled back never linger here. Speculative tokens are refused: verifying
+//! drafts needs a proposer-aware runner. Logits are computed only for rows
 //! that reach the end of the known tokens (a prompt's last chunk or a decode), and each such row
 //! is sampled with the request's own [`Sampler`], seeded per request, so the batch a request
 //! lands in never changes its tokens. Samplers survive preemption (a resumed request keeps its
@@ -61,13 +64,11 @@ struct StepRow {
     samples: bool,
 }
 
-/// The runner's copy of one scheduled request.
+/// One scheduled request as the scheduler's diffs describe it.
 #[derive(Debug, Default)]
 struct RunnerRequest {
-    /// Prompt then output tokens.
+    /// Prompt then output tokens, as of the last diff.
     tokens: Vec<u32>,
-    /// Tokens whose KV is written (after this step's forward, once scheduled).
-    num_computed: usize,
     block_table: Vec<u32>,
 }
 
@@ -146,7 +147,7 @@ impl ModelRunner {
         sched_out: &SchedulerOutput,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
-        out.sampled.clear();
+        out.clear();
         self.extras.clear();
         for id in &sched_out.preempted_ids {
             self.requests.remove(id);
@@ -160,7 +161,6 @@ impl ModelRunner {
             let mut r = self.requests.remove(&new.id).unwrap_or_default();
             r.tokens.clear();
             r.tokens.extend(new.token_ids.iter().map(|t| t.0));
-            r.num_computed = new.num_computed_tokens;
             r.block_table.clear();
             r.block_table.extend(new.block_table.iter().map(|b| b.0));
             let seed = self.seed.wrapping_add(new.id.0);
@@ -175,12 +175,14 @@ impl ModelRunner {
                     entries: Some(vec![None; r.tokens.len()]),
                 });
             }
-            let all = wants_all_logits(&self.prompt_logprobs, new.id, r.num_computed);
+            let num_computed = new.num_computed_tokens;
+            let all = wants_all_logits(&self.prompt_logprobs, new.id, num_computed);
             Self::push(
                 &mut self.batch,
                 &mut self.step_rows,
                 new.id,
-                &mut r,
+                &r,
+                num_computed,
                 new.num_scheduled_tokens,
                 all,
             )?;
@@ -190,16 +192,17 @@ impl ModelRunner {
             let r = self.requests.get_mut(&cached.id).ok_or_else(|| {
                 ForwardError::Batch(format!("{} was scheduled as cached but is unknown", cached.id))
             })?;
+            if !cached.spec_token_ids.is_empty() {
+                return Err(ForwardError::Batch(format!(
+                    "{}: speculative tokens scheduled, but this runner verifies none",
+                    cached.id
+                )));
+            }
+            r.tokens.extend(sched_out.new_token_ids(cached).iter().map(|t| t.0));
             r.block_table.extend(cached.new_block_ids.iter().map(|b| b.0));
-            let all = wants_all_logits(&self.prompt_logprobs, cached.id, r.num_computed);
-            Self::push(
-                &mut self.batch,
-                &mut self.step_rows,
-                cached.id,
-                r,
-                cached.num_scheduled_tokens,
-                all,
-            )?;
+            let (num_computed, n) = (cached.num_computed_tokens, cached.num_scheduled_tokens);
+            let all = wants_all_logits(&self.prompt_logprobs, cached.id, num_computed);
+            Self::push(&mut self.batch, &mut self.step_rows, cached.id, r, num_computed, n, all)?;
         }
         if self.step_rows.is_empty() {
             return Ok(());
@@ -221,14 +224,16 @@ impl ModelRunner {
         let mut sampled = self.sample_rows(&to_sample)?.into_iter();
         for &StepRow { id, samples, .. } in &self.step_rows {
             if !samples {
-                out.sampled.push((id, None));
+                out.push(id, &[]);
                 continue;
             }
-            let (Some((token, lp)), Some(r)) = (sampled.next(), self.requests.get_mut(&id)) else {
-                return Err(ForwardError::Batch(format!("{id} was sampled but is unknown")));
+            let Some((token, lp)) = sampled.next() else {
+                return Err(ForwardError::Batch(format!(
+                    "{id} was to be sampled but got no token"
+                )));
             };
-            r.tokens.push(token.0);
-            out.sampled.push((id, Some(token)));
+            // The scheduler hands accepted tokens back in the next diff (`new_token_ids`).
+            out.push(id, &[token]);
             let prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
             if lp.is_some() || prompt_logprobs.is_some() {
                 self.extras.insert(id, SampleExtras { logprobs: lp, prompt_logprobs });
@@ -304,15 +309,17 @@ impl ModelRunner {
         }
     }
 
+    /// Adds `id`'s `num_scheduled` tokens from `num_computed` on to the batch.
     fn push(
         batch: &mut ForwardBatch,
         rows: &mut Vec<StepRow>,
         id: RequestId,
-        r: &mut RunnerRequest,
+        r: &RunnerRequest,
+        num_computed: usize,
         num_scheduled: usize,
         all_logits: bool,
     ) -> Result<(), ForwardError> {
-        let end = r.num_computed + num_scheduled;
+        let end = num_computed + num_scheduled;
         if end > r.tokens.len() {
             return Err(ForwardError::Batch(format!(
                 "{id}: {num_scheduled} tokens scheduled past the {} known",
@@ -325,9 +332,8 @@ impl ModelRunner {
             (false, true) => (LogitsWanted::Last, 1),
             (false, false) => (LogitsWanted::None, 0),
         };
-        batch.push_seq(&r.tokens[r.num_computed..end], r.num_computed, &r.block_table, logits)?;
-        rows.push(StepRow { id, start: r.num_computed, num_rows, samples });
-        r.num_computed = end;
+        batch.push_seq(&r.tokens[num_computed..end], num_computed, &r.block_table, logits)?;
+        rows.push(StepRow { id, start: num_computed, num_rows, samples });
         Ok(())
     }
 }

@@ -164,6 +164,13 @@ impl KvCacheManager {
         self.requests.get(&req).map_or(&[], |r| r.blocks.as_slice())
     }
 
+    /// Leading blocks of the request's table offered to the prefix cache (registered, unless a
+    /// collision or an eviction broke the chain); 0 for an unknown request. They all lie within
+    /// the `num_computed + num_new` tokens of its allocations: lookahead slots never count.
+    pub fn num_registered_blocks(&self, req: RequestId) -> usize {
+        self.requests.get(&req).map_or(0, |r| r.num_cached_blocks)
+    }
+
     fn hash(&self, parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
         (self.hash_fn)(parent, tokens, &self.extra_keys)
     }
@@ -429,6 +436,29 @@ mod tests {
         assert_eq!(m.num_free_blocks(), 8);
         assert!(!m.contains(r));
         m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lookahead_slots_are_never_registered_even_when_they_fill_a_block() {
+        let mut m = manager(8, 4);
+        let r = RequestId(1);
+        let t = toks(&[1, 2, 3, 4, 5, 6]);
+        // 6 known tokens computed and 2 speculative ones: block 1 fills, but only with
+        // lookahead slots past position 5.
+        m.allocate_slots(r, &t, 0, 6, 2).unwrap();
+        assert_eq!(m.block_table(r).len(), 2);
+        assert_eq!(m.num_registered_blocks(r), 1);
+        assert_eq!(m.pool().num_cached_blocks(), 1);
+        let longer = toks(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(m.lookup_prefix(&longer).num_cached_tokens, 4);
+        // once known tokens fill it, the block is registered under those tokens
+        m.allocate_slots(r, &longer, 6, 3, 0).unwrap();
+        assert_eq!(m.num_registered_blocks(r), 2);
+        assert_eq!(m.lookup_prefix(&longer).num_cached_tokens, 8);
+        m.check_invariants().unwrap();
+        m.free(r);
+        assert_eq!(m.num_free_blocks(), 8);
+        assert_eq!(m.num_registered_blocks(r), 0);
     }
 
     #[test]

@@ -21,8 +21,7 @@ const MAX_TOKENS: usize = MAX_MODEL_LEN - PROMPT as usize;
 
 fn sampled(out: &SchedulerOutput, step: u64) -> ModelRunnerOutput {
     let token = |id: RequestId| TokenId(((id.0 * 31 + step * 7) % 30_000) as u32 + 1);
-    let sampled = out.scheduled().map(|(id, _)| (id, Some(token(id)))).collect();
-    ModelRunnerOutput { sampled }
+    out.scheduled().map(|(id, _)| (id, [token(id)])).collect()
 }
 
 fn main() {

@@ -2,8 +2,13 @@
 //! budget per step. Each request has `num_computed_tokens` and `num_tokens` (prompt + output);
 //! every step running requests advance first (decodes and continuing prefill chunks), then
 //! waiting ones are admitted while the budget, `max_num_seqs`, `max_num_partial_prefills` and
-//! free KV blocks allow. Chunked prefill, prefix-cache hits and preemption by recompute fall out
-//! of that one loop.
+//! free KV blocks allow. Chunked prefill, prefix-cache hits, preemption by recompute and
+//! speculative tokens fall out of that one loop.
+//!
+//! A step may give a request several tokens: draft tokens set with
+//! [`Scheduler::update_draft_token_ids`] are scheduled after its last token (in the budget,
+//! with lookahead KV slots), and the runner returns the accepted drafts plus one token;
+//! `update` rolls the rejected ones back.
 //!
 //! Pure and deterministic: no threads, clocks, I/O or tensors. The engine drives it:
 //! `schedule()` → run the model on the [`SchedulerOutput`] → `update(&output, &model_output)`.
@@ -16,14 +21,25 @@
 //! let kv = KvCacheConfig { block_size: 16, num_blocks: 512, enable_prefix_caching: true, extra_keys: vec![] };
 //! let mut sched = Scheduler::new(SchedulerConfig::default(), kv)?;
 //! let prompt = vec![TokenId(1), TokenId(2), TokenId(3)];
-//! sched.add(Request::new(RequestId(7), prompt, SamplingParams::greedy(4)))?;
+//! let id = RequestId(7);
+//! sched.add(Request::new(id, prompt, SamplingParams::greedy(6)))?;
 //! while sched.has_unfinished() {
 //!     let out = sched.schedule();
-//!     // the model runner computes `out` and samples one token per request that completed
-//!     let sampled = out.scheduled().map(|(id, _)| (id, Some(TokenId(42)))).collect();
-//!     for o in sched.update(&out, &ModelRunnerOutput { sampled }) {
+//!     // The model runner computes `out` and returns the tokens each request generated: here
+//!     // every draft is accepted, plus one more token (a partial prefill chunk would get none).
+//!     let model_output: ModelRunnerOutput = out
+//!         .new_requests
+//!         .iter()
+//!         .map(|n| (n.id, vec![TokenId(42)]))
+//!         .chain(out.cached_requests.iter().map(|c| {
+//!             (c.id, [c.spec_token_ids.as_slice(), &[TokenId(42)]].concat())
+//!         }))
+//!         .collect();
+//!     for o in sched.update(&out, &model_output) {
 //!         println!("{}: {} {:?}", o.id, o.new_token, o.finish_reason);
 //!     }
+//!     // A proposer drafts the next tokens of the decoding request.
+//!     sched.update_draft_token_ids(id, &[TokenId(43), TokenId(44)]);
 //! }
 //! assert_eq!(sched.kv_cache().usage(), 0.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -1,9 +1,13 @@
 //! One request's scheduling state: its tokens (prompt then output), how many of them have KV
-//! written (`num_computed_tokens`), and where it is in its life.
+//! written (`num_computed_tokens`), the draft tokens proposed for its next step
+//! (`spec_token_ids`), and where it is in its life.
 //!
-//! Invariants: `num_computed_tokens <= num_tokens()`; a request that is not running has
-//! `num_computed_tokens == 0` and holds no KV blocks (preemption is by recompute: a resumed
-//! request re-prefills prompt plus output, mostly from the prefix cache).
+//! Invariants (between `update` and `schedule`): `num_computed_tokens <= num_tokens()` (after a
+//! rollback of rejected draft tokens too); a request that is not running
+//! has `num_computed_tokens == 0`, no draft tokens, and holds no KV blocks (preemption is by
+//! recompute: a resumed request re-prefills prompt plus output, mostly from the prefix cache).
+//! Draft tokens are never part of `all_token_ids()`: only tokens the runner returned from a step
+//! are appended.
 
 use std::fmt;
 
@@ -37,8 +41,16 @@ pub struct Request {
     arrival: Option<u64>,
     pub(crate) num_computed_tokens: usize,
     pub(crate) status: RequestStatus,
-    /// Tokens handed out by the last `schedule()` and not yet confirmed by `update()`.
+    /// Known tokens handed out by the last `schedule()` and not yet confirmed by `update()`
+    /// (speculative tokens not included).
     pub(crate) num_in_flight_tokens: usize,
+    /// Draft tokens handed out by the last `schedule()`, verified by the next `update()`.
+    pub(crate) num_in_flight_spec_tokens: usize,
+    /// Draft tokens proposed for the next step (vLLM's `spec_token_ids`); only a decoding
+    /// running request has them.
+    pub(crate) spec_token_ids: Vec<TokenId>,
+    /// Leading tokens the runner was sent (in `NewRequestData` or as `new_token_ids`).
+    pub(crate) num_sent_tokens: usize,
     /// The scheduler step at `add` (aging is counted from here).
     pub(crate) added_step: u64,
     /// Position in the FCFS waiting queue (preempted requests get negative, front slots).
@@ -59,6 +71,9 @@ impl Request {
             num_computed_tokens: 0,
             status: RequestStatus::Waiting,
             num_in_flight_tokens: 0,
+            num_in_flight_spec_tokens: 0,
+            spec_token_ids: Vec::new(),
+            num_sent_tokens: 0,
             added_step: 0,
             queue_seq: 0,
             num_preemptions: 0,
@@ -139,6 +154,18 @@ impl Request {
         self.num_computed_tokens
     }
 
+    /// Draft tokens waiting to be verified in the next step (not part of `all_token_ids`).
+    pub fn spec_token_ids(&self) -> &[TokenId] {
+        &self.spec_token_ids
+    }
+
+    /// Output tokens still allowed by `max_tokens` and `max_model_len` (at least 1 while the
+    /// request is unfinished).
+    pub fn num_remaining_tokens(&self, max_model_len: usize) -> usize {
+        let by_len = max_model_len.saturating_sub(self.tokens.len());
+        self.sampling.max_tokens.saturating_sub(self.num_output_tokens()).min(by_len)
+    }
+
     /// How many times this request lost its blocks.
     pub fn num_preemptions(&self) -> u32 {
         self.num_preemptions
@@ -159,15 +186,18 @@ impl Request {
         matches!(self.status, RequestStatus::Finished(_))
     }
 
-    /// Appends a sampled token and reports whether the request is done.
+    /// Appends a generated token and reports whether the request is done. A stop token (stop
+    /// ids, EOS unless `ignore_eos`) ends it only after `min_tokens` outputs, the same positions
+    /// the sampler masks.
     pub(crate) fn append_output(
         &mut self,
         token: TokenId,
         max_model_len: usize,
     ) -> Option<FinishReason> {
         self.tokens.push(token);
-        let stop = self.sampling.stop_token_ids.contains(&token)
-            || (!self.sampling.ignore_eos && self.eos_token_ids.contains(&token));
+        let stop = self.num_output_tokens() > self.sampling.min_tokens
+            && (self.sampling.stop_token_ids.contains(&token)
+                || (!self.sampling.ignore_eos && self.eos_token_ids.contains(&token)));
         if stop {
             Some(FinishReason::Stop)
         } else if self.num_output_tokens() >= self.sampling.max_tokens

@@ -1,8 +1,11 @@
 //! The scheduling loop: one token budget per step, running requests first, then admissions.
 //!
 //! Each `schedule()`:
-//! 1. **Running** requests, in policy order, each take `min(uncomputed, budget)` tokens (a
-//!    prefill chunk is also capped by `long_prefill_token_threshold` when set). When
+//! 1. **Running** requests, in policy order, each take `min(uncomputed + drafts, budget)` tokens
+//!    (capped by `long_prefill_token_threshold` when set and more than one). A decoding request
+//!    with draft tokens ([`Scheduler::update_draft_token_ids`]) gets them scheduled after its
+//!    last token, as many as fit, and KV slots for them as lookahead slots (never registered in
+//!    the prefix cache). When
 //!    `allocate_slots` fails, the running request with the largest policy key (maybe the request
 //!    itself) is preempted by recompute: its blocks are freed (those registered for KV that was
 //!    never written are first dropped from the prefix cache), `num_computed_tokens` returns to 0,
@@ -13,22 +16,34 @@
 //!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow. The
 //!    first request that does not fit stops admission (no bypassing, so aging bounds waiting).
 //!
-//! `update()` confirms the scheduled tokens as computed, appends sampled tokens, applies stop
-//! conditions and frees finished requests' blocks.
+//! `update()` confirms the scheduled tokens as computed, then per request verifies speculation:
+//! with `k` drafts scheduled and `g` tokens generated, the first `g - 1` drafts were accepted
+//! and `k - (g - 1)` are rolled back out of `num_computed_tokens` (their slots hold KV of
+//! rejected tokens and are written again before anything reads them). The generated tokens are
+//! appended one by one with the stop conditions checked after each; a stop drops the rest.
+//! Finished requests' blocks are freed. Blocks allocated for rejected drafts stay in the table
+//! (the next steps fill them) and are freed with the request.
+//!
+//! Prefix-cache safety: the KV manager registers a block only once its tokens are all known
+//! tokens scheduled or computed (`num_computed + num_new`), and drafts are never known tokens
+//! (they live in `spec_token_ids`, and only tokens the runner returns are appended). Rollback
+//! never goes below the registered range, so no registered block can hold rejected-token KV.
 //!
 //! Invariants ([`Scheduler::check_invariants`], between `update` and `schedule`): the KV
 //! manager's; `running.len() <= max_num_seqs`; at most `max_num_partial_prefills` running
 //! requests have more than one token left to compute (only an admission can start a partial
 //! prefill, and it checks the count); exactly the running requests hold block tables; waiting
-//! and preempted requests have `num_computed_tokens == 0`.
+//! and preempted requests have `num_computed_tokens == 0` and no drafts; a running request's
+//! blocks registered in the prefix cache lie within its `num_computed_tokens`.
 //!
 //! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
-//! manager's work; no per-token work outside the KV manager.
+//! manager's work; outside the KV manager, per-token work only for the tokens a step adds
+//! (copied once into the diff, appended once by `update`).
 
 use std::collections::HashMap;
 use std::mem;
 
-use kiln_core::{BlockId, RequestId};
+use kiln_core::{BlockId, RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, KvCacheManager, PrefixCacheStats};
 
 use crate::config::{ConfigError, SchedulerConfig};
@@ -76,7 +91,9 @@ pub struct Scheduler {
 /// A running request scheduled in the current pass.
 struct Scheduled {
     id: RequestId,
+    /// Known tokens plus drafts.
     num_tokens: usize,
+    spec_token_ids: Vec<TokenId>,
     new_blocks: Vec<BlockId>,
 }
 
@@ -178,8 +195,9 @@ impl Scheduler {
 
     /// Removes a request in any state and frees its blocks at once; `false` if unknown.
     ///
-    /// Between `schedule()` and `update()`, the scheduled tokens of the request are taken as
-    /// computed (the engine runs every step it is handed before it aborts anything).
+    /// Between `schedule()` and `update()`, the scheduled tokens of the request (not its drafts)
+    /// are taken as computed (the engine runs every step it is handed before it aborts
+    /// anything).
     pub fn abort(&mut self, id: RequestId) -> bool {
         let Some(req) = self.requests.remove(&id) else { return false };
         self.kv.free_with_computed(id, req.num_computed_tokens + req.num_in_flight_tokens);
@@ -190,6 +208,25 @@ impl Scheduler {
             self.waiting.retain(|&r| r != id);
         }
         true
+    }
+
+    /// Sets the draft tokens proposed for `id`'s next step, replacing earlier ones (vLLM's
+    /// `update_draft_token_ids`); an empty list clears them. Only a running request whose next
+    /// step is a decode (one token left to compute, nothing in flight) takes drafts; returns
+    /// whether it did. When scheduled, drafts count in the token budget and get lookahead KV
+    /// slots; at most `remaining outputs - 1` of them are scheduled (a step yields at most one
+    /// token more than it verifies), and those the budget cuts off are dropped.
+    pub fn update_draft_token_ids(&mut self, id: RequestId, draft_token_ids: &[TokenId]) -> bool {
+        let Some(req) = self.requests.get_mut(&id) else { return false };
+        let decoding = req.status == RequestStatus::Running
+            && req.num_uncomputed_tokens() == 1
+            && req.num_in_flight_tokens == 0
+            && req.num_in_flight_spec_tokens == 0;
+        if decoding {
+            req.spec_token_ids.clear();
+            req.spec_token_ids.extend_from_slice(draft_token_ids);
+        }
+        decoding
     }
 
     /// Tokens to give a request with `num_uncomputed` tokens left under `budget`.
@@ -209,18 +246,26 @@ impl Scheduler {
         };
         let mut budget = self.config.max_num_batched_tokens;
         let scheduled = self.schedule_running(&mut budget, &mut out.preempted_ids);
-        let num_partial = scheduled
-            .iter()
-            .filter(|s| s.num_tokens < self.requests[&s.id].num_uncomputed_tokens())
-            .count();
+        let mut num_partial = 0;
+        out.cached_new_token_ids.reserve(scheduled.len());
         for s in scheduled {
-            if let Some(req) = self.requests.get_mut(&s.id) {
-                req.num_in_flight_tokens = s.num_tokens;
-            }
+            let Some(req) = self.requests.get_mut(&s.id) else { continue };
+            let num_spec = s.spec_token_ids.len();
+            let num_known = s.num_tokens - num_spec;
+            num_partial += usize::from(num_known < req.num_uncomputed_tokens());
+            req.num_in_flight_tokens = num_known;
+            req.num_in_flight_spec_tokens = num_spec;
+            let start = out.cached_new_token_ids.len();
+            out.cached_new_token_ids.extend_from_slice(&req.all_token_ids()[req.num_sent_tokens..]);
+            req.num_sent_tokens = req.num_tokens();
             out.num_scheduled_tokens += s.num_tokens;
+            out.num_scheduled_spec_tokens += num_spec;
             out.cached_requests.push(CachedRequestData {
                 id: s.id,
+                new_token_range: start..out.cached_new_token_ids.len(),
+                num_computed_tokens: req.num_computed_tokens,
                 num_scheduled_tokens: s.num_tokens,
+                spec_token_ids: s.spec_token_ids,
                 new_block_ids: s.new_blocks,
             });
         }
@@ -249,22 +294,39 @@ impl Scheduler {
             if req.status != RequestStatus::Running {
                 continue; // preempted earlier in this pass
             }
-            let num_tokens = self.chunk_size(req.num_uncomputed_tokens(), *budget);
+            let num_uncomputed = req.num_uncomputed_tokens();
+            let has_drafts = !req.spec_token_ids.is_empty();
+            let num_drafts = if num_uncomputed == 1 && has_drafts {
+                let max_model_len = self.config.max_model_len;
+                req.spec_token_ids
+                    .len()
+                    .min(req.num_remaining_tokens(max_model_len).saturating_sub(1))
+            } else {
+                0
+            };
+            let num_tokens = self.chunk_size(num_uncomputed + num_drafts, *budget);
             if num_tokens == 0 {
                 continue; // the runner sampled nothing for a completed chunk: nothing to run
             }
+            let num_spec = num_tokens.saturating_sub(num_uncomputed);
             loop {
                 let req = &self.requests[&id];
                 let allocated = self.kv.allocate_slots(
                     id,
                     req.all_token_ids(),
                     req.num_computed_tokens,
-                    num_tokens,
-                    0,
+                    num_tokens - num_spec,
+                    num_spec,
                 );
                 if let Some(new_blocks) = allocated {
                     *budget -= num_tokens;
-                    scheduled.push(Scheduled { id, num_tokens, new_blocks });
+                    // Drafts are used once: those past the budget are dropped.
+                    let mut spec_token_ids = Vec::new();
+                    if has_drafts && let Some(req) = self.requests.get_mut(&id) {
+                        spec_token_ids = mem::take(&mut req.spec_token_ids);
+                        spec_token_ids.truncate(num_spec);
+                    }
+                    scheduled.push(Scheduled { id, num_tokens, spec_token_ids, new_blocks });
                     break;
                 }
                 let victim = self.pick_victim();
@@ -299,6 +361,8 @@ impl Scheduler {
         self.kv.free_with_computed(id, req.num_computed_tokens);
         req.num_computed_tokens = 0;
         req.num_in_flight_tokens = 0;
+        req.num_in_flight_spec_tokens = 0;
+        req.spec_token_ids.clear();
         req.status = RequestStatus::Preempted;
         req.num_preemptions += 1;
         req.queue_seq = self.next_front_seq;
@@ -350,6 +414,7 @@ impl Scheduler {
             req.status = RequestStatus::Running;
             req.num_computed_tokens = num_cached;
             req.num_in_flight_tokens = num_tokens;
+            req.num_sent_tokens = req.num_tokens();
             self.running.push(id);
             out.num_scheduled_tokens += num_tokens;
             out.new_requests.push(NewRequestData {
@@ -367,9 +432,11 @@ impl Scheduler {
         }
     }
 
-    /// Confirms the step's tokens as computed, appends sampled tokens, applies stop conditions
-    /// (stop ids, EOS unless `ignore_eos`, `max_tokens`, `max_model_len`) and frees finished
-    /// requests. Returns one entry per sampled token, in `model_output` order.
+    /// Confirms the step's tokens as computed, verifies speculation (accepted drafts stay
+    /// computed, rejected ones are rolled back), appends the generated tokens one by one with
+    /// the stop conditions after each (stop ids and EOS unless `ignore_eos`, both only past
+    /// `min_tokens`; `max_tokens`, `max_model_len`; a stop drops the tokens after it) and frees
+    /// finished requests. Returns one entry per appended token, in `model_output` order.
     pub fn update(
         &mut self,
         output: &SchedulerOutput,
@@ -380,22 +447,39 @@ impl Scheduler {
                 req.num_computed_tokens += mem::take(&mut req.num_in_flight_tokens);
             }
         }
-        let mut outputs = Vec::with_capacity(model_output.sampled.len());
+        let mut outputs = Vec::with_capacity(model_output.num_sampled_tokens());
         let mut num_finished = 0;
-        for &(id, token) in &model_output.sampled {
-            let Some(token) = token else { continue };
+        for (id, token_ids) in model_output.iter() {
             let Some(req) = self.requests.get_mut(&id) else { continue }; // aborted meanwhile
+            let num_spec = mem::take(&mut req.num_in_flight_spec_tokens);
             if req.status != RequestStatus::Running || req.num_uncomputed_tokens() > 0 {
                 continue; // a partial prefill chunk samples nothing
             }
-            let finish_reason = req.append_output(token, self.config.max_model_len);
-            if let Some(reason) = finish_reason {
-                req.status = RequestStatus::Finished(reason);
-                self.kv.free(id);
-                self.finished_since_last.push(id);
-                num_finished += 1;
+            let Some(num_accepted) = token_ids.len().checked_sub(1) else { continue };
+            debug_assert!(num_accepted <= num_spec, "{id}: {num_accepted} of {num_spec} accepted");
+            let num_accepted = num_accepted.min(num_spec);
+            // The accepted drafts' KV is valid: they become computed tokens; the slots of the
+            // `num_spec - num_accepted` rejected ones are not counted (rolled back).
+            req.num_computed_tokens += num_accepted;
+            for &token in &token_ids[..=num_accepted] {
+                let finish_reason = req.append_output(token, self.config.max_model_len);
+                outputs.push(RequestOutput { id, new_token: token, finish_reason });
+                if let Some(reason) = finish_reason {
+                    req.status = RequestStatus::Finished(reason);
+                    self.kv.free(id);
+                    self.finished_since_last.push(id);
+                    num_finished += 1;
+                    break;
+                }
             }
-            outputs.push(RequestOutput { id, new_token: token, finish_reason });
+        }
+        if output.num_scheduled_spec_tokens > 0 {
+            // Requests the runner did not report: their drafts count as rejected.
+            for (id, _) in output.scheduled() {
+                if let Some(req) = self.requests.get_mut(&id) {
+                    req.num_in_flight_spec_tokens = 0;
+                }
+            }
         }
         if num_finished > 0 {
             let requests = &mut self.requests;
@@ -419,10 +503,18 @@ impl Scheduler {
         if self.running.len() + self.waiting.len() != self.requests.len() {
             return Err("running + waiting != known requests".to_owned());
         }
+        let block_size = self.kv.block_size();
         for id in &self.running {
             let req = &self.requests[id];
             if req.status != RequestStatus::Running || !self.kv.contains(*id) {
                 return Err(format!("{id} is in the running list as {:?}", req.status));
+            }
+            let num_registered = self.kv.num_registered_blocks(*id) * block_size;
+            if num_registered > req.num_computed_tokens {
+                return Err(format!(
+                    "{id}: {num_registered} tokens registered in the prefix cache, {} computed",
+                    req.num_computed_tokens
+                ));
             }
         }
         let num_partial =
@@ -435,6 +527,9 @@ impl Scheduler {
             let ok = matches!(req.status, RequestStatus::Waiting | RequestStatus::Preempted);
             if !ok || req.num_computed_tokens != 0 || self.kv.contains(*id) {
                 return Err(format!("{id} waits as {:?} holding KV", req.status));
+            }
+            if !req.spec_token_ids.is_empty() || req.num_in_flight_spec_tokens != 0 {
+                return Err(format!("{id} waits with draft tokens"));
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! A fake model runner and a driver loop: no model, deterministic tokens, and a simulated KV
-//! store that checks every step reads back exactly the tokens it should (prefix hits and
-//! resumed requests included).
+//! store that checks every step reads back exactly the tokens it should (prefix hits, resumed
+//! requests and rolled-back draft tokens included). An optional proposer drafts tokens after
+//! each step; the fake runner verifies them like a greedy target model.
 
 #![allow(dead_code, clippy::missing_panics_doc)]
 
@@ -33,77 +34,134 @@ pub fn req(id: u64, prompt: Vec<TokenId>, max_tokens: usize) -> Request {
     Request::new(RequestId(id), prompt, sampling)
 }
 
+/// The runner's copy of a request, built only from the scheduler's diffs.
 struct RunnerRequest {
     tokens: Vec<TokenId>,
-    num_computed: usize,
     block_table: Vec<BlockId>,
 }
 
-/// Keeps per-request state from the scheduler's diffs, as a real runner would.
+/// Draft tokens for a request holding `num_tokens` tokens: `k` drafts of which exactly the first
+/// `num_correct` are what the fake model generates (a wrong one follows them when
+/// `num_correct < k`), so verification accepts `num_correct`.
+pub fn drafts(id: RequestId, num_tokens: usize, k: usize, num_correct: usize) -> Vec<TokenId> {
+    assert!(num_correct <= k);
+    (0..k)
+        .map(|i| {
+            let t = token_for(id, num_tokens + i);
+            if i < num_correct { t } else { TokenId(t.0 + 5000) }
+        })
+        .collect()
+}
+
+/// Applies the scheduler's diffs, as a real runner would (no state of its own beyond the tokens
+/// and block tables the diffs carry), writes each step's KV into a simulated store and checks
+/// every position a step reads. Verifies draft tokens as a greedy target model would: the
+/// longest prefix equal to the model's own tokens is accepted, then one model token follows.
 pub struct FakeRunner {
     block_size: usize,
     slots: Vec<Option<TokenId>>,
     requests: HashMap<RequestId, RunnerRequest>,
+    /// `(drafts scheduled, drafts accepted)` → how often a step verified that.
+    pub acceptance: HashMap<(usize, usize), usize>,
 }
 
 impl FakeRunner {
     pub fn new(block_size: usize, num_blocks: usize) -> Self {
-        Self { block_size, slots: vec![None; block_size * num_blocks], requests: HashMap::new() }
+        Self {
+            block_size,
+            slots: vec![None; block_size * num_blocks],
+            requests: HashMap::new(),
+            acceptance: HashMap::new(),
+        }
     }
 
     fn slot(&self, table: &[BlockId], pos: usize) -> usize {
         table[pos / self.block_size].index() * self.block_size + pos % self.block_size
     }
 
-    /// Writes the step's KV for every request, then "attends": checks that every position up to
-    /// the end of each chunk reads back its own token, then samples.
-    pub fn execute(&mut self, out: &SchedulerOutput) -> ModelRunnerOutput {
+    /// Applies the diff; returns per scheduled request `(id, num_computed, num_scheduled,
+    /// drafts)`.
+    fn apply(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, usize, usize, Vec<TokenId>)> {
         for id in out.preempted_ids.iter().chain(&out.finished_ids) {
             self.requests.remove(id);
         }
+        let mut steps = Vec::new();
         for new in &out.new_requests {
             assert_eq!(new.num_computed_tokens % self.block_size, 0);
             let r = RunnerRequest {
                 tokens: new.token_ids.clone(),
-                num_computed: new.num_computed_tokens,
                 block_table: new.block_table.clone(),
             };
             assert!(self.requests.insert(new.id, r).is_none(), "{} sent as new twice", new.id);
+            steps.push((new.id, new.num_computed_tokens, new.num_scheduled_tokens, vec![]));
         }
-        for cached in &out.cached_requests {
-            let r = self.requests.get_mut(&cached.id).expect("delta for an unknown request");
-            r.block_table.extend_from_slice(&cached.new_block_ids);
+        for c in &out.cached_requests {
+            let r = self.requests.get_mut(&c.id).expect("delta for an unknown request");
+            r.tokens.extend_from_slice(out.new_token_ids(c));
+            r.block_table.extend_from_slice(&c.new_block_ids);
+            let num_known = c.num_scheduled_tokens - c.spec_token_ids.len();
+            if !c.spec_token_ids.is_empty() {
+                assert_eq!(c.num_computed_tokens + num_known, r.tokens.len(), "{}: drafts", c.id);
+            }
+            steps.push((
+                c.id,
+                c.num_computed_tokens,
+                c.num_scheduled_tokens,
+                c.spec_token_ids.clone(),
+            ));
         }
+        steps
+    }
+
+    /// Writes the step's KV for every request, then "attends": checks that every position up to
+    /// the end of each chunk reads back its own token (drafts included), then samples.
+    pub fn execute(&mut self, out: &SchedulerOutput) -> ModelRunnerOutput {
+        let steps = self.apply(out);
         let mut total = 0;
-        for (id, n) in out.scheduled() {
+        let mut total_spec = 0;
+        for (id, num_computed, n, spec) in &steps {
             total += n;
-            let r = &self.requests[&id];
-            assert!(n > 0 && r.num_computed + n <= r.tokens.len(), "{id}: bad chunk {n}");
-            assert!(r.block_table.len() * self.block_size >= r.num_computed + n);
-            for p in r.num_computed..r.num_computed + n {
+            total_spec += spec.len();
+            let r = &self.requests[id];
+            let end = num_computed + n;
+            assert!(*n > 0 && end <= r.tokens.len() + spec.len(), "{id}: bad chunk {n}");
+            assert!(r.block_table.len() * self.block_size >= end, "{id}: too few slots");
+            for p in *num_computed..end {
                 let s = self.slot(&r.block_table, p);
-                self.slots[s] = Some(r.tokens[p]);
+                self.slots[s] = Some(Self::token_at(&r.tokens, spec, p));
             }
         }
         assert_eq!(total, out.num_scheduled_tokens);
-        let mut sampled = Vec::new();
-        for (id, n) in out.scheduled() {
+        assert_eq!(total_spec, out.num_scheduled_spec_tokens);
+        let mut res = ModelRunnerOutput::default();
+        for (id, num_computed, n, spec) in steps {
             let r = &self.requests[&id];
-            for p in 0..r.num_computed + n {
+            for p in 0..num_computed + n {
                 let s = self.slot(&r.block_table, p);
-                assert_eq!(self.slots[s], Some(r.tokens[p]), "{id}: KV of position {p} is wrong");
+                let want = Self::token_at(&r.tokens, &spec, p);
+                assert_eq!(self.slots[s], Some(want), "{id}: KV of position {p} is wrong");
             }
-            let r = self.requests.get_mut(&id).expect("checked above");
-            r.num_computed += n;
-            if r.num_computed == r.tokens.len() {
-                let t = token_for(id, r.tokens.len());
-                r.tokens.push(t);
-                sampled.push((id, Some(t)));
-            } else {
-                sampled.push((id, None));
+            if num_computed + n - spec.len() < r.tokens.len() {
+                res.push(id, &[]); // a partial prefill chunk
+                continue;
             }
+            let first = r.tokens.len();
+            let num_accepted = spec
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &d)| d == token_for(id, first + i))
+                .count();
+            *self.acceptance.entry((spec.len(), num_accepted)).or_default() += 1;
+            let generated: Vec<TokenId> =
+                (first..=first + num_accepted).map(|p| token_for(id, p)).collect();
+            res.push(id, &generated);
         }
-        ModelRunnerOutput { sampled }
+        res
+    }
+
+    /// Token at position `p` of a request whose known tokens are followed by drafts.
+    fn token_at(tokens: &[TokenId], spec: &[TokenId], p: usize) -> TokenId {
+        tokens.get(p).copied().unwrap_or_else(|| spec[p - tokens.len()])
     }
 }
 
@@ -136,7 +194,19 @@ pub fn drive_runner(
     s: &mut Scheduler,
     runner: &mut FakeRunner,
     max_steps: u64,
+    before_step: impl FnMut(&mut Scheduler, u64) -> bool,
+) -> Run {
+    drive_spec(s, runner, max_steps, before_step, |_, _| Vec::new())
+}
+
+/// Like [`drive_runner`], and after every step `propose(request, step)` drafts tokens for each
+/// request of the step that is still decoding (set with `update_draft_token_ids`).
+pub fn drive_spec(
+    s: &mut Scheduler,
+    runner: &mut FakeRunner,
+    max_steps: u64,
     mut before_step: impl FnMut(&mut Scheduler, u64) -> bool,
+    mut propose: impl FnMut(&Request, u64) -> Vec<TokenId>,
 ) -> Run {
     let cfg = s.config().clone();
     let mut run = Run::default();
@@ -158,6 +228,7 @@ pub fn drive_runner(
         }
         let res = runner.execute(&out);
         for o in s.update(&out, &res) {
+            assert!(!run.finished.contains_key(&o.id), "{}: a token after the finish", o.id);
             run.outputs.entry(o.id).or_default().push(o.new_token);
             if let Some(reason) = o.finish_reason {
                 run.finished.insert(o.id, (reason, step));
@@ -165,6 +236,12 @@ pub fn drive_runner(
             }
         }
         s.check_invariants().unwrap();
+        for (id, _) in out.scheduled() {
+            let Some(r) = s.request(id) else { continue };
+            let d = propose(r, step);
+            let decoding = r.num_uncomputed_tokens() == 1;
+            assert_eq!(s.update_draft_token_ids(id, &d), decoding, "{id}");
+        }
         run.outputs_per_step.push(out);
         run.steps = step;
     }
