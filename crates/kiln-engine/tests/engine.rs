@@ -264,15 +264,16 @@ fn engine_config_is_validated() {
 #[test]
 fn the_runner_follows_the_diff_and_refuses_draft_tokens() {
     use kiln_engine::ModelRunner;
-    use kiln_kernels::ThreadPool;
     use kiln_kv::KvCacheConfig;
+    use kiln_models::BoundModel;
     use kiln_sched::{ModelRunnerOutput, Request, Scheduler};
 
     let mut core = engine(true, 64, 2048);
     let want = run(&mut core, &[(prompt(3, 10), greedy(4))]);
 
-    let model = load_model(&fixture("llama3")).unwrap().model;
-    let mut runner = ModelRunner::new(model, 4, 64, KvCacheDtype::F32, 0);
+    let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
+    let bound = BoundModel::new(model, KvCacheDtype::F32, 64, 4).unwrap();
+    let mut runner = ModelRunner::new(Box::new(bound), 0);
     let kv = KvCacheConfig {
         block_size: 4,
         num_blocks: 64,
@@ -283,12 +284,11 @@ fn the_runner_follows_the_diff_and_refuses_draft_tokens() {
     let mut s = Scheduler::new(config, kv).unwrap();
     let id = RequestId(0);
     s.add(Request::new(id, prompt(3, 10), greedy(4))).unwrap();
-    let pool = ThreadPool::new(2);
     let mut res = ModelRunnerOutput::default();
     let mut got = Vec::new();
     for _ in 0..2 {
         let out = s.schedule();
-        runner.execute(&pool, &out, &mut res).unwrap();
+        runner.execute(&out, &mut res).unwrap();
         assert_eq!(res.iter().map(|(_, t)| t.len()).collect::<Vec<_>>(), [1]);
         got.extend(s.update(&out, &res).iter().map(|o| o.new_token));
     }
@@ -296,6 +296,6 @@ fn the_runner_follows_the_diff_and_refuses_draft_tokens() {
     assert!(s.update_draft_token_ids(id, &[TokenId(5), TokenId(6)]));
     let out = s.schedule();
     assert_eq!(out.num_scheduled_spec_tokens, 1); // two outputs left: one draft at most
-    let err = runner.execute(&pool, &out, &mut res).unwrap_err();
+    let err = runner.execute(&out, &mut res).unwrap_err();
     assert!(err.to_string().contains("speculative"), "{err}");
 }
