@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
 use kiln_kernels::ThreadPool;
-use kiln_kv::KvCacheConfig;
+use kiln_kernels::attention::MAX_BLOCK_SIZE;
+use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{KvCacheDtype, Model};
 use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
@@ -18,7 +19,7 @@ use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 /// Sizes and limits of an engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Tokens per KV block (8, 16, 32, 64 or 128 on the CLI; any power of two up to 256 here).
+    /// Tokens per KV block; see [`EngineConfig::check_block_size`].
     pub block_size: usize,
     pub num_kv_blocks: usize,
     /// Prompt plus output tokens of one request; `None` = the model's maximum positions, capped
@@ -31,7 +32,7 @@ pub struct EngineConfig {
     pub seed: u64,
     /// The model's end-of-sequence ids (ignored by requests with `ignore_eos`).
     pub eos_token_ids: Vec<TokenId>,
-    /// Element type of the KV cache.
+    /// Element type of the KV cache (default f16, as the CLI).
     pub kv_cache_dtype: KvCacheDtype,
 }
 
@@ -45,7 +46,19 @@ impl Default for EngineConfig {
             num_threads: 0,
             seed: 0,
             eos_token_ids: Vec::new(),
-            kv_cache_dtype: KvCacheDtype::F32,
+            kv_cache_dtype: KvCacheDtype::F16,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The one rule for KV block sizes (the CLI checks its flags with it too): a power of two
+    /// up to the attention kernel's [`MAX_BLOCK_SIZE`] (256).
+    pub fn check_block_size(block_size: usize) -> Result<(), String> {
+        if block_size.is_power_of_two() && block_size <= MAX_BLOCK_SIZE {
+            Ok(())
+        } else {
+            Err(format!("must be a power of two up to {MAX_BLOCK_SIZE}, got {block_size}"))
         }
     }
 }
@@ -71,10 +84,9 @@ pub struct EngineStats {
     pub num_waiting: usize,
     /// Fraction of KV blocks held by requests.
     pub kv_usage: f32,
-    /// Prompt tokens looked up in the prefix cache, summed since start.
-    pub prefix_cache_queries: u64,
-    /// Of those, tokens found (not recomputed).
-    pub prefix_cache_hits: u64,
+    /// Prompt tokens looked up in the prefix cache and, of those, found (not recomputed),
+    /// summed since start; `prefix_cache.hit_rate()` is their ratio.
+    pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
     /// Tokens scheduled in the last step.
     pub step_scheduled_tokens: usize,
@@ -85,17 +97,6 @@ pub struct EngineStats {
     pub num_steps: u64,
     /// Wall time of the last step.
     pub step_time: Duration,
-}
-
-impl EngineStats {
-    /// Prefix-cache hit tokens over queried tokens (0 when nothing was queried).
-    pub fn prefix_cache_hit_rate(&self) -> f64 {
-        if self.prefix_cache_queries == 0 {
-            0.0
-        } else {
-            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
-        }
-    }
 }
 
 pub struct EngineCore {
@@ -114,11 +115,8 @@ impl EngineCore {
     /// Validates `config` against the model and allocates the KV cache.
     pub fn new(model: Box<dyn Model>, mut config: EngineConfig) -> Result<Self, EngineError> {
         let block_size = config.block_size;
-        if !block_size.is_power_of_two() || block_size > 256 {
-            return Err(EngineError::Config(format!(
-                "`block_size` ({block_size}) must be a power of two up to 256"
-            )));
-        }
+        EngineConfig::check_block_size(block_size)
+            .map_err(|e| EngineError::Config(format!("`block_size` {e}")))?;
         if config.num_kv_blocks == 0 {
             return Err(EngineError::Config("`num_kv_blocks` must be at least 1".into()));
         }
@@ -163,10 +161,6 @@ impl EngineCore {
         })
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
-    }
-
     /// The resolved maximum of prompt plus output tokens.
     pub fn max_model_len(&self) -> usize {
         self.scheduler.config().max_model_len
@@ -178,10 +172,6 @@ impl EngineCore {
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
-    }
-
-    pub fn bytes_per_block(&self) -> usize {
-        self.runner.bytes_per_block()
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -304,8 +294,7 @@ impl EngineCore {
         self.stats.num_running = num_running;
         self.stats.num_waiting = num_waiting;
         self.stats.kv_usage = kv_usage;
-        self.stats.prefix_cache_queries = prefix_cache.num_queried_tokens;
-        self.stats.prefix_cache_hits = prefix_cache.num_hit_tokens;
+        self.stats.prefix_cache = prefix_cache;
         self.stats.num_preemptions = num_preemptions;
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         self.stats.num_steps = num_steps;

@@ -135,16 +135,6 @@ impl ModelRunner {
         &*self.model
     }
 
-    /// Bytes of one KV block across all layers.
-    pub fn bytes_per_block(&self) -> usize {
-        self.kv.bytes_per_block()
-    }
-
-    /// Requests the runner holds batch state for (scheduled and not finished or preempted).
-    pub fn num_requests(&self) -> usize {
-        self.requests.len()
-    }
-
     /// Drops everything known about `id` (abort).
     pub fn forget(&mut self, id: RequestId) {
         self.requests.remove(&id);

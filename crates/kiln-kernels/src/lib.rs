@@ -18,7 +18,6 @@ pub mod probe;
 pub mod quant;
 pub mod rope;
 mod simd;
-pub mod softmax;
 mod storage;
 #[cfg(test)]
 mod testing;

@@ -6,16 +6,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use kiln_fetch::{FetchConfig, fetch_default_model};
 use kiln_kernels::ThreadPool;
-use kiln_models::{
-    ForwardBatch, ForwardScratch, Logits, LogitsWanted, PagedKvCache, fetch_default_model,
-    load_model,
-};
+use kiln_models::{ForwardBatch, ForwardScratch, Logits, LogitsWanted, PagedKvCache, load_model};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = match args.get(1).map(String::as_str) {
-        None | Some("default") => fetch_default_model()?,
+        None | Some("default") => fetch_default_model(&FetchConfig::from_env())?,
         Some(p) => PathBuf::from(p),
     };
     let prefill: usize = args.get(2).map_or(Ok(512), |s| s.parse())?;

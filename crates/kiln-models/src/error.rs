@@ -43,6 +43,17 @@ impl LoadError {
     }
 }
 
+impl From<kiln_tokenizer::TokenizerError> for LoadError {
+    fn from(e: kiln_tokenizer::TokenizerError) -> Self {
+        use kiln_tokenizer::TokenizerError as T;
+        match e {
+            T::Io { path, source } => Self::Io { path, source },
+            T::Format { path, message } => Self::Format { path, message },
+            T::Tokenizer { path, message } => Self::Tokenizer { path, message },
+        }
+    }
+}
+
 /// A batch the model cannot run (the engine validates first; this is the last line).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ForwardError {

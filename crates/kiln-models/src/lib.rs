@@ -1,5 +1,5 @@
-//! Models of kiln: loading weights, configs and tokenizers, and stateless forward passes over
-//! a paged KV cache that the caller owns.
+//! Models of kiln: loading weights and configs (and, through `kiln-tokenizer`, the tokenizer a
+//! model ships), and stateless forward passes over a paged KV cache that the caller owns.
 //!
 //! Invariants:
 //! - a model never owns KV memory: [`PagedKvCache`] is passed to every [`Model::forward`];
@@ -10,7 +10,6 @@
 mod batch;
 mod config;
 mod decoder;
-mod default_model;
 mod error;
 pub mod gguf;
 mod kv_cache;
@@ -18,16 +17,13 @@ mod loader;
 mod model;
 mod names;
 mod safetensors_store;
-mod tokenizer;
 mod weights;
 
 pub use batch::{BatchSeq, ForwardBatch, LogitsWanted};
 pub use config::{Architecture, ModelConfig};
 pub use decoder::DecoderModel;
-pub use default_model::{DEFAULT_MODEL_NAME, fetch_default_model};
 pub use error::{ForwardError, LoadError};
 pub use kv_cache::{KvCacheDtype, KvLayerMut, KvLayout, PagedKvCache};
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{ForwardScratch, Logits, Model};
 pub use safetensors_store::WeightStore;
-pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, Tokenizer};
