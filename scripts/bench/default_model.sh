@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS="${1:-3}"
 THREADS="${2:-2}"
-MODEL="$(python3 scripts/fetch_default_model.py 2>/dev/null)"
+MODEL="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
 cargo build --release -q -p kiln-models --example forward_bench
 cargo build --release -q -p kiln-kernels --example membw
 "${CARGO_TARGET_DIR:-target}"/release/examples/membw "$THREADS" 1024

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results}"
 mkdir -p "$OUT"
-MODEL="$(python3 scripts/fetch_default_model.py 2>/dev/null)"
+MODEL="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
 cargo build --release -q -p kiln
 KILN="${CARGO_TARGET_DIR:-target}/release/kiln"
 PORT=8090

@@ -90,6 +90,6 @@ pub fn check_block_size(block_size: usize) -> Result<(), String> {
     if block_size.is_power_of_two() && block_size <= MAX_BLOCK_SIZE {
         Ok(())
     } else {
-        Err(format!("`block_size` ({block_size}) must be a power of two up to {MAX_BLOCK_SIZE}"))
+        Err(format!("must be a power of two up to {MAX_BLOCK_SIZE}, got {block_size}"))
     }
 }

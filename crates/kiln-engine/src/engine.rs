@@ -1,12 +1,12 @@
-//! The engine core: owns the [`Scheduler`], the [`ModelRunner`] and the kernel thread pool, and
-//! runs one step at a time: schedule → execute → update → outputs. Single-threaded and
+//! The engine core: owns the [`Scheduler`] and the [`ModelRunner`] (with the model bound to its
+//! KV cache on its backend), and runs one step at a time: schedule → execute → update → outputs. Single-threaded and
 //! synchronous; [`crate::EngineHandle`] runs it on its own thread.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
-use kiln_kv::KvCacheConfig;
+use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
@@ -17,7 +17,7 @@ use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 /// Sizes and limits of an engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Tokens per KV block (8, 16, 32, 64 or 128 on the CLI; any power of two up to 256 here).
+    /// Tokens per KV block; see [`kiln_models::check_block_size`].
     pub block_size: usize,
     pub num_kv_blocks: usize,
     /// Prompt plus output tokens of one request; `None` = the model's maximum positions, capped
@@ -28,7 +28,7 @@ pub struct EngineConfig {
     pub seed: u64,
     /// The model's end-of-sequence ids (ignored by requests with `ignore_eos`).
     pub eos_token_ids: Vec<TokenId>,
-    /// Element type of the KV cache.
+    /// Element type of the KV cache (default f16, as the CLI).
     pub kv_cache_dtype: KvCacheDtype,
 }
 
@@ -41,7 +41,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerConfig::default(),
             seed: 0,
             eos_token_ids: Vec::new(),
-            kv_cache_dtype: KvCacheDtype::F32,
+            kv_cache_dtype: KvCacheDtype::F16,
         }
     }
 }
@@ -67,10 +67,9 @@ pub struct EngineStats {
     pub num_waiting: usize,
     /// Fraction of KV blocks held by requests.
     pub kv_usage: f32,
-    /// Prompt tokens looked up in the prefix cache, summed since start.
-    pub prefix_cache_queries: u64,
-    /// Of those, tokens found (not recomputed).
-    pub prefix_cache_hits: u64,
+    /// Prompt tokens looked up in the prefix cache and, of those, found (not recomputed),
+    /// summed since start; `prefix_cache.hit_rate()` is their ratio.
+    pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
     /// Tokens scheduled in the last step.
     pub step_scheduled_tokens: usize,
@@ -81,17 +80,6 @@ pub struct EngineStats {
     pub num_steps: u64,
     /// Wall time of the last step.
     pub step_time: Duration,
-}
-
-impl EngineStats {
-    /// Prefix-cache hit tokens over queried tokens (0 when nothing was queried).
-    pub fn prefix_cache_hit_rate(&self) -> f64 {
-        if self.prefix_cache_queries == 0 {
-            0.0
-        } else {
-            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
-        }
-    }
 }
 
 pub struct EngineCore {
@@ -112,7 +100,8 @@ impl EngineCore {
         mut config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let block_size = config.block_size;
-        check_block_size(block_size).map_err(EngineError::Config)?;
+        check_block_size(block_size)
+            .map_err(|e| EngineError::Config(format!("`block_size` {e}")))?;
         if config.num_kv_blocks == 0 {
             return Err(EngineError::Config("`num_kv_blocks` must be at least 1".into()));
         }
@@ -152,10 +141,6 @@ impl EngineCore {
         })
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
-    }
-
     /// The resolved maximum of prompt plus output tokens.
     pub fn max_model_len(&self) -> usize {
         self.scheduler.config().max_model_len
@@ -164,10 +149,6 @@ impl EngineCore {
     /// The model, bound to the engine's KV cache on its backend.
     pub fn model(&self) -> &dyn StepModel {
         self.runner.model()
-    }
-
-    pub fn bytes_per_block(&self) -> usize {
-        self.runner.bytes_per_block()
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -290,8 +271,7 @@ impl EngineCore {
         self.stats.num_running = num_running;
         self.stats.num_waiting = num_waiting;
         self.stats.kv_usage = kv_usage;
-        self.stats.prefix_cache_queries = prefix_cache.num_queried_tokens;
-        self.stats.prefix_cache_hits = prefix_cache.num_hit_tokens;
+        self.stats.prefix_cache = prefix_cache;
         self.stats.num_preemptions = num_preemptions;
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         self.stats.num_steps = num_steps;

@@ -5,11 +5,11 @@
 //!   model, samples.
 //! - [`EngineCore`]: scheduler + runner + thread pool; `step()` = schedule → execute → update.
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
-//! - [`Generator`]: the simplest driver (a fixed set of sequences run to completion, no
-//!   scheduler), used by `kiln generate`.
+//!
+//! There is one driver: the server, the benchmarks and `kiln generate` (one request) all run
+//! [`EngineCore`].
 
 mod engine;
-mod generator;
 mod handle;
 mod logprobs;
 mod output;
@@ -17,11 +17,9 @@ mod runner;
 mod sampler;
 
 pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats};
-pub use generator::{
-    GenerateError, GenerationOutput, Generator, GeneratorConfig, RunStats, StepEvent,
-};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_core::Rng;
+pub use kiln_kv::PrefixCacheStats;
 pub use kiln_models::KvCacheDtype;
 pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};

@@ -123,16 +123,6 @@ impl ModelRunner {
         &*self.model
     }
 
-    /// Bytes of one KV block across all layers.
-    pub fn bytes_per_block(&self) -> usize {
-        self.model.kv_spec().bytes_per_block()
-    }
-
-    /// Requests the runner holds batch state for (scheduled and not finished or preempted).
-    pub fn num_requests(&self) -> usize {
-        self.requests.len()
-    }
-
     /// Drops everything known about `id` (abort).
     pub fn forget(&mut self, id: RequestId) {
         self.requests.remove(&id);

@@ -101,23 +101,23 @@ fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
         let requests = shared_prefix_requests();
         let mut off = engine_of(dtype, false, 256, 2048);
         let expected = run(&mut off, &requests);
-        assert_eq!(off.stats().prefix_cache_hits, 0);
+        assert_eq!(off.stats().prefix_cache.num_hit_tokens, 0);
         for r in &expected {
             assert_eq!(r.len(), 12);
         }
 
         let mut on = engine_of(dtype, true, 256, 2048);
         assert_eq!(run(&mut on, &requests), expected);
-        let hits_first = on.stats().prefix_cache_hits;
+        let hits_first = on.stats().prefix_cache.num_hit_tokens;
         assert_eq!(run(&mut on, &requests), expected);
         let stats = on.stats();
-        assert!(stats.prefix_cache_hits > hits_first, "{stats:?}");
-        assert!(stats.prefix_cache_hit_rate() > 0.0);
+        assert!(stats.prefix_cache.num_hit_tokens > hits_first, "{stats:?}");
+        assert!(stats.prefix_cache.hit_rate() > 0.0);
 
         // Small chunks: requests admitted one by one hit the prefix the first one cached.
         let mut chunked = engine_of(dtype, true, 256, 8);
         assert_eq!(run(&mut chunked, &requests), expected);
-        assert!(chunked.stats().prefix_cache_hits > 0);
+        assert!(chunked.stats().prefix_cache.num_hit_tokens > 0);
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use kiln_core::{SamplingParams, TokenId};
 use kiln_engine::{EngineConfig, EngineCore, EngineError, EngineHandle, EngineOutput};
-use kiln_engine::{PromptLogprobs, SchedulerConfig};
+use kiln_engine::{KvCacheDtype, PromptLogprobs, SchedulerConfig};
 use kiln_kernels::Cpu;
 use kiln_models::{WeightStore, load_model};
 use serde_json::Value;
@@ -23,6 +23,8 @@ fn engine(max_num_batched_tokens: usize) -> EngineCore {
         num_kv_blocks: 128,
         max_model_len: Some(64),
         scheduler: SchedulerConfig { max_num_batched_tokens, ..SchedulerConfig::default() },
+        // The references are float32: keep K and V unrounded.
+        kv_cache_dtype: KvCacheDtype::F32,
         ..EngineConfig::default()
     };
     EngineCore::new(model, config).unwrap()
@@ -147,7 +149,7 @@ fn parallel_samples_of_one_prompt_share_its_full_blocks() {
         std::thread::sleep(std::time::Duration::from_millis(5));
         stats = handle.stats();
     }
-    assert_eq!(stats.prefix_cache_hits, 48);
+    assert_eq!(stats.prefix_cache.num_hit_tokens, 48);
     assert_eq!(stats.kv_usage, 0.0);
 }
 

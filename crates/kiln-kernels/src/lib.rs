@@ -20,7 +20,6 @@ pub mod quant;
 mod reference;
 pub mod rope;
 mod simd;
-pub mod softmax;
 #[cfg(test)]
 mod testing;
 mod thread_pool;

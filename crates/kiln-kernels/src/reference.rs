@@ -146,7 +146,8 @@ impl Backend for Reference {
     }
 
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<RefKvStore, ForwardError> {
-        kiln_backend::check_block_size(spec.block_size).map_err(ForwardError::KvLayout)?;
+        kiln_backend::check_block_size(spec.block_size)
+            .map_err(|e| ForwardError::KvLayout(format!("block size {e}")))?;
         let layer = || vec![0.0; spec.layer_elems()];
         let n = spec.layout.num_layers;
         Ok(RefKvStore {

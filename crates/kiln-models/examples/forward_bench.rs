@@ -7,16 +7,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_fetch::{FetchConfig, fetch_default_model};
 use kiln_kernels::Cpu;
 use kiln_models::{
-    Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, Logits, LogitsWanted, Workspace,
-    fetch_default_model, load_model,
+    Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, Logits, LogitsWanted, Workspace, load_model,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = match args.get(1).map(String::as_str) {
-        None | Some("default") => fetch_default_model()?,
+        None | Some("default") => fetch_default_model(&FetchConfig::from_env())?,
         Some(p) => PathBuf::from(p),
     };
     let prefill: usize = args.get(2).map_or(Ok(512), |s| s.parse())?;

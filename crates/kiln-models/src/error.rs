@@ -42,3 +42,14 @@ impl LoadError {
         Self::Config { path: path.into(), message: message.into() }
     }
 }
+
+impl From<kiln_tokenizer::TokenizerError> for LoadError {
+    fn from(e: kiln_tokenizer::TokenizerError) -> Self {
+        use kiln_tokenizer::TokenizerError as T;
+        match e {
+            T::Io { path, source } => Self::Io { path, source },
+            T::Format { path, message } => Self::Format { path, message },
+            T::Tokenizer { path, message } => Self::Tokenizer { path, message },
+        }
+    }
+}

@@ -26,7 +26,7 @@ use crate::LoadError;
 
 pub use parse::GgufTensorInfo;
 pub use value::GgufValue;
-pub use vocab::read_vocab;
+pub use vocab::{read_tokenizer, read_vocab};
 
 /// An opened, validated GGUF file.
 pub struct GgufFile {

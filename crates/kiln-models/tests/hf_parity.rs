@@ -20,7 +20,7 @@ const BITWISE: f32 = 0.0;
 #[test]
 fn tokenizer_matches_transformers() {
     for name in MODELS {
-        let (tok, _) = kiln_models::Tokenizer::from_dir(&fixture(name)).unwrap();
+        let (tok, _) = kiln_tokenizer::Tokenizer::from_dir(&fixture(name)).unwrap();
         for case in cases(name, None).iter().map(|c| (&c.prompt, &c.prompt_ids)) {
             assert_eq!(&tok.encode(case.0, true).unwrap(), case.1, "{name}: {:?}", case.0);
         }

@@ -129,14 +129,6 @@ impl Request {
         &self.tokens
     }
 
-    pub fn prompt_token_ids(&self) -> &[TokenId] {
-        &self.tokens[..self.num_prompt_tokens]
-    }
-
-    pub fn output_token_ids(&self) -> &[TokenId] {
-        &self.tokens[self.num_prompt_tokens..]
-    }
-
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()
     }

@@ -84,7 +84,7 @@ fn the_diff_carries_rolled_back_computed_counts_and_accepted_tokens() {
     let r = s.request(id).unwrap();
     // 6 + 4 computed, 2 drafts rejected: back to 8; t(7) accepted, t(8) sampled after it
     assert_eq!((r.num_tokens(), r.num_computed_tokens()), (9, 8));
-    assert_eq!(r.output_token_ids(), [t(6), t(7), t(8)]);
+    assert_eq!(r.all_token_ids()[r.num_prompt_tokens()..], [t(6), t(7), t(8)]);
     assert!(r.spec_token_ids().is_empty());
     // only known, computed tokens are registered: block 0 (positions 0..4) and block 1 (4..8)
     assert_eq!(s.kv_cache().num_registered_blocks(id), 1);

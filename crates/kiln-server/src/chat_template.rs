@@ -51,7 +51,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_models::{Architecture, Tokenizer};
+use kiln_tokenizer::Tokenizer;
 use minijinja::value::{Enumerator, Object, Value};
 use minijinja::{AutoEscape, Environment, ErrorKind, context};
 
@@ -234,7 +234,7 @@ impl ChatTemplate {
 pub fn load_chat_template(
     tokenizer: &Tokenizer,
     override_file: Option<&Path>,
-    builtin: Option<(&str, &str)>,
+    builtin: Option<BuiltinTemplate>,
 ) -> Result<ChatTemplate, TemplateError> {
     let bos = tokenizer.bos_token_id().and_then(|id| tokenizer.token_text(id));
     let eos = tokenizer
@@ -250,7 +250,7 @@ pub fn load_chat_template(
     match (tokenizer.chat_template(), tokenizer.chat_template_origin()) {
         (Some(source), Some(origin)) => ChatTemplate::with_source_name(source, origin, bos, eos),
         (Some(source), None) => ChatTemplate::with_source_name(source, "tokenizer", bos, eos),
-        (None, _) => match builtin {
+        (None, _) => match builtin.map(BuiltinTemplate::name_and_source) {
             Some((name, source)) => ChatTemplate::with_source_name(source, name, bos, eos),
             None => Ok(ChatTemplate::fallback(bos, eos)),
         },
@@ -261,11 +261,19 @@ pub fn load_chat_template(
 /// ship none (the default model's GGUF has no `tokenizer.chat_template`).
 pub const GEMMA3_TEMPLATE: &str = include_str!("../templates/gemma3.jinja");
 
-/// The built-in template of a model family, used when the model ships none.
-pub fn builtin_template(architecture: Architecture) -> Option<(&'static str, &'static str)> {
-    match architecture {
-        Architecture::Gemma3 => Some(("built-in Gemma 3 template", GEMMA3_TEMPLATE)),
-        _ => None,
+/// A model family whose instruction template kiln ships, used when a model of that family
+/// carries none. Which family a model belongs to is the loader's knowledge, not the server's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuiltinTemplate {
+    Gemma3,
+}
+
+impl BuiltinTemplate {
+    /// The template's name (as [`ChatTemplate::source_name`] reports it) and its source.
+    pub fn name_and_source(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Gemma3 => ("built-in Gemma 3 template", GEMMA3_TEMPLATE),
+        }
     }
 }
 

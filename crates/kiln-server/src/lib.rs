@@ -33,37 +33,42 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use kiln_engine::{EngineConfig, EngineCore, EngineHandle};
-use kiln_models::{Backend, LoadedModel};
+use kiln_engine::{EngineCore, EngineHandle};
+use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 pub use config::ServerConfig;
 pub use error::ApiError;
 pub use state::{Loaded, ServerState};
 
+use crate::chat_template::BuiltinTemplate;
 use crate::metrics::Metrics;
 use crate::validate::Limits;
 
-/// Builds the engine for `model`, starts its thread, and returns what the server needs.
-/// `engine.eos_token_ids` defaults to the tokenizer's.
-pub fn load<B: Backend>(
+/// A model ready to serve: the engine core that runs it (configured to stop on the
+/// tokenizer's end-of-sequence ids), its tokenizer and generation defaults, and the built-in
+/// chat template of its family for models that ship none.
+pub struct ServedModel {
+    pub core: EngineCore,
+    pub tokenizer: Tokenizer,
+    pub generation_defaults: GenerationDefaults,
+    pub builtin_template: Option<BuiltinTemplate>,
+}
+
+/// Picks the chat template (`chat_template_file` first, see
+/// [`chat_template::load_chat_template`]), starts the engine thread, and returns what the
+/// server needs.
+pub fn load(
     config: &ServerConfig,
-    model: LoadedModel<B>,
-    mut engine: EngineConfig,
+    model: ServedModel,
     chat_template_file: Option<&Path>,
 ) -> Result<Loaded, String> {
-    let LoadedModel { model, tokenizer, generation_defaults } = model;
-    let builtin = chat_template::builtin_template(model.config().architecture);
-    let template = chat_template::load_chat_template(&tokenizer, chat_template_file, builtin)
-        .map_err(|e| format!("chat template: {e}"))?;
-    if engine.eos_token_ids.is_empty() {
-        engine.eos_token_ids =
-            tokenizer.eos_token_ids().iter().map(|&t| kiln_core::TokenId(t)).collect();
-    }
-    let vocab_size = model.config().vocab_size;
-    let core = EngineCore::new(model, engine).map_err(|e| e.to_string())?;
+    let ServedModel { core, tokenizer, generation_defaults, builtin_template } = model;
+    let template =
+        chat_template::load_chat_template(&tokenizer, chat_template_file, builtin_template)
+            .map_err(|e| format!("chat template: {e}"))?;
     let limits = Limits {
         max_model_len: core.max_model_len(),
-        vocab_size,
+        vocab_size: core.model().config().vocab_size,
         max_logprobs: config.max_logprobs,
     };
     let name = config.served_model_names.first().map_or("kiln", String::as_str);

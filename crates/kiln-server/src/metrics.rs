@@ -320,9 +320,13 @@ impl Metrics {
             advance(
                 &self.prefix_cache_queries,
                 &mut last.prefix_cache_queries,
-                stats.prefix_cache_queries,
+                stats.prefix_cache.num_queried_tokens,
             );
-            advance(&self.prefix_cache_hits, &mut last.prefix_cache_hits, stats.prefix_cache_hits);
+            advance(
+                &self.prefix_cache_hits,
+                &mut last.prefix_cache_hits,
+                stats.prefix_cache.num_hit_tokens,
+            );
             advance(&self.num_preemptions, &mut last.num_preemptions, stats.num_preemptions);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);

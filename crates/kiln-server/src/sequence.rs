@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_engine::{EngineError, Logprobs, PromptLogprobs, StreamItem};
-use kiln_models::DecodeStream;
+use kiln_tokenizer::DecodeStream;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kiln_engine::EngineHandle;
-use kiln_models::{GenerationDefaults, Tokenizer};
+use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 use crate::chat_template::ChatTemplate;
 use crate::config::ServerConfig;

@@ -3,7 +3,7 @@
 //! default `max_tokens`) are applied per prompt by [`GenerationSpec::for_prompt`].
 
 use kiln_core::{SamplingParams, TokenId};
-use kiln_models::GenerationDefaults;
+use kiln_tokenizer::GenerationDefaults;
 
 use crate::error::ApiError;
 use crate::protocol::SamplingFields;

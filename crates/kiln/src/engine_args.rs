@@ -15,7 +15,7 @@
 //! pure decode steps: the steadiest inter-token latency, later first tokens); balanced sits
 //! between. Measured effects: docs/BENCHMARKS.md, "Profiles".
 
-use kiln_engine::{KvCacheDtype, SchedulerConfig, SchedulingPolicy};
+use kiln_engine::{EngineConfig, KvCacheDtype, SchedulerConfig, SchedulingPolicy};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Policy {
@@ -83,7 +83,7 @@ pub struct EngineArgs {
     pub scheduling_policy: Policy,
     /// Element type of the KV cache, f16 or f32: f16 (as llama.cpp's default) halves its
     /// memory and the bytes attention reads; f32 keeps K and V unrounded.
-    #[arg(long, default_value = "f16")]
+    #[arg(long, default_value = EngineConfig::default().kv_cache_dtype.name())]
     pub kv_cache_dtype: KvCacheDtype,
 }
 
@@ -97,7 +97,7 @@ impl Default for EngineArgs {
             long_prefill_token_threshold: None,
             max_num_partial_prefills: None,
             scheduling_policy: Policy::Fcfs,
-            kv_cache_dtype: KvCacheDtype::F16,
+            kv_cache_dtype: EngineConfig::default().kv_cache_dtype,
         }
     }
 }

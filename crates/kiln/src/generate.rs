@@ -1,11 +1,17 @@
-//! `kiln generate`: load a model, run one prompt, stream the text, report speed on stderr.
+//! `kiln generate`: load a model, run one prompt as the one request of an [`EngineCore`],
+//! stream the text, report speed on stderr.
+//!
+//! The engine gets exactly the KV cache the request needs (prompt + `--max-tokens`, capped at
+//! the model's maximum positions, where generation stops with `length`), no prefix cache, and
+//! an f32 KV cache, so the output is the reference the model's tests compare against.
 
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
-use kiln_core::SamplingParams;
-use kiln_engine::{Generator, GeneratorConfig, StepEvent};
+use anyhow::{Context, anyhow};
+use kiln_core::{SamplingParams, TokenId};
+use kiln_engine::{EngineConfig, EngineCore, KvCacheDtype, SchedulerConfig};
+use kiln_tokenizer::Tokenizer;
 
 use crate::model_arg::ModelArgs;
 
@@ -46,18 +52,26 @@ pub struct GenerateArgs {
     /// Kernel threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV cache block (a power of two up to 256).
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
     block_size: usize,
     /// Tokens per forward step (the prefill chunk size).
     #[arg(long, default_value_t = 512)]
     max_num_batched_tokens: usize,
 }
 
+/// Timings of the run, as the stats line reports them.
+struct RunStats {
+    num_prompt_tokens: usize,
+    num_output_tokens: usize,
+    /// Until the first token (prefill and its sampling).
+    prefill_time: Duration,
+    /// From the first token to the last.
+    decode_time: Duration,
+}
+
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
-    if !(1..=256).contains(&args.block_size) {
-        bail!("--block-size must be in 1..=256");
-    }
+    kiln_models::check_block_size(args.block_size).map_err(|e| anyhow!("--block-size {e}"))?;
     let load_start = Instant::now();
     let loaded = args.model.load(args.threads)?;
     let num_threads = loaded.model.backend().pool().num_threads();
@@ -66,8 +80,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let defaults = &loaded.generation_defaults;
     let prompt = tokenizer
         .encode(&args.prompt, !args.no_special_tokens)
-        .map_err(|e| anyhow::anyhow!("tokenizing the prompt: {e}"))?;
-    let params = SamplingParams {
+        .map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
+    let mut params = SamplingParams {
         temperature: args.temperature.or(defaults.temperature).unwrap_or(1.0),
         top_p: args.top_p.or(defaults.top_p).unwrap_or(1.0),
         top_k: args.top_k.or(defaults.top_k).unwrap_or(0),
@@ -78,33 +92,30 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         seed: Some(args.seed),
         ..SamplingParams::default()
     };
-    let total = prompt.len() + args.max_tokens;
-    let config = GeneratorConfig {
-        block_size: args.block_size,
-        num_blocks: total.div_ceil(args.block_size),
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_model_len: None,
-        seed: args.seed,
-    };
-    let eos = tokenizer.eos_token_ids().to_vec();
-    let mut generator = Generator::new(loaded.model, config)?;
-    let mut decoder = tokenizer.decode_stream(true);
-    let mut stdout = std::io::stdout().lock();
-    let mut write_error = None;
-    generator.generate(&[(prompt, params)], &eos, |event| {
-        if let StepEvent::Token { token, .. } = event
-            && let Ok(Some(text)) = decoder.step(token)
-            && let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush())
-        {
-            write_error.get_or_insert(e);
-        }
-    })?;
-    writeln!(stdout)?;
-    if let Some(e) = write_error {
-        return Err(e).context("writing to stdout");
+    // Generation stops at the model's maximum positions; a prompt that reaches it is refused
+    // by the engine (the request then asks for more than `max_model_len`).
+    let model_max = loaded.model.config().max_position_embeddings;
+    let max_model_len = (prompt.len() + args.max_tokens).min(model_max);
+    if prompt.len() < max_model_len {
+        params.max_tokens = max_model_len - prompt.len();
     }
-    let stats = generator.stats();
-    let rate = |n: usize, d: std::time::Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let config = EngineConfig {
+        block_size: args.block_size,
+        num_kv_blocks: max_model_len.div_ceil(args.block_size).max(1),
+        max_model_len: Some(max_model_len),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_num_seqs: 1,
+            enable_prefix_caching: false,
+            ..SchedulerConfig::default()
+        },
+        seed: args.seed,
+        eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
+        kv_cache_dtype: KvCacheDtype::F32,
+    };
+    let mut core = EngineCore::new(loaded.model, config)?;
+    let stats = stream(&mut core, tokenizer, prompt, params)?;
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     eprintln!(
         "load: {:.2} s | prompt: {} tokens, {:.1} tok/s | output: {} tokens, {:.1} tok/s \
          (decode, {} threads)",
@@ -116,4 +127,45 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         num_threads,
     );
     Ok(())
+}
+
+/// Runs the one request to its end, writing its text to stdout as tokens arrive, then a newline.
+fn stream(
+    core: &mut EngineCore,
+    tokenizer: &Tokenizer,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> anyhow::Result<RunStats> {
+    let num_prompt_tokens = prompt.len();
+    core.add_request(prompt.into_iter().map(TokenId).collect(), params, 0)?;
+    let mut decoder = tokenizer.decode_stream(true);
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let start = Instant::now();
+    let mut first_token_at = None;
+    let mut num_output_tokens = 0;
+    while core.has_unfinished() {
+        for out in core.step()? {
+            num_output_tokens += 1;
+            if let Ok(Some(text)) = decoder.step(out.new_token.0)
+                && let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush())
+            {
+                write_error.get_or_insert(e);
+            }
+        }
+        if num_output_tokens > 0 {
+            first_token_at.get_or_insert_with(Instant::now);
+        }
+    }
+    writeln!(stdout)?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing to stdout");
+    }
+    let first_token_at = first_token_at.unwrap_or_else(Instant::now);
+    Ok(RunStats {
+        num_prompt_tokens,
+        num_output_tokens,
+        prefill_time: first_token_at - start,
+        decode_time: first_token_at.elapsed(),
+    })
 }

@@ -4,7 +4,8 @@
 //! `--num-kv-blocks`; `--kv-cache-memory BYTES`; `--memory-utilization F` of the RAM available
 //! after the weights; else the subcommand's default.
 
-use anyhow::bail;
+use anyhow::{anyhow, bail};
+use kiln_engine::EngineConfig;
 
 /// A byte count: plain, or with a suffix `K`/`M`/`G`/`T` (powers of 1000) or
 /// `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024).
@@ -37,8 +38,8 @@ impl std::str::FromStr for Bytes {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct KvCacheArgs {
-    /// Tokens per KV cache block: 8, 16, 32, 64 or 128.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV cache block: a power of two up to 256.
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
     pub block_size: usize,
     /// KV cache size in bytes (e.g. 4GiB, 512MiB, 2G).
     #[arg(long, conflicts_with = "memory_utilization")]
@@ -75,9 +76,7 @@ impl KvCacheArgs {
         available: impl FnOnce() -> Option<u64>,
         default_blocks: usize,
     ) -> anyhow::Result<KvSizing> {
-        if ![8, 16, 32, 64, 128].contains(&self.block_size) {
-            bail!("--block-size must be 8, 16, 32, 64 or 128");
-        }
+        kiln_models::check_block_size(self.block_size).map_err(|e| anyhow!("--block-size {e}"))?;
         let per_block = bytes_per_block.max(1) as u64;
         let num_blocks = if let Some(n) = self.num_kv_blocks {
             n

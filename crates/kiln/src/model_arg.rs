@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use kiln_fetch::{DEFAULT_MODEL_NAME, FetchConfig, fetch_default_model};
 use kiln_kernels::{Cpu, GgmlType};
-use kiln_models::{
-    DEFAULT_MODEL_NAME, LoadOptions, LoadedModel, fetch_default_model, load_model_with,
-};
+use kiln_models::{LoadOptions, LoadedModel, load_model_with};
 
 /// Weight types `--quantization` offers for float checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -47,7 +46,7 @@ impl ModelArgs {
     /// The path to load: the default model is fetched (and cached) when named.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
         if self.model == DEFAULT_MODEL_NAME && !PathBuf::from(&self.model).exists() {
-            return fetch_default_model().map_err(|e| anyhow::anyhow!(e));
+            return Ok(fetch_default_model(&FetchConfig::from_env())?);
         }
         Ok(PathBuf::from(&self.model))
     }

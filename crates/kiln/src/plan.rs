@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use kiln_bench::plan::{KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate};
 use kiln_core::Rng;
-use kiln_engine::KvCacheDtype;
+use kiln_engine::{EngineConfig, KvCacheDtype};
 use kiln_kernels::{Cpu, GgmlType, ThreadPool, probe};
 
 use crate::bench::latency::{grid_engine, run_cell};
@@ -33,8 +33,8 @@ pub struct PlanArgs {
     #[arg(long)]
     max_model_len: Option<usize>,
     /// KV cache element type to plan for: f32, f16, bf16 or int8 (kiln's engine stores f32
-    /// or f16).
-    #[arg(long, default_value = "f32")]
+    /// or f16; default: the engine's).
+    #[arg(long, default_value = EngineConfig::default().kv_cache_dtype.name())]
     kv_cache_dtype: KvDtype,
     /// Context length of the decode estimate.
     #[arg(long, default_value_t = 256)]
@@ -190,7 +190,8 @@ fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model<Cpu>>) -> anyhow::
         },
         ..EngineArgs::default()
     };
-    let mut core = grid_engine(model, &engine, 16, max_b, len, max_b * len, 0)?;
+    let block_size = EngineConfig::default().block_size;
+    let mut core = grid_engine(model, &engine, block_size, max_b, len, max_b * len, 0)?;
     let mut rng = Rng::new(0);
     run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
     let prefill = run_cell(&mut core, &mut rng, vocab, 1, args.prefill_len, 1)?.prefill_tps();

@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kiln_engine::{EngineConfig, SchedulerConfig};
-use kiln_server::{ServerConfig, ServerState};
+use kiln_core::TokenId;
+use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
+use kiln_models::{Architecture, LoadedModel};
+use kiln_server::chat_template::BuiltinTemplate;
+use kiln_server::{ServedModel, ServerConfig, ServerState};
 
 use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, KvCacheArgs, available_memory};
@@ -169,20 +172,32 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         args.kv.max_model_len.unwrap_or_else(|| model_max.min(default_blocks.max(1) * block_size));
     let sizing = args.kv.resolve(bytes_per_block, max_model_len, || free, default_blocks)?;
     tracing::info!("{}", sizing.describe(block_size, max_model_len));
+    let builtin_template = builtin_template(model.config().architecture);
+    let LoadedModel { model, tokenizer, generation_defaults } = loaded;
     let engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
         max_model_len: Some(max_model_len),
         scheduler: args.scheduler.clone(),
         seed: args.seed,
-        eos_token_ids: Vec::new(),
+        eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: args.kv_cache_dtype,
     };
-    let ready = kiln_server::load(&state.config, loaded, engine, args.chat_template.as_deref())
+    let core = EngineCore::new(model, engine)?;
+    let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
+    let ready = kiln_server::load(&state.config, served, args.chat_template.as_deref())
         .map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!("chat template: {}", ready.template.source_name());
     state.set_loaded(ready);
     Ok(())
+}
+
+/// The chat template kiln ships for a model family, for models that carry none.
+fn builtin_template(architecture: Architecture) -> Option<BuiltinTemplate> {
+    match architecture {
+        Architecture::Gemma3 => Some(BuiltinTemplate::Gemma3),
+        _ => None,
+    }
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -22,7 +22,7 @@ enum ObjectiveKind {
 #[derive(clap::Args, Debug)]
 pub struct TuneArgs {
     /// The model every server loads (as `kiln serve --model`); also the prompts' tokenizer.
-    #[arg(long, default_value = kiln_models::DEFAULT_MODEL_NAME)]
+    #[arg(long, default_value = kiln_fetch::DEFAULT_MODEL_NAME)]
     model: String,
     /// More flags for every server, e.g. "--threads 2 --num-kv-blocks 4096".
     #[arg(long, default_value = "", allow_hyphen_values = true)]

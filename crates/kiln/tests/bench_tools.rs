@@ -296,6 +296,8 @@ fn plan_reports_hand_computed_capacity_and_roofline() {
         "100",
         "--context",
         "64",
+        "--kv-cache-dtype",
+        "f32",
     ]));
     // 2 layers × 2 KV heads × 16 dims: 2 × 2 × 2 × 16 × 4 B = 512 B per token in f32.
     assert!(stdout.contains("KV cache (f32): 512 bytes per token"), "{stdout}");
@@ -321,8 +323,6 @@ fn plan_reports_hand_computed_capacity_and_roofline() {
         model.to_str().unwrap(),
         "--memory",
         "64MiB",
-        "--kv-cache-dtype",
-        "f16",
         "--bandwidth-gbs",
         "10",
         "--peak-gops",

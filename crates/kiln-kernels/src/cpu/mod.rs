@@ -106,7 +106,8 @@ impl Backend for Cpu {
     }
 
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<CpuKvStore, ForwardError> {
-        kiln_backend::check_block_size(spec.block_size).map_err(ForwardError::KvLayout)?;
+        kiln_backend::check_block_size(spec.block_size)
+            .map_err(|e| ForwardError::KvLayout(format!("block size {e}")))?;
         Ok(CpuKvStore::new(spec))
     }
 

@@ -1,7 +1,10 @@
-//! The tokenizer of a GGUF file: its `tokenizer.*` metadata into a [`GgufVocab`].
+//! The tokenizer of a GGUF file: its `tokenizer.*` metadata into a [`GgufVocab`], which
+//! `kiln-tokenizer` turns into a [`Tokenizer`].
 
+use kiln_tokenizer::{GgufVocab, Tokenizer};
+
+use crate::LoadError;
 use crate::gguf::GgufFile;
-use crate::{GgufVocab, LoadError, Tokenizer};
 
 /// Reads the `tokenizer.ggml.*` keys (wrong types are errors, absent keys `None`).
 pub fn read_vocab(file: &GgufFile) -> Result<GgufVocab, LoadError> {
@@ -42,10 +45,8 @@ pub fn read_vocab(file: &GgufFile) -> Result<GgufVocab, LoadError> {
     })
 }
 
-impl Tokenizer {
-    /// The tokenizer a GGUF file carries in its metadata.
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, LoadError> {
-        Self::from_gguf_vocab(read_vocab(file)?)
-            .map_err(|message| LoadError::Tokenizer { path: file.path().to_path_buf(), message })
-    }
+/// The tokenizer a GGUF file carries in its metadata.
+pub fn read_tokenizer(file: &GgufFile) -> Result<Tokenizer, LoadError> {
+    Tokenizer::from_gguf_vocab(read_vocab(file)?)
+        .map_err(|message| LoadError::Tokenizer { path: file.path().to_path_buf(), message })
 }

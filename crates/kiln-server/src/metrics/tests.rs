@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kiln_engine::EngineStats;
+use kiln_engine::{EngineStats, PrefixCacheStats};
 
 use super::process::{ProcessStats, parse_boot_time, parse_stat, parse_status_kb};
 use super::{FinishedRequest, Metrics, build_1_2_5_buckets};
@@ -126,8 +126,11 @@ fn stats(
         num_running: 3,
         num_waiting: 2,
         kv_usage: 0.25,
-        prefix_cache_queries: queries,
-        prefix_cache_hits: hits,
+        prefix_cache: PrefixCacheStats {
+            num_queried_tokens: queries,
+            num_hit_tokens: hits,
+            ..PrefixCacheStats::default()
+        },
         num_preemptions: preemptions,
         step_scheduled_tokens: step_tokens,
         num_steps,

@@ -5,7 +5,7 @@
 
 use kiln_core::TokenId;
 use kiln_engine::{Logprobs, PromptLogprobs, TokenLogprob};
-use kiln_models::Tokenizer;
+use kiln_tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
 
 fn finite(lp: f32) -> f64 {

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kiln_engine::{EngineConfig, SchedulerConfig};
+use kiln_core::TokenId;
+use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 use kiln_kernels::Cpu;
-use kiln_models::load_model;
-use kiln_server::{ServerConfig, ServerState};
+use kiln_models::{LoadedModel, load_model};
+use kiln_server::{ServedModel, ServerConfig, ServerState};
 use serde_json::Value;
 
 pub fn fixture(name: &str) -> PathBuf {
@@ -53,10 +54,18 @@ impl TestServer {
         Self::start_with(config, engine_config())
     }
 
-    pub fn start_with(config: ServerConfig, engine: EngineConfig) -> Self {
+    pub fn start_with(config: ServerConfig, mut engine: EngineConfig) -> Self {
         let state = ServerState::new(config);
-        let model = load_model(&fixture("llama3"), &Arc::new(Cpu::new(1))).unwrap();
-        let loaded = kiln_server::load(&state.config, model, engine, None).unwrap();
+        let LoadedModel { model, tokenizer, generation_defaults } =
+            load_model(&fixture("llama3"), &Arc::new(Cpu::new(1))).unwrap();
+        engine.eos_token_ids = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
+        let served = ServedModel {
+            core: EngineCore::new(model, engine).unwrap(),
+            tokenizer,
+            generation_defaults,
+            builtin_template: None,
+        };
+        let loaded = kiln_server::load(&state.config, served, None).unwrap();
         assert!(state.set_loaded(loaded));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

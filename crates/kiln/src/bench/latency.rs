@@ -34,8 +34,8 @@ pub struct LatencyArgs {
     output_len: Vec<usize>,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV cache block (a power of two up to 256).
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
     block_size: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,

@@ -11,7 +11,7 @@ use kiln_bench::{
     BenchRequest, BenchResult, DatasetConfig, DatasetKind, RequestRate, ServeBenchConfig, Slos,
     Target,
 };
-use kiln_models::DEFAULT_MODEL_NAME;
+use kiln_fetch::DEFAULT_MODEL_NAME;
 
 use super::BenchTokenizer;
 

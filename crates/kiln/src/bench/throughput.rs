@@ -126,9 +126,9 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     );
     println!(
         "Prefix cache hit rate: {:.1}% ({} of {} prompt tokens); preemptions: {}",
-        100.0 * stats.prefix_cache_hit_rate(),
-        stats.prefix_cache_hits,
-        stats.prefix_cache_queries,
+        100.0 * stats.prefix_cache.hit_rate(),
+        stats.prefix_cache.num_hit_tokens,
+        stats.prefix_cache.num_queried_tokens,
         stats.num_preemptions,
     );
     Ok(())

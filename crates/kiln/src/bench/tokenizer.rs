@@ -3,7 +3,8 @@
 
 use anyhow::Context;
 use kiln_bench::PromptTokenizer;
-use kiln_models::{Tokenizer, load_tokenizer};
+use kiln_models::load_tokenizer;
+use kiln_tokenizer::Tokenizer;
 
 use crate::model_arg::ModelArgs;
 

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use kiln_models::{GgufVocab, Tokenizer};
+use kiln_tokenizer::{GgufVocab, Tokenizer};
 use serde_json::Value;
 
 const NORMAL: i32 = 1;

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::LoadError;
+use crate::TokenizerError;
 
 pub use decode_stream::DecodeStream;
 pub use gguf_vocab::GgufVocab;
@@ -64,25 +64,31 @@ fn token_content(v: &Value) -> Option<&str> {
     v.as_str().or_else(|| v.get("content").and_then(Value::as_str))
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>, LoadError> {
+fn io_error(path: &Path, source: std::io::Error) -> TokenizerError {
+    TokenizerError::Io { path: path.to_path_buf(), source }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| LoadError::format(path, format!("not valid JSON: {e}")))
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    serde_json::from_str(&text).map(Some).map_err(|e| TokenizerError::Format {
+        path: path.to_path_buf(),
+        message: format!("not valid JSON: {e}"),
+    })
 }
 
 impl Tokenizer {
     /// Loads the tokenizer files of an HF directory; returns it with the generation defaults.
-    pub fn from_dir(dir: &Path) -> Result<(Self, GenerationDefaults), LoadError> {
+    pub fn from_dir(dir: &Path) -> Result<(Self, GenerationDefaults), TokenizerError> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            return Err(LoadError::io(&path, std::io::ErrorKind::NotFound.into()));
+            return Err(io_error(&path, std::io::ErrorKind::NotFound.into()));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| LoadError::Tokenizer { path: path.clone(), message: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+            TokenizerError::Tokenizer { path: path.clone(), message: e.to_string() }
+        })?;
         let mut tok = Self {
             bos_token_id: None,
             add_bos_token: None,
@@ -109,8 +115,7 @@ impl Tokenizer {
         let template_file = dir.join("chat_template.jinja");
         if template_file.exists() {
             tok.chat_template = Some(
-                std::fs::read_to_string(&template_file)
-                    .map_err(|e| LoadError::io(&template_file, e))?,
+                std::fs::read_to_string(&template_file).map_err(|e| io_error(&template_file, e))?,
             );
             tok.chat_template_origin = "chat_template.jinja";
         }
