@@ -13,6 +13,7 @@
 pub mod activation;
 pub mod attention;
 mod cpu;
+mod host_rows;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

@@ -19,6 +19,7 @@ use kiln_backend::{
     KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
 };
 
+use crate::host_rows;
 use crate::quant::{dequantize_row, quantize_row};
 use crate::rope::Rope;
 
@@ -166,9 +167,7 @@ impl Backend for Reference {
     }
 
     fn reserve(&self, buf: &mut Vec<f32>, len: usize) {
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
+        host_rows::reserve(buf, len);
     }
 
     fn view(buf: &Vec<f32>, range: Range<usize>) -> &[f32] {
@@ -346,15 +345,11 @@ impl Backend for Reference {
     }
 
     fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
-        for (i, &r) in rows.iter().enumerate() {
-            buf.copy_within(r * width..(r + 1) * width, i * width);
-        }
+        host_rows::compact_rows(buf, width, rows);
     }
 
     fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
-        for (d, &r) in dst.chunks_exact_mut(width).zip(rows) {
-            d.copy_from_slice(&src[r * width..(r + 1) * width]);
-        }
+        host_rows::gather_rows(src, width, rows, dst);
     }
 
     fn logits(

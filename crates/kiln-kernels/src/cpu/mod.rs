@@ -21,6 +21,7 @@ pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
 
 use crate::activation::gated_act_inplace;
 use crate::attention::{paged_attention, write_kv};
+use crate::host_rows;
 use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
 use crate::{ThreadPool, WeightMatrix, linear_multi};
@@ -120,9 +121,7 @@ impl Backend for Cpu {
     }
 
     fn reserve(&self, buf: &mut Vec<f32>, len: usize) {
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
+        host_rows::reserve(buf, len);
     }
 
     fn view(buf: &Vec<f32>, range: Range<usize>) -> &[f32] {
@@ -236,16 +235,11 @@ impl Backend for Cpu {
     }
 
     fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
-        for (i, &r) in rows.iter().enumerate() {
-            debug_assert!(r >= i && (i == 0 || r > rows[i - 1]), "rows ascend");
-            buf.copy_within(r * width..(r + 1) * width, i * width);
-        }
+        host_rows::compact_rows(buf, width, rows);
     }
 
     fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
-        for (d, &r) in dst.chunks_exact_mut(width).zip(rows) {
-            d.copy_from_slice(&src[r * width..(r + 1) * width]);
-        }
+        host_rows::gather_rows(src, width, rows, dst);
     }
 
     fn logits(
