@@ -5,6 +5,7 @@
 # `kiln serve`). Prints one line per run and the medians; keeps raw output in OUT_DIR.
 #
 #   scripts/bench/ab.sh OLD_KILN NEW_KILN [ROUNDS=3] [OUT_DIR=bench-ab]
+# (SKIP_SERVE=1 leaves out the serving run.)
 set -euo pipefail
 OLD="$1"; NEW="$2"; ROUNDS="${3:-3}"; OUT="${4:-bench-ab}"
 mkdir -p "$OUT"
@@ -38,7 +39,8 @@ for round in $(seq "$ROUNDS"); do
     prefill=$(latency "$bin" "$tag-prefill" --batch-size 1 --input-len 512 --output-len 2 | cut -f1)
     decode1=$(latency "$bin" "$tag-b1" --batch-size 1 --input-len 128 --output-len 128 | cut -f2)
     decode64=$(latency "$bin" "$tag-b64" --batch-size 64 --input-len 128 --output-len 128 | cut -f2)
-    read -r serve_tps ttft95 <<<"$(serve "$bin" "$tag")"
+    serve_tps=0; ttft95=0
+    [[ -z "${SKIP_SERVE:-}" ]] && read -r serve_tps ttft95 <<<"$(serve "$bin" "$tag")"
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$side" "$round" "$prefill" "$decode1" "$decode64" \
       "$serve_tps" "$ttft95" | tee -a "$OUT/runs.tsv"
   done
@@ -52,6 +54,8 @@ print("| metric | old runs | new runs | old median | new median | new/old |")
 print("|---|---|---|---:|---:|---:|")
 for i, name in enumerate(names):
     vals = {s: [float(r[2 + i]) for r in rows if r[0] == s] for s in ("old", "new")}
+    if not any(vals["old"]):
+        continue
     mo, mn = statistics.median(vals["old"]), statistics.median(vals["new"])
     fmt = lambda v: " / ".join(f"{x:,.0f}" for x in v)
     print(f"| {name} | {fmt(vals['old'])} | {fmt(vals['new'])} | {mo:,.0f} | {mn:,.0f} | {mn/mo:.3f} |")
