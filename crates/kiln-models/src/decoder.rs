@@ -84,7 +84,7 @@ struct StepBuffers<'a, B: Backend> {
     /// `[num_rows, h]` the logits rows, gathered and normed.
     rows: &'a mut B::Buffer,
     rows_normed: &'a mut B::Buffer,
-    /// `[t, rotary_dim]` and `[t, local_rotary_dim]` the step's angles.
+    /// `[t, head_dim]` the step's angles, and the same for the local RoPE (empty without one).
     angles: &'a mut B::Buffer,
     local_angles: &'a mut B::Buffer,
 }
@@ -141,7 +141,7 @@ impl<B: Backend> DecoderModel<B> {
         } else {
             Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
         };
-        let rope_err = |e: kiln_backend::LoadTensorError| LoadError::Quantize {
+        let rope_err = |e: kiln_backend::LoadTensorError| LoadError::Backend {
             name: "rotary embeddings".into(),
             message: e.to_string(),
         };
@@ -239,12 +239,8 @@ impl<B: Backend> DecoderModel<B> {
             be.rms_norm_inplace(B::view_mut(b.q, qr.clone()), qn, c.rms_norm_eps);
             be.rms_norm_inplace(B::view_mut(b.k, kr.clone()), kn, c.rms_norm_eps);
         }
-        let (table, rot) = if local {
-            (&*b.local_angles, self.local_rope.as_ref().map_or(0, |_| c.head_dim))
-        } else {
-            (&*b.angles, c.head_dim)
-        };
-        let angles = B::view(table, Self::rows(r, rot));
+        let table = if local { &*b.local_angles } else { &*b.angles };
+        let angles = B::view(table, Self::rows(r, c.head_dim));
         be.rope_apply(rope, B::view_mut(b.q, qr), c.num_heads, angles);
         be.rope_apply(rope, B::view_mut(b.k, kr), c.num_kv_heads, angles);
     }

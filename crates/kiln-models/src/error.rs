@@ -23,8 +23,10 @@ pub enum LoadError {
     Shape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
     #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
     Dtype { path: PathBuf, name: String, dtype: String },
-    #[error("quantizing tensor `{name}`: {message}")]
-    Quantize { name: String, message: String },
+    /// The backend refused a tensor: a failed conversion (`--quantization`), a size it cannot
+    /// hold, a device error.
+    #[error("loading tensor `{name}` onto the backend: {message}")]
+    Backend { name: String, message: String },
     #[error("{path}: tokenizer: {message}")]
     Tokenizer { path: PathBuf, message: String },
 }

@@ -42,7 +42,7 @@ impl<B: Backend> Weights<'_, B> {
         let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
         self.backend
             .load_weight(tensor, convert)
-            .map_err(|e| LoadError::Quantize { name, message: e.to_string() })
+            .map_err(|e| LoadError::Backend { name, message: e.to_string() })
     }
 
     pub(crate) fn vector(&self, t: Tensor, len: usize) -> Result<B::Vector, LoadError> {
@@ -54,7 +54,7 @@ impl<B: Backend> Weights<'_, B> {
     pub(crate) fn load_vector(&self, t: Tensor, values: &[f32]) -> Result<B::Vector, LoadError> {
         self.backend
             .load_vector(values)
-            .map_err(|e| LoadError::Quantize { name: self.naming.name(t), message: e.to_string() })
+            .map_err(|e| LoadError::Backend { name: self.naming.name(t), message: e.to_string() })
     }
 
     /// The vector when `present`, else `None`.
