@@ -1,6 +1,7 @@
 //! The HTTP side of `kiln bench serve`: one streaming request to an OpenAI-compatible
 //! `/v1/completions` or `/v1/chat/completions` endpoint (kiln, vLLM, llama.cpp's llama-server),
-//! timed chunk by chunk. Plain `http://` only; one connection per request.
+//! timed chunk by chunk. `http://` or `https://` (rustls, the webpki root certificates); one
+//! connection per request.
 //!
 //! Timing: TTFT is the time to the first chunk that carries text; every later text chunk adds
 //! one inter-token latency (a chunk may carry several tokens, as in vLLM's client). Token
@@ -12,6 +13,7 @@ use anyhow::{Context, bail};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Request, StatusCode, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -51,6 +53,10 @@ pub struct Target {
     pub api_key: Option<String>,
     /// Ask the server to ignore EOS so every request produces its full `max_tokens`.
     pub ignore_eos: bool,
+    /// The sampling temperature sent; `None`: 0 (greedy).
+    pub temperature: Option<f64>,
+    /// Fields added to (or replacing those of) every request body (`--extra-body`).
+    pub extra_body: Option<serde_json::Map<String, Value>>,
 }
 
 impl Target {
@@ -62,6 +68,8 @@ impl Target {
             model: String::new(),
             api_key,
             ignore_eos: false,
+            temperature: None,
+            extra_body: None,
         }
     }
 }
@@ -88,7 +96,7 @@ pub struct Outcome {
 /// A pooled HTTP client bound to one target.
 #[derive(Clone)]
 pub struct ApiClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     base: String,
     uri: Uri,
     kind: EndpointKind,
@@ -98,15 +106,21 @@ pub struct ApiClient {
 impl ApiClient {
     pub fn new(target: Target) -> anyhow::Result<Self> {
         let base = target.base_url.trim_end_matches('/').to_owned();
-        if !base.starts_with("http://") {
-            bail!("--base-url must start with http:// (TLS is not supported), got `{base}`");
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            bail!("--base-url must start with http:// or https://, got `{base}`");
         }
         let kind = EndpointKind::of_path(&target.endpoint)?;
         let uri: Uri = format!("{base}{}", target.endpoint)
             .parse()
             .with_context(|| format!("`{base}{}` is not a URL", target.endpoint))?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         // One connection per request: some servers (llama.cpp's llama-server) close a
         // connection after a streamed response in a way a pooled client only sees when it
         // reuses it, failing the next request. Loopback connects cost microseconds.
@@ -144,11 +158,16 @@ impl ApiClient {
         };
         body["model"] = json!(self.target.model);
         body["max_tokens"] = json!(req.output_len);
-        body["temperature"] = json!(0.0);
+        body["temperature"] = json!(self.target.temperature.unwrap_or(0.0));
         body["stream"] = json!(true);
         body["stream_options"] = json!({ "include_usage": true });
         if self.target.ignore_eos {
             body["ignore_eos"] = json!(true);
+        }
+        if let Some(extra) = &self.target.extra_body {
+            for (k, v) in extra {
+                body[k.as_str()] = v.clone();
+            }
         }
         body
     }
@@ -302,18 +321,21 @@ mod tests {
             model: "m".into(),
             api_key: None,
             ignore_eos: true,
+            temperature: None,
+            extra_body: serde_json::from_str(r#"{"top_k": 5, "max_tokens": 3}"#).ok(),
         };
         let req = BenchRequest { prompt: "hi".into(), prompt_len: 1, output_len: 7 };
         let c = ApiClient::new(target("/v1/completions")).unwrap();
         let b = c.body(&req);
-        assert_eq!((b["prompt"].as_str(), b["max_tokens"].as_u64()), (Some("hi"), Some(7)));
+        assert_eq!((b["prompt"].as_str(), b["max_tokens"].as_u64()), (Some("hi"), Some(3)));
+        assert_eq!((b["top_k"].as_u64(), b["temperature"].as_f64()), (Some(5), Some(0.0)));
         assert_eq!(b["stream_options"]["include_usage"], json!(true));
         assert_eq!(b["ignore_eos"], json!(true));
         let c = ApiClient::new(target("/v1/chat/completions")).unwrap();
         assert_eq!(c.body(&req)["messages"][0]["content"], json!("hi"));
-        assert!(
-            ApiClient::new(Target { base_url: "https://x".into(), ..target("/v1/completions") })
-                .is_err()
-        );
+        let https = Target { base_url: "https://x.example".into(), ..target("/v1/completions") };
+        assert!(ApiClient::new(https).is_ok());
+        let ftp = Target { base_url: "ftp://x".into(), ..target("/v1/completions") };
+        assert!(ApiClient::new(ftp).is_err());
     }
 }

@@ -1,6 +1,9 @@
 //! The outcome of one `kiln bench serve` run: counts, throughputs, goodput and latency
 //! distributions (TTFT, TPOT, ITL, E2E), printed as a table and saved as JSON with the field
-//! names vLLM's `bench serve` uses (`mean_ttft_ms`, `p99_tpot_ms`, ...) plus per-request arrays.
+//! names and value types vLLM's `bench serve` uses (`date` as `YYYYMMDD-HHMMSS`, `backend`,
+//! `request_rate` a number or `"inf"`, `mean_ttft_ms`, `p99_tpot_ms`, ... for the
+//! `--percentile-metrics` only, `max_output_tokens_per_s`), plus per-request arrays
+//! (`input_lens`, `ttfts`, `itls`, `latencies`, ...) with `--save-detailed`.
 //!
 //! Definitions (vLLM's): TPOT = (E2E − TTFT) / (output tokens − 1) per request with more than
 //! one output token; ITL = every gap between text chunks; goodput = requests meeting every SLO
@@ -22,10 +25,15 @@ use crate::stats::Distribution;
 pub struct BenchResult {
     pub date: String,
     pub label: String,
+    pub backend: String,
+    pub tokenizer_id: String,
+    /// Metrics reported with statistics (`ttft`, `tpot`, `itl`, `e2el`).
+    pub percentile_metrics: Vec<String>,
     pub base_url: String,
     pub endpoint: String,
     pub model: String,
-    pub request_rate: String,
+    /// `None`: infinite (all at once).
+    pub request_rate: Option<f64>,
     pub burstiness: f64,
     pub max_concurrency: Option<usize>,
     pub num_prompts: usize,
@@ -38,6 +46,10 @@ pub struct BenchResult {
     pub request_goodput: Option<f64>,
     pub output_throughput: f64,
     pub total_token_throughput: f64,
+    /// Most output tokens received in one whole second of the run, and the requests in
+    /// flight during that second (vLLM's peak metrics).
+    pub max_output_tokens_per_s: f64,
+    pub max_concurrent_requests: usize,
     pub slos: Slos,
     pub ttft_ms: Distribution,
     pub tpot_ms: Distribution,
@@ -96,13 +108,20 @@ impl BenchResult {
         let total_output_tokens: usize = output_lens.iter().sum();
         let d = duration_s.max(1e-9);
         let p = &config.percentiles;
+        let (max_output_tokens_per_s, max_concurrent_requests) = peak(outcomes);
         Self {
             date: utc_now(),
             label: config.label.clone(),
+            backend: config.backend.clone(),
+            tokenizer_id: config.tokenizer_id.clone(),
+            percentile_metrics: config.percentile_metrics.clone(),
             base_url: config.target.base_url.clone(),
             endpoint: config.target.endpoint.clone(),
             model: config.target.model.clone(),
-            request_rate: config.request_rate.to_string(),
+            request_rate: match config.request_rate {
+                crate::arrival::RequestRate::Infinite => None,
+                crate::arrival::RequestRate::PerSecond(r) => Some(r),
+            },
             burstiness: config.burstiness,
             max_concurrency: config.max_concurrency,
             num_prompts: n,
@@ -115,6 +134,8 @@ impl BenchResult {
             request_goodput: (!config.slos.is_empty()).then(|| good as f64 / d),
             output_throughput: total_output_tokens as f64 / d,
             total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / d,
+            max_output_tokens_per_s,
+            max_concurrent_requests,
             slos: config.slos,
             ttft_ms: Distribution::of(&ttft_ms, p),
             tpot_ms: Distribution::of(&tpot_ms, p),
@@ -141,20 +162,33 @@ impl BenchResult {
         ]
     }
 
-    pub fn to_json(&self) -> Value {
+    /// The metrics `--percentile-metrics` selected, in the table's order.
+    fn selected_metrics(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, &'static str, &Distribution)> {
+        self.metrics()
+            .into_iter()
+            .filter(|(name, _, _)| self.percentile_metrics.iter().any(|m| m == name))
+    }
+
+    /// The result as vLLM's `bench serve` saves it; the per-request arrays only if `detailed`.
+    pub fn to_json(&self, detailed: bool) -> Value {
         let mut m = Map::new();
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_owned(), v);
         };
         put("date", json!(self.date));
+        put("endpoint_type", json!(self.backend));
+        put("backend", json!(self.backend));
         put("label", json!(self.label));
-        put("base_url", json!(self.base_url));
-        put("endpoint", json!(self.endpoint));
         put("model_id", json!(self.model));
-        put("request_rate", json!(self.request_rate));
+        put("tokenizer_id", json!(self.tokenizer_id));
+        put("num_prompts", json!(self.num_prompts));
+        put("request_rate", self.request_rate.map_or_else(|| json!("inf"), |r| json!(r)));
         put("burstiness", json!(self.burstiness));
         put("max_concurrency", json!(self.max_concurrency));
-        put("num_prompts", json!(self.num_prompts));
+        put("base_url", json!(self.base_url));
+        put("endpoint", json!(self.endpoint));
         put("duration", json!(self.duration_s));
         put("completed", json!(self.completed));
         put("failed", json!(self.failed));
@@ -164,11 +198,13 @@ impl BenchResult {
         put("request_goodput", json!(self.request_goodput));
         put("output_throughput", json!(self.output_throughput));
         put("total_token_throughput", json!(self.total_token_throughput));
+        put("max_output_tokens_per_s", json!(self.max_output_tokens_per_s));
+        put("max_concurrent_requests", json!(self.max_concurrent_requests));
         put(
             "goodput_slos_ms",
             json!({"ttft": self.slos.ttft_ms, "tpot": self.slos.tpot_ms, "e2el": self.slos.e2el_ms}),
         );
-        for (name, _, d) in self.metrics() {
+        for (name, _, d) in self.selected_metrics() {
             put(&format!("mean_{name}_ms"), json!(d.mean));
             put(&format!("median_{name}_ms"), json!(d.median));
             put(&format!("std_{name}_ms"), json!(d.std));
@@ -176,15 +212,22 @@ impl BenchResult {
                 put(&format!("p{}_{name}_ms", percentile_name(p)), json!(v));
             }
         }
-        put("input_lens", json!(self.input_lens));
-        put("output_lens", json!(self.output_lens));
-        put("ttfts", json!(self.ttfts_s));
-        put("itls", json!(self.itls_s));
-        put("e2els", json!(self.e2els_s));
-        put("generated_texts", json!(self.generated_texts));
-        put("errors", json!(self.errors));
         put("error_counts", json!(self.error_counts));
+        if detailed {
+            put("input_lens", json!(self.input_lens));
+            put("output_lens", json!(self.output_lens));
+            put("ttfts", json!(self.ttfts_s));
+            put("itls", json!(self.itls_s));
+            put("latencies", json!(self.e2els_s));
+            put("generated_texts", json!(self.generated_texts));
+            put("errors", json!(self.errors));
+        }
         Value::Object(m)
+    }
+
+    /// The request rate as printed and as vLLM names result files: `inf` or the number.
+    pub fn request_rate_text(&self) -> String {
+        self.request_rate.map_or_else(|| "inf".into(), |r| r.to_string())
     }
 
     /// The human-readable table (vLLM's layout).
@@ -198,7 +241,7 @@ impl BenchResult {
         line(&mut s, "Failed requests:", self.failed.to_string());
         let conc = self.max_concurrency.map_or_else(|| "unlimited".into(), |c| c.to_string());
         line(&mut s, "Maximum request concurrency:", conc);
-        line(&mut s, "Request rate (req/s):", self.request_rate.clone());
+        line(&mut s, "Request rate (req/s):", self.request_rate_text());
         line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration_s));
         line(&mut s, "Total input tokens:", self.total_input_tokens.to_string());
         line(&mut s, "Total generated tokens:", self.total_output_tokens.to_string());
@@ -209,10 +252,16 @@ impl BenchResult {
         line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
         line(
             &mut s,
+            "Peak output token throughput (tok/s):",
+            format!("{:.2}", self.max_output_tokens_per_s),
+        );
+        line(&mut s, "Peak concurrent requests:", self.max_concurrent_requests.to_string());
+        line(
+            &mut s,
             "Total token throughput (tok/s):",
             format!("{:.2}", self.total_token_throughput),
         );
-        for (name, title, d) in self.metrics() {
+        for (name, title, d) in self.selected_metrics() {
             let short = name.to_uppercase();
             let _ = writeln!(s, "{title:-^50}");
             line(&mut s, &format!("Mean {short} (ms):"), format!("{:.2}", d.mean));
@@ -230,12 +279,37 @@ impl BenchResult {
     }
 }
 
+/// vLLM's peak metrics: the most output tokens (text chunks, as vLLM counts them) received in
+/// one whole second of the run, and how many requests were in flight during that second.
+fn peak(outcomes: &[Outcome]) -> (f64, usize) {
+    let mut per_second: BTreeMap<u64, u64> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| o.success) {
+        let mut t = o.sent_at + o.ttft;
+        *per_second.entry(t as u64).or_default() += 1;
+        for gap in &o.itl {
+            t += gap;
+            *per_second.entry(t as u64).or_default() += 1;
+        }
+    }
+    let Some((&second, &tokens)) =
+        per_second.iter().max_by_key(|&(s, n)| (*n, std::cmp::Reverse(*s)))
+    else {
+        return (0.0, 0);
+    };
+    let (lo, hi) = (second as f64, second as f64 + 1.0);
+    let concurrent = outcomes
+        .iter()
+        .filter(|o| o.success && o.sent_at < hi && o.sent_at + o.latency >= lo)
+        .count();
+    (tokens as f64, concurrent)
+}
+
 /// `99` for 99.0, `99.9` for 99.9.
 fn percentile_name(p: f64) -> String {
     if p.fract() == 0.0 { format!("{}", p as u64) } else { format!("{p}") }
 }
 
-/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+/// The current UTC time as `YYYYMMDD-HHMMSS` (vLLM's `date`, which is in local time).
 fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -255,7 +329,7 @@ fn format_utc(secs: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 #[cfg(test)]
@@ -267,9 +341,9 @@ mod tests {
 
     #[test]
     fn formats_utc_dates() {
-        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(format_utc(951_782_400 + 3_661), "2000-02-29T01:01:01Z");
-        assert_eq!(format_utc(1_795_305_600), "2026-11-22T00:00:00Z");
+        assert_eq!(format_utc(0), "19700101-000000");
+        assert_eq!(format_utc(951_782_400 + 3_661), "20000229-010101");
+        assert_eq!(format_utc(1_795_305_600), "20261122-000000");
         assert_eq!((percentile_name(99.0), percentile_name(99.9)), ("99".into(), "99.9".into()));
     }
 
@@ -282,6 +356,8 @@ mod tests {
                 model: "m".into(),
                 api_key: None,
                 ignore_eos: true,
+                temperature: None,
+                extra_body: None,
             },
             request_rate: RequestRate::Infinite,
             burstiness: 1.0,
@@ -291,6 +367,9 @@ mod tests {
             seed: 0,
             show_progress: false,
             label: String::new(),
+            backend: "openai".into(),
+            tokenizer_id: "tok".into(),
+            percentile_metrics: vec!["ttft".into(), "tpot".into(), "itl".into(), "e2el".into()],
         };
         let req = BenchRequest { prompt: "abc".into(), prompt_len: 3, output_len: 4 };
         let ok = |ttft: f64, usage: Option<usize>| Outcome {
@@ -320,12 +399,19 @@ mod tests {
         assert!((r.ttft_ms.mean - 150.0).abs() < 1e-9);
         assert_eq!(r.itl_ms.percentiles.len(), 2);
         assert_eq!(r.error_counts.get("HTTP 500: boom"), Some(&1));
-        let j = r.to_json();
+        let j = r.to_json(true);
         for key in
             ["p99_ttft_ms", "median_itl_ms", "std_e2el_ms", "request_goodput", "itls", "errors"]
         {
             assert!(j.get(key).is_some(), "{key}");
         }
+        assert_eq!(
+            (j["request_rate"].as_str(), j["backend"].as_str()),
+            (Some("inf"), Some("openai"))
+        );
+        assert!(r.to_json(false).get("itls").is_none());
+        // Each success: first token at 0.1 / 0.2 s, then three more 0.1 s apart, all in second 0.
+        assert_eq!((r.max_output_tokens_per_s, r.max_concurrent_requests), (8.0, 2));
         let text = r.report();
         assert!(text.contains("Successful requests:") && text.contains("P99 TPOT (ms):"), "{text}");
     }

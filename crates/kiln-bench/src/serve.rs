@@ -32,7 +32,17 @@ pub struct ServeBenchConfig {
     pub show_progress: bool,
     /// Free-form description saved with the result (dataset, server flags).
     pub label: String,
+    /// vLLM's `backend` / `endpoint_type` saved with the result (`openai`, `openai-chat`).
+    pub backend: String,
+    /// The tokenizer prompts were measured with (`tokenizer_id`).
+    pub tokenizer_id: String,
+    /// Metrics whose mean / median / std / percentiles are reported (`ttft`, `tpot`, `itl`,
+    /// `e2el`; vLLM's `--percentile-metrics`).
+    pub percentile_metrics: Vec<String>,
 }
+
+/// vLLM's default `--percentile-metrics`.
+pub const DEFAULT_PERCENTILE_METRICS: [&str; 3] = ["ttft", "tpot", "itl"];
 
 /// Runs the benchmark on a fresh current-thread runtime (light: it shares the machine with the
 /// server it measures).

@@ -12,6 +12,7 @@ use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
 };
 
+use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
 /// Sizes and limits of an engine.
@@ -30,6 +31,8 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<TokenId>,
     /// Element type of the KV cache (default f16, as the CLI).
     pub kv_cache_dtype: KvCacheDtype,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +45,7 @@ impl Default for EngineConfig {
             seed: 0,
             eos_token_ids: Vec::new(),
             kv_cache_dtype: KvCacheDtype::F16,
+            speculative: None,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct EngineStats {
     pub num_steps: u64,
     /// Wall time of the last step.
     pub step_time: Duration,
+    /// Speculative-decoding counters (all 0 with speculation off).
+    pub spec_decode: SpecDecodeStats,
 }
 
 pub struct EngineCore {
@@ -91,6 +97,8 @@ pub struct EngineCore {
     stats: EngineStats,
     /// Requests admitted whose first token has not been sampled yet.
     first_scheduled: HashMap<RequestId, FirstTokenInfo>,
+    /// Proposes draft tokens when speculative decoding is on.
+    speculator: Option<Speculator>,
 }
 
 impl EngineCore {
@@ -130,6 +138,7 @@ impl EngineCore {
             .map_err(|e| EngineError::Config(e.to_string()))?;
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
+        let speculator = config.speculative.clone().map(Speculator::new);
         Ok(Self {
             scheduler,
             runner,
@@ -138,6 +147,7 @@ impl EngineCore {
             next_id: 0,
             stats: EngineStats::default(),
             first_scheduled: HashMap::new(),
+            speculator,
         })
     }
 
@@ -208,10 +218,31 @@ impl EngineCore {
         Ok(())
     }
 
+    /// Turns speculative decoding on (with `config`) or off between runs: only while no request
+    /// is unfinished, so no draft of the old setting is left (benchmarks compare both on the same
+    /// weights and threads). The acceptance counters keep counting.
+    pub fn set_speculative_config(
+        &mut self,
+        config: Option<SpeculativeConfig>,
+    ) -> Result<(), EngineError> {
+        if self.has_unfinished() {
+            return Err(EngineError::Config(
+                "speculative decoding can only be switched while no request runs".into(),
+            ));
+        }
+        let stats = self.speculator.as_ref().map_or(self.stats.spec_decode, |s| *s.stats());
+        self.speculator = config.clone().map(|c| Speculator::new(c).with_stats(stats));
+        self.config.speculative = config;
+        Ok(())
+    }
+
     /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.first_scheduled.remove(&id);
         self.runner.forget(id);
+        if let Some(spec) = &mut self.speculator {
+            spec.forget(id);
+        }
         let known = self.scheduler.abort(id);
         self.refresh_stats();
         known
@@ -246,6 +277,14 @@ impl EngineCore {
                 }
             })
             .collect();
+        if let Some(spec) = &mut self.speculator {
+            spec.record_step(&sched_out, &self.runner_output);
+            for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+                spec.forget(out.id);
+            }
+            spec.propose(&mut self.scheduler);
+            self.stats.spec_decode = *spec.stats();
+        }
         if cfg!(debug_assertions)
             && let Err(e) = self.scheduler.check_invariants()
         {

@@ -3,7 +3,9 @@
 //! - [`Sampler`]: per-request token sampling with its own seeded [`Rng`].
 //! - [`ModelRunner`]: builds each step's `ForwardBatch` from the scheduler's diff, runs the
 //!   model, samples.
-//! - [`EngineCore`]: scheduler + runner + thread pool; `step()` = schedule → execute → update.
+//! - [`EngineCore`]: scheduler + runner; `step()` = schedule → execute → update (→ propose
+//!   drafts, with speculative decoding on).
+//! - [`spec`]: speculative decoding (config, prompt-lookup proposer, acceptance counters).
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
 //!
 //! There is one driver: the server, the benchmarks and `kiln generate` (one request) all run
@@ -15,6 +17,7 @@ mod logprobs;
 mod output;
 mod runner;
 mod sampler;
+pub mod spec;
 
 pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
@@ -26,3 +29,4 @@ pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras};
 pub use sampler::Sampler;
+pub use spec::{SpecDecodeStats, SpeculativeConfig};

@@ -5,11 +5,18 @@
 //! state them, and predicts nothing: new requests arrive in full (from their
 //! `num_computed_tokens`, a prefix-cache hit), cached ones as deltas (the tokens `update`
 //! accepted since, blocks appended) with the scheduler's `num_computed_tokens`, so tokens the
-//! scheduler dropped or rolled back never linger here. Speculative tokens are refused: verifying
-//! drafts needs a proposer-aware runner. Logits are computed only for rows
+//! scheduler dropped or rolled back never linger here. Logits are computed only for rows
 //! that reach the end of the known tokens (a prompt's last chunk or a decode), and each such row
 //! is sampled with the request's own [`Sampler`], seeded per request, so the batch a request
-//! lands in never changes its tokens. Samplers survive preemption (a resumed request keeps its
+//! lands in never changes its tokens.
+//!
+//! Draft tokens (speculative decoding) are verified here: a request with `k` drafts computes its
+//! last known token and the drafts (`k + 1` logit rows); row `i` is sampled with the request's
+//! sampler as if the tokens before it had been decoded one by one (the sampler observes each
+//! token it yields), and verification stops at the first sampled token that differs from draft
+//! `i`. The request yields the accepted drafts plus that sampled token (`1..=k + 1` tokens),
+//! each with its own log-probabilities; the KV written for rejected drafts is rolled back by the
+//! scheduler. Samplers survive preemption (a resumed request keeps its
 //! random stream); they are dropped when the request finishes or is aborted.
 //!
 //! Requests asking for prompt log-probabilities get logits for every prompt position (their
@@ -17,15 +24,17 @@
 //! delivered with the first sampled token. Recomputation after preemption overwrites them with
 //! the same values.
 //!
-//! Once warm, a step allocates only for new requests, block-table growth and log-probabilities:
-//! the batch, the logits, the scratch and the per-step row list are reused.
+//! Once warm, a step allocates only for new requests, block-table growth, log-probabilities and
+//! each sampled request's short token list (one token, or the accepted drafts plus one): the
+//! batch, the logits, the scratch and the per-step row and draft lists are reused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::mem;
 use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
-use kiln_sched::{ModelRunnerOutput, SchedulerOutput};
+use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
 use crate::{Logprobs, Sampler, logprobs};
 
@@ -49,19 +58,34 @@ struct PromptLogprobState {
     entries: Option<PromptLogprobs>,
 }
 
-/// A row being sampled: the request's sampler, its logits, and the result.
-type SampleJob<'a> = (&'a mut Sampler, &'a mut [f32], Option<(TokenId, Option<Logprobs>)>);
+/// One request's rows being sampled: its sampler, its logit rows (`[rows, vocab]`: one, or one
+/// per draft plus one), its drafts, and the tokens sampled (each with its log-probabilities).
+struct SampleJob<'a> {
+    sampler: &'a mut Sampler,
+    logits: &'a mut [f32],
+    drafts: &'a [u32],
+    sampled: SampledTokens,
+}
+
+/// A request's generated tokens of one step, each with its log-probabilities.
+type SampledTokens = Vec<(TokenId, Option<Logprobs>)>;
+
+/// One request to sample: its id, its first logit row, and its drafts in the step's draft
+/// buffer.
+type SampleRow = (RequestId, usize, std::ops::Range<usize>);
 
 /// One scheduled request's rows in this step's logits.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct StepRow {
     id: RequestId,
     /// Position of the first new token.
     start: usize,
-    /// Logit rows this request produced (0, 1, or every new token).
+    /// Logit rows this request produced (0, 1, every new token, or one per draft plus one).
     num_rows: usize,
     /// Whether the last row is sampled.
     samples: bool,
+    /// The request's drafts in `ModelRunner::step_drafts` (empty without).
+    drafts: std::ops::Range<usize>,
 }
 
 /// One scheduled request as the scheduler's diffs describe it.
@@ -85,8 +109,12 @@ pub struct ModelRunner {
     eos_token_ids: Vec<u32>,
     /// This step's scheduled requests in batch order.
     step_rows: Vec<StepRow>,
-    /// This step's log-probabilities, by request.
-    extras: HashMap<RequestId, SampleExtras>,
+    /// This step's draft tokens, back to back (`StepRow::drafts` indexes them).
+    step_drafts: Vec<u32>,
+    /// Scratch: one request's known tokens then drafts, as pushed to the batch.
+    spec_tokens: Vec<u32>,
+    /// This step's log-probabilities, by request, one entry per generated token in order.
+    extras: HashMap<RequestId, VecDeque<SampleExtras>>,
 }
 
 impl ModelRunner {
@@ -103,6 +131,8 @@ impl ModelRunner {
             seed,
             eos_token_ids: Vec::new(),
             step_rows: Vec::new(),
+            step_drafts: Vec::new(),
+            spec_tokens: Vec::new(),
             extras: HashMap::new(),
         }
     }
@@ -114,9 +144,10 @@ impl ModelRunner {
         self
     }
 
-    /// Takes the log-probabilities the last step produced for `id`, if any.
+    /// Takes the log-probabilities of `id`'s next generated token of the last step, if any
+    /// (call once per generated token, in order).
     pub fn take_extras(&mut self, id: RequestId) -> Option<SampleExtras> {
-        self.extras.remove(&id)
+        self.extras.get_mut(&id)?.pop_front()
     }
 
     pub fn model(&self) -> &dyn StepModel {
@@ -147,6 +178,7 @@ impl ModelRunner {
         }
         self.batch.clear();
         self.step_rows.clear();
+        self.step_drafts.clear();
         for new in &sched_out.new_requests {
             let mut r = self.requests.remove(&new.id).unwrap_or_default();
             r.tokens.clear();
@@ -167,32 +199,30 @@ impl ModelRunner {
             }
             let num_computed = new.num_computed_tokens;
             let all = wants_all_logits(&self.prompt_logprobs, new.id, num_computed);
-            Self::push(
-                &mut self.batch,
-                &mut self.step_rows,
-                new.id,
-                &r,
-                num_computed,
-                new.num_scheduled_tokens,
-                all,
-            )?;
+            let (batch, rows) = (&mut self.batch, &mut self.step_rows);
+            Self::push(batch, rows, new.id, &r, num_computed, new.num_scheduled_tokens, all)?;
             self.requests.insert(new.id, r);
         }
         for cached in &sched_out.cached_requests {
             let r = self.requests.get_mut(&cached.id).ok_or_else(|| {
                 ForwardError::Batch(format!("{} was scheduled as cached but is unknown", cached.id))
             })?;
-            if !cached.spec_token_ids.is_empty() {
-                return Err(ForwardError::Batch(format!(
-                    "{}: speculative tokens scheduled, but this runner verifies none",
-                    cached.id
-                )));
-            }
             r.tokens.extend(sched_out.new_token_ids(cached).iter().map(|t| t.0));
             r.block_table.extend(cached.new_block_ids.iter().map(|b| b.0));
             let (num_computed, n) = (cached.num_computed_tokens, cached.num_scheduled_tokens);
-            let all = wants_all_logits(&self.prompt_logprobs, cached.id, num_computed);
-            Self::push(&mut self.batch, &mut self.step_rows, cached.id, r, num_computed, n, all)?;
+            if cached.spec_token_ids.is_empty() {
+                let all = wants_all_logits(&self.prompt_logprobs, cached.id, num_computed);
+                let (batch, rows) = (&mut self.batch, &mut self.step_rows);
+                Self::push(batch, rows, cached.id, r, num_computed, n, all)?;
+            } else {
+                Self::push_with_drafts(
+                    &mut self.batch,
+                    &mut self.step_rows,
+                    (&mut self.step_drafts, &mut self.spec_tokens),
+                    cached,
+                    r,
+                )?;
+            }
         }
         if self.step_rows.is_empty() {
             return Ok(());
@@ -204,11 +234,12 @@ impl ModelRunner {
         let mut row = 0;
         let mut to_sample = Vec::with_capacity(self.step_rows.len());
         for i in 0..self.step_rows.len() {
-            let StepRow { id, start, num_rows, samples } = self.step_rows[i];
+            let StepRow { id, start, num_rows, samples, ref drafts } = self.step_rows[i];
+            let drafts = drafts.clone();
             self.gather_prompt_logprobs(id, start, row, num_rows);
             row += num_rows;
             if samples {
-                to_sample.push((id, row - 1));
+                to_sample.push((id, row - 1 - drafts.len(), drafts));
             }
         }
         let mut sampled = self.sample_rows(&to_sample)?.into_iter();
@@ -217,63 +248,72 @@ impl ModelRunner {
                 out.push(id, &[]);
                 continue;
             }
-            let Some((token, lp)) = sampled.next() else {
+            let Some(tokens) = sampled.next().filter(|t| !t.is_empty()) else {
                 return Err(ForwardError::Batch(format!(
                     "{id} was to be sampled but got no token"
                 )));
             };
             // The scheduler hands accepted tokens back in the next diff (`new_token_ids`).
-            out.push(id, &[token]);
-            let prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
-            if lp.is_some() || prompt_logprobs.is_some() {
-                self.extras.insert(id, SampleExtras { logprobs: lp, prompt_logprobs });
+            let ids: Vec<TokenId> = tokens.iter().map(|(t, _)| *t).collect();
+            out.push(id, &ids);
+            let mut prompt_logprobs =
+                self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
+            for (_, lp) in tokens {
+                if lp.is_some() || prompt_logprobs.is_some() {
+                    let extras =
+                        SampleExtras { logprobs: lp, prompt_logprobs: prompt_logprobs.take() };
+                    self.extras.entry(id).or_default().push_back(extras);
+                }
             }
         }
         Ok(())
     }
 
-    /// Samples logit row `row` with the sampler of `id` for every `(id, row)` (rows increasing),
-    /// the rows in parallel on the backend's host threads: each request's sampler owns its random state and touches
-    /// only its own row, so the tokens are those of sampling the rows one by one (a greedy row
-    /// of a 262k vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
-    fn sample_rows(
-        &mut self,
-        rows: &[(RequestId, usize)],
-    ) -> Result<Vec<(TokenId, Option<Logprobs>)>, ForwardError> {
+    /// Samples each request of `rows` (increasing rows) from its first logit row on, with its
+    /// sampler, verifying its drafts (module docs); the requests in parallel on the backend's
+    /// host threads: each request's sampler owns its random state and touches only its own
+    /// rows, so the tokens are those of sampling the requests one by one (a greedy row of a 262k
+    /// vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
+    fn sample_rows(&mut self, rows: &[SampleRow]) -> Result<Vec<SampledTokens>, ForwardError> {
         let mut samplers = Vec::with_capacity(rows.len());
-        for &(id, _) in rows {
-            let Some(sampler) = self.samplers.remove(&id) else {
-                for (&(id, _), sampler) in rows.iter().zip(samplers) {
-                    self.samplers.insert(id, sampler);
+        for (id, _, _) in rows {
+            let Some(sampler) = self.samplers.remove(id) else {
+                for ((id, _, _), sampler) in rows.iter().zip(samplers) {
+                    self.samplers.insert(*id, sampler);
                 }
                 return Err(ForwardError::Batch(format!("{id} has no sampler")));
             };
             samplers.push(sampler);
         }
         let vocab = self.logits.vocab_size();
-        // `rows` is in increasing row order (the step's order), one row per request.
-        let mut logit_rows = self.logits.as_mut_slice().chunks_exact_mut(vocab).enumerate();
-        let jobs: Vec<Mutex<SampleJob<'_>>> = rows
-            .iter()
-            .zip(samplers.iter_mut())
-            .map(|(&(_, row), sampler)| {
-                let (_, logits) =
-                    logit_rows.find(|&(i, _)| i == row).expect("rows in increasing order");
-                Mutex::new((sampler, logits, None))
-            })
-            .collect();
+        // Split the logits into each request's rows, in increasing row order.
+        let mut rest = self.logits.as_mut_slice();
+        let mut consumed = 0;
+        let mut jobs: Vec<Mutex<SampleJob<'_>>> = Vec::with_capacity(rows.len());
+        for ((_, first_row, drafts), sampler) in rows.iter().zip(samplers.iter_mut()) {
+            let num_rows = drafts.len() + 1;
+            let skip = (first_row - consumed) * vocab;
+            let (mine, tail) = mem::take(&mut rest)[skip..].split_at_mut(num_rows * vocab);
+            rest = tail;
+            consumed = first_row + num_rows;
+            jobs.push(Mutex::new(SampleJob {
+                sampler,
+                logits: mine,
+                drafts: &self.step_drafts[drafts.clone()],
+                sampled: Vec::with_capacity(num_rows),
+            }));
+        }
         self.model.host_parallel(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
-            let (sampler, logits, result) = &mut *job;
-            *result = Some(sampler.sample_with_logprobs(logits));
+            let SampleJob { sampler, logits, drafts, sampled } = &mut *job;
+            sampler.verify(logits, drafts, sampled);
         });
         let results = jobs
             .into_iter()
-            .map(|job| job.into_inner().unwrap_or_else(PoisonError::into_inner).2)
-            .collect::<Option<Vec<_>>>()
-            .expect("every job ran");
-        for (&(id, _), sampler) in rows.iter().zip(samplers) {
-            self.samplers.insert(id, sampler);
+            .map(|job| job.into_inner().unwrap_or_else(PoisonError::into_inner).sampled)
+            .collect();
+        for ((id, _, _), sampler) in rows.iter().zip(samplers) {
+            self.samplers.insert(*id, sampler);
         }
         Ok(results)
     }
@@ -323,7 +363,42 @@ impl ModelRunner {
             (false, false) => (LogitsWanted::None, 0),
         };
         batch.push_seq(&r.tokens[num_computed..end], num_computed, &r.block_table, logits)?;
-        rows.push(StepRow { id, start: num_computed, num_rows, samples });
+        rows.push(StepRow { id, start: num_computed, num_rows, samples, drafts: 0..0 });
+        Ok(())
+    }
+
+    /// Adds a decoding request's last known token and its drafts to the batch, with a logit row
+    /// for each; its drafts go to `drafts`.
+    fn push_with_drafts(
+        batch: &mut ForwardBatch,
+        rows: &mut Vec<StepRow>,
+        (drafts, scratch): (&mut Vec<u32>, &mut Vec<u32>),
+        cached: &CachedRequestData,
+        r: &RunnerRequest,
+    ) -> Result<(), ForwardError> {
+        let id = cached.id;
+        let (num_computed, num_spec) = (cached.num_computed_tokens, cached.spec_token_ids.len());
+        if r.tokens.len() != num_computed + 1 || cached.num_scheduled_tokens != 1 + num_spec {
+            return Err(ForwardError::Batch(format!(
+                "{id}: drafts must follow a decode's one token ({num_computed} computed, {} \
+                 scheduled, {num_spec} drafts, {} known)",
+                cached.num_scheduled_tokens,
+                r.tokens.len()
+            )));
+        }
+        scratch.clear();
+        scratch.extend_from_slice(&r.tokens[num_computed..]);
+        scratch.extend(cached.spec_token_ids.iter().map(|t| t.0));
+        batch.push_seq(scratch, num_computed, &r.block_table, LogitsWanted::All)?;
+        let start = drafts.len();
+        drafts.extend(cached.spec_token_ids.iter().map(|t| t.0));
+        rows.push(StepRow {
+            id,
+            start: num_computed,
+            num_rows: scratch.len(),
+            samples: true,
+            drafts: start..drafts.len(),
+        });
         Ok(())
     }
 }

@@ -5,6 +5,14 @@
 //! (unless greedy) temperature, top-k, top-p, min-p, and a draw from the request's own seeded
 //! [`Rng`]. Greedy picks the lowest index among equal maxima.
 //!
+//! Numerics: no allowed parameter value overflows or yields NaN. A temperature below
+//! [`GREEDY_TEMPERATURE`] samples greedily (vLLM's `_SAMPLING_EPS`): `1 / 1e-38` is not
+//! representable. Penalties that overflow a logit saturate at `f32::MAX` (a division by a tiny
+//! `repetition_penalty`) or reach `-inf` (excluded). Random sampling works on logits shifted so
+//! the best is 0 *before* they are scaled by `1 / temperature`, so every scaled value is
+//! `<= 0` and its `exp` is in `[0, 1]`; `+inf` logits win outright and a row with no finite
+//! candidate falls back to the greedy choice.
+//!
 //! Cost: greedy and penalties are `O(vocab)`; top-k/top-p select candidates with
 //! `select_nth_unstable` and sort only those, so a step never sorts the whole vocabulary unless
 //! top-p needs more than the best [`TOP_P_FIRST_GUESS`] tokens to reach its mass.
@@ -15,6 +23,9 @@ use kiln_core::{SamplingParams, TokenId};
 
 use crate::Rng;
 use crate::logprobs::{Logprobs, logprobs};
+
+/// Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`).
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 
 /// Candidates sorted first when top-p is on and top-k is not.
 const TOP_P_FIRST_GUESS: usize = 512;
@@ -95,11 +106,35 @@ impl Sampler {
             self.raw.extend_from_slice(logits);
         }
         self.apply_bias_and_penalties(logits);
-        let token =
-            if self.params.is_greedy() { argmax(logits) } else { self.sample_random(logits) };
+        let greedy = self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE;
+        let token = if greedy { argmax(logits) } else { self.sample_random(logits) };
         self.observe(token);
         let lp = wants_logprobs.map(|k| logprobs(&self.raw, TokenId(token), k));
         (TokenId(token), lp)
+    }
+
+    /// Verifies `drafts` against `logits` (`[drafts.len() + 1, vocab]`, row `i` predicting the
+    /// token after draft `i - 1`): samples row by row, as decoding one token at a time would,
+    /// and stops after the first token that is not the draft at its position (a rejection, or
+    /// the token after the last draft). Appends the sampled tokens to `out`: the accepted drafts
+    /// then one more. For a point-mass draft this is rejection sampling (draft `x` accepted with
+    /// probability `p(x)`, else a token from `p` without `x`), so the tokens follow the
+    /// target's distribution; with the same random state they are the tokens of decoding alone.
+    pub fn verify(
+        &mut self,
+        logits: &mut [f32],
+        drafts: &[u32],
+        out: &mut Vec<(TokenId, Option<Logprobs>)>,
+    ) {
+        let vocab = logits.len() / (drafts.len() + 1);
+        debug_assert_eq!(vocab * (drafts.len() + 1), logits.len(), "one row per draft plus one");
+        for (row, logits) in logits.chunks_exact_mut(vocab).enumerate() {
+            let (token, lp) = self.sample_with_logprobs(logits);
+            out.push((token, lp));
+            if drafts.get(row) != Some(&token.0) {
+                break;
+            }
+        }
     }
 
     fn apply_bias_and_penalties(&self, logits: &mut [f32]) {
@@ -119,11 +154,13 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
+                    let penalized = if *l > 0.0 {
                         *l / p.repetition_penalty
                     } else {
                         *l * p.repetition_penalty
                     };
+                    // A tiny penalty divides a positive logit past f32::MAX: saturate.
+                    *l = if penalized == f32::INFINITY { f32::MAX } else { penalized };
                 }
             }
         }
@@ -139,14 +176,21 @@ impl Sampler {
     fn sample_random(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
+        let raw_max =
+            logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        if raw_max.is_infinite() || !inv_t.is_finite() {
+            // +inf wins outright; no finite candidate or no finite scale: greedy.
+            return argmax(logits);
+        }
         let cands = &mut self.candidates;
         cands.clear();
+        // Shifted before scaling: every value is <= 0, the best is exactly 0.
         cands.extend(
             logits
                 .iter()
                 .enumerate()
                 .filter(|(_, l)| !l.is_nan())
-                .map(|(i, l)| (i as u32, l * inv_t)),
+                .map(|(i, &l)| (i as u32, (l - raw_max) * inv_t)),
         );
         if cands.is_empty() {
             return 0;
@@ -157,7 +201,7 @@ impl Sampler {
             cands.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             cands.truncate(p.top_k);
         }
-        let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        let max = 0.0f32;
         let total: f64 = cands.iter().map(|c| f64::from((c.1 - max).exp())).sum();
         if p.top_p < 1.0 {
             let target = f64::from(p.top_p) * total;

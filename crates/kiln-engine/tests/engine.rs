@@ -260,16 +260,16 @@ fn engine_config_is_validated() {
 }
 
 /// The runner applies the scheduler's diff (tokens accepted since, `num_computed_tokens`) and
-/// reports one token per finished row; it refuses draft tokens, which it cannot verify.
+/// reports one token per finished row; with drafts it reports the accepted ones plus one.
 #[test]
-fn the_runner_follows_the_diff_and_refuses_draft_tokens() {
+fn the_runner_follows_the_diff_and_verifies_draft_tokens() {
     use kiln_engine::ModelRunner;
     use kiln_kv::KvCacheConfig;
     use kiln_models::BoundModel;
     use kiln_sched::{ModelRunnerOutput, Request, Scheduler};
 
     let mut core = engine(true, 64, 2048);
-    let want = run(&mut core, &[(prompt(3, 10), greedy(4))]);
+    let want = run(&mut core, &[(prompt(3, 10), greedy(12))]).remove(0);
 
     let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let bound = BoundModel::new(model, KvCacheDtype::F32, 64, 4).unwrap();
@@ -283,19 +283,33 @@ fn the_runner_follows_the_diff_and_refuses_draft_tokens() {
     let config = SchedulerConfig { max_model_len: 64, ..SchedulerConfig::default() };
     let mut s = Scheduler::new(config, kv).unwrap();
     let id = RequestId(0);
-    s.add(Request::new(id, prompt(3, 10), greedy(4))).unwrap();
+    s.add(Request::new(id, prompt(3, 10), greedy(12))).unwrap();
     let mut res = ModelRunnerOutput::default();
     let mut got = Vec::new();
-    for _ in 0..2 {
+    let mut step = |s: &mut Scheduler, got: &mut Vec<TokenId>| {
         let out = s.schedule();
         runner.execute(&out, &mut res).unwrap();
-        assert_eq!(res.iter().map(|(_, t)| t.len()).collect::<Vec<_>>(), [1]);
+        let n = res.get(0).unwrap().1.len();
         got.extend(s.update(&out, &res).iter().map(|o| o.new_token));
+        (out.num_scheduled_spec_tokens, n)
+    };
+    for _ in 0..2 {
+        assert_eq!(step(&mut s, &mut got), (0, 1));
     }
-    assert_eq!(got, want[0][..2]);
-    assert!(s.update_draft_token_ids(id, &[TokenId(5), TokenId(6)]));
-    let out = s.schedule();
-    assert_eq!(out.num_scheduled_spec_tokens, 1); // two outputs left: one draft at most
-    let err = runner.execute(&out, &mut res).unwrap_err();
-    assert!(err.to_string().contains("speculative"), "{err}");
+    // The right continuation: both drafts accepted, plus one token.
+    assert!(s.update_draft_token_ids(id, &want[2..4]));
+    assert_eq!(step(&mut s, &mut got), (2, 3));
+    // A wrong first draft: rejected, the model's token instead.
+    let wrong = TokenId((want[5].0 + 1) % 512);
+    assert!(s.update_draft_token_ids(id, &[wrong, want[6]]));
+    assert_eq!(step(&mut s, &mut got), (2, 1));
+    // Right then wrong: one accepted, then the correction.
+    let wrong = TokenId((want[7].0 + 1) % 512);
+    assert!(s.update_draft_token_ids(id, &[want[6], wrong, want[8]]));
+    assert_eq!(step(&mut s, &mut got), (3, 2));
+    while s.has_unfinished() {
+        step(&mut s, &mut got);
+    }
+    assert_eq!(got, want);
+    assert_eq!(s.kv_cache().usage(), 0.0);
 }

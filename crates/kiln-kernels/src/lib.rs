@@ -14,6 +14,7 @@ pub mod activation;
 pub mod attention;
 mod cpu;
 mod host_rows;
+pub mod huge_pages;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

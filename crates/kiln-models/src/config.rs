@@ -83,12 +83,17 @@ impl Fields<'_> {
     pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, LoadError> {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| *n <= MAX_DIM.max(1 << 31))
-                .map(Some)
-                .ok_or_else(|| self.err(format!("`{key}` must be a non-negative integer"))),
+            Some(v) => {
+                let limit = MAX_DIM.max(1 << 31);
+                let n = v.as_u64().ok_or_else(|| {
+                    self.err(format!("`{key}` must be a non-negative integer, got {v}"))
+                })?;
+                usize::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= limit)
+                    .map(Some)
+                    .ok_or_else(|| self.err(format!("`{key}` = {n} exceeds the limit of {limit}")))
+            }
         }
     }
 

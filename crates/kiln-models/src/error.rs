@@ -49,6 +49,11 @@ impl From<kiln_tokenizer::TokenizerError> for LoadError {
     fn from(e: kiln_tokenizer::TokenizerError) -> Self {
         use kiln_tokenizer::TokenizerError as T;
         match e {
+            T::Missing { path } => Self::Format {
+                path,
+                message: "no such file (a Hugging Face model directory needs its tokenizer.json)"
+                    .into(),
+            },
             T::Io { path, source } => Self::Io { path, source },
             T::Format { path, message } => Self::Format { path, message },
             T::Tokenizer { path, message } => Self::Tokenizer { path, message },

@@ -223,6 +223,7 @@ fn parse_header(
         .map_err(|e| err(format!("header is not valid JSON: {e}")))?;
     let obj = json.as_object().ok_or_else(|| err("header is not a JSON object".into()))?;
     let mut out = Vec::with_capacity(obj.len());
+    let mut spans: Vec<(usize, usize, &str)> = Vec::with_capacity(obj.len());
     for (name, info) in obj {
         if name == "__metadata__" {
             continue;
@@ -276,8 +277,29 @@ fn parse_header(
             name.clone(),
             TensorEntry { file, dtype, dtype_name, shape, start: data_start + begin, num_elements },
         ));
+        spans.push((begin, end, name.as_str()));
     }
+    check_disjoint(&mut spans).map_err(err)?;
     Ok(out)
+}
+
+/// Refuses tensors whose (non-empty) byte ranges overlap: each tensor must own its bytes.
+fn check_disjoint(spans: &mut [(usize, usize, &str)]) -> Result<(), String> {
+    spans.sort_unstable();
+    let mut last: Option<(usize, usize, &str)> = None;
+    for &(begin, end, name) in spans.iter().filter(|s| s.0 < s.1) {
+        if let Some((b, e, other)) = last
+            && begin < e
+        {
+            return Err(format!(
+                "tensors `{other}` (data_offsets [{b}, {e}]) and `{name}` ([{begin}, {end}]) overlap"
+            ));
+        }
+        if last.is_none_or(|l| end > l.1) {
+            last = Some((begin, end, name));
+        }
+    }
+    Ok(())
 }
 
 impl crate::weights::WeightSource for WeightStore {

@@ -38,7 +38,9 @@ fn missing_and_truncated_files() {
 
     let dir = copy_fixture("llama3", "missing");
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
-    assert!(load_error(&dir).contains("tokenizer.json"));
+    let msg = load_error(&dir);
+    assert!(msg.contains("tokenizer.json: no such file"), "{msg}");
+    assert!(!msg.contains("entity not found: entity not found"), "{msg}");
 
     let dir = copy_fixture("llama3", "trunc");
     let weights = dir.join("model.safetensors");
@@ -68,6 +70,24 @@ fn config_disagreeing_with_weights_names_the_tensor() {
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("Qwen2ForCausalLM", "FalconForCausalLM")).unwrap();
     assert!(load_error(&dir).contains("unsupported architecture `FalconForCausalLM`"));
+
+    let dir = copy_fixture("qwen2", "vocab");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let huge = text.replace("\"vocab_size\": 503", "\"vocab_size\": 1099511627776");
+    assert_ne!(text, huge);
+    std::fs::write(dir.join("config.json"), huge).unwrap();
+    let msg = load_error(&dir);
+    assert!(msg.contains("`vocab_size` = 1099511627776 exceeds the limit"), "{msg}");
+
+    let dir = copy_fixture("qwen2", "eos");
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [502, 70000]}"#)
+        .unwrap();
+    let msg = load_error(&dir);
+    assert!(
+        msg.contains("generation_config.json")
+            && msg.contains("eos_token_id 70000 is not a token id of the vocabulary"),
+        "{msg}"
+    );
 
     let dir = copy_fixture("qwen2", "json");
     std::fs::write(dir.join("config.json"), "{\"architectures\": [").unwrap();

@@ -136,6 +136,11 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// The running requests, in admission order.
+    pub fn running_ids(&self) -> &[RequestId] {
+        &self.running
+    }
+
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }

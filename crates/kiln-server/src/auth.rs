@@ -1,11 +1,14 @@
-//! API-key check for `/v1/*` (vLLM's rule: `/health`, `/metrics`, `/version`, `/tokenize` and
-//! `/detokenize` stay open). The key is compared in constant time over its bytes, so timing
-//! reveals at most the key's length.
+//! API-key check. With `--api-key` (one key or vLLM's list; any of them is accepted), every
+//! endpoint that runs model work needs `Authorization: Bearer KEY`: all of `/v1/` (checked
+//! before routing, so an unknown `/v1/` path is a 401 too, not a 404 that reveals what exists),
+//! `/tokenize` and `/detokenize`. `/health`, `/metrics` and `/version` stay open for probes and
+//! scrapers. Each key is compared in constant time over its bytes, so timing reveals at most
+//! the keys' lengths.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -21,15 +24,21 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Whether `path` needs the API key (see the module docs).
+pub fn is_protected(path: &str) -> bool {
+    path.starts_with("/v1/") || path == "/v1" || path == "/tokenize" || path == "/detokenize"
+}
+
 pub async fn require_api_key(
     State(state): State<Arc<ServerState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = state.config.api_key.as_deref() else {
+    let keys = &state.config.api_keys;
+    if keys.is_empty() {
         return next.run(request).await;
-    };
-    if request.method() == Method::OPTIONS {
+    }
+    if !is_protected(request.uri().path()) {
         return next.run(request).await;
     }
     let presented = request
@@ -39,7 +48,13 @@ pub async fn require_api_key(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(p)
+            if keys
+                .iter()
+                .fold(false, |ok, k| ok | constant_time_eq(p.as_bytes(), k.as_bytes())) =>
+        {
+            next.run(request).await
+        }
         _ => ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized: a valid API key is required.")
             .into_response(),
     }
@@ -47,7 +62,7 @@ pub async fn require_api_key(
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{constant_time_eq, is_protected};
 
     #[test]
     fn compares_whole_keys() {
@@ -55,5 +70,15 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secret2"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn model_work_is_protected_probes_are_not() {
+        for p in ["/v1/completions", "/v1/nope", "/v1", "/tokenize", "/detokenize"] {
+            assert!(is_protected(p), "{p}");
+        }
+        for p in ["/health", "/metrics", "/version", "/v10/x", "/tokenize2"] {
+            assert!(!is_protected(p), "{p}");
+        }
     }
 }

@@ -40,6 +40,15 @@
 //! is defined (empty) where transformers leaves it undefined; an empty conversation is
 //! rejected, as transformers rejects it.
 //!
+//! Message content is data in a second sense: [`ChatTemplate::render_marked`] also returns the
+//! byte ranges of the prompt that came from message content, so the tokenizer can keep
+//! control-token text typed by a client as text (`Tokenizer::encode_with_literals`). It
+//! renders twice: once as usual, once with each message's content (its whitespace-trimmed
+//! core) wrapped in the noncharacters U+FDD0 / U+FDD1; the wrapped render, markers removed,
+//! must equal the plain one and the markers must pair up, else the ranges are unknown (the
+//! template transformed the content, or the content holds a marker itself) and `None` is
+//! returned.
+//!
 //! Complexity: a render is linear in the template's executed instructions plus output length.
 
 mod json;
@@ -48,6 +57,7 @@ mod strftime;
 mod tests;
 
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -73,6 +83,14 @@ const CHATML: &str = "{% for message in messages %}\
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+}
+
+/// A rendered prompt and the byte ranges of it that came from message content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkedPrompt {
+    pub text: String,
+    /// `None` when the content could not be located (see the module docs).
+    pub content_ranges: Option<Vec<Range<usize>>>,
 }
 
 /// A compiled chat template with the token strings its context needs. Shareable across
@@ -172,6 +190,30 @@ impl ChatTemplate {
         self.render_with_fuel(messages, add_generation_prompt).map(|(text, _)| text)
     }
 
+    /// [`Self::render`], plus the byte ranges of the text that came from message content
+    /// (`None` when they cannot be located; see the module docs).
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<MarkedPrompt, TemplateError> {
+        let plain = self.render(messages, add_generation_prompt)?;
+        if messages.iter().any(|m| m.content.contains([CONTENT_OPEN, CONTENT_CLOSE])) {
+            return Ok(MarkedPrompt { text: plain, content_ranges: None });
+        }
+        let wrapped: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage { role: m.role.clone(), content: wrap_content(&m.content) })
+            .collect();
+        // A template may branch on content (`if content == ''`): a failure here only means
+        // the ranges are unknown.
+        let Ok(marked) = self.render(&wrapped, add_generation_prompt) else {
+            return Ok(MarkedPrompt { text: plain, content_ranges: None });
+        };
+        let ranges = strip_markers(&marked).filter(|(text, _)| *text == plain).map(|(_, r)| r);
+        Ok(MarkedPrompt { text: plain, content_ranges: ranges })
+    }
+
     /// [`Self::render`] that also returns the fuel the render consumed.
     pub fn render_with_fuel(
         &self,
@@ -236,16 +278,56 @@ pub fn load_chat_template(
     override_file: Option<&Path>,
     builtin: Option<BuiltinTemplate>,
 ) -> Result<ChatTemplate, TemplateError> {
+    let file = override_file.map(|p| TemplateOverride::File(p.to_owned()));
+    load_chat_template_from(tokenizer, file.as_ref(), builtin)
+}
+
+/// A chat template given by the operator (`--chat-template`): a file, or the template's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TemplateOverride {
+    File(std::path::PathBuf),
+    Inline(String),
+}
+
+impl TemplateOverride {
+    /// vLLM's reading of `--chat-template ARG`: an existing file; else, if it holds any of
+    /// `{`, `}` or a newline, the template itself; else an error (a path that does not exist).
+    pub fn from_arg(arg: &str) -> Result<Self, String> {
+        let path = Path::new(arg);
+        if path.is_file() {
+            return Ok(Self::File(path.to_owned()));
+        }
+        if arg.contains(['{', '}', '\n']) {
+            return Ok(Self::Inline(arg.to_owned()));
+        }
+        Err(format!(
+            "`{arg}` is neither a chat template file nor a template (no `{{`, `}}` or newline)"
+        ))
+    }
+}
+
+/// [`load_chat_template`] with a file or inline override.
+pub fn load_chat_template_from(
+    tokenizer: &Tokenizer,
+    override_template: Option<&TemplateOverride>,
+    builtin: Option<BuiltinTemplate>,
+) -> Result<ChatTemplate, TemplateError> {
     let bos = tokenizer.bos_token_id().and_then(|id| tokenizer.token_text(id));
     let eos = tokenizer
         .eos_token_id()
         .or_else(|| tokenizer.eos_token_ids().first().copied())
         .and_then(|id| tokenizer.token_text(id));
-    if let Some(path) = override_file {
-        let source = std::fs::read_to_string(path)
-            .map_err(|source| TemplateError::Read { path: path.to_owned(), source })?;
-        let name = format!("--chat-template {}", path.display());
-        return ChatTemplate::with_source_name(&source, name, bos, eos);
+    match override_template {
+        Some(TemplateOverride::File(path)) => {
+            let source = std::fs::read_to_string(path)
+                .map_err(|source| TemplateError::Read { path: path.clone(), source })?;
+            let name = format!("--chat-template {}", path.display());
+            return ChatTemplate::with_source_name(&source, name, bos, eos);
+        }
+        Some(TemplateOverride::Inline(source)) => {
+            return ChatTemplate::with_source_name(source, "--chat-template (inline)", bos, eos);
+        }
+        None => {}
     }
     match (tokenizer.chat_template(), tokenizer.chat_template_origin()) {
         (Some(source), Some(origin)) => ChatTemplate::with_source_name(source, origin, bos, eos),
@@ -275,6 +357,43 @@ impl BuiltinTemplate {
             Self::Gemma3 => ("built-in Gemma 3 template", GEMMA3_TEMPLATE),
         }
     }
+}
+
+/// Marker before a message's content in [`ChatTemplate::render_marked`] (a noncharacter).
+const CONTENT_OPEN: char = '\u{FDD0}';
+/// Marker after a message's content.
+const CONTENT_CLOSE: char = '\u{FDD1}';
+
+/// `content` with its trimmed core between the markers, whitespace outside them (so a
+/// template's `| trim` removes the same whitespace as without markers).
+fn wrap_content(content: &str) -> String {
+    let core = content.trim();
+    if core.is_empty() {
+        return content.to_owned();
+    }
+    let start = content.len() - content.trim_start().len();
+    let end = start + core.len();
+    format!("{}{CONTENT_OPEN}{core}{CONTENT_CLOSE}{}", &content[..start], &content[end..])
+}
+
+/// `marked` without the markers, and the byte ranges (in the result) they enclosed; `None`
+/// unless every marker pairs up, unnested.
+fn strip_markers(marked: &str) -> Option<(String, Vec<Range<usize>>)> {
+    let mut text = String::with_capacity(marked.len());
+    let mut ranges = Vec::new();
+    let mut open: Option<usize> = None;
+    for c in marked.chars() {
+        match (c, open) {
+            (CONTENT_OPEN, None) => open = Some(text.len()),
+            (CONTENT_CLOSE, Some(start)) => {
+                ranges.push(start..text.len());
+                open = None;
+            }
+            (CONTENT_OPEN | CONTENT_CLOSE, _) => return None,
+            _ => text.push(c),
+        }
+    }
+    open.is_none().then_some((text, ranges))
 }
 
 /// The environment transformers renders chat templates in (see the module docs).

@@ -6,8 +6,8 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Names clients may use in `model`; the first is reported by `/v1/models`.
     pub served_model_names: Vec<String>,
-    /// Bearer key required on `/v1/*` when set.
-    pub api_key: Option<String>,
+    /// Bearer keys accepted on `/v1/*`; none: no key is required.
+    pub api_keys: Vec<String>,
     /// Requests admitted but without a first token yet, beyond which new ones get 429.
     pub max_queued_requests: usize,
     /// Most log-probabilities per token (`logprobs`, `top_logprobs`, `prompt_logprobs`).
@@ -20,19 +20,68 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Interval of SSE keep-alive comments while a stream waits for tokens.
     pub keep_alive: Duration,
+    /// Prefix of the engine metrics' names (`kiln`; `vllm` gives vLLM's names).
+    pub metrics_prefix: String,
+    /// `max_tokens` of requests that give none (`None`: what is left of the context, vLLM's
+    /// default).
+    pub max_tokens_default: Option<usize>,
+    /// Most tokens one sequence may generate; asking for more is a 400 (`max_tokens`).
+    pub max_tokens_cap: Option<usize>,
+    /// JSON bodies are parsed whatever their `Content-Type` (otherwise anything but
+    /// `application/json` gets 415).
+    pub allow_any_content_type: bool,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers, preflights refused.
+    pub allowed_origins: Vec<String>,
+    /// Connection limits and timeouts.
+    pub connections: ConnectionLimits,
+}
+
+/// Limits of the HTTP layer against slow, idle or too many clients.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// Most open client connections; beyond, connections are closed at once (a reserve of
+    /// [`Self::reserved_connections`] more may still ask `/health` and `/metrics`).
+    pub max_connections: usize,
+    /// Extra connections kept for `/health` and `/metrics` once `max_connections` is reached.
+    pub reserved_connections: usize,
+    /// Time for a request's head: from the connection's start, or from the first byte of a
+    /// later request, to the end of its headers.
+    pub header_read_timeout: Duration,
+    /// Time to receive a whole request body once the headers are in.
+    pub body_read_timeout: Duration,
+    /// Time a keep-alive connection may stay idle between requests.
+    pub idle_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 512,
+            reserved_connections: 16,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             served_model_names: vec!["kiln".into()],
-            api_key: None,
+            api_keys: Vec::new(),
             max_queued_requests: 1024,
             max_logprobs: 20,
             shutdown_timeout: Duration::from_secs(30),
             disable_log_requests: false,
             max_body_bytes: 4 << 20,
             keep_alive: Duration::from_secs(15),
+            max_tokens_default: None,
+            max_tokens_cap: None,
+            allow_any_content_type: false,
+            allowed_origins: Vec::new(),
+            connections: ConnectionLimits::default(),
+            metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
         }
     }
 }

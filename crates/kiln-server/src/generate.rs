@@ -23,18 +23,28 @@ use crate::error::ApiError;
 use crate::sequence::{Delta, Sequence, SequenceSpec};
 use crate::state::{Loaded, ServerState};
 
-/// Starts every sequence (after reserving their queue places: all or none).
+/// Starts every sequence (after reserving their queue places: all or none). `specs` are the
+/// `n` samples of each prompt in turn; `max_tokens_param` is the request's `max_tokens` as
+/// given (for the request-parameter metrics, recorded once per prompt once started).
 pub fn start_all(
     state: &Arc<ServerState>,
     loaded: &Arc<Loaded>,
     specs: Vec<SequenceSpec>,
+    n: usize,
+    max_tokens_param: Option<usize>,
 ) -> Result<Vec<Sequence>, ApiError> {
     let slots = state.reserve(specs.len())?;
-    specs
+    let max_tokens: Vec<usize> =
+        specs.iter().step_by(n.max(1)).map(|s| s.params.max_tokens).collect();
+    let seqs = specs
         .into_iter()
         .zip(slots)
         .map(|(spec, slot)| Sequence::start(state, loaded, spec, slot))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    for max in max_tokens {
+        loaded.metrics.on_request_params(n, max_tokens_param, max * n);
+    }
+    Ok(seqs)
 }
 
 /// The deltas of all sequences as they come, tagged with the choice index.
@@ -95,15 +105,28 @@ pub struct ChoiceResult {
     pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
-/// Runs all sequences to the end; `n` samples per prompt.
+/// Runs all sequences to the end; `n` samples per prompt. When `aborted` resolves first (the
+/// shutdown deadline), the answer is a 503.
 pub async fn collect_all(
     seqs: Vec<Sequence>,
     n: usize,
     usage: &mut Usage,
+    aborted: impl std::future::Future<Output = ()>,
 ) -> Result<Vec<ChoiceResult>, ApiError> {
     let mut results: Vec<ChoiceResult> = (0..seqs.len()).map(|_| ChoiceResult::default()).collect();
     let mut deltas = std::pin::pin!(merged(seqs));
-    while let Some((i, delta)) = deltas.next().await {
+    let mut aborted = std::pin::pin!(aborted);
+    loop {
+        let next = tokio::select! {
+            () = &mut aborted => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "The server shut down before the request finished.",
+                ));
+            }
+            next = deltas.next() => next,
+        };
+        let Some((i, delta)) = next else { break };
         let delta = delta?;
         usage.add(i / n, &delta);
         let r = &mut results[i];
@@ -170,15 +193,20 @@ pub trait ChunkFormat: Send + 'static {
     fn opening(&mut self, index: usize) -> Option<Value>;
     /// The chunk for one delta of choice `index` (`None`: nothing worth sending).
     fn delta(&mut self, index: usize, delta: Delta) -> Option<Value>;
+    /// The last chunk of choice `index` when it is cut short (`finish_reason: "abort"`).
+    fn abort(&mut self, index: usize) -> Value;
 }
 
-/// A streaming response: SSE chunks as the sequences produce them.
+/// A streaming response: SSE chunks as the sequences produce them. When `aborted` resolves
+/// (the shutdown deadline), every choice still running gets [`ChunkFormat::abort`], then the
+/// usage chunk (if asked) and `[DONE]` end the stream properly.
 pub fn stream_response<F: ChunkFormat>(
     seqs: Vec<Sequence>,
     n: usize,
     mut usage: Usage,
     include_usage: bool,
     keep_alive: Duration,
+    aborted: impl std::future::Future<Output = ()> + Send + 'static,
     mut format: F,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Event>(64);
@@ -203,15 +231,28 @@ pub fn stream_response<F: ChunkFormat>(
             }
         }
         let mut deltas = std::pin::pin!(merged(seqs));
+        let mut aborted = std::pin::pin!(aborted);
+        let mut finished = vec![false; num_choices];
         loop {
             let next = tokio::select! {
                 () = tx.closed() => return,
+                () = &mut aborted => {
+                    for i in (0..num_choices).filter(|&i| !finished[i]) {
+                        if !send(with_usage_null(format.abort(i))).await {
+                            return;
+                        }
+                    }
+                    break;
+                }
                 next = deltas.next() => next,
             };
             match next {
                 None => break,
                 Some((i, Ok(delta))) => {
                     usage.add(i / n, &delta);
+                    if delta.finish_reason.is_some() {
+                        finished[i] = true;
+                    }
                     if let Some(chunk) = format.delta(i, delta)
                         && !send(with_usage_null(chunk)).await
                     {
@@ -233,6 +274,7 @@ pub fn stream_response<F: ChunkFormat>(
                 return;
             }
         }
+        // The sequences still running after an abort are dropped with the task: aborted.
         send("[DONE]".to_owned()).await;
     });
     let events = stream::unfold(rx, |mut rx| async move {

@@ -14,33 +14,35 @@
 pub mod auth;
 pub mod chat_template;
 pub mod config;
+pub mod conn;
+pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod metrics;
 pub mod protocol;
+pub mod request_limits;
 pub mod routes;
 pub mod sequence;
 pub mod state;
+pub mod stats_log;
 pub mod stop;
 pub mod validate;
 
-use std::future::{Future, IntoFuture};
-use std::path::Path;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use kiln_engine::{EngineCore, EngineHandle};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
-pub use config::ServerConfig;
+pub use config::{ConnectionLimits, ServerConfig};
 pub use error::ApiError;
 pub use state::{Loaded, ServerState};
 
-use crate::chat_template::BuiltinTemplate;
+use crate::chat_template::{BuiltinTemplate, TemplateOverride};
 use crate::metrics::Metrics;
 use crate::validate::Limits;
 
@@ -54,25 +56,28 @@ pub struct ServedModel {
     pub builtin_template: Option<BuiltinTemplate>,
 }
 
-/// Picks the chat template (`chat_template_file` first, see
-/// [`chat_template::load_chat_template`]), starts the engine thread, and returns what the
+/// Picks the chat template (`chat_template` first, see
+/// [`chat_template::load_chat_template_from`]), starts the engine thread, and returns what the
 /// server needs.
 pub fn load(
     config: &ServerConfig,
     model: ServedModel,
-    chat_template_file: Option<&Path>,
+    chat_template: Option<&TemplateOverride>,
 ) -> Result<Loaded, String> {
     let ServedModel { core, tokenizer, generation_defaults, builtin_template } = model;
     let template =
-        chat_template::load_chat_template(&tokenizer, chat_template_file, builtin_template)
+        chat_template::load_chat_template_from(&tokenizer, chat_template, builtin_template)
             .map_err(|e| format!("chat template: {e}"))?;
     let limits = Limits {
         max_model_len: core.max_model_len(),
         vocab_size: core.model().config().vocab_size,
         max_logprobs: config.max_logprobs,
+        max_tokens_default: config.max_tokens_default,
+        max_tokens_cap: config.max_tokens_cap,
     };
     let name = config.served_model_names.first().map_or("kiln", String::as_str);
-    let metrics = Arc::new(Metrics::new(name, limits.max_model_len));
+    let metrics =
+        Arc::new(Metrics::with_prefix(&config.metrics_prefix, name, limits.max_model_len));
     let observer_metrics = Arc::clone(&metrics);
     let engine = EngineHandle::spawn_with_observer(
         core,
@@ -90,61 +95,32 @@ pub fn load(
     })
 }
 
-/// The routes; `/v1/*` require the API key when one is set.
+/// The routes, behind (outermost first) the HTTP request counts, CORS, the API key (before
+/// routing, see [`auth`]) and the checks of a request's head ([`request_limits`]).
 pub fn router(state: Arc<ServerState>) -> Router {
-    let v1 = Router::new()
+    Router::new()
         .route("/v1/completions", post(routes::completions::completions))
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/models", get(routes::misc::models))
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_api_key));
-    Router::new()
-        .merge(v1)
         .route("/health", get(routes::misc::health))
         .route("/version", get(routes::misc::version))
         .route("/metrics", get(routes::misc::render_metrics))
         .route("/tokenize", post(routes::misc::tokenize_endpoint))
         .route("/detokenize", post(routes::misc::detokenize_endpoint))
         .fallback(|| async { ApiError::not_found("No such endpoint.").into_response() })
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), request_limits::check_head))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_api_key))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), cors::cors))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::http::count))
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves, then drains (see the module docs).
+/// Serves until `shutdown` resolves, then drains (see the module docs and [`conn`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(Arc::clone(&state));
-    let drain_started = Arc::new(tokio::sync::Notify::new());
-    let signal = {
-        let state = Arc::clone(&state);
-        let drain_started = Arc::clone(&drain_started);
-        async move {
-            shutdown.await;
-            state.start_draining();
-            drain_started.notify_one();
-        }
-    };
-    // Streamed chunks are small writes: without TCP_NODELAY, Nagle's algorithm holds each
-    // one until the client's delayed ACK (up to 40 ms), which would distort every ITL.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(signal).into_future();
-    let mut server = std::pin::pin!(server);
-    tokio::select! {
-        result = &mut server => return result,
-        () = drain_started.notified() => {}
-    }
-    tracing::info!(
-        in_flight = state.num_in_flight(),
-        "draining for up to {:?}",
-        state.config.shutdown_timeout
-    );
-    if let Ok(result) = tokio::time::timeout(state.config.shutdown_timeout, &mut server).await {
-        return result;
-    }
-    tracing::warn!(in_flight = state.num_in_flight(), "shutdown timeout: aborting what is left");
-    Ok(())
+    conn::serve(listener, app, state, shutdown).await
 }

@@ -1,5 +1,7 @@
 //! Prometheus metrics for `GET /metrics`: vLLM's metric names and bucket boundaries under the
-//! prefix `kiln:`, every `kiln:` series labelled `model_name`.
+//! prefix `kiln:` (or another: `--metrics-prefix vllm` gives vLLM's exact names for existing
+//! dashboards), every prefixed series labelled `model_name`. Below, `kiln:` stands for the
+//! prefix.
 //!
 //! What is counted when (all times in seconds, all sizes in tokens unless the name says bytes):
 //! - [`Metrics::on_step`], after every engine step, from the engine thread:
@@ -10,6 +12,8 @@
 //!     `kiln:prefix_cache_hits_total` (of those, tokens found) and `kiln:num_preemptions_total`
 //!     (preemptions) advance by the difference from the engine totals of the previous call;
 //!     a total smaller than one already seen is ignored, so counters never go backwards;
+//!   - the speculative-decoding counters `kiln:spec_decode_*` advance likewise (module
+//!     `spec`; the periodic stats log adds vLLM's acceptance line while drafts are verified);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
 //! - [`Metrics::on_prompt_tokens`], when a request's first token arrives:
@@ -22,32 +26,51 @@
 //!   start at 0); `kiln:e2e_request_latency_seconds`, `kiln:request_prompt_tokens` and
 //!   `kiln:request_generation_tokens` always observe; `kiln:time_to_first_token_seconds`,
 //!   `kiln:request_queue_time_seconds`, `kiln:request_prefill_time_seconds` and
-//!   `kiln:request_decode_time_seconds` observe only the phases the request reached.
+//!   `kiln:request_decode_time_seconds` observe only the phases the request reached;
+//!   `kiln:request_inference_time_seconds` (first scheduled to finish) when it was scheduled;
+//!   `kiln:request_time_per_output_token_seconds` (decode time / (tokens − 1)) when it
+//!   generated more than one token.
+//! - [`Metrics::on_request_params`], once per prompt of an HTTP request once its sequences
+//!   started: `kiln:request_params_n` (the `n` parameter), `kiln:request_params_max_tokens` (the
+//!   `max_tokens` parameter, when given) and `kiln:request_max_num_generation_tokens` (n × the
+//!   effective max_tokens).
+//! - [`Metrics::set_cache_config`], once at start: `kiln:cache_config_info`, a gauge at 1 whose
+//!   labels describe the KV cache (`block_size`, `cache_dtype`, `enable_prefix_caching`,
+//!   `num_gpu_blocks`, as vLLM names them).
 //! - [`Metrics::render`], per scrape: `process_cpu_seconds_total`,
 //!   `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
 //!   `process_start_time_seconds` and `process_open_fds` are read from `/proc/self` (Linux only;
 //!   omitted elsewhere or when unreadable). They describe the whole process and carry no label.
+//!
+//! HTTP request counts (`http_requests_total{handler,method,status}`, unprefixed as vLLM's
+//! instrumentator) live in [`http::HttpMetrics`], on the server state, so they count requests
+//! made while the model loads too.
 //!
 //! Exposition: OpenMetrics 1.0 text (prometheus-client's encoder, ending in `# EOF`), to be served
 //! with [`CONTENT_TYPE`]. Prometheus' default scrape asks for OpenMetrics first and parses it by
 //! that content type. prometheus-client writes metric names verbatim (the colon in `kiln:` is kept)
 //! and appends `_total` to counter samples (the `# TYPE` line names the family without it, as
 //! OpenMetrics requires). It does not escape label values, so the model name is escaped here.
+//! A scraper that does not accept OpenMetrics gets the same metrics in the Prometheus text
+//! format 0.0.4 ([`text_format`], chosen from the `Accept` header by [`negotiate`]).
 //!
 //! Each [`Metrics`] owns its registry: several servers in one process do not share series.
 //! Updates are atomic adds (histograms take a short lock inside prometheus-client); `on_step`
 //! also locks the last-seen engine totals. `render` is O(number of series), a few hundred lines.
 
+pub mod http;
 mod process;
+mod spec;
 #[cfg(test)]
 mod tests;
+pub mod text_format;
 
 use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use kiln_engine::EngineStats;
+use kiln_engine::{EngineStats, SpecDecodeStats};
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -56,9 +79,23 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use self::process::ProcessCollector;
+use self::spec::SpecMetrics;
+pub use self::spec::log_line as spec_decode_log_line;
 
 /// `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `Content-Type` of the Prometheus text format 0.0.4 ([`text_format::from_openmetrics`]).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The default metric prefix.
+pub const DEFAULT_PREFIX: &str = "kiln";
+
+/// Whether a scraper's `Accept` header asks for OpenMetrics (Prometheus' own scrapes do);
+/// anything else (curl's `*/*`, none) gets the plain text format, as vLLM serves.
+pub fn negotiate(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("application/openmetrics-text"))
+}
 
 /// Values of `finished_reason` whose series exist from the start (vLLM's `FinishReason`).
 pub const FINISHED_REASONS: [&str; 3] = ["stop", "length", "abort"];
@@ -89,6 +126,9 @@ const REQUEST_LATENCY_BUCKETS: [f64; 21] = [
 /// `vllm:iteration_tokens_total`.
 const ITERATION_TOKENS_BUCKETS: [f64; 13] =
     [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+
+/// `vllm:request_params_n`.
+const N_BUCKETS: [f64; 5] = [1.0, 2.0, 5.0, 10.0, 20.0];
 
 /// vLLM's `build_1_2_5_buckets(max_value)`: 1, 2, 5, 10, 20, 50, … up to and including
 /// `max_value` (empty for 0).
@@ -126,6 +166,32 @@ pub struct FinishedRequest<'a> {
     pub prefill: Option<Duration>,
     /// First token to last token.
     pub decode: Option<Duration>,
+    /// First scheduled to finish (prefill and decode).
+    pub inference: Option<Duration>,
+}
+
+/// What `kiln:cache_config_info` states about the KV cache.
+#[derive(Clone, Debug)]
+pub struct CacheConfigInfo {
+    pub block_size: usize,
+    /// kiln's name of the element type (`f16`, `f32`).
+    pub cache_dtype: String,
+    pub enable_prefix_caching: bool,
+    pub num_blocks: usize,
+}
+
+/// Totals for the periodic stats log ([`crate::stats_log`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StatsTotals {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub num_running: i64,
+    pub num_waiting: i64,
+    pub kv_cache_usage: f64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    /// Speculative-decoding totals as of the last engine step.
+    pub spec_decode: SpecDecodeStats,
 }
 
 /// Engine totals as of the previous [`Metrics::on_step`].
@@ -135,9 +201,11 @@ struct LastTotals {
     prefix_cache_hits: u64,
     num_preemptions: u64,
     num_steps: u64,
+    spec_decode: SpecDecodeStats,
 }
 
 type ReasonLabel = [(&'static str, String); 1];
+type CacheConfigLabels = [(&'static str, String); 4];
 
 /// The server's metrics; `Send + Sync`, shared as `Arc<Metrics>`.
 #[derive(Debug)]
@@ -164,12 +232,25 @@ pub struct Metrics {
     iteration_tokens: Histogram,
     request_prompt_tokens: Histogram,
     request_generation_tokens: Histogram,
+    spec_decode: SpecMetrics,
+    request_inference_time: Histogram,
+    request_time_per_output_token: Histogram,
+    request_params_n: Histogram,
+    request_params_max_tokens: Histogram,
+    request_max_num_generation_tokens: Histogram,
+    cache_config_info: Family<CacheConfigLabels, Gauge>,
+    prefix: String,
     last_totals: Mutex<LastTotals>,
 }
 
 impl Metrics {
     /// `max_model_len` bounds the token-count histograms' buckets (vLLM's 1-2-5 series).
     pub fn new(model_name: &str, max_model_len: usize) -> Self {
+        Self::with_prefix(DEFAULT_PREFIX, model_name, max_model_len)
+    }
+
+    /// [`Self::new`] with the metric names under `prefix:` (`vllm` for vLLM's names).
+    pub fn with_prefix(prefix: &str, model_name: &str, max_model_len: usize) -> Self {
         let token_buckets = || build_1_2_5_buckets(max_model_len).into_iter().map(|b| b as f64);
         let m = Self {
             registry: Registry::with_labels(std::iter::once((
@@ -195,6 +276,14 @@ impl Metrics {
             iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
             request_prompt_tokens: Histogram::new(token_buckets()),
             request_generation_tokens: Histogram::new(token_buckets()),
+            spec_decode: SpecMetrics::default(),
+            request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            request_time_per_output_token: Histogram::new(ITL_BUCKETS),
+            request_params_n: Histogram::new(N_BUCKETS),
+            request_params_max_tokens: Histogram::new(token_buckets()),
+            request_max_num_generation_tokens: Histogram::new(token_buckets()),
+            cache_config_info: Family::default(),
+            prefix: prefix.to_owned(),
             last_totals: Mutex::new(LastTotals::default()),
         };
         for reason in FINISHED_REASONS {
@@ -206,104 +295,149 @@ impl Metrics {
     /// Registers the handles (clones share their values) under vLLM's names with `kiln:`.
     /// Counter names are given without `_total`; the encoder appends it.
     fn register_all(mut self) -> Self {
+        let p = self.prefix.clone();
+        let name = |n: &str| format!("{p}:{n}");
         let r = &mut self.registry;
         r.register(
-            "kiln:num_requests_running",
+            name("num_requests_running"),
             "Number of requests in model execution batches",
             self.num_requests_running.clone(),
         );
         r.register(
-            "kiln:num_requests_waiting",
+            name("num_requests_waiting"),
             "Number of requests waiting to be processed",
             self.num_requests_waiting.clone(),
         );
         r.register(
-            "kiln:kv_cache_usage_perc",
+            name("kv_cache_usage_perc"),
             "KV-cache usage. 1 means 100 percent usage",
             self.kv_cache_usage_perc.clone(),
         );
         r.register(
-            "kiln:prefix_cache_queries",
+            name("prefix_cache_queries"),
             "Prefix cache queries, in terms of number of queried tokens",
             self.prefix_cache_queries.clone(),
         );
         r.register(
-            "kiln:prefix_cache_hits",
+            name("prefix_cache_hits"),
             "Prefix cache hits, in terms of number of cached tokens",
             self.prefix_cache_hits.clone(),
         );
         r.register(
-            "kiln:num_preemptions",
+            name("num_preemptions"),
             "Cumulative number of preemptions from the engine",
             self.num_preemptions.clone(),
         );
         r.register(
-            "kiln:prompt_tokens",
+            name("prompt_tokens"),
             "Number of prefill tokens processed",
             self.prompt_tokens.clone(),
         );
         r.register(
-            "kiln:generation_tokens",
+            name("generation_tokens"),
             "Number of generation tokens processed",
             self.generation_tokens.clone(),
         );
         r.register(
-            "kiln:request_success",
+            name("request_success"),
             "Count of finished requests by finish reason",
             self.request_success.clone(),
         );
         let histograms = [
             (
-                "kiln:time_to_first_token_seconds",
+                name("time_to_first_token_seconds"),
                 "Histogram of time to first token in seconds",
                 &self.time_to_first_token,
             ),
             (
-                "kiln:inter_token_latency_seconds",
+                name("inter_token_latency_seconds"),
                 "Histogram of inter-token latency in seconds",
                 &self.inter_token_latency,
             ),
             (
-                "kiln:e2e_request_latency_seconds",
+                name("e2e_request_latency_seconds"),
                 "Histogram of e2e request latency in seconds",
                 &self.e2e_request_latency,
             ),
             (
-                "kiln:request_queue_time_seconds",
+                name("request_queue_time_seconds"),
                 "Histogram of time spent in WAITING phase for request",
                 &self.request_queue_time,
             ),
             (
-                "kiln:request_prefill_time_seconds",
+                name("request_prefill_time_seconds"),
                 "Histogram of time spent in PREFILL phase for request",
                 &self.request_prefill_time,
             ),
             (
-                "kiln:request_decode_time_seconds",
+                name("request_decode_time_seconds"),
                 "Histogram of time spent in DECODE phase for request",
                 &self.request_decode_time,
             ),
             (
-                "kiln:iteration_tokens_total",
+                name("iteration_tokens_total"),
                 "Histogram of number of tokens per engine step",
                 &self.iteration_tokens,
-            ),
-            (
-                "kiln:request_prompt_tokens",
-                "Number of prefill tokens processed per request",
-                &self.request_prompt_tokens,
-            ),
-            (
-                "kiln:request_generation_tokens",
-                "Number of generation tokens processed per request",
-                &self.request_generation_tokens,
             ),
         ];
         for (name, help, histogram) in histograms {
             r.register(name, help, histogram.clone());
         }
+        self.spec_decode.register(r, &p);
+        self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
         self
+    }
+
+    /// The per-request token, timing and parameter histograms and `cache_config_info`.
+    fn register_request_metrics(&mut self) {
+        let p = self.prefix.clone();
+        let name = |n: &str| format!("{p}:{n}");
+        let histograms = [
+            (
+                name("request_prompt_tokens"),
+                "Number of prefill tokens processed per request",
+                &self.request_prompt_tokens,
+            ),
+            (
+                name("request_generation_tokens"),
+                "Number of generation tokens processed per request",
+                &self.request_generation_tokens,
+            ),
+            (
+                name("request_inference_time_seconds"),
+                "Histogram of time spent in RUNNING phase for request",
+                &self.request_inference_time,
+            ),
+            (
+                name("request_time_per_output_token_seconds"),
+                "Histogram of time_per_output_token_seconds per request",
+                &self.request_time_per_output_token,
+            ),
+            (
+                name("request_params_n"),
+                "Histogram of the n request parameter",
+                &self.request_params_n,
+            ),
+            (
+                name("request_params_max_tokens"),
+                "Histogram of the max_tokens request parameter",
+                &self.request_params_max_tokens,
+            ),
+            (
+                name("request_max_num_generation_tokens"),
+                "Histogram of maximum number of requested generation tokens",
+                &self.request_max_num_generation_tokens,
+            ),
+        ];
+        for (name, help, histogram) in histograms {
+            self.registry.register(name, help, histogram.clone());
+        }
+        self.registry.register(
+            name("cache_config_info"),
+            "Information of the LLMEngine CacheConfig",
+            self.cache_config_info.clone(),
+        );
     }
 
     /// Called by the engine thread after every step with the engine's counters (totals since
@@ -328,6 +462,7 @@ impl Metrics {
                 stats.prefix_cache.num_hit_tokens,
             );
             advance(&self.num_preemptions, &mut last.num_preemptions, stats.num_preemptions);
+            self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);
             new_step
@@ -351,6 +486,51 @@ impl Metrics {
         }
     }
 
+    /// The parameters of one prompt of a request whose sequences started: its `n`, the
+    /// `max_tokens` it gave (if any), and the most tokens its samples may generate together.
+    pub fn on_request_params(
+        &self,
+        n: usize,
+        max_tokens: Option<usize>,
+        max_num_generation: usize,
+    ) {
+        self.request_params_n.observe(n as f64);
+        if let Some(m) = max_tokens {
+            self.request_params_max_tokens.observe(m as f64);
+        }
+        self.request_max_num_generation_tokens.observe(max_num_generation as f64);
+    }
+
+    /// States the KV cache's configuration (`cache_config_info`); call once.
+    pub fn set_cache_config(&self, c: &CacheConfigInfo) {
+        let python_bool = if c.enable_prefix_caching { "True" } else { "False" };
+        let labels = [
+            ("block_size", c.block_size.to_string()),
+            ("cache_dtype", escape_label_value(&c.cache_dtype)),
+            ("enable_prefix_caching", python_bool.to_owned()),
+            ("num_gpu_blocks", c.num_blocks.to_string()),
+        ];
+        self.cache_config_info.get_or_create(&labels).set(1);
+    }
+
+    /// The running totals the periodic stats log turns into rates.
+    pub fn totals(&self) -> StatsTotals {
+        StatsTotals {
+            prompt_tokens: self.prompt_tokens.get(),
+            generation_tokens: self.generation_tokens.get(),
+            num_running: self.num_requests_running.get(),
+            num_waiting: self.num_requests_waiting.get(),
+            kv_cache_usage: self.kv_cache_usage_perc.get(),
+            prefix_cache_queries: self.prefix_cache_queries.get(),
+            prefix_cache_hits: self.prefix_cache_hits.get(),
+            spec_decode: self
+                .last_totals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .spec_decode,
+        }
+    }
+
     /// A request ended (any reason, aborts included).
     pub fn on_request_finished(&self, r: &FinishedRequest<'_>) {
         self.request_success.get_or_create(&reason_label(r.finished_reason)).inc();
@@ -362,11 +542,16 @@ impl Metrics {
             (r.queue, &self.request_queue_time),
             (r.prefill, &self.request_prefill_time),
             (r.decode, &self.request_decode_time),
+            (r.inference, &self.request_inference_time),
         ];
         for (duration, histogram) in phases {
             if let Some(d) = duration {
                 histogram.observe(d.as_secs_f64());
             }
+        }
+        if let (Some(decode), true) = (r.decode, r.num_generation_tokens > 1) {
+            let per_token = decode.as_secs_f64() / (r.num_generation_tokens - 1) as f64;
+            self.request_time_per_output_token.observe(per_token);
         }
     }
 
@@ -380,6 +565,21 @@ impl Metrics {
         // Writing into a String cannot fail and our collector reports no errors of its own.
         debug_assert!(result.is_ok(), "metrics encoding failed");
         out
+    }
+
+    /// The exposition for a scraper's `Accept` header, with its content type: OpenMetrics when
+    /// asked for, else the Prometheus text format 0.0.4. `extra` (OpenMetrics text without
+    /// `# EOF`, e.g. the HTTP counts) is added before the end.
+    pub fn render_for(&self, accept: Option<&str>, extra: &str) -> (&'static str, String) {
+        let mut text = self.render();
+        if let Some(body) = text.strip_suffix("# EOF\n") {
+            text = format!("{body}{extra}# EOF\n");
+        }
+        if negotiate(accept) {
+            (CONTENT_TYPE, text)
+        } else {
+            (TEXT_CONTENT_TYPE, text_format::from_openmetrics(&text))
+        }
     }
 }
 

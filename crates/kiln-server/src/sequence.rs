@@ -207,6 +207,7 @@ impl Sequence {
             ttft: since(Some(self.submitted), self.first_token),
             prefill: since(self.first_scheduled, self.first_token),
             decode: since(self.first_token, self.last_token),
+            inference: since(self.first_scheduled, Some(now)),
         };
         self.loaded.metrics.on_request_finished(&record);
         if self.log_requests {

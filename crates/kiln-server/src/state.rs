@@ -16,6 +16,7 @@ use crate::chat_template::ChatTemplate;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::metrics::http::HttpMetrics;
 use crate::validate::Limits;
 
 /// Everything that exists once the model is loaded.
@@ -32,12 +33,17 @@ pub struct Loaded {
 
 pub struct ServerState {
     pub config: ServerConfig,
+    /// `http_requests_total`, counted from the start (before the model is loaded too).
+    pub http_metrics: HttpMetrics,
     loaded: OnceLock<Arc<Loaded>>,
     draining: AtomicBool,
     queued: AtomicUsize,
     in_flight: AtomicUsize,
     next_id: AtomicU64,
     id_salt: u64,
+    /// Set when the shutdown deadline passes: running responses end at once (streams with a
+    /// final `finish_reason: "abort"` chunk and `[DONE]`).
+    abort: tokio::sync::watch::Sender<bool>,
 }
 
 impl ServerState {
@@ -45,12 +51,14 @@ impl ServerState {
         let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         Arc::new(Self {
             config,
+            http_metrics: HttpMetrics::default(),
             loaded: OnceLock::new(),
             draining: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             id_salt: salt,
+            abort: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -80,6 +88,19 @@ impl ServerState {
 
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends every running response now (the shutdown deadline passed).
+    pub fn abort_responses(&self) {
+        self.abort.send_replace(true);
+    }
+
+    /// Resolves once [`Self::abort_responses`] was called (at once if it was already).
+    pub fn aborted(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.abort.subscribe();
+        async move {
+            let _ = rx.wait_for(|aborted| *aborted).await;
+        }
     }
 
     pub fn is_draining(&self) -> bool {

@@ -20,6 +20,10 @@ pub struct Limits {
     pub max_model_len: usize,
     pub vocab_size: usize,
     pub max_logprobs: usize,
+    /// `--max-tokens-default`: `max_tokens` of requests that give none.
+    pub max_tokens_default: Option<usize>,
+    /// `--max-tokens-cap`: most tokens a request may ask for.
+    pub max_tokens_cap: Option<usize>,
 }
 
 /// A validated request, before its prompts are known.
@@ -27,7 +31,8 @@ pub struct Limits {
 pub struct GenerationSpec {
     /// `max_tokens` here is a placeholder until [`GenerationSpec::for_prompt`].
     pub params: SamplingParams,
-    /// What the request asked for (`None`: fill the context).
+    /// What the request asked for (`None`: `--max-tokens-default` or `--max-tokens-cap`,
+    /// at most what is left of the context; without them, fill the context).
     pub max_tokens: Option<usize>,
     pub n: usize,
     pub stop: Vec<String>,
@@ -92,6 +97,14 @@ pub fn spec(
         return Err(ApiError::bad_param("best_of", "`best_of` other than `n` is not supported"));
     }
     let max_tokens = max_tokens.map(|m| to_usize("max_tokens", m, 1)).transpose()?;
+    if let (Some(m), Some(cap)) = (max_tokens, limits.max_tokens_cap)
+        && m > cap
+    {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            format!("`max_tokens` must be at most {cap} (--max-tokens-cap), got {m}"),
+        ));
+    }
     let mut params = SamplingParams {
         temperature: match f.temperature {
             Some(t) => to_f32("temperature", t)?,
@@ -149,6 +162,9 @@ pub fn spec(
             format!("at most {MAX_STOP_STRINGS} stop strings"),
         ));
     }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_param("stop", "a stop string must not be empty"));
+    }
     if stop.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
         return Err(ApiError::bad_param(
             "stop",
@@ -189,12 +205,16 @@ fn token_fields(
     }
     if let Some(bias) = logit_bias {
         for (key, value) in bias {
-            let id = key.trim().parse::<i64>().map_err(|_| {
-                ApiError::bad_param(
-                    "logit_bias",
-                    format!("`logit_bias` key {key:?} is not a token id"),
-                )
-            })?;
+            // Only plain decimal digits: `" +7 "` is not read as 7.
+            let id = Some(&key)
+                .filter(|k| !k.is_empty() && k.len() <= 10 && k.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|k| k.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_param(
+                        "logit_bias",
+                        format!("`logit_bias` key {key:?} is not a token id (decimal digits only)"),
+                    )
+                })?;
             params
                 .logit_bias
                 .push((token_id("logit_bias", id, limits)?, to_f32("logit_bias", value)?));
@@ -229,7 +249,9 @@ impl GenerationSpec {
                 ),
             ));
         }
-        let max_tokens = self.max_tokens.unwrap_or(max_len - num_prompt_tokens);
+        let rest = max_len - num_prompt_tokens;
+        let default = limits.max_tokens_default.into_iter().chain(limits.max_tokens_cap).min();
+        let max_tokens = self.max_tokens.unwrap_or_else(|| default.map_or(rest, |d| d.min(rest)));
         if num_prompt_tokens.saturating_add(max_tokens) > max_len {
             return Err(ApiError::bad_param(
                 "input_tokens",

@@ -159,7 +159,8 @@ fn bad_requests_get_4xx_and_the_server_stays_healthy() {
         "requires",
     );
     assert_eq!(server.get("/v1/nothing").status, 404);
-    // Unknown fields are ignored; special-token text in user content is just text to us.
+    // Unknown fields are ignored; special-token text in user content is text (its token ids
+    // are asserted in hardening.rs and chat_template/tests.rs).
     let fine = server.post(c, &json!({"prompt": "hi", "max_tokens": 2, "frobnicate": {"x": [1]}}));
     assert_eq!(fine.status, 200, "{}", fine.text());
     let special = server.post(chat, &json!({"messages": [{"role": "user",
@@ -175,7 +176,10 @@ fn bad_requests_get_4xx_and_the_server_stays_healthy() {
 
 #[test]
 fn api_key_guards_v1_only() {
-    let config = kiln_server::ServerConfig { api_key: Some("s3cret".into()), ..default_config() };
+    let config = kiln_server::ServerConfig {
+        api_keys: vec!["s3cret".into(), "other".into()],
+        ..default_config()
+    };
     let server = TestServer::start(config);
     let missing = server.get("/v1/models");
     assert_error(&missing, 401, None, "Unauthorized");
@@ -185,6 +189,9 @@ fn api_key_guards_v1_only() {
     let right =
         request(server.addr, "GET", "/v1/models", &[("Authorization", "Bearer s3cret")], None);
     assert_eq!(right.status, 200);
+    let second =
+        request(server.addr, "GET", "/v1/models", &[("Authorization", "Bearer other")], None);
+    assert_eq!(second.status, 200);
     assert_eq!(server.get("/health").status, 200);
     assert_eq!(server.get("/metrics").status, 200);
 }

@@ -4,7 +4,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    /// A file could not be read (a missing `tokenizer.json` is `NotFound`).
+    /// The model directory has no `tokenizer.json`.
+    #[error("{path}: no such file (a Hugging Face model directory needs its tokenizer.json)")]
+    Missing { path: PathBuf },
+    /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

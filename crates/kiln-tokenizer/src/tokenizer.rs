@@ -7,7 +7,8 @@
 //! Invariants:
 //! - the public API (encode / decode / decode_stream / eos_token_ids / bos_token_id /
 //!   chat_template) behaves the same whatever the backend;
-//! - special tokens in the input text are always matched as whole tokens (parse_special);
+//! - special tokens in the input text are matched as whole tokens (parse_special), except
+//!   inside the literal ranges of [`Tokenizer::encode_with_literals`] (chat message content);
 //! - `encode(text, true)` prepends BOS when `add_bos_token` asks for it, unless the text already
 //!   starts with it, and appends EOS when a GGUF file sets `add_eos_token`;
 //! - `eos_token_ids` is sorted and deduplicated; `eos_token_id` (the one EOS the config names)
@@ -16,6 +17,7 @@
 mod decode_stream;
 mod gguf_vocab;
 mod gpt2;
+mod literal;
 mod special_split;
 mod spm;
 #[cfg(test)]
@@ -39,6 +41,26 @@ pub struct GenerationDefaults {
     pub repetition_penalty: Option<f32>,
 }
 
+impl GenerationDefaults {
+    /// The sampling fields of a parsed `generation_config.json`.
+    pub fn from_json(gen_cfg: &Value) -> Self {
+        let num = |k: &str| gen_cfg.get(k).and_then(Value::as_f64).map(|v| v as f32);
+        Self {
+            temperature: num("temperature"),
+            top_p: num("top_p"),
+            top_k: gen_cfg.get("top_k").and_then(Value::as_u64).map(|v| v as usize),
+            repetition_penalty: num("repetition_penalty"),
+        }
+    }
+
+    /// The defaults of `dir/generation_config.json` (all `None` if the file is absent).
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        Ok(read_json(&dir.join("generation_config.json"))?
+            .map(|v| Self::from_json(&v))
+            .unwrap_or_default())
+    }
+}
+
 pub struct Tokenizer {
     backend: Backend,
     bos_token_id: Option<u32>,
@@ -52,6 +74,8 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     /// Where `chat_template` was read from (a file name or GGUF key).
     chat_template_origin: &'static str,
+    /// Hugging Face backend: what [`Tokenizer::encode_with_literals`] needs, made on first use.
+    hf_literal: std::sync::OnceLock<literal::HfLiteral>,
 }
 
 enum Backend {
@@ -84,7 +108,7 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<(Self, GenerationDefaults), TokenizerError> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            return Err(io_error(&path, std::io::ErrorKind::NotFound.into()));
+            return Err(TokenizerError::Missing { path });
         }
         let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
             TokenizerError::Tokenizer { path: path.clone(), message: e.to_string() }
@@ -97,6 +121,7 @@ impl Tokenizer {
             eos_token_ids: Vec::new(),
             chat_template: None,
             chat_template_origin: "",
+            hf_literal: std::sync::OnceLock::new(),
             backend: Backend::Hf(Box::new(inner)),
         };
         if let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))? {
@@ -120,22 +145,29 @@ impl Tokenizer {
             tok.chat_template_origin = "chat_template.jinja";
         }
         let mut defaults = GenerationDefaults::default();
-        if let Some(gen_cfg) = read_json(&dir.join("generation_config.json"))? {
-            match gen_cfg.get("eos_token_id") {
-                Some(Value::Array(ids)) => {
-                    tok.eos_token_ids
-                        .extend(ids.iter().filter_map(Value::as_u64).map(|v| v as u32));
-                }
-                Some(v) => tok.eos_token_ids.extend(v.as_u64().map(|v| v as u32)),
-                None => {}
-            }
-            let num = |k: &str| gen_cfg.get(k).and_then(Value::as_f64).map(|v| v as f32);
-            defaults = GenerationDefaults {
-                temperature: num("temperature"),
-                top_p: num("top_p"),
-                top_k: gen_cfg.get("top_k").and_then(Value::as_u64).map(|v| v as usize),
-                repetition_penalty: num("repetition_penalty"),
+        let gen_path = dir.join("generation_config.json");
+        if let Some(gen_cfg) = read_json(&gen_path)? {
+            let vocab_size = tok.vocab_size();
+            let ids: Vec<&Value> = match gen_cfg.get("eos_token_id") {
+                Some(Value::Array(ids)) => ids.iter().collect(),
+                Some(Value::Null) | None => Vec::new(),
+                Some(v) => vec![v],
             };
+            for v in ids {
+                let id = v
+                    .as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .filter(|&id| (id as usize) < vocab_size)
+                    .ok_or_else(|| TokenizerError::Format {
+                        path: gen_path.clone(),
+                        message: format!(
+                            "eos_token_id {v} is not a token id of the vocabulary ({vocab_size} \
+                             tokens)"
+                        ),
+                    })?;
+                tok.eos_token_ids.push(id);
+            }
+            defaults = GenerationDefaults::from_json(&gen_cfg);
         }
         tok.eos_token_ids.sort_unstable();
         tok.eos_token_ids.dedup();
@@ -190,6 +222,7 @@ impl Tokenizer {
             eos_token_ids,
             chat_template: vocab.chat_template,
             chat_template_origin: "GGUF tokenizer.chat_template",
+            hf_literal: std::sync::OnceLock::new(),
         })
     }
 
@@ -216,15 +249,21 @@ impl Tokenizer {
             }
         };
         if add_special_tokens {
-            if self.add_bos_token == Some(true)
-                && let Some(bos) = self.bos_token_id
-                && ids.first() != Some(&bos)
-            {
-                ids.insert(0, bos);
-            }
-            ids.extend(self.append_eos);
+            self.add_bos_eos(&mut ids);
         }
         Ok(ids)
+    }
+
+    /// Prepends BOS when `add_bos_token` asks for one that is not there yet; appends a GGUF
+    /// `add_eos_token` EOS.
+    fn add_bos_eos(&self, ids: &mut Vec<u32>) {
+        if self.add_bos_token == Some(true)
+            && let Some(bos) = self.bos_token_id
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
+        }
+        ids.extend(self.append_eos);
     }
 
     /// Text of `ids`; invalid UTF-8 becomes U+FFFD; `skip_special_tokens` drops control tokens.

@@ -15,7 +15,9 @@
 //! pure decode steps: the steadiest inter-token latency, later first tokens); balanced sits
 //! between. Measured effects: docs/BENCHMARKS.md, "Profiles".
 
-use kiln_engine::{EngineConfig, KvCacheDtype, SchedulerConfig, SchedulingPolicy};
+use kiln_engine::{
+    EngineConfig, KvCacheDtype, SchedulerConfig, SchedulingPolicy, SpeculativeConfig,
+};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Policy {
@@ -85,6 +87,16 @@ pub struct EngineArgs {
     /// memory and the bytes attention reads; f32 keeps K and V unrounded.
     #[arg(long, default_value = EngineConfig::default().kv_cache_dtype.name())]
     pub kv_cache_dtype: KvCacheDtype,
+    /// Speculative decoding, vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": K,
+    /// "prompt_lookup_min": A, "prompt_lookup_max": B, "disable_by_batch_size": N}` (prompt
+    /// lookup over the prompt and output so far; outputs are unchanged, see docs/OPERATIONS.md).
+    #[arg(long, value_parser = parse_speculative_config)]
+    pub speculative_config: Option<SpeculativeConfig>,
+}
+
+/// clap's parser for `--speculative-config` (the error names the field).
+pub fn parse_speculative_config(text: &str) -> Result<SpeculativeConfig, String> {
+    SpeculativeConfig::from_json(text).map_err(|e| e.to_string())
 }
 
 impl Default for EngineArgs {
@@ -98,6 +110,7 @@ impl Default for EngineArgs {
             max_num_partial_prefills: None,
             scheduling_policy: Policy::Fcfs,
             kv_cache_dtype: EngineConfig::default().kv_cache_dtype,
+            speculative_config: None,
         }
     }
 }
@@ -169,5 +182,19 @@ mod tests {
         assert!(Cli::try_parse_from(["kiln", "--profile", "fast"]).is_err());
         assert_eq!(parse(&[]).kv_cache_dtype, KvCacheDtype::F16);
         assert_eq!(parse(&["--kv-cache-dtype", "f32"]).kv_cache_dtype, KvCacheDtype::F32);
+    }
+
+    #[test]
+    fn speculative_config_is_vllms_json_and_errors_name_the_field() {
+        assert_eq!(parse(&[]).speculative_config, None);
+        let spec = r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}"#;
+        let c = parse(&["--speculative-config", spec]).speculative_config.unwrap();
+        assert_eq!(c.num_speculative_tokens, 3);
+        let Err(e) =
+            Cli::try_parse_from(["kiln", "--speculative-config", r#"{"method": "ngram"}"#])
+        else {
+            panic!("accepted a config without num_speculative_tokens");
+        };
+        assert!(e.to_string().contains("`num_speculative_tokens` is required"), "{e}");
     }
 }

@@ -55,6 +55,9 @@ pub struct GenerateArgs {
     /// Tokens per KV cache block (a power of two up to 256).
     #[arg(long, default_value_t = EngineConfig::default().block_size)]
     block_size: usize,
+    /// Speculative decoding, vLLM's JSON (as `kiln serve`); the output is the same tokens.
+    #[arg(long, value_parser = crate::engine_args::parse_speculative_config)]
+    speculative_config: Option<kiln_engine::SpeculativeConfig>,
     /// Tokens per forward step (the prefill chunk size).
     #[arg(long, default_value_t = 512)]
     max_num_batched_tokens: usize,
@@ -112,6 +115,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         seed: args.seed,
         eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: KvCacheDtype::F32,
+        speculative: args.speculative_config.clone(),
     };
     let mut core = EngineCore::new(loaded.model, config)?;
     let stats = stream(&mut core, tokenizer, prompt, params)?;
@@ -126,6 +130,17 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         rate(stats.num_output_tokens.saturating_sub(1), stats.decode_time),
         num_threads,
     );
+    if args.speculative_config.is_some() {
+        let spec = core.stats().spec_decode;
+        eprintln!(
+            "speculative decoding: {} drafts, {} draft tokens, {:.1} % accepted, mean acceptance \
+             length {:.2}",
+            spec.num_drafts,
+            spec.num_draft_tokens,
+            100.0 * spec.acceptance_rate(),
+            spec.mean_acceptance_length()
+        );
+    }
     Ok(())
 }
 

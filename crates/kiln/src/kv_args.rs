@@ -36,26 +36,77 @@ impl std::str::FromStr for Bytes {
     }
 }
 
+/// A token or byte count as vLLM writes it: plain, or with a suffix `k`/`m`/`g`/`t`
+/// (powers of 1000; decimals allowed: `25.6k`) or `K`/`M`/`G`/`T` (powers of 1024): `32k`,
+/// `128K`, `4G`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanCount(pub u64);
+
+impl std::str::FromStr for HumanCount {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let bad = || format!("`{s}` is not a count (e.g. 4096, 32k, 128K)");
+        let (mult, decimal) = match unit {
+            "" => (1u64, false),
+            "k" => (1_000, true),
+            "m" => (1_000_000, true),
+            "g" => (1_000_000_000, true),
+            "t" => (1_000_000_000_000, true),
+            "K" => (1 << 10, false),
+            "M" => (1 << 20, false),
+            "G" => (1 << 30, false),
+            "T" => (1 << 40, false),
+            _ => return Err(bad()),
+        };
+        if num.contains('.') {
+            if !decimal {
+                return Err(format!("`{s}`: decimals need a decimal suffix (k, m, g, t)"));
+            }
+            let v: f64 = num.parse().map_err(|_| bad())?;
+            return Ok(Self((v * mult as f64) as u64));
+        }
+        let v: u64 = num.parse().map_err(|_| bad())?;
+        v.checked_mul(mult).map(Self).ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+impl HumanCount {
+    pub fn as_usize(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct KvCacheArgs {
     /// Tokens per KV cache block: a power of two up to 256.
     #[arg(long, default_value_t = EngineConfig::default().block_size)]
     pub block_size: usize,
     /// KV cache size in bytes (e.g. 4GiB, 512MiB, 2G).
-    #[arg(long, conflicts_with = "memory_utilization")]
+    #[arg(long, conflicts_with_all = ["memory_utilization", "kv_cache_memory_bytes"])]
     pub kv_cache_memory: Option<Bytes>,
+    /// KV cache size in bytes, as vLLM's flag: `4G` = 4 GiB, `4g` = 4·10⁹.
+    #[arg(long, conflicts_with = "memory_utilization")]
+    pub kv_cache_memory_bytes: Option<HumanCount>,
     /// Fraction (0, 1] of the RAM available after loading the weights to give the KV cache.
     #[arg(long)]
     pub memory_utilization: Option<f64>,
-    /// Number of KV cache blocks (overrides the two flags above).
-    #[arg(long)]
+    /// Number of KV cache blocks (overrides the flags above).
+    #[arg(long, alias = "num-gpu-blocks-override")]
     pub num_kv_blocks: Option<usize>,
-    /// Longest request (prompt + output) in tokens; default: the subcommand's.
+    /// Longest request (prompt + output) in tokens (`4096`, `32k`, `32K`); default: the
+    /// subcommand's.
     #[arg(long)]
-    pub max_model_len: Option<usize>,
+    pub max_model_len: Option<HumanCount>,
     /// Turn the prefix cache off (it is on by default).
-    #[arg(long)]
+    #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    /// Keep the prefix cache on (the default; vLLM's spelling).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
 }
 
 /// The sizing decided from the flags.
@@ -80,7 +131,9 @@ impl KvCacheArgs {
         let per_block = bytes_per_block.max(1) as u64;
         let num_blocks = if let Some(n) = self.num_kv_blocks {
             n
-        } else if let Some(Bytes(b)) = self.kv_cache_memory {
+        } else if let Some(b) =
+            self.kv_cache_memory.map(|b| b.0).or(self.kv_cache_memory_bytes.map(|b| b.0))
+        {
             usize::try_from(b / per_block)?
         } else if let Some(f) = self.memory_utilization {
             if !(f > 0.0 && f <= 1.0) {
@@ -136,10 +189,12 @@ mod tests {
         KvCacheArgs {
             block_size: 16,
             kv_cache_memory: None,
+            kv_cache_memory_bytes: None,
             memory_utilization: None,
             num_kv_blocks: None,
             max_model_len: None,
             no_enable_prefix_caching: false,
+            enable_prefix_caching: false,
         }
     }
 
@@ -152,6 +207,17 @@ mod tests {
         assert!("4 parsecs".parse::<Bytes>().unwrap_err().contains("unknown unit"));
         assert!("GiB".parse::<Bytes>().is_err());
         assert!("99999999999TiB".parse::<Bytes>().unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn human_counts_parse_as_vllm() {
+        let n = |s: &str| s.parse::<HumanCount>().map(|c| c.0);
+        assert_eq!(n("32k"), Ok(32_000));
+        assert_eq!(n("32K"), Ok(32_768));
+        assert_eq!(n("25.6k"), Ok(25_600));
+        assert_eq!(n("4G"), Ok(4 << 30));
+        assert_eq!(n("4096"), Ok(4096));
+        assert!(n("1.5K").is_err() && n("12x").is_err() && n("k").is_err());
     }
 
     #[test]

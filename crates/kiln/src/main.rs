@@ -1,16 +1,18 @@
 //! The `kiln` command line: `kiln serve`, `kiln generate`, `kiln bench serve | latency |
 //! throughput`, `kiln tune` and `kiln plan`.
 
+mod args;
 mod bench;
 mod engine_args;
 mod generate;
+mod hub;
 mod kv_args;
 mod model_arg;
 mod plan;
 mod serve;
 mod tune;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "An LLM inference server")]
@@ -24,7 +26,7 @@ enum Command {
     /// Generate a completion for one prompt and stream it to stdout.
     Generate(generate::GenerateArgs),
     /// Serve the model on an OpenAI-compatible HTTP endpoint.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Benchmarks: `serve` (online, HTTP), `latency` (batch grid), `throughput` (offline).
     Bench(bench::BenchArgs),
     /// Sweep server flags × load with `kiln bench serve`; pick the best for an objective.
@@ -33,8 +35,32 @@ enum Command {
     Plan(Box<plan::PlanArgs>),
 }
 
+/// Parses `argv` after [`args::expand`] (env variables, `--config`, other servers' flags);
+/// returns the CLI and the warnings to print.
+fn parse(argv: &[String], env: &[(String, String)]) -> Result<(Cli, Vec<String>), clap::Error> {
+    let mut command = Cli::command();
+    let expanded = args::expand(argv, env, &command)
+        .map_err(|e| command.error(clap::error::ErrorKind::ValueValidation, e))?;
+    let matches = command.try_get_matches_from_mut(&expanded.argv)?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    Ok((cli, expanded.warnings))
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with(args::env::PREFIX))
+        .collect();
+    let cli = match parse(&argv, &env) {
+        Ok((cli, warnings)) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+            cli
+        }
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),

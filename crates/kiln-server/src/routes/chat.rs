@@ -6,10 +6,11 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use kiln_core::TokenId;
 use serde_json::{Value, json};
 
+use super::check_model;
 use super::format::{chat_logprobs, prompt_logprobs};
-use super::{check_model, tokenize};
 use crate::chat_template::ChatMessage;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -21,8 +22,18 @@ use crate::validate;
 
 /// Most messages in one conversation.
 const MAX_MESSAGES: usize = 4096;
+/// Most content parts over all messages of one request.
+pub const MAX_CONTENT_PARTS: usize = 4096;
+/// Roles a message may have (`developer`, OpenAI's successor of `system`, is rendered as
+/// `system`).
+const ROLES: [&str; 4] = ["system", "user", "assistant", "developer"];
 
-/// Text-only messages as the template sees them.
+fn bad_message(index: usize, message: impl Into<String>) -> ApiError {
+    ApiError::bad_param("messages", format!("messages[{index}]: {}", message.into()))
+}
+
+/// Text-only messages as the template sees them: roles checked, `null` content only on
+/// assistant messages, at most [`MAX_CONTENT_PARTS`] text parts in all.
 pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_param("messages", "`messages` must not be empty"));
@@ -30,20 +41,45 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
     if messages.len() > MAX_MESSAGES {
         return Err(ApiError::bad_param("messages", format!("at most {MAX_MESSAGES} messages")));
     }
+    let mut num_parts = 0usize;
     messages
         .into_iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(index, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(bad_message(
+                    index,
+                    format!(
+                        "unsupported role {:?} (supported: system, user, assistant, developer)",
+                        m.role
+                    ),
+                ));
+            }
+            let role = if m.role == "developer" { "system".to_owned() } else { m.role };
             let content = match m.content {
-                None => String::new(),
+                None if role == "assistant" => String::new(),
+                None => {
+                    return Err(bad_message(index, format!("`content` is required for role {role:?}")));
+                }
                 Some(MessageContent::Text(t)) => t,
                 Some(MessageContent::Parts(parts)) => {
+                    num_parts += parts.len();
+                    if num_parts > MAX_CONTENT_PARTS {
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            format!("at most {MAX_CONTENT_PARTS} content parts per request"),
+                        ));
+                    }
                     let mut text = String::new();
                     for part in parts {
                         match (part.kind.as_str(), part.text) {
                             ("text", Some(t)) => text.push_str(&t),
+                            ("text", None) => {
+                                return Err(bad_message(index, "a `text` part needs `text`"));
+                            }
                             (kind, _) => {
-                                return Err(ApiError::bad_param(
-                                    "messages",
+                                return Err(bad_message(
+                                    index,
                                     format!("content parts of type {kind:?} are not supported (text only)"),
                                 ));
                             }
@@ -52,23 +88,47 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                     text
                 }
             };
-            Ok(ChatMessage { role: m.role, content })
+            Ok(ChatMessage { role, content })
         })
         .collect()
 }
 
-/// Renders the conversation on a blocking thread (templates are fuel-bounded, not free).
-pub async fn render(
+/// Renders the conversation and tokenizes it on a blocking thread (templates are
+/// fuel-bounded, not free). Message content is literal text: control-token text in it never
+/// becomes a control token (`Tokenizer::encode_with_literals`); if the template transforms
+/// content so that it cannot be located in the prompt, content holding control-token text is
+/// refused (400, `messages`) rather than risk a forged turn.
+pub async fn render_tokens(
     loaded: &Arc<Loaded>,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
-) -> Result<String, ApiError> {
+    add_special_tokens: bool,
+) -> Result<Vec<TokenId>, ApiError> {
     let loaded = Arc::clone(loaded);
     tokio::task::spawn_blocking(move || {
-        loaded
+        let marked = loaded
             .template
-            .render(&messages, add_generation_prompt)
-            .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))
+            .render_marked(&messages, add_generation_prompt)
+            .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))?;
+        let tokenizer = &loaded.tokenizer;
+        let literals = if let Some(ranges) = marked.content_ranges {
+            ranges
+        } else {
+            if let Some(index) =
+                messages.iter().position(|m| tokenizer.contains_control_text(&m.content))
+            {
+                return Err(bad_message(
+                    index,
+                    "the content holds control-token text and this chat template transforms \
+                     content, so it cannot be kept as plain text",
+                ));
+            }
+            Vec::new()
+        };
+        tokenizer
+            .encode_with_literals(&marked.text, &literals, add_special_tokens)
+            .map(|ids| ids.into_iter().map(TokenId).collect())
+            .map_err(|e| ApiError::bad_param("messages", format!("could not tokenize: {e}")))
     })
     .await
     .map_err(|e| ApiError::internal(format!("template task failed: {e}")))?
@@ -107,8 +167,8 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
     let messages = template_messages(req.messages)?;
-    let prompt = render(&loaded, messages, req.add_generation_prompt.unwrap_or(true)).await?;
-    let ids = tokenize(&loaded, vec![prompt], false).await?.pop().unwrap_or_default();
+    let ids =
+        render_tokens(&loaded, messages, req.add_generation_prompt.unwrap_or(true), false).await?;
     let seq_specs = (0..spec.n)
         .map(|sample| {
             Ok(SequenceSpec {
@@ -120,7 +180,8 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let seqs = start_all(&state, &loaded, seq_specs)?;
+    let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
+    let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let mut usage = Usage::new(&[ids.len()]);
     let envelope = Envelope::new(&state, "chatcmpl");
     if spec.stream {
@@ -131,10 +192,11 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             usage,
             spec.include_usage,
             state.config.keep_alive,
+            state.aborted(),
             format,
         ));
     }
-    let results = collect_all(seqs, spec.n, &mut usage).await?;
+    let results = collect_all(seqs, spec.n, &mut usage, state.aborted()).await?;
     let tokenizer = &loaded.tokenizer;
     let choices: Vec<Value> = results
         .into_iter()
@@ -194,5 +256,14 @@ impl ChunkFormat for ChatChunks {
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
         }])))
+    }
+
+    fn abort(&mut self, index: usize) -> Value {
+        self.chunk(&json!([{
+            "index": index,
+            "delta": {},
+            "logprobs": Value::Null,
+            "finish_reason": "abort",
+        }]))
     }
 }

@@ -158,7 +158,8 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             });
         }
     }
-    let seqs = start_all(&state, &loaded, seq_specs)?;
+    let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
+    let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
     let envelope = Envelope::new(&state, "cmpl");
     if spec.stream {
@@ -177,11 +178,12 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             usage,
             spec.include_usage,
             state.config.keep_alive,
+            state.aborted(),
             format,
         ));
     }
     let mut usage = usage;
-    let results = collect_all(seqs, spec.n, &mut usage).await?;
+    let results = collect_all(seqs, spec.n, &mut usage, state.aborted()).await?;
     let echo = echo.then_some(Echo { texts: &echo_texts, prompt_ids: &prompt_ids });
     let choices = choices_json(&loaded, results, &spec, echo, logprobs);
     Ok(Json(envelope.response("text_completion", &choices, &usage)).into_response())
@@ -302,5 +304,15 @@ impl ChunkFormat for CompletionChunks {
             "finish_reason": delta.finish_reason,
             "stop_reason": Value::Null,
         }])))
+    }
+
+    fn abort(&mut self, index: usize) -> Value {
+        self.chunk(&json!([{
+            "index": index,
+            "text": "",
+            "logprobs": Value::Null,
+            "finish_reason": "abort",
+            "stop_reason": Value::Null,
+        }]))
     }
 }

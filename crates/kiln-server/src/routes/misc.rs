@@ -5,15 +5,14 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::chat::{render, template_messages};
+use super::chat::{render_tokens, template_messages};
 use super::{check_model, model_name, tokenize};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::metrics;
 use crate::protocol::{DetokenizeRequest, TokenizeRequest};
 use crate::state::ServerState;
 use crate::validate;
@@ -53,10 +52,15 @@ pub async fn version() -> Response {
     Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
-pub async fn render_metrics(State(state): State<Arc<ServerState>>) -> Response {
+/// The metrics in OpenMetrics when the scraper asks for it, else the Prometheus text format.
+pub async fn render_metrics(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
     match state.loaded() {
-        Some(loaded) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], loaded.metrics.render())
-            .into_response(),
+        Some(loaded) => {
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let (content_type, body) =
+                loaded.metrics.render_for(accept, &state.http_metrics.render());
+            ([(header::CONTENT_TYPE, content_type)], body).into_response()
+        }
         None => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
@@ -68,17 +72,19 @@ pub async fn tokenize_endpoint(
     let result = async {
         let loaded = Arc::clone(state.ready()?);
         check_model(&state, req.model.as_deref())?;
-        let (text, add_special) = match (req.prompt, req.messages) {
-            (Some(p), None) => (p, req.add_special_tokens.unwrap_or(true)),
+        let ids = match (req.prompt, req.messages) {
+            (Some(p), None) => {
+                let add_special = req.add_special_tokens.unwrap_or(true);
+                tokenize(&loaded, vec![p], add_special).await?.pop().unwrap_or_default()
+            }
             (None, Some(m)) => {
                 let messages = template_messages(m)?;
-                let text =
-                    render(&loaded, messages, req.add_generation_prompt.unwrap_or(true)).await?;
-                (text, req.add_special_tokens.unwrap_or(false))
+                let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+                let add_special = req.add_special_tokens.unwrap_or(false);
+                render_tokens(&loaded, messages, add_generation_prompt, add_special).await?
             }
             _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
         };
-        let ids = tokenize(&loaded, vec![text], add_special).await?.pop().unwrap_or_default();
         let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
         Ok(Json(json!({
             "count": tokens.len(),

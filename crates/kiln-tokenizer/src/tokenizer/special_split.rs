@@ -57,10 +57,10 @@ impl SpecialSplitter {
         children.binary_search_by_key(&b, |c| c.0).ok().map(|i| children[i].1 as usize)
     }
 
-    /// Splits `text` into fragments (see the module docs for precedence).
-    pub(crate) fn split<'a>(&self, text: &'a str) -> Vec<Fragment<'a>> {
+    /// `(start, len, id)` of every occurrence of a token text in `text`, overlapping ones
+    /// included.
+    pub(crate) fn occurrences(&self, text: &str) -> Vec<(usize, usize, u32)> {
         let bytes = text.as_bytes();
-        // (start, len, id) of every occurrence.
         let mut found: Vec<(usize, usize, u32)> = Vec::new();
         for start in 0..bytes.len() {
             let mut node = 0;
@@ -72,6 +72,24 @@ impl SpecialSplitter {
                 }
             }
         }
+        found
+    }
+
+    /// Splits `text` into fragments (see the module docs for precedence).
+    pub(crate) fn split<'a>(&self, text: &'a str) -> Vec<Fragment<'a>> {
+        self.split_where(text, |_, _, _| true)
+    }
+
+    /// [`Self::split`] considering only the occurrences `(start, len, id)` that `keep`
+    /// accepts; the others stay text (and block nothing).
+    pub(crate) fn split_where<'a>(
+        &self,
+        text: &'a str,
+        keep: impl Fn(usize, usize, u32) -> bool,
+    ) -> Vec<Fragment<'a>> {
+        let bytes = text.as_bytes();
+        let mut found = self.occurrences(text);
+        found.retain(|&(start, len, id)| keep(start, len, id));
         if found.is_empty() {
             return if text.is_empty() { Vec::new() } else { vec![Fragment::Text(text)] };
         }
@@ -117,5 +135,13 @@ mod tests {
         assert_eq!(s.split("plain"), [Text("plain")]);
         assert_eq!(s.split(""), []);
         assert_eq!(s.split("é<a>"), [Text("é"), Token(3)]);
+    }
+
+    #[test]
+    fn rejected_occurrences_stay_text_and_block_nothing() {
+        let s = SpecialSplitter::new([("<a>", 3), ("a>b", 4)]);
+        // "<a>" at 0 is rejected: the overlapping "a>b" can now be cut.
+        assert_eq!(s.split_where("<a>b", |start, _, _| start != 0), [Text("<"), Token(4)]);
+        assert_eq!(s.split_where("x<a>", |_, _, _| false), [Text("x<a>")]);
     }
 }

@@ -109,6 +109,12 @@ impl Spm {
         Self { pieces, kinds, scores, ids, byte_ids, unk, add_space_prefix, special }
     }
 
+    /// The id of `text` as a piece of ordinary text: not a control or unknown token.
+    fn text_token(&self, text: &str) -> Option<u32> {
+        let id = *self.ids.get(text)?;
+        self.kind(id).is_some_and(|k| !k.is_special()).then_some(id)
+    }
+
     pub(crate) fn token_to_id(&self, text: &str) -> Option<u32> {
         self.ids.get(text).copied()
     }
@@ -128,9 +134,40 @@ impl Spm {
 
     /// Appends the ids of `text` to `out` (no BOS/EOS).
     pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        self.encode_fragments(self.special.split(text), out)
+    }
+
+    /// The occurrences of control and unknown token texts in `text` (`(start, len, id)`);
+    /// user-defined tokens are ordinary text and are not listed.
+    pub(crate) fn control_occurrences(&self, text: &str) -> Vec<(usize, usize, u32)> {
+        let mut found = self.special.occurrences(text);
+        found.retain(|o| self.kind(o.2).is_some_and(TokenKind::is_special));
+        found
+    }
+
+    /// [`Self::encode`] where the control or unknown token occurrences `(start, len, id)` that
+    /// `literal` accepts stay text (user-defined tokens are always cut out, as llama.cpp does
+    /// without `parse_special`).
+    pub(crate) fn encode_where(
+        &self,
+        text: &str,
+        literal: impl Fn(usize, usize) -> bool,
+        out: &mut Vec<u32>,
+    ) -> Result<(), String> {
+        let fragments = self.special.split_where(text, |start, len, id| {
+            !(self.kind(id).is_some_and(TokenKind::is_special) && literal(start, len))
+        });
+        self.encode_fragments(fragments, out)
+    }
+
+    fn encode_fragments(
+        &self,
+        fragments: Vec<Fragment<'_>>,
+        out: &mut Vec<u32>,
+    ) -> Result<(), String> {
         let mut after_special = true;
         let mut buf = String::new();
-        for fragment in self.special.split(text) {
+        for fragment in fragments {
             match fragment {
                 Fragment::Token(id) => {
                     out.push(id);
@@ -190,7 +227,7 @@ impl Spm {
         while at != NONE {
             let s = &symbols[at];
             let piece = &text[s.start..s.start + s.len];
-            if let Some(&id) = self.ids.get(piece) {
+            if let Some(id) = self.text_token(piece) {
                 out.push(id);
             } else {
                 for &b in piece.as_bytes() {
@@ -215,7 +252,9 @@ impl Spm {
     ) {
         let (l, r) = (&symbols[left], &symbols[right]);
         let merged = &text[l.start..r.start + r.len];
-        if let Some(&id) = self.ids.get(merged) {
+        // Control / unknown tokens are never a merge result: their text inside a fragment is
+        // literal text (encode_where), not the token.
+        if let Some(id) = self.text_token(merged) {
             heap.push(Pair { score: self.scores[id as usize], left, right, len: merged.len() });
         }
     }

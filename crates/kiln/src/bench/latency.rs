@@ -127,6 +127,7 @@ pub fn grid_engine(
         seed,
         eos_token_ids: Vec::new(),
         kv_cache_dtype: engine.kv_cache_dtype,
+        speculative: engine.speculative_config.clone(),
     };
     EngineCore::new(model, config).context("building the engine")
 }

@@ -1,9 +1,10 @@
 //! `kiln bench`: `serve` (online, over HTTP against any OpenAI-compatible server), `latency`
-//! (in-process batch × input × output grid) and `throughput` (in-process, everything queued at
-//! once).
+//! (in-process batch × input × output grid), `throughput` (in-process, everything queued at
+//! once) and `speculative` (speculative against plain decoding, one prompt at a time).
 
 pub mod latency;
 mod serve;
+mod speculative;
 mod throughput;
 mod tokenizer;
 
@@ -24,6 +25,8 @@ enum BenchCommand {
     Latency(latency::LatencyArgs),
     /// Offline throughput: N random prompts of I tokens, O output tokens each, all at once.
     Throughput(throughput::ThroughputArgs),
+    /// Speculative decoding against plain decoding, one prompt at a time, same outputs checked.
+    Speculative(Box<speculative::SpeculativeArgs>),
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -31,5 +34,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Serve(a) => run_serve_bench(a).map(|_| ()),
         BenchCommand::Latency(a) => latency::run(a),
         BenchCommand::Throughput(a) => throughput::run(a),
+        BenchCommand::Speculative(a) => speculative::run(a),
     }
 }

@@ -15,21 +15,44 @@ use kiln_fetch::DEFAULT_MODEL_NAME;
 
 use super::BenchTokenizer;
 
+/// vLLM's `--backend` values kiln's client speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// `/v1/completions` (vLLM's `vllm` backend is the same endpoint).
+    #[value(alias = "vllm")]
+    Openai,
+    /// `/v1/chat/completions`.
+    OpenaiChat,
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeBenchArgs {
-    /// The server's base URL (plain http).
-    #[arg(long, default_value = "http://127.0.0.1:8000")]
-    pub base_url: String,
-    /// The model name to send; default: the first one the server's /v1/models lists.
+    /// The server's base URL (`http://` or `https://`); default: http://HOST:PORT.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// The server's host, when no --base-url is given.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The server's port, when no --base-url is given.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model; default: the first one the server's /v1/models lists. Also the tokenizer
+    /// when it names one and no --tokenizer is given.
     #[arg(long)]
     pub model: Option<String>,
-    /// The tokenizer prompts are measured with: a GGUF file, an HF directory or `gemma-3-270m`;
-    /// default: --model when it names one, else the default model.
+    /// The name sent as `model` when it differs from --model (vLLM's flag).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// The tokenizer prompts are measured with: a GGUF file, an HF directory, a Hugging Face
+    /// id or `gemma-3-270m`; default: --model when it names one, else the default model.
     #[arg(long)]
     pub tokenizer: Option<String>,
-    /// `/v1/completions` or `/v1/chat/completions`.
-    #[arg(long, default_value = "/v1/completions")]
-    pub endpoint: String,
+    /// `openai` (/v1/completions; `vllm` is the same) or `openai-chat` (/v1/chat/completions).
+    #[arg(long, value_enum, default_value = "openai")]
+    pub backend: Backend,
+    /// The endpoint; default: the --backend's.
+    #[arg(long)]
+    pub endpoint: Option<String>,
     #[command(flatten)]
     pub data: DatasetArgs,
     /// Requests per second (`inf`: all at once); arrivals are gamma-distributed.
@@ -44,54 +67,132 @@ pub struct ServeBenchArgs {
     /// Goodput objectives in ms: `ttft:500 tpot:50 e2el:10000`.
     #[arg(long, num_args = 1..)]
     pub goodput: Vec<String>,
-    /// Percentiles to report.
-    #[arg(long, default_value = "50,95,99")]
-    pub percentiles: String,
-    /// Ask the server to ignore EOS (every request generates its full output length).
+    /// Percentiles to report (vLLM's default: 99).
+    #[arg(long, alias = "percentiles", default_value = "99")]
+    pub metric_percentiles: String,
+    /// Metrics to report statistics of: ttft, tpot, itl, e2el.
+    #[arg(long, default_value = "ttft,tpot,itl")]
+    pub percentile_metrics: String,
+    /// Sampling temperature of every request [default: 0, greedy].
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// A JSON object merged into every request body, e.g. '{"top_k": 20}'.
+    #[arg(long)]
+    pub extra_body: Option<String>,
+    /// Ask the server to ignore EOS (every request generates its full output length); always
+    /// on for the random dataset, as in vLLM.
     #[arg(long)]
     pub ignore_eos: bool,
     /// Untimed requests (their own prompts) sent first; a failure stops the run.
     #[arg(long, default_value_t = 1)]
     pub num_warmups: usize,
-    /// Save the summary and per-request data as JSON.
+    /// Save the result as JSON: to FILE if given, else to --result-filename, else to
+    /// `{label}-{rate}qps[-concurrency{C}]-{model}-{date}.json` as vLLM names it.
+    #[arg(long, num_args = 0..=1, value_name = "FILE")]
+    #[allow(clippy::option_option)] // absent | the flag alone | the flag with a file
+    pub save_result: Option<Option<PathBuf>>,
+    /// Also save per-request data (input and output lengths, TTFTs, ITLs, latencies, texts,
+    /// errors).
     #[arg(long)]
-    pub save_result: Option<PathBuf>,
-    /// A note saved with the result.
+    pub save_detailed: bool,
+    /// The result file's name.
+    #[arg(long)]
+    pub result_filename: Option<PathBuf>,
+    /// The directory the result file goes in.
+    #[arg(long)]
+    pub result_dir: Option<PathBuf>,
+    /// A note saved with the result (vLLM: the file name's prefix; default: the backend).
     #[arg(long, default_value = "")]
     pub label: String,
     /// `Authorization: Bearer KEY`.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// No progress bar (it is shown only when stderr is a terminal anyway).
-    #[arg(long)]
+    #[arg(long, alias = "disable-tqdm")]
     pub no_progress: bool,
+}
+
+impl ServeBenchArgs {
+    /// --base-url, else `http://HOST:PORT`.
+    pub fn base_url(&self) -> String {
+        self.base_url.clone().unwrap_or_else(|| {
+            let host = if self.host.contains(':') {
+                format!("[{}]", self.host)
+            } else {
+                self.host.clone()
+            };
+            format!("http://{host}:{}", self.port)
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone().unwrap_or_else(|| {
+            match self.backend {
+                Backend::Openai => "/v1/completions",
+                Backend::OpenaiChat => "/v1/chat/completions",
+            }
+            .into()
+        })
+    }
+
+    /// Where `--save-result` / `--result-filename` / `--result-dir` put the result, if anywhere.
+    fn result_path(&self, result: &BenchResult) -> Option<PathBuf> {
+        let explicit = self.save_result.clone().flatten();
+        if self.save_result.is_none() && self.result_filename.is_none() {
+            return None;
+        }
+        let name = explicit.or_else(|| self.result_filename.clone()).unwrap_or_else(|| {
+            let label =
+                if self.label.is_empty() { backend_name(self.backend) } else { &self.label };
+            let concurrency =
+                self.max_concurrency.map_or_else(String::new, |c| format!("-concurrency{c}"));
+            let model = result.model.rsplit('/').next().unwrap_or(&result.model);
+            PathBuf::from(format!(
+                "{label}-{}qps{concurrency}-{model}-{}.json",
+                result.request_rate_text(),
+                result.date
+            ))
+        });
+        Some(match &self.result_dir {
+            Some(dir) => dir.join(name),
+            None => name,
+        })
+    }
+}
+
+fn backend_name(b: Backend) -> &'static str {
+    match b {
+        Backend::Openai => "openai",
+        Backend::OpenaiChat => "openai-chat",
+    }
 }
 
 /// The prompts: shared by `kiln bench serve` and `kiln tune`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DatasetArgs {
-    /// `random`, `prefix-repetition`, or `sharegpt FILE`.
-    #[arg(long, num_args = 1..=2, value_names = ["NAME", "FILE"], default_values = ["random"])]
+    /// `random`, `prefix-repetition` (or `prefix_repetition`), or `sharegpt FILE`.
+    #[arg(long, alias = "dataset-name", num_args = 1..=2, value_names = ["NAME", "FILE"], default_values = ["random"])]
     pub dataset: Vec<String>,
     /// The ShareGPT JSON file (alternative to `--dataset sharegpt FILE`).
     #[arg(long)]
     pub dataset_path: Option<PathBuf>,
-    #[arg(long, default_value_t = 100)]
-    pub num_prompts: usize,
+    /// Requests to send [default: 1000 for bench serve (vLLM's), 100 for tune].
+    #[arg(long)]
+    pub num_prompts: Option<usize>,
     /// Prompt tokens (after any shared prefix).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, alias = "random-input-len", default_value_t = 1024)]
     pub input_len: usize,
     /// Output tokens (max_tokens); default 128, or the reply's length for sharegpt.
-    #[arg(long)]
+    #[arg(long, visible_alias = "random-output-len", aliases = ["sharegpt-output-len", "prefix-repetition-output-len"])]
     pub output_len: Option<usize>,
     /// Lengths vary uniformly in [len·(1−r), len·(1+r)].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, alias = "random-range-ratio", default_value_t = 0.0)]
     pub range_ratio: f64,
     /// Tokens of shared prefix before each prompt.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, aliases = ["random-prefix-len", "prefix-repetition-prefix-len"], default_value_t = 0)]
     pub prefix_len: usize,
     /// Distinct prefixes of the prefix-repetition dataset.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, alias = "prefix-repetition-num-prefixes", default_value_t = 1)]
     pub num_prefixes: usize,
     /// Seed of the prompts and of the arrival times.
     #[arg(long, default_value_t = 0)]
@@ -102,9 +203,12 @@ pub struct DatasetArgs {
 pub fn run_serve_bench(args: &ServeBenchArgs) -> anyhow::Result<BenchResult> {
     let result = run_quiet(args, !args.no_progress && std::io::stderr().is_terminal())?;
     print!("{}", result.report());
-    if let Some(path) = &args.save_result {
-        let json = serde_json::to_string_pretty(&result.to_json())?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(path) = args.result_path(&result) {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let json = serde_json::to_string_pretty(&result.to_json(args.save_detailed))?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("saved {}", path.display());
     }
     Ok(result)
@@ -112,21 +216,33 @@ pub fn run_serve_bench(args: &ServeBenchArgs) -> anyhow::Result<BenchResult> {
 
 /// Runs the benchmark without printing its summary.
 pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<BenchResult> {
-    let percentiles = parse_percentiles(&args.percentiles).map_err(anyhow::Error::msg)?;
+    let percentiles = parse_percentiles(&args.metric_percentiles).map_err(anyhow::Error::msg)?;
+    let percentile_metrics = parse_metrics(&args.percentile_metrics)?;
+    let extra_body = match &args.extra_body {
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => Some(map),
+            _ => bail!("--extra-body must be a JSON object, got `{text}`"),
+        },
+        None => None,
+    };
+    let base_url = args.base_url();
     let slos = Slos::parse(&args.goodput).map_err(anyhow::Error::msg)?;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => first_served_model(args)?,
+        None => first_served_model(args, &base_url)?,
     };
     let tokenizer_spec = args.tokenizer.clone().unwrap_or_else(|| {
-        if std::path::Path::new(&model).exists() {
+        // A model that names files or a Hugging Face id is its own tokenizer, as in vLLM.
+        if std::path::Path::new(&model).exists() || crate::hub::HubId::parse(&model).is_some() {
             model.clone()
         } else {
             DEFAULT_MODEL_NAME.into()
         }
     });
     let tokenizer = BenchTokenizer::load(&tokenizer_spec)?;
-    let (warmups, requests) = args.data.build(args.num_warmups, &tokenizer)?;
+    let mut data = args.data.clone();
+    data.num_prompts = Some(data.num_prompts.unwrap_or(1000));
+    let (warmups, requests) = data.build(args.num_warmups, &tokenizer)?;
     let mean_prompt =
         requests.iter().map(|r| r.prompt_len).sum::<usize>() as f64 / requests.len().max(1) as f64;
     eprintln!(
@@ -138,11 +254,13 @@ pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<B
     );
     let config = ServeBenchConfig {
         target: Target {
-            base_url: args.base_url.clone(),
-            endpoint: args.endpoint.clone(),
-            model,
+            base_url,
+            endpoint: args.endpoint(),
+            model: args.served_model_name.clone().unwrap_or_else(|| model.clone()),
             api_key: args.api_key.clone(),
-            ignore_eos: args.ignore_eos,
+            ignore_eos: args.ignore_eos || args.data.is_random(),
+            temperature: args.temperature,
+            extra_body,
         },
         request_rate: args.request_rate,
         burstiness: args.burstiness,
@@ -152,6 +270,9 @@ pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<B
         seed: args.data.seed,
         show_progress,
         label: args.label.clone(),
+        backend: backend_name(args.backend).into(),
+        tokenizer_id: tokenizer_spec,
+        percentile_metrics,
     };
     kiln_bench::run_blocking(&config, &warmups, &requests, &tokenizer)
 }
@@ -173,7 +294,7 @@ impl DatasetArgs {
     fn config(&self) -> anyhow::Result<DatasetConfig> {
         let kind = match self.dataset.first().map(String::as_str) {
             Some("random") | None => DatasetKind::Random,
-            Some("prefix-repetition") => DatasetKind::PrefixRepetition,
+            Some("prefix-repetition" | "prefix_repetition") => DatasetKind::PrefixRepetition,
             Some("sharegpt") => {
                 let path =
                     self.dataset.get(1).map(PathBuf::from).or_else(|| self.dataset_path.clone());
@@ -191,7 +312,7 @@ impl DatasetArgs {
         }
         Ok(DatasetConfig {
             kind,
-            num_prompts: self.num_prompts,
+            num_prompts: self.num_prompts.unwrap_or(100),
             input_len: self.input_len,
             output_len: self.output_len,
             range_ratio: self.range_ratio,
@@ -202,16 +323,34 @@ impl DatasetArgs {
     }
 }
 
+/// The metrics named by `--percentile-metrics`.
+fn parse_metrics(list: &str) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> =
+        list.split(',').map(|m| m.trim().to_owned()).filter(|m| !m.is_empty()).collect();
+    if let Some(bad) = names.iter().find(|m| !["ttft", "tpot", "itl", "e2el"].contains(&m.as_str()))
+    {
+        bail!("--percentile-metrics: unknown metric `{bad}` (ttft, tpot, itl, e2el)");
+    }
+    Ok(names)
+}
+
+impl DatasetArgs {
+    /// Whether the dataset is the random one (vLLM then ignores EOS).
+    pub fn is_random(&self) -> bool {
+        matches!(self.dataset.first().map(String::as_str), Some("random") | None)
+    }
+}
+
 /// The first model id of the server's `/v1/models`.
-fn first_served_model(args: &ServeBenchArgs) -> anyhow::Result<String> {
-    let client = kiln_bench::ApiClient::new(Target::server(&args.base_url, args.api_key.clone()))?;
+fn first_served_model(args: &ServeBenchArgs, base_url: &str) -> anyhow::Result<String> {
+    let client = kiln_bench::ApiClient::new(Target::server(base_url, args.api_key.clone()))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (status, body) = runtime
         .block_on(client.get("/v1/models"))
-        .with_context(|| format!("asking {} for its models (give --model)", args.base_url))?;
+        .with_context(|| format!("asking {base_url} for its models (give --model)"))?;
     let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     let id = json["data"][0]["id"].as_str().map(str::to_owned);
     id.with_context(|| {
-        format!("{}/v1/models answered {status} without a model id; give --model", args.base_url)
+        format!("{base_url}/v1/models answered {status} without a model id; give --model")
     })
 }

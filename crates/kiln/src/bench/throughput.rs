@@ -10,7 +10,7 @@ use kiln_core::{SamplingParams, TokenId};
 use kiln_engine::{EngineConfig, EngineCore, Rng};
 
 use crate::engine_args::EngineArgs;
-use crate::kv_args::{KvCacheArgs, available_memory};
+use crate::kv_args::{HumanCount, KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
 
 /// KV cache cap when `--num-kv-blocks` is not given.
@@ -52,7 +52,8 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     let num_threads = loaded.model.backend().pool().num_threads();
     let model = loaded.model;
     let vocab = model.config().vocab_size as u64;
-    let max_model_len = args.kv.max_model_len.unwrap_or(args.input_len + args.output_len);
+    let max_model_len =
+        args.kv.max_model_len.map_or(args.input_len + args.output_len, HumanCount::as_usize);
     if max_model_len < args.input_len + args.output_len {
         bail!(
             "--max-model-len ({max_model_len}) is shorter than --input-len + --output-len ({})",
@@ -80,6 +81,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         seed: args.seed,
         eos_token_ids: Vec::new(),
         kv_cache_dtype: dtype,
+        speculative: args.engine.speculative_config.clone(),
     };
     let mut core = EngineCore::new(model, config).context("building the engine")?;
     eprintln!(

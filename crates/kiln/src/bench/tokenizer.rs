@@ -13,7 +13,7 @@ pub struct BenchTokenizer(Tokenizer);
 impl BenchTokenizer {
     /// `spec`: a GGUF file, an HF directory, or the default model's name.
     pub fn load(spec: &str) -> anyhow::Result<Self> {
-        let path = ModelArgs { model: spec.to_owned(), quantization: None }.resolve()?;
+        let path = ModelArgs::named(spec).resolve()?;
         let tok = load_tokenizer(&path)
             .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
         Ok(Self(tok))

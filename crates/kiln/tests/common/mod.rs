@@ -29,6 +29,11 @@ impl Drop for Server {
 /// Starts `kiln serve` with the tiny llama3 fixture (served as `tiny`, API key `test-key`) on
 /// a free port; returns it with its base URL once `/health` is 200.
 pub fn start_server() -> (Server, String) {
+    start_server_with(&[])
+}
+
+/// [`start_server`] with more flags.
+pub fn start_server_with(extra: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--model"])
         .arg(tiny_model())
@@ -47,6 +52,7 @@ pub fn start_server() -> (Server, String) {
             "1",
             "--disable-log-requests",
         ])
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -80,4 +86,21 @@ pub fn health(addr: &str) -> Option<u16> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     out.split(' ').nth(1)?.parse().ok()
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status and the body.
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
 }

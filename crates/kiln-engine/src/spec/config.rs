@@ -1,0 +1,260 @@
+//! `--speculative-config`: vLLM's JSON spelling, validated once with errors naming the field.
+//!
+//! Accepted keys (vLLM's names): `method` (`"ngram"`; `"draft_model"` is recognised and refused
+//! until a draft-model proposer exists), `num_speculative_tokens` (1..=[`MAX_SPEC_TOKENS`],
+//! required), `prompt_lookup_min` / `prompt_lookup_max` (n-gram sizes; either alone sets both,
+//! neither means 5 and 5, as vLLM), `disable_by_batch_size` (no drafting in steps with at least
+//! this many running requests) and `model` (with `draft_model`). Any other key is refused, so a
+//! misspelled knob never passes silently.
+
+use serde_json::{Map, Value};
+
+/// Most draft tokens per request and step (the per-position acceptance counters have this many
+/// slots).
+pub const MAX_SPEC_TOKENS: usize = 32;
+
+/// Longest n-gram the prompt-lookup proposer matches.
+pub const MAX_PROMPT_LOOKUP: usize = 64;
+
+/// Running requests from which drafting stops when the config does not say: at this batch the
+/// default model's decode step on a 2-core CPU is compute-bound, so verifying drafts costs about
+/// what it saves (measured in docs/BENCHMARKS.md, "Speculative decoding").
+pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 9;
+
+/// How drafts are proposed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup: the continuation of the latest earlier occurrence of the sequence's last
+    /// `n` tokens, for the largest `n` in `min..=max` that occurs.
+    Ngram { min: usize, max: usize },
+}
+
+/// A validated speculative-decoding configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub method: SpecMethod,
+    /// Draft tokens proposed per request and step (`k`): a step verifies up to `k` and yields up
+    /// to `k + 1` tokens.
+    pub num_speculative_tokens: usize,
+    /// No drafting in a step that starts with at least this many running requests.
+    pub disable_by_batch_size: usize,
+}
+
+/// An invalid `--speculative-config`, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("--speculative-config: `{field}` {message}")]
+pub struct SpecConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: &str, message: impl Into<String>) -> SpecConfigError {
+    SpecConfigError { field: field.to_owned(), message: message.into() }
+}
+
+const KNOWN_KEYS: [&str; 6] = [
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+    "model",
+];
+
+impl SpeculativeConfig {
+    /// Prompt lookup with `k` drafts and n-grams of `min..=max` tokens.
+    pub fn ngram(k: usize, min: usize, max: usize) -> Self {
+        Self {
+            method: SpecMethod::Ngram { min, max },
+            num_speculative_tokens: k,
+            disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+        }
+    }
+
+    /// Parses vLLM's JSON object.
+    pub fn from_json(text: &str) -> Result<Self, SpecConfigError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| err("(json)", format!("is not valid JSON: {e}")))?;
+        let Value::Object(map) = value else {
+            return Err(err("(json)", "must be a JSON object, e.g. {\"method\": \"ngram\", ...}"));
+        };
+        if let Some(key) = map.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(err(
+                key,
+                format!("is not supported (known keys: {})", KNOWN_KEYS.join(", ")),
+            ));
+        }
+        let model = optional_str(&map, "model")?;
+        let method = match optional_str(&map, "method")? {
+            Some(m) => m,
+            None if model.is_some() => "draft_model",
+            None => return Err(err("method", "is required (\"ngram\")")),
+        };
+        let k = optional_count(&map, "num_speculative_tokens")?
+            .ok_or_else(|| err("num_speculative_tokens", "is required"))?;
+        if !(1..=MAX_SPEC_TOKENS).contains(&k) {
+            return Err(err(
+                "num_speculative_tokens",
+                format!("must be 1 to {MAX_SPEC_TOKENS}, got {k}"),
+            ));
+        }
+        let disable_by_batch_size = match optional_count(&map, "disable_by_batch_size")? {
+            Some(0) => return Err(err("disable_by_batch_size", "must be at least 1")),
+            Some(n) => n,
+            None => DEFAULT_DISABLE_BY_BATCH_SIZE,
+        };
+        let method = match method {
+            "ngram" | "[ngram]" => {
+                if model.is_some() {
+                    return Err(err("model", "is for method \"draft_model\", not \"ngram\""));
+                }
+                let min = optional_count(&map, "prompt_lookup_min")?;
+                let max = optional_count(&map, "prompt_lookup_max")?;
+                let (min, max) = match (min, max) {
+                    (None, None) => (5, 5),
+                    (Some(n), None) | (None, Some(n)) => (n, n),
+                    (Some(a), Some(b)) => (a, b),
+                };
+                if min == 0 {
+                    return Err(err("prompt_lookup_min", "must be at least 1"));
+                }
+                if max > MAX_PROMPT_LOOKUP {
+                    return Err(err(
+                        "prompt_lookup_max",
+                        format!("must be at most {MAX_PROMPT_LOOKUP}, got {max}"),
+                    ));
+                }
+                if min > max {
+                    return Err(err(
+                        "prompt_lookup_min",
+                        format!("({min}) must not exceed prompt_lookup_max ({max})"),
+                    ));
+                }
+                SpecMethod::Ngram { min, max }
+            }
+            "draft_model" => {
+                return Err(err(
+                    "method",
+                    "\"draft_model\" is not supported yet; use \"ngram\" (prompt lookup)",
+                ));
+            }
+            other => {
+                return Err(err(
+                    "method",
+                    format!("\"{other}\" is not supported; kiln speculates with \"ngram\""),
+                ));
+            }
+        };
+        Ok(Self { method, num_speculative_tokens: k, disable_by_batch_size })
+    }
+}
+
+fn optional_str<'a>(
+    map: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, SpecConfigError> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(err(key, format!("must be a string, got {other}"))),
+    }
+}
+
+fn optional_count(map: &Map<String, Value>, key: &str) -> Result<Option<usize>, SpecConfigError> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| err(key, format!("must be a non-negative integer, got {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(text: &str) -> String {
+        SpeculativeConfig::from_json(text).unwrap_err().field
+    }
+
+    #[test]
+    fn parses_vllm_ngram_configs() {
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}"#,
+        )
+        .unwrap();
+        assert_eq!(c.method, SpecMethod::Ngram { min: 2, max: 4 });
+        assert_eq!(c.num_speculative_tokens, 4);
+        assert_eq!(c.disable_by_batch_size, DEFAULT_DISABLE_BY_BATCH_SIZE);
+        let c = SpeculativeConfig::from_json(r#"{"method":"ngram","num_speculative_tokens":3}"#)
+            .unwrap();
+        assert_eq!(c.method, SpecMethod::Ngram { min: 5, max: 5 });
+        let c = SpeculativeConfig::from_json(
+            r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":7,"disable_by_batch_size":4}"#,
+        )
+        .unwrap();
+        assert_eq!((c.method, c.disable_by_batch_size), (SpecMethod::Ngram { min: 7, max: 7 }, 4));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(field("[1]"), "(json)");
+        assert_eq!(field("{"), "(json)");
+        assert_eq!(field(r#"{"num_speculative_tokens": 3}"#), "method");
+        assert_eq!(field(r#"{"method": "ngram"}"#), "num_speculative_tokens");
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 0}"#),
+            "num_speculative_tokens"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 33}"#),
+            "num_speculative_tokens"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": -1}"#),
+            "num_speculative_tokens"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": "3"}"#),
+            "num_speculative_tokens"
+        );
+        assert_eq!(field(r#"{"method": "eagle", "num_speculative_tokens": 3}"#), "method");
+        assert_eq!(field(r#"{"method": 3, "num_speculative_tokens": 3}"#), "method");
+        assert_eq!(
+            field(
+                r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}"#
+            ),
+            "prompt_lookup_min"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}"#),
+            "prompt_lookup_min"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 65}"#),
+            "prompt_lookup_max"
+        );
+        assert_eq!(
+            field(
+                r#"{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 0}"#
+            ),
+            "disable_by_batch_size"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}"#),
+            "lookahead"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x.gguf"}"#),
+            "model"
+        );
+        // A draft model is recognised (vLLM infers the method from `model`) but not run yet.
+        let e =
+            SpeculativeConfig::from_json(r#"{"model": "draft.gguf", "num_speculative_tokens": 3}"#)
+                .unwrap_err();
+        assert_eq!(e.field, "method");
+        assert!(e.to_string().contains("not supported yet"), "{e}");
+    }
+}

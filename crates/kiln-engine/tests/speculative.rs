@@ -1,0 +1,240 @@
+//! Speculative decoding (prompt lookup) on the tiny fixture models: every request yields exactly
+//! the tokens it yields without speculation (greedy and seeded sampling, with penalties, stop
+//! ids, `max_tokens` landing inside an accepted run, chunked prefill, prefix caching and
+//! preemption), drafts are really proposed and accepted (so the equality is not vacuous), and
+//! aborts mid-verification free every block.
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kiln_core::{RequestId, SamplingParams, TokenId};
+use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig};
+use kiln_kernels::Cpu;
+use kiln_models::load_model;
+
+const FIXTURES: [&str; 6] = ["llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma3"];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+}
+
+struct Setup {
+    num_kv_blocks: usize,
+    max_num_batched_tokens: usize,
+    prefix_caching: bool,
+}
+
+const ROOMY: Setup =
+    Setup { num_kv_blocks: 512, max_num_batched_tokens: 2048, prefix_caching: true };
+
+fn engine(name: &str, setup: &Setup, spec: Option<SpeculativeConfig>) -> EngineCore {
+    let model = load_model(&fixture(name), &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks: setup.num_kv_blocks,
+        max_model_len: Some(96),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: setup.max_num_batched_tokens,
+            enable_prefix_caching: setup.prefix_caching,
+            ..SchedulerConfig::default()
+        },
+        speculative: spec,
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model, config).unwrap()
+}
+
+fn ngram(k: usize) -> SpeculativeConfig {
+    let mut config = SpeculativeConfig::ngram(k, 1, 3);
+    config.disable_by_batch_size = 64;
+    config
+}
+
+/// A prompt that repeats a pseudo-random span of `span` tokens (so prompt lookup finds matches),
+/// with a varying head.
+fn repetitive_prompt(seed: u32, span: usize, vocab: u32) -> Vec<TokenId> {
+    let piece: Vec<u32> =
+        (0..span as u32).map(|i| (seed * 7919 + i * 131 + i * i * 17) % (vocab - 3) + 3).collect();
+    let mut p = vec![TokenId(seed % (vocab - 3) + 3)];
+    for _ in 0..3 {
+        p.extend(piece.iter().map(|&t| TokenId(t)));
+    }
+    p
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
+}
+
+fn sampled(seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.7,
+        top_p: 0.95,
+        seed: Some(seed),
+        ignore_eos: true,
+        ..SamplingParams::greedy(max_tokens)
+    }
+}
+
+/// Eight requests: greedy, seeded sampling, penalties, a stop id, short `max_tokens`.
+fn requests(vocab: u32) -> Vec<(Vec<TokenId>, SamplingParams)> {
+    (0..8u32)
+        .map(|i| {
+            let prompt = repetitive_prompt(i + 1, 4 + i as usize, vocab);
+            let params = match i % 4 {
+                0 => greedy(24 + i as usize),
+                1 => sampled(u64::from(i), 24),
+                2 => {
+                    SamplingParams { repetition_penalty: 1.2, frequency_penalty: 0.3, ..greedy(20) }
+                }
+                _ => greedy(3 + i as usize / 4),
+            };
+            (prompt, params)
+        })
+        .collect()
+}
+
+/// Runs every request to completion; tokens in request order.
+fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Vec<Vec<TokenId>> {
+    let ids: Vec<RequestId> = requests
+        .iter()
+        .map(|(p, params)| core.add_request(p.clone(), params.clone(), 0).unwrap())
+        .collect();
+    let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            tokens.entry(out.id).or_default().push(out.new_token);
+        }
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    ids.iter().map(|id| tokens.remove(id).unwrap()).collect()
+}
+
+#[test]
+fn speculated_equals_not_on_every_fixture() {
+    let mut accepted = 0;
+    for name in FIXTURES {
+        let vocab = engine(name, &ROOMY, None).model().config().vocab_size as u32;
+        let reqs = requests(vocab);
+        let expected = run(&mut engine(name, &ROOMY, None), &reqs);
+        for k in [1, 4] {
+            let mut core = engine(name, &ROOMY, Some(ngram(k)));
+            assert_eq!(run(&mut core, &reqs), expected, "{name}, k = {k}");
+            let spec = core.stats().spec_decode;
+            assert!(spec.num_drafts > 0, "{name}: nothing drafted");
+            assert!(spec.num_accepted_tokens <= spec.num_draft_tokens);
+            accepted += spec.num_accepted_tokens;
+        }
+    }
+    assert!(accepted > 0, "no draft was ever accepted: the equality above proves nothing");
+}
+
+#[test]
+fn speculated_equals_not_with_chunks_prefix_cache_and_preemption() {
+    let name = "llama3";
+    let reqs = requests(512);
+    let expected = run(&mut engine(name, &ROOMY, None), &reqs);
+    // Small steps: prompts prefilled in chunks, drafts cut by the token budget.
+    let chunked = Setup { num_kv_blocks: 512, max_num_batched_tokens: 6, prefix_caching: true };
+    let mut core = engine(name, &chunked, Some(ngram(4)));
+    assert_eq!(run(&mut core, &reqs), expected);
+    assert!(core.stats().spec_decode.num_drafts > 0);
+    // Few blocks: requests are preempted (lookahead slots for drafts included) and resumed.
+    for prefix_caching in [false, true] {
+        let tight = Setup { num_kv_blocks: 40, max_num_batched_tokens: 2048, prefix_caching };
+        let mut core = engine(name, &tight, Some(ngram(4)));
+        assert_eq!(run(&mut core, &reqs), expected);
+        let stats = core.stats();
+        assert!(stats.num_preemptions > 0 && stats.spec_decode.num_drafts > 0, "{stats:?}");
+    }
+    // A second run over a warm prefix cache.
+    let mut core = engine(name, &ROOMY, Some(ngram(4)));
+    assert_eq!(run(&mut core, &reqs), expected);
+    assert_eq!(run(&mut core, &reqs), expected);
+    assert!(core.stats().prefix_cache.num_hit_tokens > 0);
+}
+
+#[test]
+fn stop_ids_inside_an_accepted_run_end_the_request_there() {
+    let name = "qwen3";
+    let prompt = repetitive_prompt(5, 6, 503);
+    let free = run(&mut engine(name, &ROOMY, None), &[(prompt.clone(), greedy(40))]).remove(0);
+    // Stop at the first token that was generated more than once: a looping output, drafted.
+    let stop = free.iter().enumerate().find(|(i, t)| free[..*i].contains(t)).map(|(_, t)| *t);
+    let stop = stop.unwrap_or(free[free.len() / 2]);
+    let params = SamplingParams { stop_token_ids: vec![stop], ..greedy(40) };
+    let expected = run(&mut engine(name, &ROOMY, None), &[(prompt.clone(), params.clone())]);
+    let mut core = engine(name, &ROOMY, Some(ngram(6)));
+    assert_eq!(run(&mut core, &[(prompt, params)]), expected);
+    assert_eq!(expected[0].last(), Some(&stop));
+}
+
+#[test]
+fn logprobs_are_reported_for_every_accepted_token() {
+    let name = "llama3";
+    let params = SamplingParams { logprobs: Some(2), ..greedy(40) };
+    let collect = |core: &mut EngineCore, prompt: &[TokenId]| {
+        core.add_request(prompt.to_vec(), params.clone(), 0).unwrap();
+        let mut out = Vec::new();
+        while core.has_unfinished() {
+            for o in core.step().unwrap() {
+                let lp = o.logprobs.unwrap();
+                out.push((o.new_token, lp.chosen.logprob.to_bits(), lp.top.len()));
+            }
+        }
+        out
+    };
+    let mut core = engine(name, &ROOMY, Some(ngram(4)));
+    for seed in 1..=8 {
+        let prompt = repetitive_prompt(seed, 5, 512);
+        let expected = collect(&mut engine(name, &ROOMY, None), &prompt);
+        assert_eq!(collect(&mut core, &prompt), expected);
+    }
+    assert!(core.stats().spec_decode.num_accepted_tokens > 0);
+}
+
+#[test]
+fn aborts_during_speculation_free_every_block() {
+    let mut core = engine("llama3", &ROOMY, Some(ngram(4)));
+    let ids: Vec<_> = (0..6)
+        .map(|i| core.add_request(repetitive_prompt(i + 1, 5, 512), greedy(60), 0).unwrap())
+        .collect();
+    let mut steps = 0;
+    while core.stats().spec_decode.num_drafts == 0 {
+        core.step().unwrap();
+        steps += 1;
+        assert!(steps < 200, "never drafted");
+    }
+    for id in &ids[..3] {
+        assert!(core.abort(*id));
+    }
+    while core.has_unfinished() {
+        core.step().unwrap();
+        if let Some(id) = ids[3..].iter().find(|id| core.scheduler().request(**id).is_some()) {
+            core.abort(*id);
+        }
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    core.scheduler().check_invariants().unwrap();
+}
+
+#[test]
+fn no_drafts_at_or_above_disable_by_batch_size() {
+    let mut config = SpeculativeConfig::ngram(4, 1, 3);
+    config.disable_by_batch_size = 2;
+    let reqs: Vec<_> = (0..3).map(|i| (repetitive_prompt(i + 1, 5, 512), greedy(16))).collect();
+    let expected = run(&mut engine("llama3", &ROOMY, None), &reqs);
+    let mut core = engine("llama3", &ROOMY, Some(config.clone()));
+    assert_eq!(run(&mut core, &reqs), expected);
+    // Three requests run together from the first step to the end... until the short ones end;
+    // with one left it drafts.
+    let mut alone = engine("llama3", &ROOMY, Some(config));
+    assert_eq!(run(&mut alone, &reqs[..1]), expected[..1]);
+    assert!(alone.stats().spec_decode.num_drafts > 0);
+    let together = core.stats().spec_decode.num_drafts;
+    assert_eq!(together, 0, "three running requests, threshold 2: {together} drafts");
+}

@@ -1,0 +1,189 @@
+//! Real-world `vllm serve` and `llama-server` command lines (from the projects' documentation,
+//! README files and issue reports) with the binary renamed to `kiln serve`: each is accepted
+//! with the same meaning, or refused with the message docs/FROM_VLLM.md and
+//! docs/FROM_LLAMA_SERVER.md give.
+
+#![allow(clippy::unwrap_used)]
+
+use super::ServeArgs;
+use crate::kv_args::HumanCount;
+
+/// What a command line must give.
+enum Expect {
+    /// Parsed, with this many warnings, and the check holds.
+    Ok(usize, fn(&ServeArgs)),
+    /// Refused with a message containing this.
+    Refused(&'static str),
+}
+
+fn parse(line: &str, env: &[(&str, &str)]) -> Result<(ServeArgs, Vec<String>), String> {
+    let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+    let env: Vec<(String, String)> =
+        env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    match crate::parse(&argv, &env) {
+        Ok((crate::Cli { command: crate::Command::Serve(args) }, warnings)) => {
+            Ok((*args, warnings))
+        }
+        Ok(_) => Err("not kiln serve".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn model(a: &ServeArgs) -> &str {
+    a.model.spec().unwrap()
+}
+
+fn len(a: &ServeArgs) -> Option<u64> {
+    a.kv.max_model_len.map(|HumanCount(n)| n)
+}
+
+#[rustfmt::skip]
+const LINES: &[(&str, Expect)] = &[
+    // vLLM quickstart and OpenAI-compatible server docs
+    ("kiln serve Qwen/Qwen3-0.6B", Expect::Ok(0, |a| assert_eq!(model(a), "Qwen/Qwen3-0.6B"))),
+    ("kiln serve Qwen/Qwen2.5-1.5B-Instruct", Expect::Ok(0, |a| assert!(a.served_model_name.is_empty()))),
+    ("kiln serve NousResearch/Meta-Llama-3-8B-Instruct --dtype auto --api-key token-abc123",
+        Expect::Ok(0, |a| assert_eq!(a.api_key, ["token-abc123"]))),
+    ("kiln serve Qwen/Qwen2.5-1.5B-Instruct --max-model-len 32k",
+        Expect::Ok(0, |a| assert_eq!(len(a), Some(32_000)))),
+    ("kiln serve Qwen/Qwen2.5-1.5B-Instruct --max-model-len 32K",
+        Expect::Ok(0, |a| assert_eq!(len(a), Some(32_768)))),
+    ("kiln serve facebook/opt-125m --chat-template ./examples/template_chatml.jinja",
+        Expect::Ok(0, |a| assert!(a.chat_template.as_deref().unwrap().ends_with("chatml.jinja")))),
+    ("kiln serve meta-llama/Llama-3.2-1B-Instruct --enforce-eager --max-num-seqs 16 --max-model-len 4096",
+        Expect::Ok(1, |a| assert_eq!((a.engine.max_num_seqs, len(a)), (Some(16), Some(4096))))),
+    ("kiln serve unsloth/gpt-oss-20b --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 8192",
+        Expect::Ok(2, |a| assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8000)))),
+    ("kiln serve Qwen/Qwen2.5-7B-Instruct --enable-prefix-caching --enable-chunked-prefill --max-num-batched-tokens 2048",
+        Expect::Ok(1, |a| assert!(!a.kv.no_enable_prefix_caching && a.engine.max_num_batched_tokens == Some(2048)))),
+    ("kiln serve Qwen/Qwen2.5-7B-Instruct --no-enable-prefix-caching",
+        Expect::Ok(0, |a| assert!(a.kv.no_enable_prefix_caching))),
+    ("kiln serve deepseek-ai/DeepSeek-R1-Distill-Qwen-7B --trust-remote-code --uvicorn-log-level warning --disable-log-stats",
+        Expect::Ok(2, |a| assert!(a.vllm.disable_log_stats))),
+    ("kiln serve Qwen/Qwen3-0.6B --metrics-prefix vllm --log-stats-interval 5",
+        Expect::Ok(0, |a| assert_eq!((a.vllm.metrics_prefix.as_str(), a.vllm.log_stats_interval), ("vllm", 5.0)))),
+    ("kiln serve Qwen/Qwen3-8B --max_model_len 2048 --max_num_seqs 8 --served_model_name qwen",
+        Expect::Ok(0, |a| assert_eq!((len(a), a.served_model_name.as_slice()), (Some(2048), &["qwen".to_owned()][..])))),
+    ("kiln serve Qwen/Qwen3-8B --served-model-name gpt-4o gpt-4 --api-key k1 k2",
+        Expect::Ok(0, |a| assert_eq!((a.served_model_name.len(), a.api_key.len()), (2, 2)))),
+    ("kiln serve --model Qwen/Qwen3-0.6B --generation-config vllm --enable-log-requests",
+        Expect::Ok(0, |a| assert!(a.vllm.enable_log_requests && a.vllm.generation_config == "vllm"))),
+    ("kiln serve meta-llama/Llama-3.1-8B --kv-cache-memory-bytes 4G --block-size 32",
+        Expect::Ok(0, |a| assert_eq!(a.kv.kv_cache_memory_bytes, Some(HumanCount(4 << 30))))),
+    ("kiln serve meta-llama/Llama-3.1-8B --num-gpu-blocks-override 2048 --swap-space 16 --disable-log-requests",
+        Expect::Ok(1, |a| assert_eq!(a.kv.num_kv_blocks, Some(2048)))),
+    ("kiln serve Qwen/Qwen3-0.6B --seed 42 --max-logprobs 5 --scheduling-policy priority --kv-cache-dtype auto",
+        Expect::Ok(1, |a| assert_eq!(a.seed, 42))),
+    ("kiln serve mistralai/Mistral-7B-Instruct-v0.3 --tokenizer-mode mistral --load-format mistral",
+        Expect::Ok(2, |a| assert_eq!(model(a), "mistralai/Mistral-7B-Instruct-v0.3"))),
+    ("kiln serve Qwen/Qwen3-0.6B --tokenizer Qwen/Qwen3-0.6B --revision main --download-dir /models/hf",
+        Expect::Ok(0, |a| assert_eq!(a.vllm.tokenizer.as_deref(), Some("Qwen/Qwen3-0.6B")))),
+    ("kiln serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4",
+        Expect::Refused("runs one model on one device")),
+    ("kiln serve meta-llama/Llama-3.1-8B-Instruct --enable-auto-tool-choice --tool-call-parser llama3_json",
+        Expect::Refused("tool calling is not supported")),
+    ("kiln serve Qwen/QwQ-32B --reasoning-parser deepseek_r1",
+        Expect::Refused("reasoning parsers are not supported")),
+    ("kiln serve meta-llama/Llama-2-7b-hf --enable-lora --lora-modules sql-lora=/adapters/sql",
+        Expect::Refused("LoRA adapters are not supported")),
+    ("kiln serve TheBloke/Llama-2-7b-Chat-AWQ --quantization awq",
+        Expect::Refused("kiln runs GGUF block formats")),
+    ("kiln serve meta-llama/Llama-3.1-8B-Instruct --kv-cache-dtype fp8",
+        Expect::Refused("use f16 (the default) or f32")),
+    // llama-server README and server docs
+    ("kiln serve -m models/gemma-3-1b-it-Q4_K_M.gguf --port 8080",
+        Expect::Ok(0, |a| assert_eq!((model(a), a.port), ("models/gemma-3-1b-it-Q4_K_M.gguf", 8080)))),
+    ("kiln serve -hf ggml-org/gemma-3-1b-it-GGUF",
+        Expect::Ok(0, |a| assert_eq!(model(a), "ggml-org/gemma-3-1b-it-GGUF"))),
+    ("kiln serve -hf ggml-org/gemma-3-1b-it-GGUF:Q4_K_M -ngl 99 -fa on --jinja -np 4 -t 8",
+        Expect::Ok(3, |a| assert_eq!((a.engine.max_num_seqs, a.engine.threads), (Some(4), 8)))),
+    ("kiln serve -m model.gguf --host 0.0.0.0 --port 8080 -np 4 -cb --metrics --api-key secret -a my-model",
+        Expect::Ok(2, |a| assert_eq!(a.served_model_name, ["my-model"]))),
+    ("kiln serve -m model.gguf --chat-template-file tmpl.jinja -b 2048 -ub 512 --no-webui",
+        Expect::Ok(2, |a| assert_eq!((a.chat_template.as_deref(), a.engine.max_num_batched_tokens), (Some("tmpl.jinja"), Some(2048))))),
+    ("kiln serve -m model.gguf -ctk f16 -ctv f16 -s 1",
+        Expect::Ok(0, |a| assert_eq!((a.engine.kv_cache_dtype.name(), a.seed), ("f16", 1)))),
+    ("kiln serve -m model.gguf -c 4096", Expect::Refused("--max-model-len N for the longest request")),
+    ("kiln serve -m model.gguf --embedding", Expect::Refused("text generation only")),
+    ("kiln serve -hf ggml-org/gemma-3-1b-it-GGUF -hff gemma-3-1b-it-Q8_0.gguf",
+        Expect::Refused("kiln serve org/name:Q4_K_M")),
+    ("kiln serve -m model.gguf -n 256", Expect::Refused("each request's max_tokens")),
+    ("kiln serve -m model.gguf --temp 0.7", Expect::Refused("--generation-config")),
+];
+
+#[test]
+fn vllm_and_llama_server_command_lines() {
+    assert!(LINES.len() >= 30);
+    for (line, expect) in LINES {
+        let parsed = parse(line, &[]);
+        match (expect, parsed) {
+            (Expect::Ok(n, check), Ok((args, warnings))) => {
+                assert_eq!(warnings.len(), *n, "{line}: {warnings:?}");
+                check(&args);
+            }
+            (Expect::Refused(msg), Err(e)) => assert!(e.contains(msg), "{line}: {e}"),
+            (Expect::Ok(..), Err(e)) => panic!("{line}: refused: {e}"),
+            (Expect::Refused(_), Ok(_)) => panic!("{line}: accepted"),
+        }
+    }
+}
+
+#[test]
+fn unknown_flags_are_clap_errors() {
+    let e = parse("kiln serve m/x --max-modle-len 5", &[]).unwrap_err();
+    assert!(e.contains("--max-modle-len") && e.contains("--max-model-len"), "{e}");
+}
+
+#[test]
+fn the_model_is_given_once() {
+    let (a, _) = parse("kiln serve a/b --model a/b", &[]).unwrap();
+    assert_eq!(model(&a), "a/b");
+    let (a, _) = parse("kiln serve a/b --model c/d", &[]).unwrap();
+    assert!(a.model.spec().unwrap_err().to_string().contains("given twice"));
+    let (a, _) = parse("kiln serve", &[]).unwrap();
+    assert_eq!(model(&a), "gemma-3-270m");
+}
+
+#[test]
+fn environment_variables_set_flags_and_the_command_line_wins() {
+    let env = [
+        ("KILN_ARG_MAX_MODEL_LEN", "16k"),
+        ("KILN_ARG_ENABLE_LOG_REQUESTS", "1"),
+        ("KILN_ARG_PORT", "9000"),
+        ("KILN_ARG_API_KEY", "a,b"),
+        ("KILN_ARG_MODEL", "org/from-env"),
+        ("KILN_ARG_NO_SUCH_FLAG", "1"),
+        ("OTHER", "x"),
+    ];
+    let (a, warnings) = parse("kiln serve --port 8001", &env).unwrap();
+    assert_eq!((len(&a), a.port, model(&a)), (Some(16_000), 8001, "org/from-env"));
+    assert!(a.vllm.enable_log_requests);
+    assert_eq!(a.api_key, ["a", "b"]);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("KILN_ARG_NO_SUCH_FLAG"));
+    let (a, _) = parse("kiln serve", &[("KILN_ARG_ENABLE_LOG_REQUESTS", "false")]).unwrap();
+    assert!(!a.vllm.enable_log_requests);
+}
+
+#[test]
+fn a_config_file_gives_flags_that_env_and_command_line_override() {
+    let dir = std::env::temp_dir().join(format!("kiln-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("config.yaml");
+    std::fs::write(
+        &file,
+        "model: Qwen/Qwen3-0.6B\nport: 6379\nmax_model_len: 32k\nenable-prefix-caching: false\n\
+         served-model-name: [qwen, default]\nuvicorn-log-level: info\nseed: 7\n",
+    )
+    .unwrap();
+    let line = format!("kiln serve --config {} --seed 9", file.display());
+    let (a, warnings) = parse(&line, &[("KILN_ARG_PORT", "7000")]).unwrap();
+    assert_eq!(model(&a), "Qwen/Qwen3-0.6B");
+    assert_eq!((a.port, a.seed, len(&a)), (7000, 9, Some(32_000)));
+    assert!(a.kv.no_enable_prefix_caching);
+    assert_eq!(a.served_model_name, ["qwen", "default"]);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    std::fs::write(&file, "- not\n- a mapping\n").unwrap();
+    assert!(parse(&line, &[]).unwrap_err().contains("mapping"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,41 @@
+//! `KILN_ARG_<FLAG>` environment variables as command-line flags (llama-server's
+//! `LLAMA_ARG_*`): the name is the long flag upper-cased with `_` for `-`
+//! (`KILN_ARG_MAX_NUM_SEQS=64` is `--max-num-seqs 64`). On/off flags take `1`/`true`/`on`/`yes`
+//! (set) or `0`/`false`/`off`/`no` (not set); list flags take comma-separated values. A
+//! variable naming no flag of the subcommand gets a warning.
+
+use super::Flags;
+
+pub const PREFIX: &str = "KILN_ARG_";
+
+/// The flags `env` sets, in a stable (sorted) order.
+pub fn to_args(env: &[(String, String)], flags: &Flags, warnings: &mut Vec<String>) -> Vec<String> {
+    let mut vars: Vec<&(String, String)> =
+        env.iter().filter(|(k, _)| k.starts_with(PREFIX)).collect();
+    vars.sort();
+    let mut args = Vec::new();
+    for (key, value) in vars {
+        let name = key[PREFIX.len()..].to_ascii_lowercase().replace('_', "-");
+        let Some(flag) = flags.get(&name) else {
+            warnings.push(format!("{key} names no flag of this command (--{name}); ignored"));
+            continue;
+        };
+        if !flag.takes_value {
+            match value.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "on" | "yes" | "" => args.push(format!("--{name}")),
+                "0" | "false" | "off" | "no" => {}
+                other => {
+                    warnings.push(format!("{key}={other}: expected 1/true or 0/false; ignored"));
+                }
+            }
+            continue;
+        }
+        args.push(format!("--{name}"));
+        if flag.multiple {
+            args.extend(value.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()));
+        } else {
+            args.push(value.clone());
+        }
+    }
+    args
+}

@@ -1,0 +1,175 @@
+//! The fuzzed entry points, one per cargo-fuzz target. Shared by the fuzz targets
+//! (`fuzz/fuzz_targets/*.rs`, nightly, libFuzzer) and by the corpus replay test
+//! (`crates/kiln-server/tests/fuzz_corpus.rs`, stable, every CI run), which includes this file
+//! with `#[path]`. Each function must never panic, whatever `data` is: errors are fine.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use kiln_server::chat_template::{ChatMessage, ChatTemplate};
+use kiln_server::protocol::{ChatRequest, CompletionRequest};
+use kiln_server::validate::{self, Limits};
+use kiln_tokenizer::{GenerationDefaults, GgufVocab, Tokenizer};
+
+/// The repository root (the directory holding `tests/fixtures`), found upward from `start`.
+fn repo_root(start: &Path) -> PathBuf {
+    start
+        .ancestors()
+        .find(|p| p.join("tests/fixtures/models").is_dir())
+        .map_or_else(|| start.to_path_buf(), Path::to_path_buf)
+}
+
+/// `data` written to a file of this thread's own, with extension `ext`.
+fn temp_file(data: &[u8], ext: &str) -> PathBuf {
+    let name = format!("kiln-fuzz-{}-{:?}.{ext}", std::process::id(), std::thread::current().id());
+    let path = std::env::temp_dir().join(name.replace(['(', ')'], ""));
+    let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(data));
+    assert!(written.is_ok(), "cannot write {}", path.display());
+    path
+}
+
+/// A GGUF file: header, metadata, tensor table, then the whole model load (config,
+/// tokenizer, every tensor onto the CPU backend).
+pub fn gguf(data: &[u8]) {
+    let path = temp_file(data, "gguf");
+    let backend = Arc::new(kiln_kernels::Cpu::new(1));
+    if let Ok(loaded) = kiln_models::load_model(&path, &backend) {
+        let _ = loaded.tokenizer.encode("hello <s> world", true);
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A safetensors file: the header (checked arithmetic, overlaps) and the tensors it lists.
+pub fn safetensors(data: &[u8]) {
+    let path = temp_file(data, "safetensors");
+    if let Ok(store) = kiln_models::WeightStore::open_files(std::slice::from_ref(&path)) {
+        for name in ["w", "a", "b", "model.embed_tokens.weight"] {
+            if let Some(shape) = store.shape(name).map(<[usize]>::to_vec) {
+                match shape.as_slice() {
+                    [n] => {
+                        let _ = store.vector(name, *n);
+                    }
+                    [r, c] => {
+                        let _ = store.matrix(name, *r, *c);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The tokenizers the text entries use: the llama3 fixture (Hugging Face backend) and a small
+/// SentencePiece vocabulary with control, user-defined and byte tokens.
+fn tokenizers() -> &'static [Tokenizer; 2] {
+    static TOKENIZERS: OnceLock<[Tokenizer; 2]> = OnceLock::new();
+    TOKENIZERS.get_or_init(|| {
+        let root = repo_root(Path::new(env!("CARGO_MANIFEST_DIR")));
+        let hf = Tokenizer::from_dir(&root.join("tests/fixtures/models/llama3")).map(|t| t.0);
+        let mut tokens: Vec<String> =
+            ["<unk>", "<s>", "</s>", "<start_of_turn>", "<end_of_turn>", "<tag>", "\u{2581}"]
+                .iter()
+                .map(|t| (*t).to_owned())
+                .collect();
+        let mut types = vec![2, 3, 3, 3, 3, 4, 1];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        for word in ["a", "b", "ab", "\u{2581}a", "hello", "\u{2581}world", "\u{e9}"] {
+            tokens.push(word.to_owned());
+            types.push(1);
+        }
+        let spm = Tokenizer::from_gguf_vocab(GgufVocab {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            ..GgufVocab::default()
+        });
+        match (hf, spm) {
+            (Ok(hf), Ok(spm)) => [hf, spm],
+            (hf, spm) => panic!("fuzz tokenizers: {:?} {:?}", hf.err(), spm.err()),
+        }
+    })
+}
+
+/// A chat template from the operator (`data` up to the first NUL) rendered over messages
+/// (the rest, one message per line, roles alternating), then tokenized with content literal.
+/// Renders are fuel-bounded; compile errors and render errors are fine.
+pub fn chat_template(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (source, rest) = text.split_once('\0').unwrap_or((&text, "hi\nthere"));
+    let Ok(template) = ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into())) else {
+        return;
+    };
+    let messages: Vec<ChatMessage> = rest
+        .split('\n')
+        .take(64)
+        .enumerate()
+        .map(|(i, line)| ChatMessage {
+            role: if i % 2 == 0 { "user" } else { "assistant" }.to_owned(),
+            content: line.to_owned(),
+        })
+        .collect();
+    if let Ok(marked) = template.render_marked(&messages, true) {
+        let ranges = marked.content_ranges.unwrap_or_default();
+        for tokenizer in tokenizers() {
+            let _ = tokenizer.encode_with_literals(&marked.text, &ranges, false);
+        }
+    }
+}
+
+/// A request body as the server parses and validates it (chat and completions), and the chat
+/// messages rendered with ChatML and tokenized with content literal.
+pub fn request_json(data: &[u8]) {
+    let limits = Limits {
+        max_model_len: 256,
+        vocab_size: 512,
+        max_logprobs: 20,
+        max_tokens_default: Some(16),
+        max_tokens_cap: Some(64),
+    };
+    let defaults = GenerationDefaults::default();
+    if let Ok(req) = serde_json::from_slice::<ChatRequest>(data) {
+        let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+        if let Ok(spec) = validate::spec(req.sampling, max_tokens, None, &limits, &defaults) {
+            let _ = spec.for_prompt(10, 1, &limits);
+        }
+        if let Ok(messages) = kiln_server::routes::chat::template_messages(req.messages) {
+            let chatml = ChatTemplate::fallback(None, None);
+            if let Ok(marked) = chatml.render_marked(&messages, true) {
+                let ranges = marked.content_ranges.unwrap_or_default();
+                let _ = tokenizers()[0].encode_with_literals(&marked.text, &ranges, false);
+            }
+        }
+    }
+    if let Ok(req) = serde_json::from_slice::<CompletionRequest>(data) {
+        let max_tokens = req.sampling.max_tokens;
+        if let Ok(spec) = validate::spec(req.sampling, max_tokens, Some(2), &limits, &defaults) {
+            let _ = spec.for_prompt(255, 0, &limits);
+        }
+    }
+}
+
+/// Token ids (two bytes each, little-endian, some past the vocabulary) streamed through the
+/// incremental detokenizer of both backends, with and without special tokens.
+pub fn detokenizer(data: &[u8]) {
+    for tokenizer in tokenizers() {
+        let bound = tokenizer.vocab_size() as u32 + 8;
+        let ids: Vec<u32> = data
+            .chunks_exact(2)
+            .map(|p| u32::from(u16::from_le_bytes([p[0], p[1]])) % bound)
+            .collect();
+        for skip_special in [false, true] {
+            let mut stream = tokenizer.decode_stream(skip_special);
+            for &id in &ids {
+                if stream.step(id).is_err() {
+                    break;
+                }
+            }
+            let _ = tokenizer.decode(&ids, skip_special);
+        }
+    }
+}

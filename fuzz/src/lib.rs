@@ -1,0 +1,7 @@
+//! kiln's fuzz entry points (see `entries.rs`).
+
+#![allow(clippy::unwrap_used)]
+
+mod entries;
+
+pub use entries::{chat_template, detokenizer, gguf, request_json, safetensors};

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Soak test of `kiln serve` (not in CI): N minutes of mixed traffic on loopback (completions and
+# chat, streamed or not; clients that disconnect mid-answer; slow clients that trickle their
+# request or read slowly; idle connections; malformed and refused requests), then asserts:
+#   - no response had a 5xx status, every completed response was well formed (JSON with
+#     choices and a finish_reason; streams end with data: [DONE]);
+#   - once the traffic stops, kiln:kv_cache_usage_perc, kiln:num_requests_running and
+#     kiln:num_requests_waiting are 0;
+#   - resident memory stayed bounded: the peak after the first minute is at most 1.5x (plus
+#     64 MiB) the resident size at the end of the first minute;
+#   - SIGTERM ends the server with status 0.
+#
+# Usage: scripts/soak.sh [MINUTES] [MODEL]
+#   MINUTES  default 20
+#   MODEL    default tests/fixtures/models/llama3 (tiny, fast); gemma-3-270m for the default model
+# Environment: KILN (binary, default target/release/kiln, built if missing), PORT (8471),
+#   WORKERS (client threads, 8), THREADS (kiln --threads, 2), KV_CACHE (--kv-cache-memory,
+#   256MiB), SERVE_ARGS (extra flags).
+# CPU-heavy: on a shared machine run it under the build lock, e.g.
+#   flock /tmp/kiln-cargo.lock scripts/soak.sh 5
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+MINUTES=${1:-20}
+MODEL=${2:-tests/fixtures/models/llama3}
+KILN=${KILN:-target/release/kiln}
+PORT=${PORT:-8471}
+WORKERS=${WORKERS:-8}
+THREADS=${THREADS:-2}
+LOG=$(mktemp -t kiln-soak-XXXXXX.log)
+
+if [ ! -x "$KILN" ]; then
+    cargo build --release -p kiln
+fi
+
+# shellcheck disable=SC2086
+"$KILN" serve --model "$MODEL" --port "$PORT" --threads "$THREADS" \
+    --served-model-name soak --max-connections 64 --header-read-timeout 5 \
+    --body-read-timeout 5 --idle-timeout 10 --shutdown-timeout 10 \
+    --kv-cache-memory "${KV_CACHE:-256MiB}" ${SERVE_ARGS:-} \
+    >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+echo "kiln serve pid $SERVER, log $LOG"
+
+STATUS=0
+python3 - "$PORT" "$SERVER" "$MINUTES" "$WORKERS" <<'PY' || STATUS=$?
+import http.client, json, os, random, socket, sys, threading, time
+
+port, pid, minutes, workers = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+deadline = time.time() + minutes * 60
+lock = threading.Lock()
+stats = {"ok": 0, "4xx": 0, "5xx": 0, "malformed": 0, "disconnects": 0, "slow": 0, "idle": 0,
+         "errors": 0}
+failures = []
+
+def note(kind, detail=None):
+    with lock:
+        stats[kind] += 1
+        if detail and len(failures) < 20:
+            failures.append(detail)
+
+def rss_kib():
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+def wait_ready():
+    for _ in range(600):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    sys.exit("the server never became ready")
+
+def prompt():
+    words = ["the", "kiln", "fires", "clay", "slowly", "and", "a", "story", "<s>", "über"]
+    return " ".join(random.choice(words) for _ in range(random.randint(1, 40)))
+
+def body(chat, stream):
+    b = {"max_tokens": random.randint(1, 48), "temperature": random.choice([0, 0.7, 1e-38]),
+         "stream": stream, "n": random.choice([1, 1, 2])}
+    if chat:
+        b["messages"] = [{"role": "user", "content": prompt()}]
+    else:
+        b["prompt"] = prompt()
+    if random.random() < 0.2:
+        b["stop"] = ["and"]
+    return b
+
+def check_answer(status, data, stream, what):
+    if status >= 500:
+        return note("5xx", f"{what}: {status} {data[:200]!r}")
+    if status >= 400:
+        return note("4xx")
+    try:
+        if stream:
+            events = [e[6:] for e in data.decode().split("\n\n") if e.startswith("data: ")]
+            assert events and events[-1] == "[DONE]", "no [DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+            assert any(f in ("stop", "length") for f in finishes), "no finish_reason"
+        else:
+            v = json.loads(data)
+            assert v["choices"] and all(c["finish_reason"] in ("stop", "length")
+                                        for c in v["choices"]), "bad choices"
+        note("ok")
+    except Exception as e:  # noqa: BLE001 - any malformation is a finding
+        note("malformed", f"{what}: {e}: {data[:200]!r}")
+
+def normal():
+    chat, stream = random.random() < 0.5, random.random() < 0.5
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, json.dumps(body(chat, stream)), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    check_answer(r.status, r.read(), stream, path)
+
+def disconnect():
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    b = json.dumps(dict(body(False, random.random() < 0.7), max_tokens=200, ignore_eos=True))
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(b)}\r\n\r\n{b}".encode())
+    time.sleep(random.random() * 0.5)
+    s.close()
+    note("disconnects")
+
+def slow():
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    b = json.dumps(body(False, True)).encode()
+    req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           f"Connection: close\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
+    for i in range(0, len(req), 16):
+        s.sendall(req[i:i + 16])
+        time.sleep(0.02)
+    data = b""
+    while chunk := s.recv(64):
+        data += chunk
+        time.sleep(0.01)
+    s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status = int(head.split()[1]) if head else 0
+    if status >= 500:
+        note("5xx", f"slow: {head[:100]!r}")
+    note("slow")
+
+def idle():
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    time.sleep(random.random() * 2)
+    s.close()
+    note("idle")
+
+BAD = [
+    ("POST", "/v1/completions", b"{\"prompt\": ", "application/json"),
+    ("POST", "/v1/completions", b"{\"prompt\": \"hi\"}", "text/plain"),
+    ("POST", "/v1/chat/completions", b"{\"messages\": [{\"role\": \"hacker\", \"content\": 1}]}",
+     "application/json"),
+    ("POST", "/v1/completions", b"{\"prompt\": \"hi\", \"logit_bias\": {\" +7 \": 1}}",
+     "application/json"),
+    ("POST", "/v1/completions", b"{\"prompt\": \"hi\", \"temperature\": -1}", "application/json"),
+    ("GET", "/v1/nope", None, None),
+]
+
+def bad():
+    method, path, payload, ctype = random.choice(BAD)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": ctype} if ctype else {}
+    c.request(method, path, payload, headers)
+    r = c.getresponse()
+    data = r.read()
+    if r.status >= 500:
+        note("5xx", f"bad {path}: {r.status} {data[:200]!r}")
+    elif r.status < 400:
+        note("malformed", f"bad {path} was accepted: {r.status}")
+    else:
+        note("4xx")
+
+ACTIONS = [(normal, 60), (disconnect, 10), (slow, 10), (idle, 5), (bad, 15)]
+
+def worker():
+    population = [a for a, _ in ACTIONS]
+    weights = [w for _, w in ACTIONS]
+    while time.time() < deadline:
+        try:
+            random.choices(population, weights)[0]()
+        except Exception as e:  # noqa: BLE001 - client-side errors are counted, not fatal
+            note("errors", f"client: {e!r}")
+
+wait_ready()
+start = time.time()
+threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+for t in threads:
+    t.start()
+baseline, peak = None, 0
+while any(t.is_alive() for t in threads):
+    time.sleep(5)
+    rss = rss_kib()
+    if time.time() - start >= min(60, minutes * 30):
+        baseline = baseline or rss
+        peak = max(peak, rss)
+    with lock:
+        print(f"[{time.time() - start:6.0f}s] rss {rss // 1024} MiB {stats}", flush=True)
+for t in threads:
+    t.join()
+
+time.sleep(3)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+c.request("GET", "/metrics")
+metrics = c.getresponse().read().decode()
+def gauge(name):
+    for line in metrics.splitlines():
+        if line.startswith(name):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+ok = True
+for name in ["kiln:kv_cache_usage_perc", "kiln:num_requests_running", "kiln:num_requests_waiting"]:
+    value = gauge(name)
+    print(f"{name} = {value}")
+    ok &= value == 0
+print(f"rss after warm-up {baseline // 1024 if baseline else '?'} MiB, peak {peak // 1024} MiB")
+if baseline and peak > baseline * 1.5 + 64 * 1024:
+    print("FAIL: resident memory grew"); ok = False
+print("stats:", stats)
+for f in failures:
+    print("  finding:", f)
+if stats["5xx"] or stats["malformed"] or stats["ok"] == 0:
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+kill -TERM "$SERVER"
+if wait "$SERVER"; then echo "server exited 0"; else echo "FAIL: server exit status $?"; STATUS=1; fi
+trap - EXIT
+if [ "$STATUS" -eq 0 ]; then echo "soak: PASS"; else echo "soak: FAIL (log $LOG)"; fi
+exit "$STATUS"
