@@ -4,7 +4,7 @@
 //! disable those filters; `min_p == 0` disables min-p; penalties of 1.0 (repetition) and 0.0
 //! (presence, frequency) are neutral.
 
-use crate::TokenId;
+use crate::{StructuredOutput, TokenId};
 
 /// Why a sequence stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +59,10 @@ pub struct SamplingParams {
     /// Like `logprobs`, for every prompt position after the first. Such requests skip the prefix
     /// cache (every prompt position must be computed).
     pub prompt_logprobs: Option<usize>,
+    /// The language the output must belong to (structured outputs); the engine masks every
+    /// token that would leave it, and the output ends (an end-of-sequence token) when the
+    /// grammar is complete and allows nothing more.
+    pub structured: Option<StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -79,6 +83,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            structured: None,
         }
     }
 }
@@ -140,6 +145,13 @@ impl SamplingParams {
                     "must be at most max_tokens ({}), got {}",
                     self.max_tokens, self.min_tokens
                 ),
+            ));
+        }
+        if self.ignore_eos && self.structured.is_some() {
+            return Err(bad(
+                "ignore_eos",
+                "cannot be combined with a structured output: the output ends with an \
+                 end-of-sequence token when its grammar is complete",
             ));
         }
         for &(token, bias) in &self.logit_bias {

@@ -3,6 +3,7 @@
 //! synchronous; [`crate::EngineHandle`] runs it on its own thread.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
@@ -13,6 +14,7 @@ use kiln_sched::{
 };
 
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
+use crate::structured::GrammarCompiler;
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
 /// Sizes and limits of an engine.
@@ -99,6 +101,8 @@ pub struct EngineCore {
     first_scheduled: HashMap<RequestId, FirstTokenInfo>,
     /// Proposes draft tokens when speculative decoding is on.
     speculator: Option<Speculator>,
+    /// Compiles requests' structured outputs (`None`: such requests are refused).
+    grammar: Option<Arc<GrammarCompiler>>,
 }
 
 impl EngineCore {
@@ -148,7 +152,19 @@ impl EngineCore {
             stats: EngineStats::default(),
             first_scheduled: HashMap::new(),
             speculator,
+            grammar: None,
         })
+    }
+
+    /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
+    /// (built over this model's vocabulary).
+    pub fn set_grammar_compiler(&mut self, compiler: Arc<GrammarCompiler>) {
+        self.grammar = Some(compiler);
+    }
+
+    /// The structured-output compiler, shared with whoever validates requests before queueing.
+    pub fn grammar_compiler(&self) -> Option<&Arc<GrammarCompiler>> {
+        self.grammar.as_ref()
     }
 
     /// The resolved maximum of prompt plus output tokens.
@@ -209,10 +225,30 @@ impl EngineCore {
         if let Some((what, token)) = bad {
             return Err(AddError::TokenOutOfVocab { what, token, vocab_size }.into());
         }
+        let constraint = match (&params.structured, &self.grammar) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(AddError::InvalidSampling(
+                    "structured outputs are not available: the engine has no grammar compiler \
+                     (no tokenizer vocabulary)"
+                        .into(),
+                )
+                .into());
+            }
+            (Some(spec), Some(compiler)) => Some(compiler.compile(spec).map_err(|e| {
+                AddError::InvalidSampling(format!(
+                    "invalid structured output ({}): {e}",
+                    spec.kind()
+                ))
+            })?),
+        };
         let request = Request::new(id, prompt, params)
             .with_priority(priority)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
         self.scheduler.add(request)?;
+        if let Some(constraint) = constraint {
+            self.runner.add_constraint(id, constraint);
+        }
         self.next_id = self.next_id.max(id.0 + 1);
         self.refresh_stats();
         Ok(())

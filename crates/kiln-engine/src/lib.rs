@@ -6,6 +6,7 @@
 //! - [`EngineCore`]: scheduler + runner; `step()` = schedule → execute → update (→ propose
 //!   drafts, with speculative decoding on).
 //! - [`spec`]: speculative decoding (config, prompt-lookup proposer, acceptance counters).
+//! - [`structured`]: structured outputs (JSON schema, regex, choice, grammar) as token masks.
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
 //!
 //! There is one driver: the server, the benchmarks and `kiln generate` (one request) all run
@@ -18,6 +19,7 @@ mod output;
 mod runner;
 mod sampler;
 pub mod spec;
+pub mod structured;
 
 pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats};
 pub use handle::{EngineHandle, RequestStream, StreamItem};

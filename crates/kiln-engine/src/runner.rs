@@ -36,6 +36,7 @@ use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
+use crate::structured::Constraint;
 use crate::{Logprobs, Sampler, logprobs};
 
 /// Log-probabilities of one prompt: entry `p` is for prompt token `p` (`None` for the first).
@@ -103,6 +104,9 @@ pub struct ModelRunner {
     batch: ForwardBatch,
     requests: HashMap<RequestId, RunnerRequest>,
     samplers: HashMap<RequestId, Sampler>,
+    /// Structured-output states of requests added but not yet scheduled (moved into their
+    /// sampler when it is made).
+    constraints: HashMap<RequestId, Constraint>,
     prompt_logprobs: HashMap<RequestId, PromptLogprobState>,
     /// Seed of requests whose params carry none: request `id` uses `seed + id`.
     seed: u64,
@@ -127,6 +131,7 @@ impl ModelRunner {
             batch: ForwardBatch::new(block_size),
             requests: HashMap::new(),
             samplers: HashMap::new(),
+            constraints: HashMap::new(),
             prompt_logprobs: HashMap::new(),
             seed,
             eos_token_ids: Vec::new(),
@@ -154,10 +159,22 @@ impl ModelRunner {
         &*self.model
     }
 
+    /// Sets the structured-output state `id`'s sampler starts with (call before `id` is first
+    /// scheduled).
+    pub fn add_constraint(&mut self, id: RequestId, constraint: Constraint) {
+        self.constraints.insert(id, constraint);
+    }
+
+    /// `id`'s sampler, once it was scheduled.
+    pub fn sampler(&self, id: RequestId) -> Option<&Sampler> {
+        self.samplers.get(&id)
+    }
+
     /// Drops everything known about `id` (abort).
     pub fn forget(&mut self, id: RequestId) {
         self.requests.remove(&id);
         self.samplers.remove(&id);
+        self.constraints.remove(&id);
         self.prompt_logprobs.remove(&id);
     }
 
@@ -187,8 +204,11 @@ impl ModelRunner {
             r.block_table.extend(new.block_table.iter().map(|b| b.0));
             let seed = self.seed.wrapping_add(new.id.0);
             let eos = &self.eos_token_ids;
+            let constraints = &mut self.constraints;
             self.samplers.entry(new.id).or_insert_with(|| {
-                Sampler::new(new.sampling_params.clone(), &r.tokens, seed).with_eos_token_ids(eos)
+                Sampler::new(new.sampling_params.clone(), &r.tokens, seed)
+                    .with_eos_token_ids(eos)
+                    .with_constraint(constraints.remove(&new.id))
             });
             if let Some(top_k) = new.sampling_params.prompt_logprobs {
                 self.prompt_logprobs.entry(new.id).or_insert_with(|| PromptLogprobState {

@@ -2,8 +2,10 @@
 //!
 //! Order of operations (vLLM's): log-probabilities (when asked) on the raw logits; then logit
 //! bias, the `min_tokens` mask of stop tokens, repetition / presence / frequency penalties, and
-//! (unless greedy) temperature, top-k, top-p, min-p, and a draw from the request's own seeded
-//! [`Rng`]. Greedy picks the lowest index among equal maxima.
+//! the structured-output mask ([`Constraint`]: every token the grammar does not allow next goes
+//! to `-inf`), and (unless greedy) temperature, top-k, top-p, min-p, and a draw from the
+//! request's own seeded [`Rng`]. Greedy picks the lowest index among equal maxima. A
+//! constraint consumes each token the sampler returns, and only those.
 //!
 //! Numerics: no allowed parameter value overflows or yields NaN. A temperature below
 //! [`GREEDY_TEMPERATURE`] samples greedily (vLLM's `_SAMPLING_EPS`): `1 / 1e-38` is not
@@ -23,6 +25,7 @@ use kiln_core::{SamplingParams, TokenId};
 
 use crate::Rng;
 use crate::logprobs::{Logprobs, logprobs};
+use crate::structured::Constraint;
 
 /// Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`).
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
@@ -46,6 +49,8 @@ pub struct Sampler {
     num_generated: usize,
     /// Copy of the raw logits when log-probabilities are asked for (`[vocab]`).
     raw: Vec<f32>,
+    /// The structured-output parser state (`params.structured`, compiled by the engine).
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -66,7 +71,20 @@ impl Sampler {
             stop_ids: Vec::new(),
             num_generated: 0,
             raw: Vec::new(),
+            constraint: None,
         }
+    }
+
+    /// Masks every sampled row with `constraint` and hands it each returned token.
+    #[must_use]
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Self {
+        self.constraint = constraint;
+        self
+    }
+
+    /// The structured-output state, if the request has one.
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
     }
 
     /// Sets the model's end-of-sequence ids, masked (with the params' `stop_token_ids`) until
@@ -106,8 +124,14 @@ impl Sampler {
             self.raw.extend_from_slice(logits);
         }
         self.apply_bias_and_penalties(logits);
+        if let Some(constraint) = &mut self.constraint {
+            constraint.mask(logits);
+        }
         let greedy = self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE;
         let token = if greedy { argmax(logits) } else { self.sample_random(logits) };
+        if let Some(constraint) = &mut self.constraint {
+            constraint.accept(token);
+        }
         self.observe(token);
         let lp = wants_logprobs.map(|k| logprobs(&self.raw, TokenId(token), k));
         (TokenId(token), lp)

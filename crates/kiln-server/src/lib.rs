@@ -21,12 +21,14 @@ pub mod extract;
 pub mod generate;
 pub mod metrics;
 pub mod protocol;
+pub mod request_fields;
 pub mod request_limits;
 pub mod routes;
 pub mod sequence;
 pub mod state;
 pub mod stats_log;
 pub mod stop;
+pub mod structured_fields;
 pub mod validate;
 
 use std::future::Future;
@@ -35,6 +37,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use kiln_engine::structured::GrammarCompiler;
 use kiln_engine::{EngineCore, EngineHandle};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
@@ -64,7 +67,7 @@ pub fn load(
     model: ServedModel,
     chat_template: Option<&TemplateOverride>,
 ) -> Result<Loaded, String> {
-    let ServedModel { core, tokenizer, generation_defaults, builtin_template } = model;
+    let ServedModel { mut core, tokenizer, generation_defaults, builtin_template } = model;
     let template =
         chat_template::load_chat_template_from(&tokenizer, chat_template, builtin_template)
             .map_err(|e| format!("chat template: {e}"))?;
@@ -74,6 +77,23 @@ pub fn load(
         max_logprobs: config.max_logprobs,
         max_tokens_default: config.max_tokens_default,
         max_tokens_cap: config.max_tokens_cap,
+    };
+    let grammar = match core.grammar_compiler() {
+        Some(compiler) => Ok(Arc::clone(compiler)),
+        None => GrammarCompiler::new(
+            tokenizer.token_bytes(),
+            limits.vocab_size,
+            tokenizer.eos_token_ids(),
+        )
+        .map(|compiler| {
+            let compiler = Arc::new(compiler);
+            core.set_grammar_compiler(Arc::clone(&compiler));
+            compiler
+        })
+        .map_err(|e| {
+            tracing::warn!("structured outputs are unavailable for this model: {e}");
+            e.to_string()
+        }),
     };
     let name = config.served_model_names.first().map_or("kiln", String::as_str);
     let metrics =
@@ -91,6 +111,7 @@ pub fn load(
         metrics,
         defaults: generation_defaults,
         limits,
+        grammar,
         created: routes::unix_now(),
     })
 }

@@ -1,5 +1,7 @@
 //! Request bodies of the OpenAI API (plus vLLM's extra sampling fields at the top level), as
-//! serde types. Unknown fields are ignored, as vLLM and OpenAI's SDKs expect. Numbers are
+//! serde types. Fields kiln does not know are collected (`SamplingFields::other`) and checked
+//! by validation: refused with a 400 naming them when they would change the output, logged
+//! when they change nothing (`user`, `metadata`, ...). Numbers are
 //! typed wide (`f64`, `i64`, `u64`) so an absurd value reaches validation, which names the
 //! parameter, instead of failing inside serde.
 
@@ -33,6 +35,20 @@ pub struct SamplingFields {
     pub skip_special_tokens: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// OpenAI's `{"type": "text" | "json_object" | "json_schema", ...}`; parsed by validation
+    /// (`structured_fields`), which names what is wrong.
+    pub response_format: Option<Value>,
+    /// vLLM's `{"json" | "regex" | "choice" | "grammar" | "json_object": ...}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older top-level spellings of `structured_outputs`.
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+    /// Every field no struct above names (checked by `request_fields`: refused when kiln does
+    /// not implement it, logged when it is known to change nothing).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -40,6 +40,8 @@ pub struct GenerationSpec {
     pub skip_special_tokens: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// The parameter that asked for `params.structured` (compile errors name it).
+    pub structured_param: Option<&'static str>,
 }
 
 fn to_usize(param: &str, value: i64, min: i64) -> Result<usize, ApiError> {
@@ -80,12 +82,14 @@ pub fn token_id(param: &str, value: i64, limits: &Limits) -> Result<TokenId, Api
 /// `max_completion_tokens` (whichever the request set), `logprobs` the number of top
 /// log-probabilities asked for per token.
 pub fn spec(
-    f: SamplingFields,
+    mut f: SamplingFields,
     max_tokens: Option<i64>,
     logprobs: Option<usize>,
     limits: &Limits,
     defaults: &GenerationDefaults,
 ) -> Result<GenerationSpec, ApiError> {
+    crate::request_fields::check_other_fields(&f.other)?;
+    let structured = crate::structured_fields::structured_output(&mut f)?;
     let n = to_usize("n", f.n.unwrap_or(1), 1)?;
     if n > MAX_N {
         return Err(ApiError::bad_param("n", format!("`n` must be at most {MAX_N}, got {n}")));
@@ -135,6 +139,8 @@ pub fn spec(
     params.min_tokens =
         f.min_tokens.map(|m| to_usize("min_tokens", m, 0)).transpose()?.unwrap_or(0);
     token_fields(&mut params, f.stop_token_ids, f.logit_bias, limits)?;
+    let structured_param = structured.as_ref().map(|(_, param)| *param);
+    params.structured = structured.map(|(spec, _)| spec);
     let check_logprobs = |param: &str, k: usize| {
         if k > limits.max_logprobs {
             Err(ApiError::bad_param(
@@ -155,22 +161,7 @@ pub fn spec(
             to_usize("prompt_logprobs", k, 0).and_then(|k| check_logprobs("prompt_logprobs", k))
         })
         .transpose()?;
-    let stop = f.stop.map(crate::protocol::StopField::into_vec).unwrap_or_default();
-    if stop.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::bad_param(
-            "stop",
-            format!("at most {MAX_STOP_STRINGS} stop strings"),
-        ));
-    }
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::bad_param("stop", "a stop string must not be empty"));
-    }
-    if stop.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
-        return Err(ApiError::bad_param(
-            "stop",
-            format!("a stop string may be at most {MAX_STOP_STRING_BYTES} bytes"),
-        ));
-    }
+    let stop = stop_strings(f.stop)?;
     // Domain checks of the engine (temperature >= 0, top_p in (0, 1], ...), with a placeholder
     // max_tokens that min_tokens cannot exceed.
     let mut probe = params.clone();
@@ -186,7 +177,30 @@ pub fn spec(
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         stream: f.stream.unwrap_or(false),
         include_usage,
+        structured_param,
     })
+}
+
+/// The stop strings, checked: at most [`MAX_STOP_STRINGS`], none empty or longer than
+/// [`MAX_STOP_STRING_BYTES`].
+fn stop_strings(stop: Option<crate::protocol::StopField>) -> Result<Vec<String>, ApiError> {
+    let stop = stop.map(crate::protocol::StopField::into_vec).unwrap_or_default();
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::bad_param(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings"),
+        ));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_param("stop", "a stop string must not be empty"));
+    }
+    if stop.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
+        return Err(ApiError::bad_param(
+            "stop",
+            format!("a stop string may be at most {MAX_STOP_STRING_BYTES} bytes"),
+        ));
+    }
+    Ok(stop)
 }
 
 /// `stop_token_ids` and `logit_bias` (keys are token ids as strings), checked against the

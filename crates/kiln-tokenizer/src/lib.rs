@@ -5,7 +5,8 @@
 //! - [`Tokenizer::from_gguf_vocab`]: a GGUF file's tokenizer metadata as plain data
 //!   ([`GgufVocab`]); reading the GGUF file itself is the model loader's business, so this
 //!   crate parses no model files and links no kernels;
-//! - [`DecodeStream`]: incremental detokenization for streaming.
+//! - [`DecodeStream`]: incremental detokenization for streaming;
+//! - [`Tokenizer::token_bytes`]: the bytes of every token, for grammar-constrained decoding.
 //!
 //! Invariants: the public API behaves the same whatever the backend; errors name the file
 //! ([`TokenizerError`]) or, for GGUF metadata, the key.
@@ -14,4 +15,4 @@ mod error;
 mod tokenizer;
 
 pub use error::TokenizerError;
-pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, Tokenizer};
+pub use tokenizer::{DecodeStream, GenerationDefaults, GgufVocab, SPECIAL_TOKEN_MARKER, Tokenizer};

@@ -22,6 +22,7 @@ mod special_split;
 mod spm;
 #[cfg(test)]
 mod tests;
+mod token_bytes;
 
 use std::path::Path;
 
@@ -31,6 +32,7 @@ use crate::TokenizerError;
 
 pub use decode_stream::DecodeStream;
 pub use gguf_vocab::GgufVocab;
+pub use token_bytes::SPECIAL_TOKEN_MARKER;
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Clone, Debug, Default, PartialEq)]

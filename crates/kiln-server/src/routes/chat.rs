@@ -166,6 +166,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     };
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    crate::structured_fields::check_compiles(&loaded, &spec).await?;
     let messages = template_messages(req.messages)?;
     let ids =
         render_tokens(&loaded, messages, req.add_generation_prompt.unwrap_or(true), false).await?;

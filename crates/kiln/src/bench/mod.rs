@@ -1,10 +1,12 @@
 //! `kiln bench`: `serve` (online, over HTTP against any OpenAI-compatible server), `latency`
 //! (in-process batch × input × output grid), `throughput` (in-process, everything queued at
-//! once) and `speculative` (speculative against plain decoding, one prompt at a time).
+//! once), `speculative` (speculative against plain decoding, one prompt at a time) and
+//! `structured` (JSON-schema-constrained against unconstrained decoding).
 
 pub mod latency;
 mod serve;
 mod speculative;
+mod structured;
 mod throughput;
 mod tokenizer;
 
@@ -27,6 +29,8 @@ enum BenchCommand {
     Throughput(throughput::ThroughputArgs),
     /// Speculative decoding against plain decoding, one prompt at a time, same outputs checked.
     Speculative(Box<speculative::SpeculativeArgs>),
+    /// Structured outputs (a JSON schema) against unconstrained decoding of the same lengths.
+    Structured(Box<structured::StructuredArgs>),
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -35,5 +39,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Latency(a) => latency::run(a),
         BenchCommand::Throughput(a) => throughput::run(a),
         BenchCommand::Speculative(a) => speculative::run(a),
+        BenchCommand::Structured(a) => structured::run(a),
     }
 }

@@ -213,7 +213,7 @@ fn report(
 /// Runs `prompts` together (prompt `n` with `params(n)`): their tokens, and the tokens generated
 /// in the decode phase and its time (from the step that gave every request its first token to
 /// the end; for one prompt, its first token to its last).
-fn decode(
+pub(super) fn decode(
     core: &mut EngineCore,
     prompts: &[Vec<TokenId>],
     params: &dyn Fn(usize) -> SamplingParams,

@@ -1,0 +1,155 @@
+//! One request's structured-output state: masks logit rows and consumes sampled tokens.
+
+use std::time::{Duration, Instant};
+
+use llguidance::Matcher;
+use llguidance::toktrie::SimpleVob;
+
+use super::GrammarError;
+
+/// A request's parser state (module docs of [`crate::structured`]).
+pub struct Constraint {
+    matcher: Matcher,
+    /// Time spent computing masks, and how many (benchmarks report the mean and percentiles).
+    mask_time: Duration,
+    num_masks: u64,
+    /// The last mask's computation time.
+    last_mask_time: Duration,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("num_masks", &self.num_masks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            mask_time: self.mask_time,
+            num_masks: self.num_masks,
+            last_mask_time: self.last_mask_time,
+        }
+    }
+}
+
+impl Constraint {
+    pub(super) fn new(matcher: Matcher) -> Result<Self, GrammarError> {
+        if let Some(message) = matcher.get_error() {
+            return Err(GrammarError { message });
+        }
+        Ok(Self {
+            matcher,
+            mask_time: Duration::ZERO,
+            num_masks: 0,
+            last_mask_time: Duration::ZERO,
+        })
+    }
+
+    /// Sets every logit of `logits` (`[vocab]`) the grammar does not allow next to `-inf`.
+    /// When the grammar allows only tokens that `logits` already excludes (its end-of-sequence
+    /// tokens while `min_tokens` holds them back), those tokens get logit 0: the grammar wins,
+    /// the output ends. A parser in an error state allows only end-of-sequence tokens.
+    pub fn mask(&mut self, logits: &mut [f32]) {
+        let start = Instant::now();
+        let mask = match self.matcher.compute_mask_or_eos() {
+            Ok(mask) => mask,
+            Err(_) => self.eos_mask(),
+        };
+        self.last_mask_time = start.elapsed();
+        self.mask_time += self.last_mask_time;
+        self.num_masks += 1;
+        if !apply_mask(&mask, logits) {
+            let eos = self.eos_mask();
+            let allowed = if mask.is_zero() { &eos } else { &mask };
+            allowed.iter_set_entries(|t| {
+                if let Some(l) = logits.get_mut(t) {
+                    *l = 0.0;
+                }
+            });
+        }
+    }
+
+    /// Consumes the sampled `token` (one the last [`Constraint::mask`] allowed).
+    pub fn accept(&mut self, token: u32) {
+        // A token the mask allowed is always consumable; should llguidance still refuse it,
+        // the matcher enters its error state and the next mask allows only EOS.
+        let _ = self.matcher.consume_token(token);
+    }
+
+    /// Undoes the last `num_tokens` accepted tokens.
+    pub fn rollback(&mut self, num_tokens: usize) -> Result<(), GrammarError> {
+        self.matcher.rollback(num_tokens).map_err(|e| GrammarError { message: e.to_string() })
+    }
+
+    /// Whether the grammar is complete (only end-of-sequence tokens may follow).
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Whether the output so far is a complete sentence of the grammar.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Masks computed, their total time, and the last one's time.
+    pub fn mask_stats(&self) -> (u64, Duration, Duration) {
+        (self.num_masks, self.mask_time, self.last_mask_time)
+    }
+
+    fn eos_mask(&self) -> SimpleVob {
+        self.matcher
+            .tok_env()
+            .map_or_else(|_| SimpleVob::new(), |env| env.tok_trie().eos_token_set())
+    }
+}
+
+/// `logits[t] = -inf` for every `t` not in `mask`; ids past the mask's length are disallowed.
+/// Returns whether an allowed logit is still above `-inf`.
+fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) -> bool {
+    let words = mask.as_slice();
+    let mut any = false;
+    for (i, chunk) in logits.chunks_mut(32).enumerate() {
+        let word = words.get(i).copied().unwrap_or(0);
+        if word == 0 {
+            chunk.fill(f32::NEG_INFINITY);
+            continue;
+        }
+        for (bit, l) in chunk.iter_mut().enumerate() {
+            if word >> bit & 1 == 0 {
+                *l = f32::NEG_INFINITY;
+            } else if *l > f32::NEG_INFINITY {
+                any = true;
+            }
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_mask_keeps_exactly_the_set_bits() {
+        let mut mask = SimpleVob::alloc(70);
+        for t in [0, 31, 32, 69] {
+            mask.allow_token(t);
+        }
+        let mut logits: Vec<f32> = (0..75).map(|i| i as f32).collect();
+        assert!(apply_mask(&mask, &mut logits));
+        for (t, &l) in logits.iter().enumerate() {
+            if [0, 31, 32, 69].contains(&t) {
+                assert_eq!(l, t as f32);
+            } else {
+                assert_eq!(l, f32::NEG_INFINITY, "token {t}");
+            }
+        }
+        let mut excluded = vec![f32::NEG_INFINITY; 75];
+        assert!(!apply_mask(&mask, &mut excluded));
+    }
+}

@@ -1,0 +1,31 @@
+//! Structured outputs: a request whose output must match a JSON schema, a regular expression,
+//! a list of choices or a grammar ([`StructuredOutput`]) gets, at every sampled position, the
+//! logits of each token that would leave that language set to `-inf` (llguidance's Earley
+//! parser over a trie of the vocabulary's bytes).
+//!
+//! - [`GrammarCompiler`]: built once per model from the tokenizer's token bytes; compiles a
+//!   [`StructuredOutput`] into a [`Constraint`] and keeps the most recently used compiled
+//!   grammars, so a schema sent again (every turn of an agent, every `n > 1` sample) costs a
+//!   clone instead of a compilation. Shared (`Arc`) by the server, which compiles once to refuse
+//!   a bad grammar with a 400 before queueing, and the engine, which then hits the cache.
+//! - [`Constraint`]: one request's parser state; the sampler masks each row with it and hands
+//!   it each token it returns.
+//!
+//! Invariants:
+//! - a constraint has consumed exactly the request's output tokens, in order: the sampler
+//!   accepts every token it returns and no other. Rejected speculative drafts are never
+//!   consumed (verification samples row by row and stops at the first mismatch), so
+//!   speculation needs no parser rollback; preemption by recompute keeps the sampler, hence the
+//!   state.
+//! - a masked logit is `-inf`, so no penalty, temperature or filter can bring it back; token
+//!   ids past the tokenizer's vocabulary (padding rows of the LM head) are never allowed; when
+//!   the grammar is complete, only end-of-sequence tokens are.
+//! - compilation is bounded by llguidance's parser limits (grammar size, lexer states, fuel per
+//!   mask), so a hostile schema or grammar is an error, not a hang.
+
+mod compiler;
+mod constraint;
+
+pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
+pub use constraint::Constraint;
+pub use kiln_core::StructuredOutput;

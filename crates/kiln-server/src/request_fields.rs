@@ -1,0 +1,121 @@
+//! Request fields kiln has no parser for (`SamplingFields::other`): none is dropped without a
+//! word. A field that would change the output and that kiln does not implement gets a 400
+//! naming it, unless its value is neutral (`null`, `false`, an empty list, `tool_choice:
+//! "none"`, ...), which asks for nothing. Fields that change nothing kiln returns (`user`,
+//! `metadata`, ...; vLLM ignores them too) are logged at debug level; any other unknown field
+//! is logged as a warning, as vLLM does, so a typo is visible in the server log.
+
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Fields that would change the output, and why kiln refuses them.
+const REFUSED: &[(&str, &str)] = &[
+    ("tools", "tool calling is not supported yet"),
+    ("tool_choice", "tool calling is not supported yet"),
+    ("parallel_tool_calls", "tool calling is not supported yet"),
+    ("functions", "function calling is not supported (use `tools`, not supported yet either)"),
+    ("function_call", "function calling is not supported"),
+    ("use_beam_search", "beam search is not supported"),
+    ("length_penalty", "beam search is not supported"),
+    ("include_stop_str_in_output", "`include_stop_str_in_output` is not supported"),
+    ("bad_words", "`bad_words` is not supported (use `logit_bias`)"),
+    ("allowed_token_ids", "`allowed_token_ids` is not supported (use `structured_outputs`)"),
+    ("logits_processors", "custom logits processors are not supported"),
+    ("truncate_prompt_tokens", "`truncate_prompt_tokens` is not supported"),
+    ("prediction", "predicted outputs are not supported"),
+    ("audio", "audio output is not supported"),
+    ("modalities", "only text output is supported"),
+    ("reasoning_effort", "reasoning controls are not supported"),
+    ("web_search_options", "web search is not supported"),
+    ("chat_template", "a per-request chat template is not supported (use --chat-template)"),
+    ("chat_template_kwargs", "`chat_template_kwargs` is not supported yet"),
+    ("continue_final_message", "`continue_final_message` is not supported"),
+    ("documents", "`documents` is not supported"),
+    ("echo", "`echo` is only supported on /v1/completions"),
+    ("return_tokens_as_token_ids", "`return_tokens_as_token_ids` is not supported"),
+    ("guided_whitespace_pattern", "`guided_whitespace_pattern` is not supported"),
+    ("structural_tag", "structural tags are not supported"),
+    ("cache_salt", "`cache_salt` is not supported (the prefix cache is shared)"),
+];
+
+/// Fields that change nothing kiln returns.
+const NO_EFFECT: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "request_id",
+    "guided_decoding_backend",
+    "spaces_between_special_tokens",
+];
+
+/// Refuses the first field of `other` that kiln does not implement and whose value asks for
+/// something; logs the rest.
+pub fn check_other_fields(other: &Map<String, Value>) -> Result<(), ApiError> {
+    let mut unknown = Vec::new();
+    for (name, value) in other {
+        if let Some((field, why)) = REFUSED.iter().find(|(f, _)| f == name) {
+            if !is_neutral(field, value) {
+                return Err(ApiError::bad_param(field, format!("`{field}`: {why}")));
+            }
+        } else if NO_EFFECT.contains(&name.as_str()) {
+            tracing::debug!("request field `{name}` has no effect");
+        } else {
+            unknown.push(name.as_str());
+        }
+    }
+    if !unknown.is_empty() {
+        tracing::warn!("The following fields were present in the request but ignored: {unknown:?}");
+    }
+    Ok(())
+}
+
+/// Whether `value` of `field` asks for nothing beyond what kiln does anyway.
+fn is_neutral(field: &str, value: &Value) -> bool {
+    match (field, value) {
+        (_, Value::Null | Value::Bool(false)) | ("parallel_tool_calls", Value::Bool(_)) => true,
+        (_, Value::Array(a)) if a.is_empty() => true,
+        (_, Value::Object(o)) if o.is_empty() => true,
+        ("tool_choice", Value::String(s)) => s == "none" || s == "auto",
+        ("modalities", Value::Array(a)) => a.iter().all(|m| m == "text"),
+        ("length_penalty", Value::Number(n)) => n.as_f64() == Some(1.0),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn check(body: &Value) -> Result<(), ApiError> {
+        check_other_fields(body.as_object().unwrap())
+    }
+
+    #[test]
+    fn unimplemented_fields_that_ask_for_something_are_refused_by_name() {
+        for (body, param) in [
+            (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"use_beam_search": true}), "use_beam_search"),
+            (json!({"modalities": ["text", "audio"]}), "modalities"),
+            (json!({"chat_template_kwargs": {"enable_thinking": false}}), "chat_template_kwargs"),
+        ] {
+            assert_eq!(check(&body).unwrap_err().param.as_deref(), Some(param));
+        }
+    }
+
+    #[test]
+    fn neutral_values_and_fields_without_effect_pass() {
+        for body in [
+            json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
+            json!({"use_beam_search": false, "length_penalty": 1.0, "modalities": ["text"]}),
+            json!({"user": "u1", "metadata": {"k": "v"}, "store": false}),
+            json!({"some_future_field": 3}),
+        ] {
+            assert!(check(&body).is_ok(), "{body}");
+        }
+    }
+}
