@@ -165,11 +165,6 @@ impl ModelRunner {
         self.constraints.insert(id, constraint);
     }
 
-    /// `id`'s sampler, once it was scheduled.
-    pub fn sampler(&self, id: RequestId) -> Option<&Sampler> {
-        self.samplers.get(&id)
-    }
-
     /// Drops everything known about `id` (abort).
     pub fn forget(&mut self, id: RequestId) {
         self.requests.remove(&id);

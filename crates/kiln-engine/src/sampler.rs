@@ -82,11 +82,6 @@ impl Sampler {
         self
     }
 
-    /// The structured-output state, if the request has one.
-    pub fn constraint(&self) -> Option<&Constraint> {
-        self.constraint.as_ref()
-    }
-
     /// Sets the model's end-of-sequence ids, masked (with the params' `stop_token_ids`) until
     /// `min_tokens` tokens were generated; ignored with `ignore_eos`.
     #[must_use]

@@ -160,11 +160,17 @@ fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError
             "choice" => "structured_outputs.choice",
             "grammar" => "structured_outputs.grammar",
             "json_object" => "structured_outputs.json_object",
-            // vLLM's switches that only matter to its fallback between backends.
-            "disable_fallback" | "disable_any_whitespace" | "disable_additional_properties"
-                if v.is_boolean() || v.is_null() =>
-            {
+            // Read above (`compact`), or only about vLLM's fallback between backends.
+            "disable_fallback" | "disable_any_whitespace" if v.is_boolean() || v.is_null() => {
                 continue;
+            }
+            "disable_additional_properties" if v.is_null() || v == Value::Bool(false) => continue,
+            "disable_additional_properties" => {
+                return Err(bad(
+                    "structured_outputs.disable_additional_properties",
+                    "`disable_additional_properties` is not supported: say \
+                     `\"additionalProperties\": false` in the schema",
+                ));
             }
             _ if v.is_null() => continue,
             other => {

@@ -42,8 +42,6 @@ impl std::fmt::Debug for GrammarCompiler {
 struct Cache {
     entries: HashMap<StructuredOutput, (TokenParser, u64)>,
     clock: u64,
-    hits: u64,
-    misses: u64,
 }
 
 /// How a [`GrammarCompiler::compile`] went: from the cache or compiled, and how long it took.
@@ -104,26 +102,14 @@ impl GrammarCompiler {
         Ok((Constraint::new(Matcher::new(Ok(parser)))?, info))
     }
 
-    /// Compilations answered from the cache and compiled anew, since start.
-    pub fn cache_stats(&self) -> (u64, u64) {
-        let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (cache.hits, cache.misses)
-    }
-
     fn cached(&self, spec: &StructuredOutput) -> Option<TokenParser> {
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         cache.clock += 1;
         let now = cache.clock;
-        let hit = cache.entries.get_mut(spec).map(|(parser, used)| {
+        cache.entries.get_mut(spec).map(|(parser, used)| {
             *used = now;
             parser.clone()
-        });
-        if hit.is_some() {
-            cache.hits += 1;
-        } else {
-            cache.misses += 1;
-        }
-        hit
+        })
     }
 
     fn insert(&self, spec: &StructuredOutput, parser: &TokenParser) {

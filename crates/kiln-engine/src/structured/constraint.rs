@@ -81,19 +81,9 @@ impl Constraint {
         let _ = self.matcher.consume_token(token);
     }
 
-    /// Undoes the last `num_tokens` accepted tokens.
-    pub fn rollback(&mut self, num_tokens: usize) -> Result<(), GrammarError> {
-        self.matcher.rollback(num_tokens).map_err(|e| GrammarError { message: e.to_string() })
-    }
-
     /// Whether the grammar is complete (only end-of-sequence tokens may follow).
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
-    }
-
-    /// Whether the output so far is a complete sentence of the grammar.
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
     }
 
     /// Masks computed, their total time, and the last one's time.

@@ -68,13 +68,13 @@ pub struct SpeculativeArgs {
 
 /// Totals of one engine over every prompt and round.
 #[derive(Debug, Default)]
-struct Totals {
-    decode_tokens: usize,
-    decode_time: Duration,
+pub(super) struct Totals {
+    pub(super) decode_tokens: usize,
+    pub(super) decode_time: Duration,
 }
 
 impl Totals {
-    fn tps(&self) -> f64 {
+    pub(super) fn tps(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_time.as_secs_f64().max(1e-9)
     }
 }

@@ -24,7 +24,7 @@ use kiln_core::{SamplingParams, StructuredOutput, TokenId};
 use kiln_engine::structured::GrammarCompiler;
 use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 
-use super::speculative::decode;
+use super::speculative::{Totals, decode};
 use crate::model_arg::ModelArgs;
 
 #[derive(clap::Args, Debug)]
@@ -49,18 +49,6 @@ pub struct StructuredArgs {
     /// Kernel threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-}
-
-#[derive(Debug, Default)]
-struct Totals {
-    decode_tokens: usize,
-    decode_time: Duration,
-}
-
-impl Totals {
-    fn tps(&self) -> f64 {
-        self.decode_tokens as f64 / self.decode_time.as_secs_f64().max(1e-9)
-    }
 }
 
 pub fn run(args: &StructuredArgs) -> anyhow::Result<()> {
