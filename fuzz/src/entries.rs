@@ -7,8 +7,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use kiln_server::chat_template::{ChatMessage, ChatTemplate};
+use kiln_server::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
 use kiln_server::protocol::{ChatRequest, CompletionRequest};
+use kiln_server::tools::{self, ToolCallParser, ToolOutput, ToolSettings, ToolStream};
 use kiln_server::validate::{self, Limits};
 use kiln_tokenizer::{GenerationDefaults, GgufVocab, Tokenizer};
 
@@ -108,12 +109,9 @@ pub fn chat_template(data: &[u8]) {
         .split('\n')
         .take(64)
         .enumerate()
-        .map(|(i, line)| ChatMessage {
-            role: if i % 2 == 0 { "user" } else { "assistant" }.to_owned(),
-            content: line.to_owned(),
-        })
+        .map(|(i, line)| ChatMessage::text(if i % 2 == 0 { "user" } else { "assistant" }, line))
         .collect();
-    if let Ok(marked) = template.render_marked(&messages, true) {
+    if let Ok(marked) = template.render_marked(&messages, &RenderOptions::new(true)) {
         let ranges = marked.content_ranges.unwrap_or_default();
         for tokenizer in tokenizers() {
             let _ = tokenizer.encode_with_literals(&marked.text, &ranges, false);
@@ -137,9 +135,15 @@ pub fn request_json(data: &[u8]) {
         if let Ok(spec) = validate::spec(req.sampling, max_tokens, None, &limits, &defaults) {
             let _ = spec.for_prompt(10, 1, &limits);
         }
-        if let Ok(messages) = kiln_server::routes::chat::template_messages(req.messages) {
+        let settings =
+            ToolSettings { parser: Some(ToolCallParser::Hermes), auto_tool_choice: true };
+        let tool_fields = (req.tools, req.tool_choice, req.parallel_tool_calls.as_ref());
+        let plan = tools::plan(tool_fields.0, tool_fields.1, tool_fields.2, settings, None);
+        let mut options = RenderOptions::new(true);
+        options.tools = plan.ok().and_then(|(plan, _)| plan.tools);
+        if let Ok(messages) = kiln_server::routes::chat_input::template_messages(req.messages) {
             let chatml = ChatTemplate::fallback(None, None);
-            if let Ok(marked) = chatml.render_marked(&messages, true) {
+            if let Ok(marked) = chatml.render_marked(&messages, &options) {
                 let ranges = marked.content_ranges.unwrap_or_default();
                 let _ = tokenizers()[0].encode_with_literals(&marked.text, &ranges, false);
             }
@@ -172,4 +176,32 @@ pub fn detokenizer(data: &[u8]) {
             let _ = tokenizer.decode(&ids, skip_special);
         }
     }
+}
+
+/// Model output read by every tool-call parser: whole, and streamed in pieces of every size
+/// from 1 to 8 characters (the streaming split must hold at any cut).
+pub fn tool_calls(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for parser in [
+        ToolCallParser::Hermes,
+        ToolCallParser::Llama3Json,
+        ToolCallParser::Mistral,
+        ToolCallParser::Pythonic,
+    ] {
+        let output = ToolOutput::Parsed { parser, parallel: true };
+        let whole = tools::answer(&output, text.to_string(), Some("stop"));
+        let chars: Vec<char> = text.chars().collect();
+        for piece in 1..=8 {
+            let mut stream = ToolStream::new(output.clone());
+            let mut new_id = || String::from("id");
+            let mut num_calls = 0;
+            let pieces: Vec<String> = chars.chunks(piece).map(|c| c.iter().collect()).collect();
+            for (i, p) in pieces.iter().enumerate() {
+                let finish = (i + 1 == pieces.len()).then_some("stop");
+                num_calls += stream.push(p, finish, &mut new_id).tool_calls.len();
+            }
+            assert!(pieces.is_empty() || num_calls == whole.calls.len(), "stream != whole");
+        }
+    }
+    let _ = tools::answer(&ToolOutput::Required, text.to_string(), Some("stop"));
 }

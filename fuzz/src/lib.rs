@@ -4,4 +4,4 @@
 
 mod entries;
 
-pub use entries::{chat_template, detokenizer, gguf, request_json, safetensors};
+pub use entries::{chat_template, detokenizer, gguf, request_json, safetensors, tool_calls};

@@ -5,10 +5,13 @@ Run by crates/kiln/tests/openai_sdk.rs against the tiny llama3 fixture; exits no
 first failed check.
 """
 
+import json
 import sys
+from typing import Literal
 
 import openai
 from openai import OpenAI
+from pydantic import BaseModel, Field
 
 base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
@@ -72,6 +75,60 @@ stop = full[mid : mid + 3]
 cut = client.completions.create(model=model, prompt="Once upon a time", max_tokens=24, stop=[stop], **greedy)
 check(cut.choices[0].text == full[: full.index(stop)], "stop string cut")
 check(cut.choices[0].finish_reason == "stop", "stop finish_reason")
+
+# Structured output parsed by the SDK into a pydantic model. Compact JSON: the fixture's random
+# weights would otherwise pick whitespace between JSON tokens for ever.
+class Verdict(BaseModel):
+    answer: Literal["yes", "no", "maybe"]
+    confidence: int = Field(ge=0, le=9)
+    tags: list[Literal["a", "b"]] = Field(max_length=2)
+
+
+compact = {"structured_outputs": {"disable_any_whitespace": True}}
+parsed = client.chat.completions.parse(
+    model=model, messages=messages, response_format=Verdict, max_tokens=120, temperature=0,
+    extra_body=compact,
+)
+verdict = parsed.choices[0].message.parsed
+check(isinstance(verdict, Verdict) and 0 <= verdict.confidence <= 9, "chat.completions.parse with pydantic")
+
+# A tool call forced by a named tool_choice, whole and streamed (assembled by the SDK).
+tools = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}]
+forced = {"type": "function", "function": {"name": "get_weather"}}
+whole = client.chat.completions.create(
+    model=model, messages=messages, tools=tools, tool_choice=forced, max_tokens=120, temperature=0
+)
+call = whole.choices[0].message.tool_calls[0]
+args = json.loads(call.function.arguments)
+check(call.function.name == "get_weather" and 1 <= args["days"] <= 7 and len(args["city"]) <= 6, "forced tool call")
+with client.chat.completions.stream(
+    model=model, messages=messages, tools=tools, tool_choice=forced, max_tokens=120, temperature=0
+) as stream:
+    final = stream.get_final_completion()
+streamed_call = final.choices[0].message.tool_calls[0]
+check(
+    (streamed_call.function.name, streamed_call.function.arguments) == (call.function.name, call.function.arguments),
+    "streamed tool call assembled by the SDK == whole",
+)
+# The round trip: the call and its result go back into the conversation.
+history = messages + [
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 4})},
+]
+after = client.chat.completions.create(model=model, messages=history, tools=tools, tool_choice="none", max_tokens=4, **greedy)
+check(after.choices[0].message.content is not None and after.usage.completion_tokens == 4, "tool result round trip")
 
 # Errors the SDK maps to its exception types.
 try:

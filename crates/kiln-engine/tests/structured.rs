@@ -2,8 +2,9 @@
 //! every output belongs to its language (JSON without free whitespace, which a random model
 //! would emit forever) (a choice, a regex, a JSON schema, a Lark grammar) and
 //! ends with an end-of-sequence token; constrained and unconstrained requests batched together
-//! give what each gives alone; speculation gives the same tokens as none; a grammar that does
-//! not compile is refused before anything is queued; no KV block is left held.
+//! give what each gives alone; speculation and preemption give the same tokens as none; a
+//! grammar that does not compile is refused before anything is queued; no KV block is left
+//! held.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -26,14 +27,23 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn engine(name: &str, spec: Option<SpeculativeConfig>) -> (EngineCore, Tokenizer) {
+    engine_with_blocks(name, spec, 512, 160)
+}
+
+fn engine_with_blocks(
+    name: &str,
+    spec: Option<SpeculativeConfig>,
+    num_kv_blocks: usize,
+    max_model_len: usize,
+) -> (EngineCore, Tokenizer) {
     let model = load_model(&fixture(name), &Arc::new(Cpu::new(2))).unwrap().model;
     let tokenizer = load_tokenizer(&fixture(name)).unwrap();
     let vocab_size = model.config().vocab_size;
     let eos: Vec<TokenId> = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
     let config = EngineConfig {
         block_size: 4,
-        num_kv_blocks: 512,
-        max_model_len: Some(160),
+        num_kv_blocks,
+        max_model_len: Some(max_model_len),
         scheduler: SchedulerConfig { max_num_batched_tokens: 512, ..SchedulerConfig::default() },
         eos_token_ids: eos,
         speculative: spec,
@@ -208,6 +218,25 @@ fn speculation_gives_the_same_constrained_tokens() {
         assert_eq!(run(&mut core, &requests), expected, "{name}");
         assert!(core.stats().spec_decode.num_drafts > 0, "{name}: nothing drafted");
     }
+}
+
+/// A cache too small for the batch preempts requests (by recompute); their grammar state
+/// survives with their sampler, so every output is what it is without preemption.
+#[test]
+fn preemption_gives_the_same_constrained_tokens() {
+    let requests: Vec<_> = outputs()
+        .into_iter()
+        .chain(outputs())
+        .enumerate()
+        .map(|(i, o)| {
+            let params = params(Some(o), (i % 2 == 1).then_some(7));
+            (prompt(i as u32), SamplingParams { max_tokens: 40, ..params })
+        })
+        .collect();
+    let expected = run(&mut engine_with_blocks("llama3", None, 512, 64).0, &requests);
+    let mut core = engine_with_blocks("llama3", None, 16, 64).0;
+    assert_eq!(run(&mut core, &requests), expected);
+    assert!(core.stats().num_preemptions > 0, "nothing was preempted");
 }
 
 #[test]

@@ -19,10 +19,15 @@
 //!   Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 //!   sort_keys=False)` ([`json`]); Python `str` / `dict` methods through
 //!   `minijinja_contrib::pycompat`; `none` / `true` print as `None` / `True` (minijinja does);
-//! - the context holds `messages` (each a map `role`, `content`, in that order),
+//! - the context holds `messages` (each a map `role`, `content`, then `tool_calls`,
+//!   `tool_call_id`, `name` where the message has them, in that order),
 //!   `add_generation_prompt`, `bos_token` / `eos_token` (the empty string when the tokenizer has
-//!   none; transformers leaves them undefined, which prints the same), and `tools` / `documents`
-//!   set to `none` (transformers passes `None`, which templates test with `is not none`);
+//!   none; transformers leaves them undefined, which prints the same), `tools` (the request's
+//!   list, or `none` as transformers passes `None`, which templates test with `is not none`),
+//!   `documents` set to `none`, and the request's `chat_template_kwargs` (never replacing the
+//!   names before, [`RESERVED_VARIABLES`]);
+//! - maps keep their insertion order (minijinja's `preserve_order`), as Python dicts do: a
+//!   tool's JSON reaches the prompt with the keys in the order the client sent them;
 //! - every render is bounded: at most [`FUEL`] minijinja instructions (Qwen3's template, the
 //!   largest we test, needs about 290 for four messages and 56,000 for a thousand), and
 //!   minijinja's macro recursion limit (500 frames, which fits a 2 MiB thread stack) stays in
@@ -35,10 +40,8 @@
 //!   verbatim: it rejects the caller's conversation (for example roles that do not alternate);
 //!   other render errors are bugs of the template or unsupported input.
 //!
-//! Known differences from Python Jinja: maps built inside a template (`{'b': 1, 'a': 2}`) iterate
-//! and serialize in sorted key order (minijinja's map without `preserve_order`); `bos_token`
-//! is defined (empty) where transformers leaves it undefined; an empty conversation is
-//! rejected, as transformers rejects it.
+//! Known differences from Python Jinja: `bos_token` is defined (empty) where transformers
+//! leaves it undefined; an empty conversation is rejected, as transformers rejects it.
 //!
 //! Message content is data in a second sense: [`ChatTemplate::render_marked`] also returns the
 //! byte ranges of the prompt that came from message content, so the tokenizer can keep
@@ -79,11 +82,50 @@ const CHATML: &str = "{% for message in messages %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// One message as the template sees it.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's calls, `[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`, with `arguments` as a JSON object (parsed from the API's string, as
+    /// vLLM passes them, so templates can `tojson` or iterate them). `None`: the key is absent.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's `tool_call_id`.
+    pub tool_call_id: Option<String>,
+    /// A message's `name` (a tool message's function).
+    pub name: Option<String>,
 }
+
+impl ChatMessage {
+    /// A message with only a role and text.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into(), ..Self::default() }
+    }
+}
+
+/// What a render sees besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct RenderOptions {
+    /// End with the opening of the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// The request's `tools` as given (`None`: the template sees `none`, as transformers
+    /// passes `tools=None`).
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `chat_template_kwargs`: more variables of the context (never one of the names above,
+    /// [`RESERVED_VARIABLES`]).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RenderOptions {
+    pub fn new(add_generation_prompt: bool) -> Self {
+        Self { add_generation_prompt, ..Self::default() }
+    }
+}
+
+/// Context variables the server sets itself, which `chat_template_kwargs` may not replace.
+pub const RESERVED_VARIABLES: [&str; 6] =
+    ["messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"];
 
 /// A rendered prompt and the byte ranges of it that came from message content.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,7 +229,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.render_with_fuel(messages, add_generation_prompt).map(|(text, _)| text)
+        self.render_with(messages, &RenderOptions::new(add_generation_prompt))
+    }
+
+    /// [`Self::render`] with tools and extra variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+    ) -> Result<String, TemplateError> {
+        self.render_counting_fuel(messages, options).map(|(text, _)| text)
     }
 
     /// [`Self::render`], plus the byte ranges of the text that came from message content
@@ -195,19 +246,19 @@ impl ChatTemplate {
     pub fn render_marked(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        options: &RenderOptions,
     ) -> Result<MarkedPrompt, TemplateError> {
-        let plain = self.render(messages, add_generation_prompt)?;
+        let plain = self.render_with(messages, options)?;
         if messages.iter().any(|m| m.content.contains([CONTENT_OPEN, CONTENT_CLOSE])) {
             return Ok(MarkedPrompt { text: plain, content_ranges: None });
         }
         let wrapped: Vec<ChatMessage> = messages
             .iter()
-            .map(|m| ChatMessage { role: m.role.clone(), content: wrap_content(&m.content) })
+            .map(|m| ChatMessage { content: wrap_content(&m.content), ..m.clone() })
             .collect();
         // A template may branch on content (`if content == ''`): a failure here only means
         // the ranges are unknown.
-        let Ok(marked) = self.render(&wrapped, add_generation_prompt) else {
+        let Ok(marked) = self.render_with(&wrapped, options) else {
             return Ok(MarkedPrompt { text: plain, content_ranges: None });
         };
         let ranges = strip_markers(&marked).filter(|(text, _)| *text == plain).map(|(_, r)| r);
@@ -220,17 +271,33 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<(String, u64), TemplateError> {
+        self.render_counting_fuel(messages, &RenderOptions::new(add_generation_prompt))
+    }
+
+    fn render_counting_fuel(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+    ) -> Result<(String, u64), TemplateError> {
         if messages.is_empty() {
             return Err(TemplateError::EmptyConversation);
         }
         let messages: Vec<Value> = messages.iter().map(MessageObject::value).collect();
+        let tools = options.tools.as_ref().map_or(Value::from(()), Value::from_serialize);
+        let extra = options
+            .kwargs
+            .iter()
+            .filter(|(k, _)| !RESERVED_VARIABLES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), Value::from_serialize(v)));
+        let extra: Value = extra.collect();
         let ctx = context! {
             messages,
-            add_generation_prompt,
+            add_generation_prompt => options.add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-            tools => Value::from(()),
+            tools,
             documents => Value::from(()),
+            ..extra
         };
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| self.render_error(e))?;
         let captured = template.render_captured(ctx).map_err(|e| self.render_error(e))?;
@@ -416,33 +483,43 @@ fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
         .with_source(RaisedException(message)))
 }
 
-/// A message as a map that keeps Python's key order (`role`, then `content`) when a template
-/// iterates it or serializes it with `tojson`.
+/// A message as a map that keeps Python's key order (`role`, `content`, then the tool keys a
+/// message has) when a template iterates it or serializes it with `tojson`; keys the message
+/// lacks are absent (templates test `'tool_calls' in message`).
 #[derive(Debug)]
 struct MessageObject {
-    role: Value,
-    content: Value,
+    keys: Vec<&'static str>,
+    values: Vec<Value>,
 }
 
 impl MessageObject {
     fn value(message: &ChatMessage) -> Value {
-        Value::from_object(Self {
-            role: Value::from(message.role.as_str()),
-            content: Value::from(message.content.as_str()),
-        })
+        let mut keys = vec!["role", "content"];
+        let mut values =
+            vec![Value::from(message.role.as_str()), Value::from(message.content.as_str())];
+        if let Some(calls) = &message.tool_calls {
+            keys.push("tool_calls");
+            values.push(Value::from_serialize(calls));
+        }
+        if let Some(id) = &message.tool_call_id {
+            keys.push("tool_call_id");
+            values.push(Value::from(id.as_str()));
+        }
+        if let Some(name) = &message.name {
+            keys.push("name");
+            values.push(Value::from(name.as_str()));
+        }
+        Value::from_object(Self { keys, values })
     }
 }
 
 impl Object for MessageObject {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match key.as_str()? {
-            "role" => Some(self.role.clone()),
-            "content" => Some(self.content.clone()),
-            _ => None,
-        }
+        let key = key.as_str()?;
+        self.keys.iter().position(|k| *k == key).map(|i| self.values[i].clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        Enumerator::Values(self.keys.iter().map(|k| Value::from(*k)).collect())
     }
 }

@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Connection limits and timeouts.
     pub connections: ConnectionLimits,
+    /// `--tool-call-parser` and `--enable-auto-tool-choice`.
+    pub tools: crate::tools::ToolSettings,
 }
 
 /// Limits of the HTTP layer against slow, idle or too many clients.
@@ -81,6 +83,7 @@ impl Default for ServerConfig {
             allow_any_content_type: false,
             allowed_origins: Vec::new(),
             connections: ConnectionLimits::default(),
+            tools: crate::tools::ToolSettings::default(),
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
         }
     }

@@ -29,6 +29,7 @@ pub mod state;
 pub mod stats_log;
 pub mod stop;
 pub mod structured_fields;
+pub mod tools;
 pub mod validate;
 
 use std::future::Future;

@@ -108,6 +108,17 @@ pub struct ChatRequest {
     /// vLLM's extra: `false` renders the conversation without the assistant prefix.
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
+    /// `[{"type": "function", "function": {"name", "description", "parameters"}}]`, checked by
+    /// `tools::plan` (as are the next two).
+    #[serde(default)]
+    pub tools: Option<Value>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<Value>,
+    /// Extra variables of the chat template's context (e.g. `enable_thinking`).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -117,6 +128,14 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls: `[{"id", "type", "function": {"name", "arguments"}}]`.
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A tool message's answer to this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,6 +166,11 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
+    /// As on chat: the tools the template renders.
+    #[serde(default)]
+    pub tools: Option<Value>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
 }
 
 /// `POST /detokenize`.

@@ -11,11 +11,11 @@ use crate::error::ApiError;
 
 /// Fields that would change the output, and why kiln refuses them.
 const REFUSED: &[(&str, &str)] = &[
-    ("tools", "tool calling is not supported yet"),
-    ("tool_choice", "tool calling is not supported yet"),
-    ("parallel_tool_calls", "tool calling is not supported yet"),
-    ("functions", "function calling is not supported (use `tools`, not supported yet either)"),
-    ("function_call", "function calling is not supported"),
+    ("tools", "tools are only supported on /v1/chat/completions"),
+    ("tool_choice", "tools are only supported on /v1/chat/completions"),
+    ("parallel_tool_calls", "tools are only supported on /v1/chat/completions"),
+    ("functions", "the deprecated `functions` is not supported (use `tools`)"),
+    ("function_call", "the deprecated `function_call` is not supported (use `tool_choice`)"),
     ("use_beam_search", "beam search is not supported"),
     ("length_penalty", "beam search is not supported"),
     ("include_stop_str_in_output", "`include_stop_str_in_output` is not supported"),
@@ -29,7 +29,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("reasoning_effort", "reasoning controls are not supported"),
     ("web_search_options", "web search is not supported"),
     ("chat_template", "a per-request chat template is not supported (use --chat-template)"),
-    ("chat_template_kwargs", "`chat_template_kwargs` is not supported yet"),
+    ("chat_template_kwargs", "`chat_template_kwargs` is only supported on /v1/chat/completions"),
     ("continue_final_message", "`continue_final_message` is not supported"),
     ("documents", "`documents` is not supported"),
     ("echo", "`echo` is only supported on /v1/completions"),
@@ -102,6 +102,7 @@ mod tests {
             (json!({"use_beam_search": true}), "use_beam_search"),
             (json!({"modalities": ["text", "audio"]}), "modalities"),
             (json!({"chat_template_kwargs": {"enable_thinking": false}}), "chat_template_kwargs"),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
         ] {
             assert_eq!(check(&body).unwrap_err().param.as_deref(), Some(param));
         }

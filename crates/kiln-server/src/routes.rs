@@ -1,6 +1,7 @@
 //! HTTP handlers: `/v1/completions`, `/v1/chat/completions` and the small endpoints.
 
 pub mod chat;
+pub mod chat_input;
 pub mod completions;
 pub mod format;
 pub mod misc;

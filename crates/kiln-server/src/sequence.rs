@@ -154,7 +154,10 @@ impl Sequence {
         }
         self.last_token = Some(now);
         self.num_generated += 1;
-        let piece = match self.detok.step(out.new_token.0) {
+        // A token the engine stopped on (EOS or a `stop_token_ids` entry) is not part of the
+        // text, as in vLLM, also when special tokens are kept.
+        let stop_token = out.finish_reason == Some(FinishReason::Stop);
+        let piece = match if stop_token { Ok(None) } else { self.detok.step(out.new_token.0) } {
             Ok(piece) => piece.unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(request = %self.id, "detokenization failed: {e}");

@@ -119,6 +119,12 @@ impl ServerState {
         self.queued.load(Ordering::SeqCst)
     }
 
+    /// A number no other call of this server returns (ids of tool calls).
+    pub fn unique(&self) -> u64 {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.id_salt.rotate_left(32) ^ n
+    }
+
     /// A unique response id such as `cmpl-…` or `chatcmpl-…`.
     pub fn response_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -7,9 +7,10 @@
 //!   `regex`, `choice`, `grammar` (Lark syntax), `json_object: true`;
 //! - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //!
-//! JSON may carry free whitespace between tokens (as vLLM's default);
-//! `structured_outputs.disable_any_whitespace: true` makes it compact. At most one of them may
-//! be given; anything else in them (an unknown `type` or key, a
+//! JSON may carry whitespace between tokens (as vLLM's default; the engine bounds each run);
+//! `structured_outputs.disable_any_whitespace: true` makes it compact, also the JSON of
+//! `response_format` or `guided_json` when `structured_outputs` holds only such options. At
+//! most one constraint may be given; anything else in them (an unknown `type` or key, a
 //! `structural_tag`, a `whitespace_pattern`) is refused, never ignored.
 
 use std::sync::Arc;
@@ -29,6 +30,14 @@ pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
 pub fn structured_output(
     f: &mut SamplingFields,
 ) -> Result<Option<(StructuredOutput, &'static str)>, ApiError> {
+    // `structured_outputs` holding only options (`{"disable_any_whitespace": true}`) applies
+    // them to the JSON another field asks for.
+    let compact = f
+        .structured_outputs
+        .as_ref()
+        .and_then(|s| s.get("disable_any_whitespace"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let given: Vec<(&'static str, Value)> = [
         ("response_format", f.response_format.take()),
         ("structured_outputs", f.structured_outputs.take()),
@@ -47,6 +56,9 @@ pub fn structured_output(
         .collect::<Result<_, ApiError>>()?;
     match parsed.as_slice() {
         [] => Ok(None),
+        [_] if compact => {
+            Ok(parsed.into_iter().next().map(|(s, p)| (without_free_whitespace(s), p)))
+        }
         [_] => Ok(parsed.into_iter().next()),
         [(_, a), (_, b), ..] => Err(ApiError::bad_param(
             b,
@@ -151,7 +163,6 @@ fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError
     let Value::Object(obj) = value else {
         return Err(bad(P, "`structured_outputs` must be an object"));
     };
-    let compact = obj.get("disable_any_whitespace").and_then(Value::as_bool).unwrap_or(false);
     let mut found = Vec::new();
     for (key, v) in obj {
         let param: &'static str = match key.as_str() {
@@ -203,7 +214,7 @@ fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError
              json_object",
         ));
     }
-    Ok(found.pop().map(|spec| if compact { without_free_whitespace(spec) } else { spec }))
+    Ok(found.pop())
 }
 
 /// `disable_any_whitespace`: JSON with no whitespace between tokens (llguidance's

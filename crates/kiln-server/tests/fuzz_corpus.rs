@@ -21,12 +21,13 @@ type Entry = fn(&[u8]);
 type GgufEdit = Box<dyn FnOnce(&mut Vec<(String, GgufValue)>, &mut Vec<(String, Vec<u64>)>)>;
 
 /// The fuzz targets and their entry functions.
-const TARGETS: [(&str, Entry); 5] = [
+const TARGETS: [(&str, Entry); 6] = [
     ("gguf", entries::gguf),
     ("safetensors_header", entries::safetensors),
     ("chat_template", entries::chat_template),
     ("request_json", entries::request_json),
     ("detokenizer", entries::detokenizer),
+    ("tool_calls", entries::tool_calls),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -219,6 +220,10 @@ fn request_seeds() {
             r#"{"prompt":"x","repetition_penalty":1e-38,"presence_penalty":2,"frequency_penalty":-2,"min_tokens":5,"max_tokens":4}"#,
         ),
         (
+            "chat_tools",
+            r#"{"messages":[{"role":"user","content":"u"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required","chat_template_kwargs":{"x":1}}"#,
+        ),
+        (
             "chat_logprobs",
             r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"logprobs":true,"top_logprobs":25,"max_completion_tokens":1000}"#,
         ),
@@ -241,6 +246,32 @@ fn detokenizer_seeds() {
     }
 }
 
+fn tool_call_seeds() {
+    let outputs = [
+        (
+            "hermes",
+            r#"Let me see.<tool_call>
+{"name": "f", "arguments": {"a": [1, {"b": null}]}}
+</tool_call>"#,
+        ),
+        ("hermes_unclosed", r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}"#),
+        (
+            "llama3",
+            r#"<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"q": "é"}}"#,
+        ),
+        (
+            "mistral",
+            r#"ok [TOOL_CALLS] [{"name": "f", "arguments": {}}][TOOL_CALLS]g[ARGS]{"k": 2}"#,
+        ),
+        ("pythonic", "```tool_code\nprint([f(a='''x\ny''', b=-1.5e3, c={'k': (1, 2)}), g()])\n```"),
+        ("required", r#"[{"name":"f","parameters":{"a":1}}]"#),
+        ("text", "No tools here < [ { ``` <tool"),
+    ];
+    for (name, text) in outputs {
+        write_seed("tool_calls", name, text.as_bytes());
+    }
+}
+
 /// Writes the seed corpus (run once: `cargo test -p kiln-server --test fuzz_corpus --
 /// --ignored make_seed_corpus`); fuzzing adds the inputs it keeps beside them.
 #[test]
@@ -252,4 +283,5 @@ fn make_seed_corpus() {
     chat_template_seeds(&root);
     request_seeds();
     detokenizer_seeds();
+    tool_call_seeds();
 }

@@ -40,6 +40,14 @@ pub struct ServeArgs {
     /// A Jinja chat template, used instead of the model's own: a file, or the template text.
     #[arg(long)]
     chat_template: Option<String>,
+    /// How tool calls are read out of the model's text (`tool_choice: "auto"`): hermes (Qwen
+    /// 2.5 / 3), llama3_json, mistral, pythonic or gemma3 (Gemma 3, Llama 4).
+    #[arg(long, value_parser = parse_tool_call_parser)]
+    tool_call_parser: Option<kiln_server::tools::ToolCallParser>,
+    /// Let the model decide when to call tools (`tool_choice: "auto"`, the default of requests
+    /// with `tools`); needs --tool-call-parser.
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
     /// Require `Authorization: Bearer KEY` on /v1/* endpoints (any of the keys given).
     #[arg(long, num_args = 1.., env = "KILN_API_KEY", hide_env_values = true)]
     api_key: Vec<String>,
@@ -135,6 +143,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             ..ConnectionLimits::default()
         },
         metrics_prefix: args.vllm.metrics_prefix.clone(),
+        tools: tool_settings(args)?,
     };
     let stats_interval = args.vllm.stats_interval()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -325,6 +334,29 @@ async fn shutdown_signal() {
         () = term => {}
     }
     tracing::info!("shutdown signal received");
+}
+
+fn parse_tool_call_parser(name: &str) -> Result<kiln_server::tools::ToolCallParser, String> {
+    kiln_server::tools::ToolCallParser::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser {name:?} (known: {})",
+            kiln_server::tools::ToolCallParser::NAMES
+        )
+    })
+}
+
+/// `--tool-call-parser` and `--enable-auto-tool-choice` (which needs a parser, as in vLLM).
+fn tool_settings(args: &ServeArgs) -> anyhow::Result<kiln_server::tools::ToolSettings> {
+    if args.enable_auto_tool_choice && args.tool_call_parser.is_none() {
+        anyhow::bail!(
+            "--enable-auto-tool-choice needs --tool-call-parser ({})",
+            kiln_server::tools::ToolCallParser::NAMES
+        );
+    }
+    Ok(kiln_server::tools::ToolSettings {
+        parser: args.tool_call_parser,
+        auto_tool_choice: args.enable_auto_tool_choice,
+    })
 }
 
 #[cfg(test)]

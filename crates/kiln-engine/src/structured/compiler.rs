@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use kiln_core::StructuredOutput;
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 
 use super::Constraint;
+use super::constraint::NumberCap;
 
 /// Compiled grammars kept for reuse (least recently used evicted first).
 const CACHE_CAPACITY: usize = 128;
@@ -29,6 +30,9 @@ fn err(message: impl Into<String>) -> GrammarError {
 /// [`crate::structured`]). `Send + Sync`: one per model, shared.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    /// Tokens whose first byte is an ASCII digit, and `0` (the digit cap of JSON numbers).
+    digit_start: Arc<SimpleVob>,
+    zero_start: Arc<SimpleVob>,
     cache: Mutex<Cache>,
 }
 
@@ -69,6 +73,16 @@ impl GrammarCompiler {
         }
         let vocab = u32::try_from(vocab_size).map_err(|_| err("vocabulary too large"))?;
         token_bytes.resize(vocab_size, Vec::new());
+        let mut digit_start = SimpleVob::alloc(vocab_size);
+        let mut zero_start = SimpleVob::alloc(vocab_size);
+        for (id, bytes) in (0u32..).zip(&token_bytes) {
+            if bytes.first().is_some_and(u8::is_ascii_digit) {
+                digit_start.allow_token(id);
+            }
+            if bytes.first() == Some(&b'0') {
+                zero_start.allow_token(id);
+            }
+        }
         let info = TokRxInfo::new(vocab, eos);
         let trie = std::panic::catch_unwind(|| {
             TokTrie::from(&info, &token_bytes).with_eos_tokens(eos_token_ids)
@@ -77,7 +91,12 @@ impl GrammarCompiler {
         let env: llguidance::toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| err(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory, cache: Mutex::new(Cache::default()) })
+        Ok(Self {
+            factory,
+            digit_start: Arc::new(digit_start),
+            zero_start: Arc::new(zero_start),
+            cache: Mutex::new(Cache::default()),
+        })
     }
 
     /// A fresh constraint for `spec` (from the cache when it was compiled recently).
@@ -91,15 +110,17 @@ impl GrammarCompiler {
         spec: &StructuredOutput,
     ) -> Result<(Constraint, CompileInfo), GrammarError> {
         let start = Instant::now();
+        let cap = matches!(spec, StructuredOutput::JsonSchema(_) | StructuredOutput::JsonObject)
+            .then(|| NumberCap::new(Arc::clone(&self.digit_start), Arc::clone(&self.zero_start)));
         if let Some(parser) = self.cached(spec) {
             let info = CompileInfo { cached: true, elapsed: start.elapsed() };
-            return Ok((Constraint::new(Matcher::new(Ok(parser)))?, info));
+            return Ok((Constraint::new(Matcher::new(Ok(parser)), cap)?, info));
         }
         let grammar = top_level(spec)?;
         let parser = self.factory.create_parser(grammar).map_err(|e| err(e.to_string()))?;
         self.insert(spec, &parser);
         let info = CompileInfo { cached: false, elapsed: start.elapsed() };
-        Ok((Constraint::new(Matcher::new(Ok(parser)))?, info))
+        Ok((Constraint::new(Matcher::new(Ok(parser)), cap)?, info))
     }
 
     fn cached(&self, spec: &StructuredOutput) -> Option<TokenParser> {
@@ -125,6 +146,22 @@ impl GrammarCompiler {
     }
 }
 
+/// Whitespace JSON may carry between tokens unless a schema says otherwise (its own
+/// `x-guidance` options): one space, or a newline and up to 20 spaces or tabs, as llama.cpp's
+/// JSON grammars allow. llguidance's default (any run of whitespace) lets a model emit
+/// whitespace until `max_tokens`, which small models do at temperature 0.
+const JSON_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
+
+/// `schema` with [`JSON_WHITESPACE`] unless it sets llguidance's `x-guidance` options itself.
+fn with_bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = schema.as_object_mut()
+        && !obj.contains_key("x-guidance")
+    {
+        obj.insert("x-guidance".into(), serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
+    }
+    schema
+}
+
 /// llguidance's grammar for `spec`.
 fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
     Ok(match spec {
@@ -134,11 +171,11 @@ fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
             if !(value.is_object() || value.is_boolean()) {
                 return Err(err("the JSON schema must be an object (or true/false)"));
             }
-            TopLevelGrammar::from_json_schema(value)
+            TopLevelGrammar::from_json_schema(with_bounded_whitespace(value))
         }
-        StructuredOutput::JsonObject => {
-            TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-        }
+        StructuredOutput::JsonObject => TopLevelGrammar::from_json_schema(with_bounded_whitespace(
+            serde_json::json!({"type": "object"}),
+        )),
         StructuredOutput::Regex(regex) => {
             regex_syntax::Parser::new()
                 .parse(regex)
@@ -166,4 +203,76 @@ fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
             TopLevelGrammar::from_lark(grammar.clone())
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::structured::MAX_NUMBER_DIGITS;
+
+    /// A toy vocabulary: digits, JSON punctuation, whitespace, a few words; EOS last.
+    fn compiler() -> (GrammarCompiler, Vec<String>) {
+        let mut vocab: Vec<String> = (0..10).map(|d| d.to_string()).collect();
+        vocab.extend(
+            ["00", ".", "-", "{", "}", "\"", ":", ",", " ", "\n", "  ", "p", "e", "true"]
+                .map(String::from),
+        );
+        let eos = vocab.len() as u32;
+        let mut bytes: Vec<Vec<u8>> = vocab.iter().map(|t| t.as_bytes().to_vec()).collect();
+        bytes.push(vec![0xFF, b'E']);
+        vocab.push("<eos>".into());
+        (GrammarCompiler::new(bytes, vocab.len(), &[eos]).unwrap(), vocab)
+    }
+
+    /// Greedy decoding under `schema` of a "model" that ranks tokens by `prefer` (first best);
+    /// returns the text, cut at `max` tokens.
+    fn decode(schema: &str, prefer: &[&str], max: usize) -> String {
+        let (compiler, vocab) = compiler();
+        let mut constraint =
+            compiler.compile(&StructuredOutput::JsonSchema(schema.into())).unwrap();
+        let mut text = String::new();
+        for _ in 0..max {
+            let mut logits: Vec<f32> = vocab
+                .iter()
+                .map(|t| prefer.iter().position(|p| p == t).map_or(-10.0, |i| 10.0 - i as f32))
+                .collect();
+            constraint.mask(&mut logits);
+            let (best, _) = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap();
+            if vocab[best] == "<eos>" {
+                return text;
+            }
+            text.push_str(&vocab[best]);
+            constraint.accept(best as u32);
+        }
+        text
+    }
+
+    #[test]
+    fn numbers_stop_after_the_digit_cap_when_the_grammar_lets_them() {
+        let schema = r#"{"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 100}}, "required": ["p"]}"#;
+        // A model that loves zeros (and whitespace) still ends the record.
+        let text =
+            decode(schema, &["0", "00", "\n", " ", ".", "{", "\"", "p", ":", "}", "<eos>"], 200);
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["p"].is_number(), "{text}");
+        let digits = text
+            .split('.')
+            .nth(1)
+            .map_or(0, |f| f.chars().take_while(char::is_ascii_digit).count());
+        assert!(digits <= MAX_NUMBER_DIGITS + 1, "{text}");
+        assert!(!text.contains("\n\n") && !text.contains("                      "), "{text:?}");
+    }
+
+    #[test]
+    fn the_grammar_wins_over_the_cap() {
+        // 0 < x: after `0.` and any number of zeros only a digit may follow; past the cap a
+        // non-zero one, which lets the number end.
+        let schema = r#"{"type": "number", "exclusiveMinimum": 0, "maximum": 1}"#;
+        let text = decode(schema, &["0", ".", "<eos>", "5"], 60);
+        assert_eq!(text, format!("0.{}5", "0".repeat(MAX_NUMBER_DIGITS)));
+        // Strings are not numbers: digits in a string are never capped.
+        let schema = r#"{"type": "string", "pattern": "^[0-9]{30}$"}"#;
+        assert_eq!(decode(schema, &["0", "\"", "<eos>"], 80), format!("\"{}\"", "0".repeat(30)));
+    }
 }

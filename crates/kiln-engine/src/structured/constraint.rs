@@ -1,5 +1,6 @@
 //! One request's structured-output state: masks logit rows and consumes sampled tokens.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::Matcher;
@@ -7,9 +8,75 @@ use llguidance::toktrie::SimpleVob;
 
 use super::GrammarError;
 
+/// Digits in a row (a JSON number's integral part, fraction or exponent) after which tokens
+/// that start with a digit are masked while the grammar allows anything else, as llama.cpp's
+/// JSON grammars cap number parts at 16 digits.
+pub const MAX_NUMBER_DIGITS: usize = 16;
+
+/// The digit cap of JSON outputs: the tokens that start with a digit (with a zero), and
+/// where the output stands (inside a string or not, the digits in a row outside strings).
+#[derive(Clone, Debug)]
+pub(super) struct NumberCap {
+    /// Tokens whose first byte is an ASCII digit.
+    digit_start: Arc<SimpleVob>,
+    /// Tokens whose first byte is `0`.
+    zero_start: Arc<SimpleVob>,
+    in_string: bool,
+    escaped: bool,
+    digits: usize,
+}
+
+impl NumberCap {
+    pub(super) fn new(digit_start: Arc<SimpleVob>, zero_start: Arc<SimpleVob>) -> Self {
+        Self { digit_start, zero_start, in_string: false, escaped: false, digits: 0 }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'0'..=b'9' => self.digits += 1,
+                b'"' => {
+                    self.in_string = true;
+                    self.digits = 0;
+                }
+                _ => self.digits = 0,
+            }
+        }
+    }
+
+    /// `mask` without digit-starting tokens once a number part is long. When the grammar
+    /// needs another digit (the number still equals an exclusive bound: `0.000…` for `> 0`),
+    /// without zero-starting ones, since only a non-zero digit moves it past the bound; the
+    /// grammar wins when nothing else would be left.
+    fn cap(&self, mask: SimpleVob) -> SimpleVob {
+        if self.in_string || self.digits < MAX_NUMBER_DIGITS {
+            return mask;
+        }
+        for ban in [&self.digit_start, &self.zero_start] {
+            let mut capped = mask.clone();
+            capped.sub(ban);
+            if !capped.is_zero() {
+                return capped;
+            }
+        }
+        mask
+    }
+}
+
 /// A request's parser state (module docs of [`crate::structured`]).
 pub struct Constraint {
     matcher: Matcher,
+    /// JSON outputs: the digit cap of numbers.
+    number_cap: Option<NumberCap>,
     /// Time spent computing masks, and how many (benchmarks report the mean and percentiles).
     mask_time: Duration,
     num_masks: u64,
@@ -30,6 +97,7 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
+            number_cap: self.number_cap.clone(),
             mask_time: self.mask_time,
             num_masks: self.num_masks,
             last_mask_time: self.last_mask_time,
@@ -38,12 +106,16 @@ impl Clone for Constraint {
 }
 
 impl Constraint {
-    pub(super) fn new(matcher: Matcher) -> Result<Self, GrammarError> {
+    pub(super) fn new(
+        matcher: Matcher,
+        number_cap: Option<NumberCap>,
+    ) -> Result<Self, GrammarError> {
         if let Some(message) = matcher.get_error() {
             return Err(GrammarError { message });
         }
         Ok(Self {
             matcher,
+            number_cap,
             mask_time: Duration::ZERO,
             num_masks: 0,
             last_mask_time: Duration::ZERO,
@@ -59,6 +131,10 @@ impl Constraint {
         let mask = match self.matcher.compute_mask_or_eos() {
             Ok(mask) => mask,
             Err(_) => self.eos_mask(),
+        };
+        let mask = match &self.number_cap {
+            Some(cap) => cap.cap(mask),
+            None => mask,
         };
         self.last_mask_time = start.elapsed();
         self.mask_time += self.last_mask_time;
@@ -79,6 +155,11 @@ impl Constraint {
         // A token the mask allowed is always consumable; should llguidance still refuse it,
         // the matcher enters its error state and the next mask allows only EOS.
         let _ = self.matcher.consume_token(token);
+        if let Some(cap) = &mut self.number_cap
+            && let Ok(env) = self.matcher.tok_env()
+        {
+            cap.feed(env.tok_trie().token(token));
+        }
     }
 
     /// Whether the grammar is complete (only end-of-sequence tokens may follow).

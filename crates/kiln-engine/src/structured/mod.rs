@@ -20,6 +20,13 @@
 //! - a masked logit is `-inf`, so no penalty, temperature or filter can bring it back; token
 //!   ids past the tokenizer's vocabulary (padding rows of the LM head) are never allowed; when
 //!   the grammar is complete, only end-of-sequence tokens are.
+//! - JSON (schemas and `json_object`) may carry whitespace between tokens only as llama.cpp's
+//!   JSON grammars allow it (one space, or a newline and up to 20 spaces or tabs) unless the
+//!   schema sets llguidance's `x-guidance` options itself, and after
+//!   [`MAX_NUMBER_DIGITS`] digits in a row outside strings, tokens that start with a digit are
+//!   masked while the grammar allows anything else (and zero-starting ones while it needs a
+//!   digit): a model cannot fill `max_tokens` with whitespace or `0.000…` (llguidance alone
+//!   allows both, as vLLM does). Both only narrow what the grammar allows;
 //! - compilation is bounded by llguidance's parser limits (grammar size, lexer states, fuel per
 //!   mask), so a hostile schema or grammar is an error, not a hang.
 
@@ -27,5 +34,5 @@ mod compiler;
 mod constraint;
 
 pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
-pub use constraint::Constraint;
+pub use constraint::{Constraint, MAX_NUMBER_DIGITS};
 pub use kiln_core::StructuredOutput;

@@ -10,7 +10,10 @@ use serde_json::Value as Json;
 
 use super::json::python_float_repr;
 use super::strftime::format_utc;
-use super::{BuiltinTemplate, ChatMessage, ChatTemplate, FUEL, TemplateError, load_chat_template};
+use super::{
+    BuiltinTemplate, ChatMessage, ChatTemplate, FUEL, RenderOptions, TemplateError,
+    TemplateOverride, load_chat_template, load_chat_template_from,
+};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -29,15 +32,12 @@ fn messages(v: &Json) -> Vec<ChatMessage> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|m| ChatMessage {
-            role: m["role"].as_str().unwrap().to_owned(),
-            content: m["content"].as_str().unwrap().to_owned(),
-        })
+        .map(|m| ChatMessage::text(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
         .collect()
 }
 
 fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage { role: role.to_owned(), content: content.to_owned() }
+    ChatMessage::text(role, content)
 }
 
 /// Checks every reference case of `template` rendered by `chat`; returns the failures and the
@@ -348,7 +348,7 @@ fn a_family_builtin_replaces_the_fallback_only_when_the_model_has_none() {
 fn chat_ids(dir: &Path, messages: &[ChatMessage]) -> (Vec<u32>, String) {
     let tok = tokenizer(dir);
     let chat = load_chat_template(&tok, None, None).unwrap();
-    let marked = chat.render_marked(messages, true).unwrap();
+    let marked = chat.render_marked(messages, &RenderOptions::new(true)).unwrap();
     let (prompt, literals) = (marked.text, marked.content_ranges.expect("content located"));
     (tok.encode_with_literals(&prompt, &literals, false).unwrap(), prompt)
 }
@@ -402,17 +402,90 @@ fn content_ranges_survive_trim_and_are_refused_when_transformed() {
         None,
     )
     .unwrap();
-    let marked =
-        trimming.render_marked(&[msg("user", "  a b \n"), msg("user", "")], false).unwrap();
+    let marked = trimming
+        .render_marked(&[msg("user", "  a b \n"), msg("user", "")], &RenderOptions::new(false))
+        .unwrap();
     assert_eq!(marked.text, "<a b><>");
     let ranges = marked.content_ranges.unwrap();
     assert_eq!((ranges.len(), ranges[0].clone()), (1, 1..4));
     let upper =
         ChatTemplate::new("{% for m in messages %}{{ m['content'][:2] }}{% endfor %}", None, None)
             .unwrap();
-    let marked = upper.render_marked(&[msg("user", "abc")], false).unwrap();
+    let marked = upper.render_marked(&[msg("user", "abc")], &RenderOptions::new(false)).unwrap();
     assert_eq!((marked.text.as_str(), marked.content_ranges), ("ab", None));
     // Content holding the markers themselves: unknown ranges, never misplaced ones.
-    let marked = trimming.render_marked(&[msg("user", "a\u{FDD1}b")], false).unwrap();
+    let marked =
+        trimming.render_marked(&[msg("user", "a\u{FDD1}b")], &RenderOptions::new(false)).unwrap();
     assert_eq!(marked.content_ranges, None);
+}
+
+/// The built-in Gemma 3 template renders every reference conversation without tools exactly
+/// as Google's template (the fixture copy) does under transformers.
+#[test]
+fn builtin_gemma3_without_tools_is_googles_template() {
+    let reference = reference();
+    let tok = tokenizer(&root().join("tests/fixtures/models/gemma3"));
+    let (name, source) = BuiltinTemplate::Gemma3.name_and_source();
+    let chat = ChatTemplate::with_source_name(
+        source,
+        name,
+        Some(tok.token_text(tok.bos_token_id().unwrap()).unwrap()),
+        None,
+    )
+    .unwrap();
+    let (failures, _) = check_cases(&reference, "gemma3-270m", &chat);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn chat_template_kwargs_are_variables_but_never_replace_the_servers() {
+    let chat = ChatTemplate::new(
+        "{{ greeting }} {{ messages | length }} {{ add_generation_prompt }} {{ tools is none }}",
+        None,
+        None,
+    )
+    .unwrap();
+    let mut options = RenderOptions::new(true);
+    options.kwargs.insert("greeting".into(), serde_json::json!("hi"));
+    options.kwargs.insert("messages".into(), serde_json::json!([]));
+    let text = chat.render_with(&[msg("user", "x")], &options).unwrap();
+    assert_eq!(text, "hi 1 True True");
+}
+
+fn tool_reference_cases() -> Vec<Json> {
+    reference()["tool_cases"].as_array().unwrap().clone()
+}
+
+/// Tools, assistant tool calls and tool results, and `chat_template_kwargs`, rendered like
+/// transformers renders them (`tool_cases` of the reference: Qwen3's template and kiln's
+/// built-in Gemma 3 template run by Python's jinja2).
+#[test]
+fn tools_render_like_transformers() {
+    let cases = tool_reference_cases();
+    assert!(cases.len() >= 8, "only {} tool cases", cases.len());
+    let mut failures = Vec::new();
+    for case in &cases {
+        let tok = tokenizer(&root().join(case["tokenizer"].as_str().unwrap()));
+        let source = match case["template"].as_str().unwrap() {
+            "builtin-gemma3" => BuiltinTemplate::Gemma3.name_and_source().1.to_owned(),
+            file => std::fs::read_to_string(root().join(file)).unwrap(),
+        };
+        let chat =
+            load_chat_template_from(&tok, Some(&TemplateOverride::Inline(source)), None).unwrap();
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let options = RenderOptions {
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: case["tools"].as_array().cloned(),
+            kwargs: case["kwargs"].as_object().cloned().unwrap_or_default(),
+        };
+        let got = chat.render_with(&messages, &options);
+        match (&got, case["expected"].as_str()) {
+            (Ok(text), Some(expected)) if text == expected => {}
+            _ => failures.push(format!(
+                "{} / {}: got {got:?}\nwant {:?}",
+                case["template"], case["name"], case["expected"]
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -1,138 +1,25 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template, `n` samples,
-//! `logprobs` + `top_logprobs`, streaming or not.
+//! `logprobs` + `top_logprobs`, tool calls (`tools`, `tool_choice`), streaming or not.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use kiln_core::TokenId;
 use serde_json::{Value, json};
 
+use super::chat_input::{render_tokens, template_kwargs, template_messages};
 use super::check_model;
 use super::format::{chat_logprobs, prompt_logprobs};
-use crate::chat_template::ChatMessage;
+use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::generate::{ChunkFormat, Envelope, Usage, collect_all, start_all, stream_response};
-use crate::protocol::{ChatMessageIn, ChatRequest, MessageContent};
+use crate::protocol::ChatRequest;
 use crate::sequence::{Delta, SequenceSpec};
 use crate::state::{Loaded, ServerState};
+use crate::tools::{self, ToolOutput, ToolStream};
 use crate::validate;
-
-/// Most messages in one conversation.
-const MAX_MESSAGES: usize = 4096;
-/// Most content parts over all messages of one request.
-pub const MAX_CONTENT_PARTS: usize = 4096;
-/// Roles a message may have (`developer`, OpenAI's successor of `system`, is rendered as
-/// `system`).
-const ROLES: [&str; 4] = ["system", "user", "assistant", "developer"];
-
-fn bad_message(index: usize, message: impl Into<String>) -> ApiError {
-    ApiError::bad_param("messages", format!("messages[{index}]: {}", message.into()))
-}
-
-/// Text-only messages as the template sees them: roles checked, `null` content only on
-/// assistant messages, at most [`MAX_CONTENT_PARTS`] text parts in all.
-pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::bad_param("messages", "`messages` must not be empty"));
-    }
-    if messages.len() > MAX_MESSAGES {
-        return Err(ApiError::bad_param("messages", format!("at most {MAX_MESSAGES} messages")));
-    }
-    let mut num_parts = 0usize;
-    messages
-        .into_iter()
-        .enumerate()
-        .map(|(index, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(bad_message(
-                    index,
-                    format!(
-                        "unsupported role {:?} (supported: system, user, assistant, developer)",
-                        m.role
-                    ),
-                ));
-            }
-            let role = if m.role == "developer" { "system".to_owned() } else { m.role };
-            let content = match m.content {
-                None if role == "assistant" => String::new(),
-                None => {
-                    return Err(bad_message(index, format!("`content` is required for role {role:?}")));
-                }
-                Some(MessageContent::Text(t)) => t,
-                Some(MessageContent::Parts(parts)) => {
-                    num_parts += parts.len();
-                    if num_parts > MAX_CONTENT_PARTS {
-                        return Err(ApiError::bad_param(
-                            "messages",
-                            format!("at most {MAX_CONTENT_PARTS} content parts per request"),
-                        ));
-                    }
-                    let mut text = String::new();
-                    for part in parts {
-                        match (part.kind.as_str(), part.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            ("text", None) => {
-                                return Err(bad_message(index, "a `text` part needs `text`"));
-                            }
-                            (kind, _) => {
-                                return Err(bad_message(
-                                    index,
-                                    format!("content parts of type {kind:?} are not supported (text only)"),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            Ok(ChatMessage { role, content })
-        })
-        .collect()
-}
-
-/// Renders the conversation and tokenizes it on a blocking thread (templates are
-/// fuel-bounded, not free). Message content is literal text: control-token text in it never
-/// becomes a control token (`Tokenizer::encode_with_literals`); if the template transforms
-/// content so that it cannot be located in the prompt, content holding control-token text is
-/// refused (400, `messages`) rather than risk a forged turn.
-pub async fn render_tokens(
-    loaded: &Arc<Loaded>,
-    messages: Vec<ChatMessage>,
-    add_generation_prompt: bool,
-    add_special_tokens: bool,
-) -> Result<Vec<TokenId>, ApiError> {
-    let loaded = Arc::clone(loaded);
-    tokio::task::spawn_blocking(move || {
-        let marked = loaded
-            .template
-            .render_marked(&messages, add_generation_prompt)
-            .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))?;
-        let tokenizer = &loaded.tokenizer;
-        let literals = if let Some(ranges) = marked.content_ranges {
-            ranges
-        } else {
-            if let Some(index) =
-                messages.iter().position(|m| tokenizer.contains_control_text(&m.content))
-            {
-                return Err(bad_message(
-                    index,
-                    "the content holds control-token text and this chat template transforms \
-                     content, so it cannot be kept as plain text",
-                ));
-            }
-            Vec::new()
-        };
-        tokenizer
-            .encode_with_literals(&marked.text, &literals, add_special_tokens)
-            .map(|ids| ids.into_iter().map(TokenId).collect())
-            .map_err(|e| ApiError::bad_param("messages", format!("could not tokenize: {e}")))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("template task failed: {e}")))?
-}
 
 pub async fn chat_completions(
     State(state): State<Arc<ServerState>>,
@@ -165,11 +52,18 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         (false, _) => None,
     };
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-    let spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    let settings = state.config.tools;
+    let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
+    let plan = plan_tools(fields, settings, &mut spec)?;
     crate::structured_fields::check_compiles(&loaded, &spec).await?;
+    let options = RenderOptions {
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        tools: plan.tools,
+        kwargs: template_kwargs(req.chat_template_kwargs)?,
+    };
     let messages = template_messages(req.messages)?;
-    let ids =
-        render_tokens(&loaded, messages, req.add_generation_prompt.unwrap_or(true), false).await?;
+    let ids = render_tokens(&loaded, messages, options, false).await?;
     let seq_specs = (0..spec.n)
         .map(|sample| {
             Ok(SequenceSpec {
@@ -185,8 +79,11 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let mut usage = Usage::new(&[ids.len()]);
     let envelope = Envelope::new(&state, "chatcmpl");
+    let parser = settings.parser;
+    let mut new_id = || tools::call_id(state.unique(), parser);
     if spec.stream {
-        let format = ChatChunks { loaded, envelope };
+        let streams = (0..spec.n).map(|_| ToolStream::new(plan.output.clone())).collect();
+        let format = ChatChunks { loaded, envelope, state: Arc::clone(&state), streams };
         return Ok(stream_response(
             seqs,
             spec.n,
@@ -203,11 +100,16 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         .into_iter()
         .enumerate()
         .map(|(index, r)| {
+            let answer = tools::answer(&plan.output, r.text, r.finish_reason);
+            let mut message = json!({"role": "assistant", "content": answer.content});
+            if !answer.calls.is_empty() {
+                message["tool_calls"] = tools::wire_calls(&answer.calls, &mut new_id);
+            }
             let mut choice = json!({
                 "index": index,
-                "message": {"role": "assistant", "content": r.text},
+                "message": message,
                 "logprobs": logprobs.map(|_| chat_logprobs(tokenizer, &r.logprobs)),
-                "finish_reason": r.finish_reason,
+                "finish_reason": answer.finish_reason,
                 "stop_reason": Value::Null,
             });
             if let Some(lps) = &r.prompt_logprobs {
@@ -219,10 +121,32 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     Ok(Json(envelope.response("chat.completion", &choices, &usage)).into_response())
 }
 
+/// The request's tool fields as a plan; a forced call becomes `spec`'s grammar, and a parser
+/// whose markers are special tokens keeps them in the text.
+fn plan_tools(
+    (tools, tool_choice, parallel): (Option<Value>, Option<Value>, Option<Value>),
+    settings: tools::ToolSettings,
+    spec: &mut validate::GenerationSpec,
+) -> Result<tools::ToolPlan, ApiError> {
+    let (plan, grammar) =
+        tools::plan(tools, tool_choice, parallel.as_ref(), settings, spec.structured_param)?;
+    if let Some(grammar) = grammar {
+        spec.params.structured = Some(grammar);
+        spec.structured_param = Some("tool_choice");
+    }
+    if let ToolOutput::Parsed { parser, .. } = plan.output {
+        spec.skip_special_tokens &= !parser.needs_special_tokens();
+    }
+    Ok(plan)
+}
+
 /// Stream chunks of `/v1/chat/completions`.
 struct ChatChunks {
     loaded: Arc<Loaded>,
     envelope: Envelope,
+    state: Arc<ServerState>,
+    /// Per choice: what of its text is content and what tool calls.
+    streams: Vec<ToolStream>,
 }
 
 impl ChunkFormat for ChatChunks {
@@ -242,20 +166,32 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn delta(&mut self, index: usize, delta: Delta) -> Option<Value> {
-        if delta.text.is_empty() && delta.finish_reason.is_none() && delta.logprobs.is_none() {
+        let (state, parser) = (&self.state, self.state.config.tools.parser);
+        let mut new_id = || tools::call_id(state.unique(), parser);
+        let step = self.streams[index].push(&delta.text, delta.finish_reason, &mut new_id);
+        if step.content.is_empty()
+            && step.tool_calls.is_empty()
+            && step.finish_reason.is_none()
+            && delta.logprobs.is_none()
+        {
             return None;
         }
         let logprobs = delta
             .logprobs
             .as_ref()
             .map(|lp| chat_logprobs(&self.loaded.tokenizer, std::slice::from_ref(lp)));
-        let content =
-            if delta.text.is_empty() { json!({}) } else { json!({"content": delta.text}) };
+        let mut content = json!({});
+        if !step.content.is_empty() {
+            content["content"] = json!(step.content);
+        }
+        if !step.tool_calls.is_empty() {
+            content["tool_calls"] = Value::Array(step.tool_calls);
+        }
         Some(self.chunk(&json!([{
             "index": index,
             "delta": content,
             "logprobs": logprobs,
-            "finish_reason": delta.finish_reason,
+            "finish_reason": step.finish_reason,
         }])))
     }
 

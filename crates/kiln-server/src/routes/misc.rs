@@ -9,12 +9,14 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::chat::{render_tokens, template_messages};
+use super::chat_input::{render_tokens, template_kwargs, template_messages};
 use super::{check_model, model_name, tokenize};
+use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::protocol::{DetokenizeRequest, TokenizeRequest};
 use crate::state::ServerState;
+use crate::tools::{self, ToolSettings};
 use crate::validate;
 
 pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
@@ -79,9 +81,16 @@ pub async fn tokenize_endpoint(
             }
             (None, Some(m)) => {
                 let messages = template_messages(m)?;
-                let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+                let tool_choice = Some(json!("none"));
+                let (plan, _) =
+                    tools::plan(req.tools, tool_choice, None, ToolSettings::default(), None)?;
+                let options = RenderOptions {
+                    add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                    tools: plan.tools,
+                    kwargs: template_kwargs(req.chat_template_kwargs)?,
+                };
                 let add_special = req.add_special_tokens.unwrap_or(false);
-                render_tokens(&loaded, messages, add_generation_prompt, add_special).await?
+                render_tokens(&loaded, messages, options, add_special).await?
             }
             _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
         };

@@ -7,7 +7,7 @@
 //! - **accepted with one warning** when it means nothing on this backend (`--enforce-eager`,
 //!   `--tensor-parallel-size 1`, `-ngl 99`), with its value if it takes one;
 //! - **refused** with a message naming what to use instead (`--tensor-parallel-size 2`, LoRA,
-//!   tool-call parsers, `-c 4096`).
+//!   reasoning parsers, `-c 4096`).
 //!
 //! Values of kiln's own flags that only vLLM spells (`--kv-cache-dtype auto`,
 //! `--quantization awq`) are checked here too. The table is the documentation's source:
@@ -85,14 +85,6 @@ const TABLE: &[(&[&str], Rule)] = &[
         &["enable-lora", "lora-modules", "max-loras", "max-lora-rank"],
         Rule::Refuse(
             "LoRA adapters are not supported yet; merge the adapter into the weights",
-            NoValue,
-        ),
-    ),
-    (
-        &["enable-auto-tool-choice", "tool-call-parser"],
-        Rule::Refuse(
-            "tool calling is not supported yet; leave the flag out (requests with `tools` are \
-         answered as plain chat)",
             NoValue,
         ),
     ),

@@ -34,25 +34,20 @@ pub fn start_server() -> (Server, String) {
 
 /// [`start_server`] with more flags.
 pub fn start_server_with(extra: &[&str]) -> (Server, String) {
+    let tiny = tiny_model();
+    let mut args = vec!["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
+    args.extend(["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"]);
+    args.extend(extra);
+    start_kiln_serve(&args)
+}
+
+/// `kiln serve ARGS` on a free loopback port with API key `test-key`; returns it with its
+/// base URL once `/health` is 200 (the default model may take a first fetch).
+pub fn start_kiln_serve(args: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--model"])
-        .arg(tiny_model())
-        .args([
-            "--port",
-            "0",
-            "--served-model-name",
-            "tiny",
-            "--api-key",
-            "test-key",
-            "--num-kv-blocks",
-            "256",
-            "--max-model-len",
-            "256",
-            "--threads",
-            "1",
-            "--disable-log-requests",
-        ])
-        .args(extra)
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0", "--api-key", "test-key", "--disable-log-requests"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -68,7 +63,7 @@ pub fn start_server_with(extra: &[&str]) -> (Server, String) {
         }
     });
     let server = Server(child);
-    let url = rx.recv_timeout(Duration::from_secs(60)).expect("kiln serve did not start");
+    let url = rx.recv_timeout(Duration::from_secs(600)).expect("kiln serve did not start");
     let addr = url.trim_start_matches("http://").to_owned();
     for _ in 0..600 {
         if health(&addr) == Some(200) {
@@ -103,4 +98,41 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
     (status, body)
+}
+
+/// The `openai` SDK version the Python checks are written against.
+pub const OPENAI_SDK: &str = "openai==3.54.0";
+/// The `jsonschema` version that validates structured outputs.
+pub const JSONSCHEMA: &str = "jsonschema==4.23.0";
+
+/// A python with `openai` and `jsonschema`: a venv under the target directory, made on first
+/// use (and completed when a package is missing or at another version).
+pub fn python_with_sdk() -> PathBuf {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MAKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let python = venv.join("bin/python");
+    let check = format!(
+        "import importlib.metadata as m, sys; sys.exit(not (m.version('openai') == '{}' and \
+         m.version('jsonschema') == '{}'))",
+        &OPENAI_SDK[8..],
+        &JSONSCHEMA[12..]
+    );
+    let ready =
+        |py: &PathBuf| Command::new(py).args(["-c", &check]).status().is_ok_and(|s| s.success());
+    if ready(&python) {
+        return python;
+    }
+    if !python.exists() {
+        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
+        assert!(status.success(), "python3 -m venv failed");
+    }
+    let status = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", OPENAI_SDK])
+        .arg(JSONSCHEMA)
+        .status()
+        .unwrap();
+    assert!(status.success(), "pip install {OPENAI_SDK} {JSONSCHEMA} failed");
+    assert!(ready(&python));
+    python
 }

@@ -1,0 +1,204 @@
+//! A chat request's conversation turned into prompt tokens: messages checked (roles, content
+//! parts, tool calls and tool results), rendered with the chat template together with the
+//! request's tools and `chat_template_kwargs`, and tokenized with client text kept as text.
+
+use std::sync::Arc;
+
+use kiln_core::TokenId;
+use serde_json::{Map, Value};
+
+use crate::chat_template::{ChatMessage, RESERVED_VARIABLES, RenderOptions};
+use crate::error::ApiError;
+use crate::protocol::{ChatMessageIn, MessageContent};
+use crate::state::Loaded;
+
+/// Most messages in one conversation.
+const MAX_MESSAGES: usize = 4096;
+/// Most content parts over all messages of one request.
+pub const MAX_CONTENT_PARTS: usize = 4096;
+/// Roles a message may have (`developer`, OpenAI's successor of `system`, is rendered as
+/// `system`).
+const ROLES: [&str; 5] = ["system", "user", "assistant", "developer", "tool"];
+
+fn bad_message(index: usize, message: impl Into<String>) -> ApiError {
+    ApiError::bad_param("messages", format!("messages[{index}]: {}", message.into()))
+}
+
+/// Messages as the template sees them: roles checked, `null` content only on assistant
+/// messages, at most [`MAX_CONTENT_PARTS`] text parts in all, an assistant's `tool_calls` with
+/// their `arguments` parsed into JSON objects.
+pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "`messages` must not be empty"));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::bad_param("messages", format!("at most {MAX_MESSAGES} messages")));
+    }
+    let mut num_parts = 0usize;
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(bad_message(
+                    index,
+                    format!(
+                        "unsupported role {:?} (supported: system, user, assistant, developer, \
+                         tool)",
+                        m.role
+                    ),
+                ));
+            }
+            let role = if m.role == "developer" { "system".to_owned() } else { m.role };
+            let content = match m.content {
+                None if role == "assistant" => String::new(),
+                None => {
+                    return Err(bad_message(index, format!("`content` is required for role {role:?}")));
+                }
+                Some(MessageContent::Text(t)) => t,
+                Some(MessageContent::Parts(parts)) => {
+                    num_parts += parts.len();
+                    if num_parts > MAX_CONTENT_PARTS {
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            format!("at most {MAX_CONTENT_PARTS} content parts per request"),
+                        ));
+                    }
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            ("text", None) => {
+                                return Err(bad_message(index, "a `text` part needs `text`"));
+                            }
+                            (kind, _) => {
+                                return Err(bad_message(
+                                    index,
+                                    format!("content parts of type {kind:?} are not supported (text only)"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            let tool_calls = match m.tool_calls {
+                None | Some(Value::Null) => None,
+                Some(_) if role != "assistant" => {
+                    return Err(bad_message(index, "only assistant messages carry `tool_calls`"));
+                }
+                Some(calls) => Some(tool_calls(index, calls)?),
+            };
+            Ok(ChatMessage { role, content, tool_calls, tool_call_id: m.tool_call_id, name: m.name })
+        })
+        .collect()
+}
+
+/// An assistant's `tool_calls`, each `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, with `arguments` (a JSON string in the API) parsed into an object for the
+/// template, as vLLM passes them.
+fn tool_calls(index: usize, calls: Value) -> Result<Vec<Value>, ApiError> {
+    let Value::Array(calls) = calls else {
+        return Err(bad_message(index, "`tool_calls` must be a list"));
+    };
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut call)| {
+            let at = |m: &str| bad_message(index, format!("tool_calls[{i}]: {m}"));
+            let function = call.get_mut("function").and_then(Value::as_object_mut);
+            let Some(function) = function else {
+                return Err(at("needs a `function` object"));
+            };
+            if !function.get("name").is_some_and(Value::is_string) {
+                return Err(at("`function.name` must be a string"));
+            }
+            let arguments = match function.get("arguments") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                Some(Value::String(s)) => serde_json::from_str::<Value>(s)
+                    .ok()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| at("`function.arguments` must be a JSON object's text"))?,
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(_) => return Err(at("`function.arguments` must be a JSON object's text")),
+            };
+            function.insert("arguments".into(), arguments);
+            Ok(call)
+        })
+        .collect()
+}
+
+/// `chat_template_kwargs`: an object whose keys are not the server's own variables.
+pub fn template_kwargs(kwargs: Option<Value>) -> Result<Map<String, Value>, ApiError> {
+    const P: &str = "chat_template_kwargs";
+    match kwargs {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(map)) => {
+            if let Some(key) = map.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+                return Err(ApiError::bad_param(
+                    P,
+                    format!("`{P}` may not set `{key}` (it has its own request field)"),
+                ));
+            }
+            Ok(map)
+        }
+        Some(_) => Err(ApiError::bad_param(P, format!("`{P}` must be an object"))),
+    }
+}
+
+/// Renders the conversation and tokenizes it on a blocking thread (templates are
+/// fuel-bounded, not free). Message content is literal text: control-token text in it never
+/// becomes a control token (`Tokenizer::encode_with_literals`); if the template transforms
+/// content so that it cannot be located in the prompt, content holding control-token text is
+/// refused (400, `messages`) rather than risk a forged turn. Tools, tool calls and message
+/// names are JSON the template may reshape, so control-token text in them is refused too.
+pub async fn render_tokens(
+    loaded: &Arc<Loaded>,
+    messages: Vec<ChatMessage>,
+    options: RenderOptions,
+    add_special_tokens: bool,
+) -> Result<Vec<TokenId>, ApiError> {
+    let loaded = Arc::clone(loaded);
+    tokio::task::spawn_blocking(move || {
+        let tokenizer = &loaded.tokenizer;
+        if let Some(tools) = &options.tools
+            && tokenizer.contains_control_text(&Value::from(tools.clone()).to_string())
+        {
+            return Err(ApiError::bad_param("tools", "`tools` holds control-token text"));
+        }
+        for (index, m) in messages.iter().enumerate() {
+            let calls = m.tool_calls.as_ref().map(|c| Value::from(c.clone()).to_string());
+            let fields = [calls.as_deref(), m.tool_call_id.as_deref(), m.name.as_deref()];
+            if fields.into_iter().flatten().any(|f| tokenizer.contains_control_text(f)) {
+                return Err(bad_message(
+                    index,
+                    "`tool_calls`, `tool_call_id` and `name` may not hold control-token text",
+                ));
+            }
+        }
+        let marked = loaded
+            .template
+            .render_marked(&messages, &options)
+            .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))?;
+        let literals = if let Some(ranges) = marked.content_ranges {
+            ranges
+        } else {
+            if let Some(index) =
+                messages.iter().position(|m| tokenizer.contains_control_text(&m.content))
+            {
+                return Err(bad_message(
+                    index,
+                    "the content holds control-token text and this chat template transforms \
+                     content, so it cannot be kept as plain text",
+                ));
+            }
+            Vec::new()
+        };
+        tokenizer
+            .encode_with_literals(&marked.text, &literals, add_special_tokens)
+            .map(|ids| ids.into_iter().map(TokenId).collect())
+            .map_err(|e| ApiError::bad_param("messages", format!("could not tokenize: {e}")))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("template task failed: {e}")))?
+}
