@@ -2,7 +2,8 @@
 //! the longest context) and a roofline estimate of decode and prefill speed from the machine's
 //! memory bandwidth and peak arithmetic rate.
 //!
-//! Capacity: `kv_bytes_per_token = 2 × num_layers × num_kv_heads × head_dim × bytes_per_elem`
+//! Capacity: `kv_bytes_per_token = 2 × num_layers × num_kv_heads × (head_dim × bytes_per_elem
+//! + 4 × scales_per_row)` (f32 scales for the 8-bit types)
 //! (kiln stores every layer's full K and V, sliding-window layers included);
 //! `max_tokens = (memory − weights − reserve) / kv_bytes_per_token`.
 //!
@@ -57,35 +58,51 @@ impl ModelShape {
         4 * (self.num_heads * self.head_dim) as u64 * self.attended_positions(len)
     }
 
-    /// KV cache bytes per token over all layers.
+    /// KV cache bytes per token over all layers (8-bit types: with their scales).
     pub fn kv_bytes_per_token(&self, dtype: KvDtype) -> u64 {
-        2 * (self.num_layers * self.num_kv_heads * self.head_dim) as u64 * dtype.bytes()
+        2 * (self.num_layers * self.num_kv_heads) as u64 * dtype.row_bytes(self.head_dim)
     }
 
     /// K/V bytes one decode step reads for one sequence at context `len`.
     pub fn kv_bytes_read(&self, len: usize, dtype: KvDtype) -> u64 {
-        2 * (self.num_kv_heads * self.head_dim) as u64
-            * dtype.bytes()
-            * self.attended_positions(len)
+        2 * self.num_kv_heads as u64 * dtype.row_bytes(self.head_dim) * self.attended_positions(len)
     }
 }
 
-/// KV cache element types for planning.
+/// KV cache element types for planning: the engine's (`--kv-cache-dtype`) and bf16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
     F32,
     F16,
     Bf16,
     Int8,
+    Fp8E4M3,
+    Fp8E5M2,
 }
 
 impl KvDtype {
+    const ALL: [Self; 6] =
+        [Self::F32, Self::F16, Self::Bf16, Self::Int8, Self::Fp8E4M3, Self::Fp8E5M2];
+
+    /// Bytes of one element (scales not included).
     pub fn bytes(self) -> u64 {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
-            Self::Int8 => 1,
+            Self::Int8 | Self::Fp8E4M3 | Self::Fp8E5M2 => 1,
         }
+    }
+
+    /// Bytes of one (token, KV head) row of `head_dim` elements, as the engine stores it: the
+    /// 8-bit types add f32 scales, one per 64 elements for int8 (where `head_dim` is a multiple
+    /// of 64), one per row otherwise.
+    pub fn row_bytes(self, head_dim: usize) -> u64 {
+        let scales = match self {
+            Self::Int8 if head_dim.is_multiple_of(64) => head_dim / 64,
+            Self::Int8 | Self::Fp8E4M3 | Self::Fp8E5M2 => 1,
+            Self::F32 | Self::F16 | Self::Bf16 => 0,
+        };
+        (head_dim as u64) * self.bytes() + 4 * scales as u64
     }
 
     pub fn name(self) -> &'static str {
@@ -94,6 +111,8 @@ impl KvDtype {
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
             Self::Int8 => "int8",
+            Self::Fp8E4M3 => "fp8_e4m3",
+            Self::Fp8E5M2 => "fp8_e5m2",
         }
     }
 }
@@ -102,10 +121,12 @@ impl std::str::FromStr for KvDtype {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        [Self::F32, Self::F16, Self::Bf16, Self::Int8]
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("`{s}` is not a KV dtype (f32, f16, bf16 or int8)"))
+        if s == "fp8" {
+            return Ok(Self::Fp8E4M3);
+        }
+        Self::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
+            format!("`{s}` is not a KV dtype (f32, f16, bf16, int8, fp8 = fp8_e4m3, fp8_e5m2)")
+        })
     }
 }
 
@@ -221,7 +242,11 @@ mod tests {
         assert_eq!(g.kv_bytes_per_token(KvDtype::F32), 36_864);
         assert_eq!(g.kv_bytes_per_token(KvDtype::F16), 18_432);
         assert_eq!("bf16".parse::<KvDtype>(), Ok(KvDtype::Bf16));
-        assert!("fp8".parse::<KvDtype>().is_err());
+        assert_eq!("fp8".parse::<KvDtype>(), Ok(KvDtype::Fp8E4M3));
+        assert!("fp4".parse::<KvDtype>().is_err());
+        // 8-bit: one byte per element and f32 scales (int8: 4 per row of 256; fp8: 1).
+        assert_eq!(g.kv_bytes_per_token(KvDtype::Int8), 2 * 18 * (256 + 16));
+        assert_eq!(g.kv_bytes_per_token(KvDtype::Fp8E4M3), 2 * 18 * (256 + 4));
         // Context 2048: 3 global layers see 2048, 15 sliding see 512 → 13,824 positions.
         assert_eq!(g.attended_positions(2048), 13_824);
         assert_eq!(g.attended_positions(100), 1_800);

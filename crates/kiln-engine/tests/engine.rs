@@ -26,8 +26,8 @@ fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: us
     engine_of(KvCacheDtype::F32, prefix_caching, num_kv_blocks, max_num_batched_tokens)
 }
 
-/// The invariants below hold for both KV cache element types.
-const DTYPES: [KvCacheDtype; 2] = [KvCacheDtype::F32, KvCacheDtype::F16];
+/// The invariants below hold for every KV cache element type (8-bit ones included).
+const DTYPES: [KvCacheDtype; 5] = KvCacheDtype::ALL;
 
 fn engine_of(
     kv_cache_dtype: KvCacheDtype,

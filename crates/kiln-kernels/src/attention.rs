@@ -19,8 +19,17 @@
 //!
 //! The cache holds f32 or f16 elements ([`KvElem`]); [`write_kv`] rounds to f16 (nearest even)
 //! and the kernels widen exactly, so an f16 cache changes the stored values, never the
-//! arithmetic done on them.
+//! arithmetic done on them. An 8-bit cache ([`QuantKv`], written by [`write_kv_quant`]) is
+//! read the same way: a task dequantizes the rows of a block it attends into per-thread f32
+//! scratch (`code_value × scale`, [`crate::kv_quant`]) and runs the f32 inner loops on them, so
+//! its output is bitwise that of an f32 cache holding the dequantized values (tested). Where
+//! the rows are Hadamard-rotated, the task also rotates its query rows (`H·q / head_dim`) and
+//! its output rows back (`H·o / head_dim`), each row alone, so every invariant above holds.
 
+use std::cell::RefCell;
+use std::ops::Range;
+
+use crate::kv_quant::{self, RowCodec};
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool, vmath};
 
@@ -107,6 +116,50 @@ pub fn write_kv<E: KvElem>(
     }
 }
 
+/// One layer of an 8-bit cache: per K and V, codes `[slots, num_kv_heads, head_dim]` and
+/// scales `[slots, num_kv_heads, scales_per_row]`.
+#[derive(Clone, Copy)]
+pub struct QuantKv<'a> {
+    pub codec: RowCodec,
+    pub k: (&'a [u8], &'a [f32]),
+    pub v: (&'a [u8], &'a [f32]),
+}
+
+/// [`write_kv`] into an 8-bit cache: each (token, KV head) row of `head_dim` elements of `k`
+/// and `v` (`[num_tokens, num_kv_heads, head_dim]`) encoded alone into its slot.
+pub fn write_kv_quant(
+    codec: RowCodec,
+    k: &[f32],
+    v: &[f32],
+    slot_mapping: &[u32],
+    k_cache: (&mut [u8], &mut [f32]),
+    v_cache: (&mut [u8], &mut [f32]),
+) {
+    let num_tokens = slot_mapping.len();
+    if num_tokens == 0 {
+        return;
+    }
+    let (hd, spr) = (codec.head_dim, codec.scales_per_row());
+    let row = k.len() / num_tokens;
+    assert!(k.len() == v.len() && k.len() == num_tokens * row && row.is_multiple_of(hd));
+    let heads = row / hd;
+    let mut tmp = Vec::new();
+    for (src, (codes, scales)) in [(k, k_cache), (v, v_cache)] {
+        for (t, &slot) in slot_mapping.iter().enumerate() {
+            for h in 0..heads {
+                let r = slot as usize * heads + h;
+                let x = &src[(t * heads + h) * hd..][..hd];
+                codec.encode(
+                    x,
+                    &mut tmp,
+                    &mut codes[r * hd..][..hd],
+                    &mut scales[r * spr..][..spr],
+                );
+            }
+        }
+    }
+}
+
 /// Query tokens per task: with the heads of one KV head they form up to 16 rows that share
 /// every K/V block while it is in L1.
 fn tile_tokens(group: usize) -> usize {
@@ -118,11 +171,40 @@ fn tile_tokens(group: usize) -> usize {
 /// Tasks are (sequence, tile of query tokens, KV head). Each output row is computed by the same
 /// sequence of operations whatever tile, batch or chunk it belongs to, so batching and chunked
 /// prefill never change a bit of it.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
     q: &[f32],
     k_cache: &[E],
     v_cache: &[E],
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    shape: &AttentionShape,
+    out: &mut [f32],
+) {
+    let source = PlainKv { k: k_cache, v: v_cache };
+    run_attention(pool, q, &source, seqs, block_tables, shape, out);
+}
+
+/// [`paged_attention`] over an 8-bit cache: bitwise the result over an f32 cache holding each
+/// element's `code_value × scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_quant(
+    pool: &ThreadPool,
+    q: &[f32],
+    kv: QuantKv<'_>,
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    shape: &AttentionShape,
+    out: &mut [f32],
+) {
+    run_attention(pool, q, &kv, seqs, block_tables, shape, out);
+}
+
+fn run_attention<S: KvSource>(
+    pool: &ThreadPool,
+    q: &[f32],
+    source: &S,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
     shape: &AttentionShape,
@@ -149,10 +231,142 @@ pub fn paged_attention<E: KvElem>(
         let tokens = first..(first + tile).min(seq.query_len);
         let block_table = &block_tables[seq.block_table_start..];
         let tile_job = Tile { seq, tokens, kv_head, block_table };
-        // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint from
-        // every other task's rows).
-        unsafe { attend_tile(level, q, k_cache, v_cache, &tile_job, shape, out_ptr) };
+        SCRATCH.with_borrow_mut(|scratch| {
+            // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint
+            // from every other task's rows).
+            unsafe { attend_tile(level, q, source, &tile_job, shape, scratch, out_ptr) };
+        });
     });
+}
+
+thread_local! {
+    /// Per-thread buffers of 8-bit caches (unused by f32/f16 caches; they grow to the largest
+    /// block and tile seen).
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { q: Vec::new(), kv: KvScratch { k: Vec::new(), v: Vec::new() } })
+    };
+}
+
+/// See [`SCRATCH`].
+struct Scratch {
+    /// A tile's query rows, rotated: `[rows, head_dim]`.
+    q: Vec<f32>,
+    kv: KvScratch,
+}
+
+/// K and V rows dequantized from an 8-bit cache, `[block_size, head_dim]` each.
+struct KvScratch {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// The K and V rows of one block for one KV head: row `i` of the requested range starts at
+/// element `i * stride` of `k` and `v`.
+struct BlockKv<'a, E> {
+    k: &'a [E],
+    v: &'a [E],
+    stride: usize,
+}
+
+/// Where a task finds its KV head's keys and values, a block at a time.
+trait KvSource: Sync {
+    type Elem: KvElem;
+
+    /// Whether rows are stored Hadamard-rotated (queries and outputs are rotated alike).
+    fn rotated(&self) -> bool;
+
+    /// Asks for the rows of `kv_head` in physical block `block` ahead of their use (a hint).
+    fn prefetch(&self, block: usize, kv_head: usize, shape: &AttentionShape);
+
+    /// Offsets `rows` of physical block `block` for `kv_head`.
+    fn block<'a>(
+        &'a self,
+        level: SimdLevel,
+        block: usize,
+        rows: Range<usize>,
+        kv_head: usize,
+        shape: &AttentionShape,
+        scratch: &'a mut KvScratch,
+    ) -> BlockKv<'a, Self::Elem>;
+}
+
+/// An f32 or f16 cache, read in place.
+struct PlainKv<'a, E> {
+    k: &'a [E],
+    v: &'a [E],
+}
+
+impl<E: KvElem> KvSource for PlainKv<'_, E> {
+    type Elem = E;
+
+    fn rotated(&self) -> bool {
+        false
+    }
+
+    fn prefetch(&self, block: usize, kv_head: usize, shape: &AttentionShape) {
+        let (hd, bs, kv_row) =
+            (shape.head_dim, shape.block_size, shape.num_kv_heads * shape.head_dim);
+        let start = block * bs * kv_row + kv_head * hd;
+        let bytes = hd * size_of::<E>();
+        prefetch_rows(self.k, start, bs, kv_row, bytes);
+        prefetch_rows(self.v, start, bs, kv_row, bytes);
+    }
+
+    fn block<'a>(
+        &'a self,
+        _level: SimdLevel,
+        block: usize,
+        rows: Range<usize>,
+        kv_head: usize,
+        shape: &AttentionShape,
+        _scratch: &'a mut KvScratch,
+    ) -> BlockKv<'a, E> {
+        let kv_row = shape.num_kv_heads * shape.head_dim;
+        let start = (block * shape.block_size + rows.start) * kv_row + kv_head * shape.head_dim;
+        BlockKv { k: &self.k[start..], v: &self.v[start..], stride: kv_row }
+    }
+}
+
+impl KvSource for QuantKv<'_> {
+    type Elem = f32;
+
+    fn rotated(&self) -> bool {
+        self.codec.rotate
+    }
+
+    fn prefetch(&self, block: usize, kv_head: usize, shape: &AttentionShape) {
+        let (hd, bs, heads) = (shape.head_dim, shape.block_size, shape.num_kv_heads);
+        let spr = self.codec.scales_per_row();
+        let first_row = block * bs * heads + kv_head;
+        for (codes, scales) in [self.k, self.v] {
+            prefetch_rows(codes, first_row * hd, bs, heads * hd, hd);
+            prefetch_rows(scales, first_row * spr, 1, 0, bs * heads * spr * size_of::<f32>());
+        }
+    }
+
+    fn block<'a>(
+        &'a self,
+        level: SimdLevel,
+        block: usize,
+        rows: Range<usize>,
+        kv_head: usize,
+        shape: &AttentionShape,
+        scratch: &'a mut KvScratch,
+    ) -> BlockKv<'a, f32> {
+        let (hd, heads, spr) = (shape.head_dim, shape.num_kv_heads, self.codec.scales_per_row());
+        let len = rows.len() * hd;
+        for ((codes, scales), buf) in [(self.k, &mut scratch.k), (self.v, &mut scratch.v)] {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            for (i, offset) in rows.clone().enumerate() {
+                let r = (block * shape.block_size + offset) * heads + kv_head;
+                let dst = &mut buf[i * hd..][..hd];
+                self.codec.decode(level, &codes[r * hd..][..hd], &scales[r * spr..][..spr], dst);
+            }
+        }
+        BlockKv { k: &scratch.k[..len], v: &scratch.v[..len], stride: hd }
+    }
 }
 
 /// The query rows one task computes.
@@ -168,17 +382,16 @@ struct Tile<'a> {
 ///
 /// # Safety
 /// No other thread may access the tile's rows of `out` meanwhile.
-unsafe fn attend_tile<E: KvElem>(
+unsafe fn attend_tile<S: KvSource>(
     level: SimdLevel,
     q: &[f32],
-    k_cache: &[E],
-    v_cache: &[E],
+    source: &S,
     tile: &Tile<'_>,
     shape: &AttentionShape,
+    scratch: &mut Scratch,
     out: SharedMut<f32>,
 ) {
     let (hd, bs, group) = (shape.head_dim, shape.block_size, shape.group());
-    let kv_row = shape.num_kv_heads * hd;
     let q_row = shape.num_heads * hd;
     let seq = tile.seq;
     let num_rows = tile.tokens.len() * group;
@@ -188,11 +401,24 @@ unsafe fn attend_tile<E: KvElem>(
         max: [f32::NEG_INFINITY; MAX_GROUP],
         sum: [0.0; MAX_GROUP],
         offset: [0; MAX_GROUP],
+        q_offset: [0; MAX_GROUP],
         scores: [[0.0; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
     };
+    let rotated = source.rotated();
+    if rotated && scratch.q.len() < num_rows * hd {
+        scratch.q.resize(num_rows * hd, 0.0);
+    }
     for r in 0..num_rows {
         let token = seq.query_start + tile.tokens.start + r / group;
         st.offset[r] = token * q_row + (tile.kv_head * group + r % group) * hd;
+        st.q_offset[r] = st.offset[r];
+        if rotated {
+            // Rows stored as `H·k` pair with `H·q / head_dim`.
+            let qr = &mut scratch.q[r * hd..][..hd];
+            qr.copy_from_slice(&q[st.offset[r]..][..hd]);
+            kv_quant::hadamard_scaled(qr);
+            st.q_offset[r] = r * hd;
+        }
         st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
         st.lo[r] = shape.sliding_window.map_or(0, |w| (st.pos[r] + 1).saturating_sub(w));
         // SAFETY: the caller grants this tile's rows.
@@ -203,12 +429,8 @@ unsafe fn attend_tile<E: KvElem>(
     let range = |st: &RowState, r: usize, block: usize| {
         ((block * bs).max(st.lo[r]), ((block + 1) * bs).min(st.pos[r] + 1))
     };
-    // Keys and values of a block: `bs` rows of `hd` elements at stride `kv_row`.
     let prefetch_block = |block: usize| {
-        let start = tile.block_table[block] as usize * bs * kv_row + tile.kv_head * hd;
-        let bytes = hd * std::mem::size_of::<E>();
-        prefetch_rows(k_cache, start, bs, kv_row, bytes);
-        prefetch_rows(v_cache, start, bs, kv_row, bytes);
+        source.prefetch(tile.block_table[block] as usize, tile.kv_head, shape);
     };
     for block in first_block..(first_block + PREFETCH_BLOCKS).min(last_block + 1) {
         prefetch_block(block);
@@ -217,6 +439,21 @@ unsafe fn attend_tile<E: KvElem>(
         if block + PREFETCH_BLOCKS <= last_block {
             prefetch_block(block + PREFETCH_BLOCKS);
         }
+        // The keys of this block any row sees.
+        let (mut u0, mut u1) = (usize::MAX, 0);
+        for r in 0..num_rows {
+            let (j0, j1) = range(&st, r, block);
+            if j0 < j1 {
+                (u0, u1) = (u0.min(j0), u1.max(j1));
+            }
+        }
+        if u0 >= u1 {
+            continue;
+        }
+        let (id, base) = (tile.block_table[block] as usize, block * bs);
+        let kv =
+            source.block(level, id, u0 - base..u1 - base, tile.kv_head, shape, &mut scratch.kv);
+        let q: &[f32] = if rotated { &scratch.q } else { q };
         let mut r = 0;
         while r < num_rows {
             let (j0, j1) = range(&st, r, block);
@@ -230,17 +467,17 @@ unsafe fn attend_tile<E: KvElem>(
             while n < micro::MAX_ROWS && r + n < num_rows && range(&st, r + n, block) == (j0, j1) {
                 n += 1;
             }
-            // Where the K and V rows of key `j0` start in the caches.
-            let slot = tile.block_table[j0 / bs] as usize * bs + j0 % bs;
-            let kv = slot * kv_row + tile.kv_head * hd;
-            let job = Rows { first: r, keys: j1 - j0, k: &k_cache[kv..], v: &v_cache[kv..] };
+            // Where the K and V rows of key `j0` start.
+            let at = (j0 - u0) * kv.stride;
+            let job =
+                Rows { first: r, keys: j1 - j0, k: &kv.k[at..], v: &kv.v[at..], stride: kv.stride };
             // SAFETY: the caller grants this tile's rows.
             unsafe {
                 match n {
-                    1 => attend_rows::<E, 1>(level, q, &job, shape, &mut st, out),
-                    2 => attend_rows::<E, 2>(level, q, &job, shape, &mut st, out),
-                    3 => attend_rows::<E, 3>(level, q, &job, shape, &mut st, out),
-                    _ => attend_rows::<E, 4>(level, q, &job, shape, &mut st, out),
+                    1 => attend_rows::<S::Elem, 1>(level, q, &job, shape, &mut st, out),
+                    2 => attend_rows::<S::Elem, 2>(level, q, &job, shape, &mut st, out),
+                    3 => attend_rows::<S::Elem, 3>(level, q, &job, shape, &mut st, out),
+                    _ => attend_rows::<S::Elem, 4>(level, q, &job, shape, &mut st, out),
                 }
             }
             r += n;
@@ -249,8 +486,13 @@ unsafe fn attend_tile<E: KvElem>(
     for (r, total) in st.sum[..num_rows].iter().enumerate() {
         let inv = 1.0 / total;
         // SAFETY: the caller grants this tile's rows.
-        for a in unsafe { out.slice(st.offset[r], hd) } {
+        let row = unsafe { out.slice(st.offset[r], hd) };
+        for a in row.iter_mut() {
             *a *= inv;
+        }
+        if rotated {
+            // The output accumulated `H·v` rows: `H·o / head_dim` is `o`.
+            kv_quant::hadamard_scaled(row);
         }
     }
 }
@@ -265,7 +507,7 @@ const PREFETCH_BLOCKS: usize = 2;
 /// (`T0`): on AMD Zen 5 batch-16 and batch-64 decode gained 3–12 % over `T1` (A/B of the
 /// hint alone). A hint only: results never depend on it.
 #[inline]
-fn prefetch_rows<E: KvElem>(cache: &[E], start: usize, rows: usize, stride: usize, bytes: usize) {
+fn prefetch_rows<T>(cache: &[T], start: usize, rows: usize, stride: usize, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in 0..rows {
         let row = cache.as_ptr().wrapping_add(start + i * stride).cast::<u8>();
@@ -280,23 +522,26 @@ fn prefetch_rows<E: KvElem>(cache: &[E], start: usize, rows: usize, stride: usiz
 }
 
 /// Per row `r` = (token, head) of a tile: position, first visible key, running max and sum,
-/// offset of its query and output row; and the scores of the rows being processed.
+/// offset of its output row (and of its query row in `q`, or in the rotated queries); and the
+/// scores of the rows being processed.
 struct RowState {
     pos: [usize; MAX_GROUP],
     lo: [usize; MAX_GROUP],
     max: [f32; MAX_GROUP],
     sum: [f32; MAX_GROUP],
     offset: [usize; MAX_GROUP],
+    q_offset: [usize; MAX_GROUP],
     scores: [[f32; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
 }
 
 /// Rows `first..first + R` of a tile against the same `keys` consecutive keys of one block,
-/// whose K and V rows start at `k` and `v` (stride `num_kv_heads * head_dim`).
+/// whose K and V rows start at `k` and `v`, `stride` elements apart.
 struct Rows<'a, E> {
     first: usize,
     keys: usize,
     k: &'a [E],
     v: &'a [E],
+    stride: usize,
 }
 
 /// One block's online-softmax step for `R` rows: scores, rescaling by the new running max,
@@ -312,17 +557,16 @@ unsafe fn attend_rows<E: KvElem, const R: usize>(
     st: &mut RowState,
     out: SharedMut<f32>,
 ) {
-    let (hd, kv_row, n, r0) =
-        (shape.head_dim, shape.num_kv_heads * shape.head_dim, job.keys, job.first);
+    let (hd, stride, n, r0) = (shape.head_dim, job.stride, job.keys, job.first);
     let offset: [usize; R] = std::array::from_fn(|i| st.offset[r0 + i]);
-    let qr = offset.map(|o| &q[o..][..hd]);
+    let qr: [&[f32]; R] = std::array::from_fn(|i| &q[st.q_offset[r0 + i]..][..hd]);
     let [s0, s1, s2, s3] = &mut st.scores;
     let all = [s0, s1, s2, s3];
     let mut scores: [&mut [f32]; R] = {
         let mut it = all.into_iter();
         std::array::from_fn(|_| &mut it.next().expect("R <= MAX_ROWS")[..n])
     };
-    micro::scores_rows(level, qr, job.k, kv_row, scores.each_mut().map(|s| &mut **s));
+    micro::scores_rows(level, qr, job.k, stride, scores.each_mut().map(|s| &mut **s));
     // SAFETY: the rows are distinct and granted by the caller.
     let mut acc: [&mut [f32]; R] = offset.map(|o| unsafe { out.slice(o, hd) });
     // The rows' running values are independent chains, interleaved so that their latencies
@@ -361,7 +605,7 @@ unsafe fn attend_rows<E: KvElem, const R: usize>(
     }
     st.sum[r0..r0 + R].copy_from_slice(&sum);
     let p = scores.each_ref().map(|s| &**s);
-    micro::accumulate_rows(level, acc.each_mut().map(|a| &mut **a), p, job.v, kv_row);
+    micro::accumulate_rows(level, acc.each_mut().map(|a| &mut **a), p, job.v, stride);
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod attention;
 mod cpu;
 mod host_rows;
 pub mod huge_pages;
+pub mod kv_quant;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

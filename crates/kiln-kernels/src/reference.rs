@@ -8,8 +8,9 @@
 //! Weights are dequantized to f32 at load with the format reference ([`dequantize_row`]); a
 //! conversion (`--quantization`) is applied by quantizing each row and dequantizing it again,
 //! so the reference sees the same weight values as the CPU backend. The KV store keeps f32
-//! values, rounded through f16 first when the cache dtype is f16, as the CPU backend stores
-//! them.
+//! values, rounded through f16 first when the cache dtype is f16, or each (token, KV head) row
+//! encoded and decoded again (its rotation undone) for the 8-bit dtypes: the values the CPU
+//! backend's kernels work with, in the model's own basis.
 
 use std::ops::Range;
 
@@ -19,9 +20,9 @@ use kiln_backend::{
     KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
 };
 
-use crate::host_rows;
 use crate::quant::{dequantize_row, quantize_row};
 use crate::rope::Rope;
+use crate::{host_rows, kv_quant};
 
 /// The scalar reference backend (tests only; slow by design).
 #[derive(Clone, Copy, Debug, Default)]
@@ -280,14 +281,30 @@ impl Backend for Reference {
     }
 
     fn write_kv(&self, kv: &mut RefKvStore, layer: usize, k: &[f32], v: &[f32], slots: &[u32]) {
-        let row = kv.spec.layout.num_kv_heads * kv.spec.layout.head_dim;
-        let f16 = kv.spec.dtype == KvCacheDtype::F16;
-        let store = |x: f32| if f16 { f16::from_f32(x).to_f32() } else { x };
+        let hd = kv.spec.layout.head_dim;
+        let row = kv.spec.layout.num_kv_heads * hd;
+        let dtype = kv.spec.dtype;
+        // The value the CPU backend's kernels read back: f16-rounded, or an 8-bit row's
+        // `code_value × scale` (rotated back where the codec rotates).
+        let store = |src: &[f32], dst: &mut [f32]| match kv_quant::RowCodec::new(dtype, hd) {
+            Some(codec) => {
+                let mut codes = vec![0u8; hd];
+                let mut scales = vec![0.0; codec.scales_per_row()];
+                codec.encode(src, &mut Vec::new(), &mut codes, &mut scales);
+                codec.decode_unrotated(&codes, &scales, dst);
+            }
+            None if dtype == KvCacheDtype::F16 => {
+                for (d, &x) in dst.iter_mut().zip(src) {
+                    *d = f16::from_f32(x).to_f32();
+                }
+            }
+            None => dst.copy_from_slice(src),
+        };
         for (t, &slot) in slots.iter().enumerate() {
             let dst = slot as usize * row;
-            for i in 0..row {
-                kv.k[layer][dst + i] = store(k[t * row + i]);
-                kv.v[layer][dst + i] = store(v[t * row + i]);
+            for i in (0..row).step_by(hd) {
+                store(&k[t * row + i..][..hd], &mut kv.k[layer][dst + i..][..hd]);
+                store(&v[t * row + i..][..hd], &mut kv.v[layer][dst + i..][..hd]);
             }
         }
     }

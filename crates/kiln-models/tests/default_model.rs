@@ -57,8 +57,17 @@ fn model() -> &'static LoadedModel<Cpu> {
 
 /// An f32 KV cache of `num_blocks` blocks for `loaded`.
 fn kv_cache(loaded: &LoadedModel<Cpu>, num_blocks: usize) -> kiln_kernels::CpuKvStore {
+    kv_cache_of(loaded, KvCacheDtype::F32, num_blocks)
+}
+
+/// A KV cache of `dtype` and `num_blocks` blocks for `loaded`.
+fn kv_cache_of(
+    loaded: &LoadedModel<Cpu>,
+    dtype: KvCacheDtype,
+    num_blocks: usize,
+) -> kiln_kernels::CpuKvStore {
     let layout = loaded.model.kv_layout();
-    let spec = KvCacheSpec { layout, dtype: KvCacheDtype::F32, num_blocks, block_size: BLOCK_SIZE };
+    let spec = KvCacheSpec { layout, dtype, num_blocks, block_size: BLOCK_SIZE };
     loaded.model.backend().alloc_kv(spec).unwrap()
 }
 
@@ -320,4 +329,88 @@ fn teacher_forced_distribution_matches_llama_cpp() {
     );
     assert!(agreement >= 0.97, "top-1 agreement {agreement}");
     assert!(mean <= MAX_MEAN_DLOGPROB, "mean |dlogprob| {mean}");
+}
+
+/// Log-probabilities at every position of `tokens` in one forward pass over a `dtype` cache.
+fn one_shot_logprobs(
+    loaded: &LoadedModel<Cpu>,
+    dtype: KvCacheDtype,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    let num_blocks = tokens.len().div_ceil(BLOCK_SIZE);
+    let mut kv = kv_cache_of(loaded, dtype, num_blocks);
+    // Blocks in a scrambled order, as the engine hands them out.
+    let table: Vec<u32> = (0..num_blocks as u32).map(|b| (b * 7) % num_blocks as u32).collect();
+    assert!(!num_blocks.is_multiple_of(7), "the scrambled table must be a permutation");
+    let mut batch = ForwardBatch::new(BLOCK_SIZE);
+    batch.push_seq(tokens, 0, &table, LogitsWanted::All).unwrap();
+    let (mut workspace, mut logits) = (Workspace::new(), Logits::default());
+    loaded.model.forward(&batch, &mut kv, &mut workspace, &mut logits).unwrap();
+    (0..tokens.len()).map(|i| log_softmax(logits.row(i))).collect()
+}
+
+/// The 8-bit KV caches against the f16 one (the default), teacher-forced over a committed
+/// 1,000-word passage (prose, a table, code; 1,380 tokens, past the 512-token sliding window, so
+/// the global layers read a long context). Measured on the default model's weights dequantized
+/// to f32: on the model as shipped, int8 activations re-round whenever K or V change at all,
+/// so even an f32 cache is ~0.1 nat from the f16 one there and hides what the cache's own
+/// rounding does (the test prints that floor). `int8` keeps the mean |Δ logprob| over the f16
+/// top 5 within 0.03 nat and the f16 cache's top-1 token at 98.7 % of positions (bound 98.5 %;
+/// the 99 % aimed for is not reached); the FP8 formats are held to the bounds measured for them
+/// (docs/BENCHMARKS.md has the figures).
+#[test]
+fn eight_bit_kv_cache_stays_close_to_f16_teacher_forced() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/text/long_passage.txt");
+    let text = std::fs::read_to_string(path).unwrap();
+    let tokens = model().tokenizer.encode(&text, true).unwrap();
+    assert!(tokens.len() > 1000, "{} tokens", tokens.len());
+    let shipped_f32 = one_shot_logprobs(model(), KvCacheDtype::F32, &tokens);
+    let shipped_f16 = one_shot_logprobs(model(), KvCacheDtype::F16, &tokens);
+    let (agreement, mean, _) = compare_top5(&shipped_f16, &shipped_f32);
+    eprintln!(
+        "as shipped (int8 activations): f32 cache vs f16 cache: top-1 {:.2}%, mean {mean:.4} nat",
+        agreement * 100.0
+    );
+    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let loaded = load_model_with(model_path(), &options, cpu()).unwrap();
+    let f16 = one_shot_logprobs(&loaded, KvCacheDtype::F16, &tokens);
+    // (dtype, min top-1 agreement, max mean |dlogprob| over the f16 top 5)
+    let bounds = [
+        (KvCacheDtype::F32, 0.999, 0.002),
+        (KvCacheDtype::Int8, 0.985, 0.03),
+        (KvCacheDtype::Fp8E4M3, 0.95, 0.11),
+        (KvCacheDtype::Fp8E5M2, 0.90, 0.23),
+    ];
+    for (dtype, min_agreement, max_mean) in bounds {
+        let ours = one_shot_logprobs(&loaded, dtype, &tokens);
+        let (agreement, mean, worst) = compare_top5(&f16, &ours);
+        eprintln!(
+            "{}: top-1 agreement with f16 {:.2}% of {} positions, mean |dlogprob| over the f16 \
+             top 5 {mean:.4} nat (max {worst:.3})",
+            dtype.name(),
+            agreement * 100.0,
+            f16.len(),
+        );
+        assert!(agreement >= min_agreement, "{}: top-1 agreement {agreement}", dtype.name());
+        assert!(mean <= max_mean, "{}: mean |dlogprob| {mean}", dtype.name());
+    }
+}
+
+/// (top-1 agreement, mean and max |Δ logprob| over `base`'s top 5) of `ours` against `base`,
+/// both `[position][vocab]`.
+fn compare_top5(base: &[Vec<f32>], ours: &[Vec<f32>]) -> (f64, f64, f32) {
+    let (mut agree, mut sum, mut n, mut worst) = (0usize, 0f64, 0usize, 0f32);
+    for (a, b) in base.iter().zip(ours) {
+        if argmax(a) == argmax(b) {
+            agree += 1;
+        }
+        let mut top: Vec<usize> = (0..a.len()).collect();
+        top.select_nth_unstable_by(4, |&i, &j| a[j].total_cmp(&a[i]));
+        for &t in &top[..5] {
+            let d = (a[t] - b[t]).abs();
+            (sum, n, worst) = (sum + f64::from(d), n + 1, worst.max(d));
+        }
+    }
+    (agree as f64 / base.len() as f64, sum / n as f64, worst)
 }

@@ -83,8 +83,9 @@ pub struct EngineArgs {
     /// remaining work; the last two age so nothing starves.
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: Policy,
-    /// Element type of the KV cache, f16 or f32: f16 (as llama.cpp's default) halves its
-    /// memory and the bytes attention reads; f32 keeps K and V unrounded.
+    /// Element type of the KV cache: f16 (as llama.cpp's default) halves f32's memory and the
+    /// bytes attention reads; int8, fp8 (= fp8_e4m3) and fp8_e5m2 halve them again (one byte
+    /// per element plus a scale per token and KV head); f32 keeps K and V unrounded.
     #[arg(long, default_value = EngineConfig::default().kv_cache_dtype.name())]
     pub kv_cache_dtype: KvCacheDtype,
     /// Speculative decoding, vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": K,

@@ -32,8 +32,8 @@ pub struct PlanArgs {
     /// Tokens per request for the sequence count; default: the model's context length.
     #[arg(long)]
     max_model_len: Option<usize>,
-    /// KV cache element type to plan for: f32, f16, bf16 or int8 (kiln's engine stores f32
-    /// or f16; default: the engine's).
+    /// KV cache element type to plan for: f32, f16, bf16, int8, fp8 (= fp8_e4m3) or fp8_e5m2
+    /// (the engine stores all but bf16; default: the engine's).
     #[arg(long, default_value = EngineConfig::default().kv_cache_dtype.name())]
     kv_cache_dtype: KvDtype,
     /// Context length of the decode estimate.
@@ -48,8 +48,8 @@ pub struct PlanArgs {
     /// Matmul rate in GOP/s instead of probing it.
     #[arg(long)]
     peak_gops: Option<f64>,
-    /// Run the model and print measured beside predicted (with an f16 KV cache when
-    /// `--kv-cache-dtype f16`, else f32).
+    /// Run the model and print measured beside predicted (with the KV cache of
+    /// `--kv-cache-dtype`; f32 when planning for bf16).
     #[arg(long)]
     measure: bool,
     /// Kernel threads (0 = all cores).
@@ -186,7 +186,10 @@ fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model<Cpu>>) -> anyhow::
         threads: args.threads,
         kv_cache_dtype: match args.kv_cache_dtype {
             KvDtype::F16 => KvCacheDtype::F16,
-            _ => KvCacheDtype::F32,
+            KvDtype::Int8 => KvCacheDtype::Int8,
+            KvDtype::Fp8E4M3 => KvCacheDtype::Fp8E4M3,
+            KvDtype::Fp8E5M2 => KvCacheDtype::Fp8E5M2,
+            KvDtype::F32 | KvDtype::Bf16 => KvCacheDtype::F32,
         },
         ..EngineArgs::default()
     };
@@ -264,5 +267,36 @@ mod tests {
         let plan = Cli::try_parse_from(["kiln"]).unwrap().plan;
         let serve = EngineArgs::default().kv_cache_dtype;
         assert_eq!(plan.kv_cache_dtype.name(), serve.name());
+    }
+
+    /// `kiln plan` and the engine (its start-up log) count the same bytes per token for every
+    /// dtype the engine stores.
+    #[test]
+    fn plan_and_engine_agree_on_kv_bytes() {
+        let layout = kiln_models::KvLayout { num_layers: 18, num_kv_heads: 2, head_dim: 256 };
+        let shape = ModelShape {
+            weight_bytes: 0,
+            num_layers: 18,
+            hidden: 640,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 256,
+            intermediate: 2048,
+            vocab: 1000,
+            layer_windows: vec![None; 18],
+            max_position_embeddings: 4096,
+        };
+        for dtype in KvCacheDtype::ALL {
+            let planned: KvDtype = dtype.name().parse().unwrap();
+            assert_eq!(
+                shape.kv_bytes_per_token(planned),
+                layout.bytes_per_token(dtype) as u64,
+                "{}",
+                dtype.name()
+            );
+        }
+        let f16 = layout.bytes_per_token(KvCacheDtype::F16) as f64;
+        let int8 = layout.bytes_per_token(KvCacheDtype::Int8) as f64;
+        assert!(f16 / int8 > 1.88, "int8 holds {:.3}x the tokens of f16", f16 / int8);
     }
 }

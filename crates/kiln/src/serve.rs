@@ -271,7 +271,11 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         .max_model_len
         .map_or_else(|| model_max.min(default_blocks.max(1) * block_size), HumanCount::as_usize);
     let sizing = args.kv.resolve(bytes_per_block, max_model_len, || free, default_blocks)?;
-    tracing::info!("{}", sizing.describe(block_size, max_model_len));
+    tracing::info!(
+        "{} ({} elements)",
+        sizing.describe(block_size, max_model_len),
+        args.kv_cache_dtype.name()
+    );
     let builtin_template = builtin_template(model.config().architecture);
     let LoadedModel { model, mut tokenizer, generation_defaults } = loaded;
     if let Some(spec) = &args.tokenizer {

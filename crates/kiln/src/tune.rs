@@ -48,7 +48,7 @@ pub struct TuneArgs {
     /// Values of --scheduling-policy to try.
     #[arg(long, value_delimiter = ',')]
     scheduling_policy: Vec<String>,
-    /// Values of --kv-cache-dtype to try (f32, f16).
+    /// Values of --kv-cache-dtype to try (f32, f16, int8, fp8, fp8_e5m2).
     #[arg(long, value_delimiter = ',')]
     kv_cache_dtype: Vec<String>,
     /// Load levels: most requests in flight (all queued at once).

@@ -187,3 +187,90 @@ fn f16_row_conversion_equals_elementwise() {
         }
     }
 }
+
+/// An 8-bit cache gives bitwise the output of an f32 cache holding its dequantized values
+/// (each row's `code_value × scale`; for rotated int8 rows, with the queries rotated and the
+/// output rotated back as the kernel does), for every format, with sliding windows, a
+/// softcap, chunks and a partial last block; and it stays close to exact attention.
+#[test]
+fn quant_cache_equals_f32_cache_of_the_dequantized_values() {
+    use crate::kv_quant::{RowCodec, hadamard_scaled};
+    use kiln_backend::KvCacheDtype;
+    let pool = ThreadPool::new(2);
+    let cases =
+        [(Some(11), None, 40), (None, Some(5.0), 64), (None, None, 19), (Some(20), None, 128)];
+    for (window, softcap, head_dim) in cases {
+        let shape = AttentionShape {
+            num_heads: 8,
+            num_kv_heads: 2,
+            head_dim,
+            block_size: 8,
+            scale: 0.2,
+            sliding_window: window,
+            softcap,
+        };
+        let hd = shape.head_dim;
+        let kv_row = shape.num_kv_heads * hd;
+        let q_row = shape.num_heads * hd;
+        let (ctx, qlen) = (29usize, 6usize);
+        let slots_total = (ctx.div_ceil(shape.block_size) + 1) * shape.block_size;
+        let k = values(ctx * kv_row, 1);
+        let v = values(ctx * kv_row, 2);
+        // Blocks in a scrambled order.
+        let table: Vec<u32> = vec![3, 0, 2, 1];
+        let slots: Vec<u32> = (0..ctx)
+            .map(|j| table[j / shape.block_size] * shape.block_size as u32 + (j % 8) as u32)
+            .collect();
+        let seqs = [AttentionSeq {
+            query_start: 0,
+            query_len: qlen,
+            context_len: ctx,
+            block_table_start: 0,
+        }];
+        let q = values(qlen * q_row, 3);
+        for dtype in [KvCacheDtype::Int8, KvCacheDtype::Fp8E4M3, KvCacheDtype::Fp8E5M2] {
+            let codec = RowCodec::new(dtype, hd).unwrap();
+            let rows = slots_total * shape.num_kv_heads;
+            let spr = codec.scales_per_row();
+            let mut kc = (vec![0u8; rows * hd], vec![0.0f32; rows * spr]);
+            let mut vc = kc.clone();
+            write_kv_quant(codec, &k, &v, &slots, (&mut kc.0, &mut kc.1), (&mut vc.0, &mut vc.1));
+            let widen = |(codes, scales): &(Vec<u8>, Vec<f32>)| -> Vec<f32> {
+                let mut out = vec![0.0; rows * hd];
+                for r in 0..rows {
+                    let (c, s) = (&codes[r * hd..][..hd], &scales[r * spr..][..spr]);
+                    codec.decode(SimdLevel::Scalar, c, s, &mut out[r * hd..][..hd]);
+                }
+                out
+            };
+            let (k32, v32) = (widen(&kc), widen(&vc));
+            let mut q_in = q.clone();
+            if codec.rotate {
+                q_in.chunks_mut(hd).for_each(hadamard_scaled);
+            }
+            let mut want = vec![0.0; q.len()];
+            paged_attention(&pool, &q_in, &k32, &v32, &seqs, &table, &shape, &mut want);
+            if codec.rotate {
+                want.chunks_mut(hd).for_each(hadamard_scaled);
+            }
+            let mut got = vec![0.0; q.len()];
+            let kv = QuantKv { codec, k: (&kc.0, &kc.1), v: (&vc.0, &vc.1) };
+            paged_attention_quant(&pool, &q, kv, &seqs, &table, &shape, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{} window {window:?} hd {hd}", dtype.name());
+            // And close to attention over the exact values.
+            let mut exact = vec![0.0; q.len()];
+            let mut kx = vec![0.0; slots_total * kv_row];
+            let mut vx = kx.clone();
+            write_kv(&k, &v, &slots, &mut kx, &mut vx);
+            paged_attention(&pool, &q, &kx, &vx, &seqs, &table, &shape, &mut exact);
+            let err = got.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let tol = match dtype {
+                KvCacheDtype::Int8 => 0.05,
+                KvCacheDtype::Fp8E4M3 => 0.3,
+                _ => 0.6,
+            };
+            assert!(err < tol, "{}: max error {err}", dtype.name());
+        }
+    }
+}

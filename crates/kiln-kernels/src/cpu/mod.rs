@@ -20,7 +20,7 @@ use kiln_backend::{
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
 
 use crate::activation::gated_act_inplace;
-use crate::attention::{paged_attention, write_kv};
+use crate::attention::{QuantKv, paged_attention, paged_attention_quant, write_kv, write_kv_quant};
 use crate::host_rows;
 use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
@@ -207,6 +207,7 @@ impl Backend for Cpu {
         match kv.layer_mut(layer) {
             KvLayerMut::F32(kc, vc) => write_kv(k, v, slot_mapping, kc, vc),
             KvLayerMut::F16(kc, vc) => write_kv(k, v, slot_mapping, kc, vc),
+            KvLayerMut::Q8(codec, kc, vc) => write_kv_quant(codec, k, v, slot_mapping, kc, vc),
         }
     }
 
@@ -230,6 +231,10 @@ impl Backend for Cpu {
             }
             KvLayer::F16(kc, vc) => {
                 paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out);
+            }
+            KvLayer::Q8(codec, k, v) => {
+                let kv = QuantKv { codec, k, v };
+                paged_attention_quant(pool, q, kv, seqs, block_tables, shape, out);
             }
         }
     }

@@ -66,7 +66,8 @@ pub fn cpu() -> Arc<Cpu> {
     Arc::new(Cpu::new(2))
 }
 
-/// A model on backend `B` with an f32 KV cache of [`NUM_BLOCKS`] blocks.
+/// A model on backend `B` with a KV cache (f32 unless [`Runner::with_dtype`]) of [`NUM_BLOCKS`]
+/// blocks.
 pub struct Runner<B: Backend = Cpu> {
     pub loaded: LoadedModel<B>,
     pub kv: B::KvStore,
@@ -89,9 +90,14 @@ impl<B: Backend> Runner<B> {
     }
 
     pub fn with(loaded: LoadedModel<B>) -> Self {
+        Self::with_dtype(loaded, KvCacheDtype::F32)
+    }
+
+    /// As [`Runner::with`], with a KV cache of `dtype`.
+    pub fn with_dtype(loaded: LoadedModel<B>, dtype: KvCacheDtype) -> Self {
         let spec = KvCacheSpec {
             layout: loaded.model.kv_layout(),
-            dtype: KvCacheDtype::F32,
+            dtype,
             num_blocks: NUM_BLOCKS,
             block_size: BLOCK_SIZE,
         };

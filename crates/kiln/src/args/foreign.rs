@@ -336,12 +336,24 @@ fn own_value(
             );
             return Ok(());
         }
+        ("kv-cache-dtype", "q8_0") => {
+            // `-ctk q8_0 -ctv q8_0`: one kiln flag.
+            if !repeats(out, flag, "int8") {
+                warnings.push(
+                    "--kv-cache-dtype q8_0: using int8 (kiln's 8-bit KV cache has one scale per \
+                     token and KV head where llama.cpp's q8_0 has one per 32 elements)"
+                        .to_owned(),
+                );
+                value_push(out, flag, "int8");
+            }
+        }
         (
             "kv-cache-dtype",
-            "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_inc" | "bfloat16" | "q8_0" | "q4_0",
+            "fp8_inc" | "fp8_ds_mla" | "bfloat16" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "iq4_nl",
         ) => {
             return Err(format!(
-                "--kv-cache-dtype {value} is not supported: use f16 (the default) or f32"
+                "--kv-cache-dtype {value} is not supported: use f16 (the default), f32, int8, \
+                 fp8 (= fp8_e4m3) or fp8_e5m2"
             ));
         }
         ("kv-cache-dtype", "float16" | "half") => value_push(out, flag, "f16"),
