@@ -14,7 +14,7 @@ use kiln_sched::{
 };
 
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
-use crate::structured::GrammarCompiler;
+use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
 /// Sizes and limits of an engine.
@@ -102,7 +102,7 @@ pub struct EngineCore {
     /// Proposes draft tokens when speculative decoding is on.
     speculator: Option<Speculator>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
-    grammar: Option<Arc<GrammarCompiler>>,
+    grammar: Option<PendingCompiler>,
 }
 
 impl EngineCore {
@@ -159,11 +159,17 @@ impl EngineCore {
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
     /// (built over this model's vocabulary).
     pub fn set_grammar_compiler(&mut self, compiler: Arc<GrammarCompiler>) {
+        self.grammar = Some(PendingCompiler::ready(compiler));
+    }
+
+    /// As [`EngineCore::set_grammar_compiler`], with a compiler that may still be being built
+    /// (a structured request waits for it; a failed build refuses such requests).
+    pub fn set_pending_grammar_compiler(&mut self, compiler: PendingCompiler) {
         self.grammar = Some(compiler);
     }
 
     /// The structured-output compiler, shared with whoever validates requests before queueing.
-    pub fn grammar_compiler(&self) -> Option<&Arc<GrammarCompiler>> {
+    pub fn grammar_compiler(&self) -> Option<&PendingCompiler> {
         self.grammar.as_ref()
     }
 
@@ -235,12 +241,19 @@ impl EngineCore {
                 )
                 .into());
             }
-            (Some(spec), Some(compiler)) => Some(compiler.compile(spec).map_err(|e| {
-                AddError::InvalidSampling(format!(
-                    "invalid structured output ({}): {e}",
-                    spec.kind()
-                ))
-            })?),
+            (Some(spec), Some(pending)) => {
+                let compiler = pending.wait().map_err(|why| {
+                    AddError::InvalidSampling(format!(
+                        "structured outputs are not available for this model: {why}"
+                    ))
+                })?;
+                Some(compiler.compile(spec).map_err(|e| {
+                    AddError::InvalidSampling(format!(
+                        "invalid structured output ({}): {e}",
+                        spec.kind()
+                    ))
+                })?)
+            }
         };
         let request = Request::new(id, prompt, params)
             .with_priority(priority)

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use kiln_engine::structured::GrammarCompiler;
+use kiln_engine::structured::{GrammarCompiler, PendingCompiler};
 use kiln_engine::{EngineCore, EngineHandle};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
@@ -79,22 +79,21 @@ pub fn load(
         max_tokens_default: config.max_tokens_default,
         max_tokens_cap: config.max_tokens_cap,
     };
-    let grammar = match core.grammar_compiler() {
-        Some(compiler) => Ok(Arc::clone(compiler)),
-        None => GrammarCompiler::new(
-            tokenizer.token_bytes(),
-            limits.vocab_size,
-            tokenizer.eos_token_ids(),
-        )
-        .map(|compiler| {
-            let compiler = Arc::new(compiler);
-            core.set_grammar_compiler(Arc::clone(&compiler));
-            compiler
-        })
-        .map_err(|e| {
-            tracing::warn!("structured outputs are unavailable for this model: {e}");
-            e.to_string()
-        }),
+    // Built in the background: the server answers at once, and the first structured request
+    // waits for the vocabulary trie (most of a second for a 262k-token vocabulary).
+    let grammar = if let Some(pending) = core.grammar_compiler() {
+        pending.clone()
+    } else {
+        let (bytes, eos) = (tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec());
+        let vocab_size = limits.vocab_size;
+        let pending = PendingCompiler::build_in_background(move || {
+            GrammarCompiler::new(bytes, vocab_size, &eos).map(Arc::new).map_err(|e| {
+                tracing::warn!("structured outputs are unavailable for this model: {e}");
+                e.to_string()
+            })
+        });
+        core.set_pending_grammar_compiler(pending.clone());
+        pending
     };
     let name = config.served_model_names.first().map_or("kiln", String::as_str);
     let metrics =

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kiln_engine::EngineHandle;
-use kiln_engine::structured::GrammarCompiler;
+use kiln_engine::structured::PendingCompiler;
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 use crate::chat_template::ChatTemplate;
@@ -28,9 +28,9 @@ pub struct Loaded {
     pub metrics: Arc<Metrics>,
     pub defaults: GenerationDefaults,
     pub limits: Limits,
-    /// Compiles structured outputs over this model's vocabulary (shared with the engine), or
-    /// why structured outputs are unavailable.
-    pub grammar: Result<Arc<GrammarCompiler>, String>,
+    /// Compiles structured outputs over this model's vocabulary (shared with the engine; built
+    /// in the background), or why structured outputs are unavailable.
+    pub grammar: PendingCompiler,
     /// Unix seconds when the model became ready (`created` of `/v1/models`).
     pub created: u64,
 }

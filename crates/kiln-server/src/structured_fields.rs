@@ -75,19 +75,22 @@ pub async fn check_compiles(loaded: &Arc<Loaded>, spec: &GenerationSpec) -> Resu
     else {
         return Ok(());
     };
-    let compiler = match &loaded.grammar {
-        Ok(compiler) => Arc::clone(compiler),
-        Err(why) => {
-            return Err(bad(
-                param,
-                format!("structured outputs are unavailable for this model: {why}"),
-            ));
+    let pending = loaded.grammar.clone();
+    // Waits (off the async runtime) for the compiler's background build if it is still running.
+    let compiled = tokio::task::spawn_blocking(move || match pending.wait() {
+        Ok(compiler) => Ok(compiler.compile(&output).map(drop)),
+        Err(why) => Err(why.to_owned()),
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
+    match compiled {
+        Ok(result) => {
+            result.map_err(|e| bad(param, format!("`{param}` ({}): {e}", output_kind(spec))))
         }
-    };
-    tokio::task::spawn_blocking(move || compiler.compile(&output).map(drop))
-        .await
-        .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?
-        .map_err(|e| bad(param, format!("`{param}` ({}): {e}", output_kind(spec))))
+        Err(why) => {
+            Err(bad(param, format!("structured outputs are unavailable for this model: {why}")))
+        }
+    }
 }
 
 fn output_kind(spec: &GenerationSpec) -> &'static str {

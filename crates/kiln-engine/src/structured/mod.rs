@@ -8,6 +8,7 @@
 //!   grammars, so a schema sent again (every turn of an agent, every `n > 1` sample) costs a
 //!   clone instead of a compilation. Shared (`Arc`) by the server, which compiles once to refuse
 //!   a bad grammar with a 400 before queueing, and the engine, which then hits the cache.
+//!   A server builds it in the background ([`PendingCompiler`]) so that it starts at once.
 //! - [`Constraint`]: one request's parser state; the sampler masks each row with it and hands
 //!   it each token it returns.
 //!
@@ -32,7 +33,9 @@
 
 mod compiler;
 mod constraint;
+mod pending;
 
 pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
 pub use constraint::{Constraint, MAX_NUMBER_DIGITS};
 pub use kiln_core::StructuredOutput;
+pub use pending::PendingCompiler;
