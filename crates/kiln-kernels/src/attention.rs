@@ -9,7 +9,7 @@
 //! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask).
 //!
 //! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, up to
-//! 16 rows sharing each K/V block while it is hot): per row, the scores of a block are
+//! 16 rows sharing each K/V block while it is hot; 64 over an 8-bit cache): per row, the scores of a block are
 //! computed, the running max and sum are rescaled once per block, and V rows are accumulated
 //! into the output row. Consecutive rows that see the same keys of a block (the heads of one
 //! token; every row for a block they all see whole) are processed up to 4 at a time so that
@@ -160,10 +160,10 @@ pub fn write_kv_quant(
     }
 }
 
-/// Query tokens per task: with the heads of one KV head they form up to 16 rows that share
-/// every K/V block while it is in L1.
-fn tile_tokens(group: usize) -> usize {
-    (16 / group).max(1)
+/// Query tokens per task: with the heads of one KV head they form up to `rows` rows that share
+/// every K/V block ([`KvSource::TILE_ROWS`]).
+fn tile_tokens(group: usize, rows: usize) -> usize {
+    (rows / group).max(1)
 }
 
 /// `out[num_tokens, num_heads, head_dim] = attention(q[num_tokens, num_heads, head_dim], cache)`.
@@ -214,7 +214,7 @@ fn run_attention<S: KvSource>(
     let q_row = shape.num_heads * shape.head_dim;
     assert!(q.len() >= num_tokens * q_row && out.len() >= num_tokens * q_row);
     debug_assert!(shape.validate().is_ok());
-    let tile = tile_tokens(shape.group());
+    let tile = tile_tokens(shape.group(), S::TILE_ROWS);
     let num_tiles: usize = seqs.iter().map(|s| s.query_len.div_ceil(tile)).sum();
     let out_ptr = SharedMut::new(out);
     let level = SimdLevel::detect();
@@ -272,6 +272,10 @@ struct BlockKv<'a, E> {
 trait KvSource: Sync {
     type Elem: KvElem;
 
+    /// Rows a task attends together (at most [`MAX_GROUP`]): each block is loaded (or
+    /// dequantized) once per task, so a dearer block read wants more rows to share it.
+    const TILE_ROWS: usize;
+
     /// Whether rows are stored Hadamard-rotated (queries and outputs are rotated alike).
     fn rotated(&self) -> bool;
 
@@ -298,6 +302,8 @@ struct PlainKv<'a, E> {
 
 impl<E: KvElem> KvSource for PlainKv<'_, E> {
     type Elem = E;
+    /// 16 rows share each block while it is in L1.
+    const TILE_ROWS: usize = 16;
 
     fn rotated(&self) -> bool {
         false
@@ -329,6 +335,10 @@ impl<E: KvElem> KvSource for PlainKv<'_, E> {
 
 impl KvSource for QuantKv<'_> {
     type Elem = f32;
+    /// Dequantizing a block costs about what 16 rows' scores and sums on it cost, so up to 64
+    /// rows share each (an 8,000-token prefill of the default model gained 5-15 %, see
+    /// docs/BENCHMARKS.md).
+    const TILE_ROWS: usize = MAX_GROUP;
 
     fn rotated(&self) -> bool {
         self.codec.rotate
