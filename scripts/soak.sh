@@ -2,13 +2,16 @@
 # Soak test of `kiln serve` (not in CI): N minutes of mixed traffic on loopback (completions and
 # chat, streamed or not; clients that disconnect mid-answer; slow clients that trickle their
 # request or read slowly; idle connections; malformed and refused requests), then asserts:
-#   - no response had a 5xx status, every completed response was well formed (JSON with
-#     choices and a finish_reason; streams end with data: [DONE]);
+#   - no response had a 5xx status and no client saw an error (reset, timeout, cut answer);
+#     every completed response was well formed (JSON with choices, each with a finish_reason;
+#     streams: every choice index reaches one finish_reason, no error event, data: [DONE] last;
+#     the slow clients' chunked bodies are decoded and checked the same way);
 #   - once the traffic stops, kiln:kv_cache_usage_perc, kiln:num_requests_running and
 #     kiln:num_requests_waiting are 0;
 #   - resident memory stayed bounded: the peak after the first minute is at most 1.5x (plus
-#     64 MiB) the resident size at the end of the first minute;
-#   - SIGTERM ends the server with status 0.
+#     64 MiB) the resident size at the end of the first minute, plus the KV cache's size (it is
+#     reserved untouched and becomes resident as its blocks are first used);
+#   - SIGTERM ends the server with status 0, and its log holds no panic.
 #
 # Usage: scripts/soak.sh [MINUTES] [MODEL]
 #   MINUTES  default 20
@@ -44,10 +47,11 @@ trap 'kill $SERVER 2>/dev/null || true' EXIT
 echo "kiln serve pid $SERVER, log $LOG"
 
 STATUS=0
-python3 - "$PORT" "$SERVER" "$MINUTES" "$WORKERS" <<'PY' || STATUS=$?
+python3 - "$PORT" "$SERVER" "$MINUTES" "$WORKERS" "$LOG" <<'PY' || STATUS=$?
 import http.client, json, os, random, socket, sys, threading, time
 
 port, pid, minutes, workers = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+log_path = sys.argv[5]
 deadline = time.time() + minutes * 60
 lock = threading.Lock()
 stats = {"ok": 0, "4xx": 0, "5xx": 0, "malformed": 0, "disconnects": 0, "slow": 0, "idle": 0,
@@ -104,8 +108,15 @@ def check_answer(status, data, stream, what):
             events = [e[6:] for e in data.decode().split("\n\n") if e.startswith("data: ")]
             assert events and events[-1] == "[DONE]", "no [DONE]"
             chunks = [json.loads(e) for e in events[:-1]]
-            finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
-            assert any(f in ("stop", "length") for f in finishes), "no finish_reason"
+            assert not any("error" in c for c in chunks), "an error event"
+            seen, finished = set(), set()
+            for c in chunks:
+                for choice in c.get("choices", []):
+                    seen.add(choice["index"])
+                    if choice.get("finish_reason") in ("stop", "length"):
+                        assert choice["index"] not in finished, "finished twice"
+                        finished.add(choice["index"])
+            assert seen and finished == seen, f"choices {sorted(seen)}, finished {sorted(finished)}"
         else:
             v = json.loads(data)
             assert v["choices"] and all(c["finish_reason"] in ("stop", "length")
@@ -145,10 +156,28 @@ def slow():
         time.sleep(0.01)
     s.close()
     head, _, rest = data.partition(b"\r\n\r\n")
-    status = int(head.split()[1]) if head else 0
-    if status >= 500:
-        note("5xx", f"slow: {head[:100]!r}")
+    lines = head.decode("latin-1").split("\r\n")
+    status_line, headers = lines[0].split(" "), [h.lower() for h in lines[1:]]
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        return note("malformed", f"slow: no status line: {data[:100]!r}")
+    if "transfer-encoding: chunked" in headers:
+        rest = dechunk(rest)
+    check_answer(int(status_line[1]), rest, True, "slow")
     note("slow")
+
+def dechunk(data):
+    """The payload of a chunked HTTP/1.1 body; a missing terminator is an error."""
+    out = b""
+    while True:
+        size, sep, data = data.partition(b"\r\n")
+        assert sep, "chunked body cut short"
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            assert data == b"\r\n", f"bad chunked terminator {data[:20]!r}"
+            return out
+        out, data = out + data[:n], data[n:]
+        assert data.startswith(b"\r\n"), "chunk without CRLF"
+        data = data[2:]
 
 def idle():
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -223,18 +252,30 @@ for name in ["kiln:kv_cache_usage_perc", "kiln:num_requests_running", "kiln:num_
     value = gauge(name)
     print(f"{name} = {value}")
     ok &= value == 0
-print(f"rss after warm-up {baseline // 1024 if baseline else '?'} MiB, peak {peak // 1024} MiB")
-if baseline and peak > baseline * 1.5 + 64 * 1024:
+# The KV cache is reserved untouched and becomes resident as blocks are first used, so the
+# bound allows all of it on top of the warm-up size.
+kv_kib = 0
+with open(log_path) as f:
+    for line in f:
+        if "KV cache:" in line and "MiB in all" in line:
+            kv_kib = int(float(line.split("(")[1].split(" MiB")[0]) * 1024)
+bound = (baseline or 0) * 1.5 + 64 * 1024 + kv_kib
+print(f"rss after warm-up {baseline // 1024 if baseline else '?'} MiB, peak {peak // 1024} MiB, "
+      f"bound {bound // 1024:.0f} MiB (KV cache {kv_kib // 1024} MiB)")
+if not kv_kib:
+    print("FAIL: no KV cache size in the server log"); ok = False
+if baseline and peak > bound:
     print("FAIL: resident memory grew"); ok = False
 print("stats:", stats)
 for f in failures:
     print("  finding:", f)
-if stats["5xx"] or stats["malformed"] or stats["ok"] == 0:
+if stats["5xx"] or stats["malformed"] or stats["errors"] or stats["ok"] == 0:
     ok = False
 sys.exit(0 if ok else 1)
 PY
 kill -TERM "$SERVER"
 if wait "$SERVER"; then echo "server exited 0"; else echo "FAIL: server exit status $?"; STATUS=1; fi
+if grep -n "panicked" "$LOG"; then echo "FAIL: the server log shows a panic"; STATUS=1; fi
 trap - EXIT
 if [ "$STATUS" -eq 0 ]; then echo "soak: PASS"; else echo "soak: FAIL (log $LOG)"; fi
 exit "$STATUS"
