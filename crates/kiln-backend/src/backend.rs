@@ -76,6 +76,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn load_rope(&self, config: &RopeConfig) -> Result<Self::Rope, LoadTensorError>;
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<Self::KvStore, ForwardError>;
     fn kv_spec(&self, kv: &Self::KvStore) -> KvCacheSpec;
+    /// Bytes of one block of `kv` over every layer (K, V and any scales) as
+    /// [`Backend::read_kv_block`] writes them: the unit in which blocks leave the cache and come
+    /// back (a saved prefix cache). The layout is the backend's own, stable across processes.
+    fn kv_block_bytes(&self, kv: &Self::KvStore) -> usize;
+    /// Copies block `block` of every layer out of `kv` into `out` (`kv_block_bytes` long).
+    fn read_kv_block(&self, kv: &Self::KvStore, block: usize, out: &mut [u8]);
+    /// Overwrites block `block` of every layer of `kv` with `data`, as
+    /// [`Backend::read_kv_block`] produced it: reading it back gives the same bytes.
+    fn write_kv_block(&self, kv: &mut Self::KvStore, block: usize, data: &[u8]);
     fn new_buffer(&self) -> Self::Buffer;
     /// Grows `buf` to at least `len` elements (contents unspecified).
     fn reserve(&self, buf: &mut Self::Buffer, len: usize);

@@ -3,6 +3,7 @@
 //! synchronous; [`crate::EngineHandle`] runs it on its own thread.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use kiln_sched::{
     AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
 };
 
+use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
@@ -103,7 +105,12 @@ pub struct EngineCore {
     speculator: Option<Speculator>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
     grammar: Option<PendingCompiler>,
+    /// Run once when the engine thread stops.
+    shutdown_hook: Option<ShutdownHook>,
 }
+
+/// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
+pub type ShutdownHook = Box<dyn FnOnce(&mut EngineCore) + Send>;
 
 impl EngineCore {
     /// Validates `config` against the model and allocates the KV cache on the model's backend.
@@ -153,6 +160,7 @@ impl EngineCore {
             first_scheduled: HashMap::new(),
             speculator,
             grammar: None,
+            shutdown_hook: None,
         })
     }
 
@@ -185,6 +193,43 @@ impl EngineCore {
 
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
+    }
+
+    pub(crate) fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
+    }
+
+    pub(crate) fn model_mut(&mut self) -> &mut dyn StepModel {
+        self.runner.model_mut()
+    }
+
+    /// Writes the reachable prefix cache to `path` ([`crate::prefix_store`]); returns the
+    /// number of blocks. `model_fingerprint` identifies the model file.
+    pub fn save_prefix_cache(&self, path: &Path, model_fingerprint: u64) -> std::io::Result<usize> {
+        prefix_store::save(self, path, model_fingerprint)
+    }
+
+    /// Restores a prefix cache saved by [`EngineCore::save_prefix_cache`] into this idle
+    /// engine; a file of another model, dtype or geometry, or a damaged one, is refused whole.
+    pub fn restore_prefix_cache(
+        &mut self,
+        path: &Path,
+        model_fingerprint: u64,
+    ) -> Result<RestoreSummary, PrefixStoreError> {
+        prefix_store::restore(self, path, model_fingerprint)
+    }
+
+    /// Runs `hook` on the engine thread when the [`crate::EngineHandle`] shuts down (after the
+    /// last step; e.g. saving the prefix cache).
+    pub fn set_shutdown_hook(&mut self, hook: ShutdownHook) {
+        self.shutdown_hook = Some(hook);
+    }
+
+    /// Runs and clears the shutdown hook, if any.
+    pub(crate) fn run_shutdown_hook(&mut self) {
+        if let Some(hook) = self.shutdown_hook.take() {
+            hook(self);
+        }
     }
 
     pub fn stats(&self) -> EngineStats {

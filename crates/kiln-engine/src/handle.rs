@@ -50,7 +50,7 @@ enum Command {
 /// A running engine thread. Dropping it shuts the engine down (like [`EngineHandle::shutdown`]).
 pub struct EngineHandle {
     commands: Sender<Command>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
     stats: Arc<Mutex<EngineStats>>,
 }
@@ -81,7 +81,7 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
             .spawn(move || run(core, &rx, &shared, observer))?;
-        Ok(Self { commands, thread: Some(thread), next_id: AtomicU64::new(0), stats })
+        Ok(Self { commands, thread: Mutex::new(Some(thread)), next_id: AtomicU64::new(0), stats })
     }
 
     /// Queues a request and waits until the engine thread accepted or refused it (at most one
@@ -145,13 +145,17 @@ impl EngineHandle {
     }
 
     /// Stops the engine thread after its current step; open streams end.
-    pub fn shutdown(mut self) {
+    pub fn shutdown(self) {
         self.stop();
     }
 
-    fn stop(&mut self) {
+    /// Stops the engine thread after its current step and waits until it has run the core's
+    /// shutdown hook and ended; later calls return at once. Open streams end; later
+    /// submissions are refused.
+    pub fn stop(&self) {
         let _ = self.commands.send(Command::Shutdown);
-        if let Some(thread) = self.thread.take() {
+        let thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(thread) = thread {
             let _ = thread.join();
         }
     }
@@ -226,9 +230,19 @@ impl Drop for RequestStream {
     }
 }
 
-/// The engine thread.
+/// The engine thread: steps until shut down, then runs the core's shutdown hook.
 fn run(
     mut core: EngineCore,
+    commands: &Receiver<Command>,
+    shared: &Mutex<EngineStats>,
+    observer: Option<StepObserver>,
+) {
+    run_until_shutdown(&mut core, commands, shared, observer);
+    core.run_shutdown_hook();
+}
+
+fn run_until_shutdown(
+    core: &mut EngineCore,
     commands: &Receiver<Command>,
     shared: &Mutex<EngineStats>,
     mut observer: Option<StepObserver>,
@@ -247,7 +261,7 @@ fn run(
         if !core.has_unfinished() {
             match commands.recv() {
                 Ok(cmd) => {
-                    if !handle(&mut core, &mut sinks, cmd) {
+                    if !handle(core, &mut sinks, cmd) {
                         return;
                     }
                 }
@@ -257,7 +271,7 @@ fn run(
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
-                    if !handle(&mut core, &mut sinks, cmd) {
+                    if !handle(core, &mut sinks, cmd) {
                         return;
                     }
                 }
@@ -266,7 +280,7 @@ fn run(
             }
         }
         if !core.has_unfinished() {
-            publish(&core);
+            publish(core);
             continue;
         }
         match core.step() {
@@ -290,7 +304,7 @@ fn run(
                 }
             }
         }
-        publish(&core);
+        publish(core);
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`spec`]: speculative decoding (config, prompt-lookup proposer, acceptance counters).
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, grammar) as token masks.
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
+//! - [`prefix_store`]: the prefix cache saved to a file and restored at start.
 //!
 //! There is one driver: the server, the benchmarks and `kiln generate` (one request) all run
 //! [`EngineCore`].
@@ -16,12 +17,13 @@ mod engine;
 mod handle;
 mod logprobs;
 mod output;
+pub mod prefix_store;
 mod runner;
 mod sampler;
 pub mod spec;
 pub mod structured;
 
-pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats};
+pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats, ShutdownHook};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;

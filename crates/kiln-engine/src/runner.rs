@@ -159,6 +159,11 @@ impl ModelRunner {
         &*self.model
     }
 
+    /// The model, mutable (its KV cache is written outside steps: a restored prefix cache).
+    pub fn model_mut(&mut self) -> &mut dyn StepModel {
+        &mut *self.model
+    }
+
     /// Sets the structured-output state `id`'s sampler starts with (call before `id` is first
     /// scheduled).
     pub fn add_constraint(&mut self, id: RequestId, constraint: Constraint) {

@@ -163,6 +163,34 @@ impl Backend for Reference {
         kv.spec
     }
 
+    /// The reference cache holds f32 values whatever the dtype: per layer, K's then V's block.
+    fn kv_block_bytes(&self, kv: &RefKvStore) -> usize {
+        let s = kv.spec;
+        2 * s.layout.num_layers * s.block_size * s.layout.num_kv_heads * s.layout.head_dim * 4
+    }
+
+    fn read_kv_block(&self, kv: &RefKvStore, block: usize, out: &mut [u8]) {
+        assert_eq!(out.len(), self.kv_block_bytes(kv), "block buffer size");
+        let n = kv.spec.layer_elems() / kv.spec.num_blocks;
+        let buffers = kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]);
+        for (buf, out) in buffers.zip(out.chunks_exact_mut(n * 4)) {
+            for (x, o) in buf[block * n..][..n].iter().zip(out.chunks_exact_mut(4)) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+
+    fn write_kv_block(&self, kv: &mut RefKvStore, block: usize, data: &[u8]) {
+        assert_eq!(data.len(), self.kv_block_bytes(kv), "block buffer size");
+        let n = kv.spec.layer_elems() / kv.spec.num_blocks;
+        let buffers = kv.k.iter_mut().zip(kv.v.iter_mut()).flat_map(|(k, v)| [k, v]);
+        for (buf, data) in buffers.zip(data.chunks_exact(n * 4)) {
+            for (x, d) in buf[block * n..][..n].iter_mut().zip(data.chunks_exact(4)) {
+                *x = f32::from_le_bytes(d.try_into().expect("4 bytes"));
+            }
+        }
+    }
+
     fn new_buffer(&self) -> Vec<f32> {
         Vec::new()
     }

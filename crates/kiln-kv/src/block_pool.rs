@@ -130,6 +130,23 @@ impl BlockPool {
         b.hash.map(|_| CachedBlockRef { block, generation: b.generation })
     }
 
+    /// Every cached block (free or referenced), in no particular order.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.cached.values().copied()
+    }
+
+    /// The cached block a cached `block` was computed after: `Some(None)` for the first block
+    /// of a sequence, `Some(Some(parent))` while that parent is still the same cached KV, `None`
+    /// if `block` is not cached or its parent changed (nothing reaches it any more).
+    pub fn cached_parent(&self, block: BlockId) -> Option<Option<BlockId>> {
+        let b = &self.blocks[block.index()];
+        b.hash?;
+        match b.parent {
+            None => Some(None),
+            Some(p) => self.is_current(p).then_some(Some(p.block)),
+        }
+    }
+
     /// Whether `r` still names a cached block with unchanged content.
     pub fn is_current(&self, r: CachedBlockRef) -> bool {
         self.cached_ref(r.block) == Some(r)

@@ -355,6 +355,97 @@ impl KvCacheManager {
         n * bs
     }
 
+    /// Every cached block still reachable by a chain of hits, with the position of its parent
+    /// in the returned list (`None`: the first block of a sequence); parents come before their
+    /// children. What a saved prefix cache holds.
+    pub fn cached_chains(&self) -> Vec<(BlockId, Option<usize>)> {
+        // Depth of each reachable cached block (0: no parent); unreachable ones are absent.
+        let mut depth: HashMap<BlockId, usize> = HashMap::new();
+        for start in self.pool.cached_blocks() {
+            // Walk up to a block of known depth (or a root, or a broken link), then fill in.
+            let mut path = vec![start];
+            let mut base = None;
+            loop {
+                let b = *path.last().expect("non-empty");
+                if let Some(&d) = depth.get(&b) {
+                    path.pop();
+                    base = Some(d + 1);
+                    break;
+                }
+                match self.pool.cached_parent(b) {
+                    Some(Some(parent)) => path.push(parent),
+                    Some(None) => {
+                        base = Some(0);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let Some(mut d) = base else { continue };
+            // `path` runs from `start` down to the block of depth `d`.
+            for &b in path.iter().rev() {
+                depth.insert(b, d);
+                d += 1;
+            }
+        }
+        let mut order: Vec<(usize, BlockId)> = depth.iter().map(|(&b, &d)| (d, b)).collect();
+        order.sort_unstable();
+        let position: HashMap<BlockId, usize> =
+            order.iter().enumerate().map(|(i, &(_, b))| (b, i)).collect();
+        order
+            .iter()
+            .map(|&(_, b)| {
+                let parent = self.pool.cached_parent(b).flatten().map(|p| position[&p]);
+                (b, parent)
+            })
+            .collect()
+    }
+
+    /// Restoring a saved prefix cache (see [`KvCacheManager::cached_chains`]) into a manager
+    /// with no requests: registers a block holding `tokens` after `parent` (a block this call
+    /// returned before; `None` for the first block of a sequence) and returns it, referenced,
+    /// for the caller to fill with the saved KV before any request runs. `None`, changing
+    /// nothing, when prefix caching is off, a request holds blocks, no uncached block is free,
+    /// or the block cannot be registered (its hash is taken). End with
+    /// [`KvCacheManager::finish_restore`] over every block returned.
+    pub fn restore_block(
+        &mut self,
+        parent: Option<BlockId>,
+        tokens: &[TokenId],
+    ) -> Option<BlockId> {
+        if !self.enable_prefix_caching || !self.requests.is_empty() {
+            return None;
+        }
+        let parent_ref = match parent {
+            Some(p) => Some(self.pool.cached_ref(p)?),
+            None => None,
+        };
+        let parent_hash = parent.and_then(|p| self.pool.block_hash(p));
+        let hash = (self.hash_fn)(parent_hash, tokens, &self.extra_keys);
+        if self.pool.get_cached(hash, parent, tokens).is_some() {
+            return None;
+        }
+        // Never evict: only an uncached free block (they sit at the head of the queue) is taken.
+        let head = self.pool.free_blocks().next()?;
+        if self.pool.block_hash(head).is_some() {
+            return None;
+        }
+        let block = self.pool.allocate(1)?[0];
+        match self.pool.cache_block(block, hash, parent_ref, tokens) {
+            Some(r) if self.pool.cached_ref(block) == Some(r) => Some(block),
+            _ => {
+                self.pool.free([block]);
+                None
+            }
+        }
+    }
+
+    /// Releases the blocks [`KvCacheManager::restore_block`] returned, last first, so that a
+    /// chain's tail is evicted before its head; they stay cached and free.
+    pub fn finish_restore(&mut self, blocks: &[BlockId]) {
+        self.pool.free(blocks.iter().rev().copied());
+    }
+
     /// Forgets every cached prefix; refused (`false`) while any request holds blocks.
     pub fn reset_prefix_cache(&mut self) -> bool {
         if !self.requests.is_empty() {
@@ -416,6 +507,55 @@ mod tests {
             enable_prefix_caching: true,
             extra_keys: vec![],
         })
+    }
+
+    #[test]
+    fn saved_chains_restore_into_a_fresh_manager_and_hit_alike() {
+        let mut m = manager(16, 4);
+        // Two sequences sharing their first block; a third whose head is then evicted.
+        let a = toks(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        let b = toks(&[1, 2, 3, 4, 20, 21, 22, 23, 24]);
+        m.allocate_slots(RequestId(1), &a, 0, a.len(), 0).unwrap();
+        m.free(RequestId(1));
+        let hit = m.lookup_prefix(&b);
+        assert_eq!(hit.num_cached_tokens, 4);
+        m.allocate_slots(RequestId(2), &b, 4, b.len() - 4, 0).unwrap();
+        m.free(RequestId(2));
+        let chains = m.cached_chains();
+        assert_eq!(chains.len(), 4); // a: 3 full blocks, b: 1 more
+        for (i, &(block, parent)) in chains.iter().enumerate() {
+            assert!(parent.is_none_or(|p| p < i), "parent after child");
+            assert_eq!(parent.is_none(), m.pool().cached_parent(block) == Some(None));
+        }
+        let mut fresh = manager(16, 4);
+        let mut restored: Vec<Option<BlockId>> = Vec::new();
+        for &(block, parent) in &chains {
+            let tokens = m.pool().cached_tokens(block).unwrap().to_vec();
+            let parent = parent.map(|p| restored[p].expect("parent restored"));
+            restored.push(fresh.restore_block(parent, &tokens));
+        }
+        let blocks: Vec<BlockId> = restored.iter().map(|b| b.unwrap()).collect();
+        fresh.finish_restore(&blocks);
+        fresh.check_invariants().unwrap();
+        assert_eq!(fresh.num_free_blocks(), 16);
+        for (seq, cached) in [(&a, 12), (&b, 8)] {
+            assert_eq!(fresh.lookup_prefix(seq).num_cached_tokens, cached);
+        }
+        // A second restore of the same content registers nothing; a request blocks restoring.
+        assert_eq!(fresh.restore_block(None, &toks(&[1, 2, 3, 4])), None);
+        fresh.allocate_slots(RequestId(3), &a, 0, 1, 0).unwrap();
+        assert_eq!(fresh.restore_block(None, &toks(&[9, 9, 9, 9])), None);
+        fresh.free(RequestId(3));
+        // Restoring never evicts: with every block cached, nothing more is taken.
+        let mut full = manager(2, 4);
+        let first = full.restore_block(None, &toks(&[1, 1, 1, 1])).unwrap();
+        let second = full.restore_block(Some(first), &toks(&[2, 2, 2, 2])).unwrap();
+        assert_eq!(full.restore_block(None, &toks(&[3, 3, 3, 3])), None);
+        full.finish_restore(&[first, second]);
+        assert_eq!(full.restore_block(None, &toks(&[3, 3, 3, 3])), None);
+        // The tail of a restored chain is evicted before its head.
+        assert_eq!(full.pool().free_blocks().collect::<Vec<_>>(), vec![second, first]);
+        full.check_invariants().unwrap();
     }
 
     #[test]

@@ -45,6 +45,12 @@ pub trait StepModel: Send {
     fn forward(&mut self, batch: &ForwardBatch, logits: &mut Logits) -> Result<(), ForwardError>;
     /// Runs `task(0..num_tasks)` on the backend's host threads ([`Backend::host_parallel`]).
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
+    /// Bytes of one KV block over every layer ([`Backend::kv_block_bytes`]).
+    fn kv_block_bytes(&self) -> usize;
+    /// Copies a KV block out of the bound cache ([`Backend::read_kv_block`]).
+    fn read_kv_block(&self, block: usize, out: &mut [u8]);
+    /// Overwrites a KV block of the bound cache ([`Backend::write_kv_block`]).
+    fn write_kv_block(&mut self, block: usize, data: &[u8]);
 }
 
 /// A model with its own KV cache and workspace on its backend.
@@ -99,5 +105,17 @@ impl<B: Backend> StepModel for BoundModel<B> {
 
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         self.model.backend().host_parallel(num_tasks, task);
+    }
+
+    fn kv_block_bytes(&self) -> usize {
+        self.model.backend().kv_block_bytes(&self.kv)
+    }
+
+    fn read_kv_block(&self, block: usize, out: &mut [u8]) {
+        self.model.backend().read_kv_block(&self.kv, block, out);
+    }
+
+    fn write_kv_block(&mut self, block: usize, data: &[u8]) {
+        self.model.backend().write_kv_block(&mut self.kv, block, data);
     }
 }

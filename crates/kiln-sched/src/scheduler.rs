@@ -127,6 +127,12 @@ impl Scheduler {
         &self.kv
     }
 
+    /// The KV cache manager, mutable: for work between steps on an idle scheduler (restoring a
+    /// saved prefix cache); changing the blocks of a running request breaks the scheduler.
+    pub fn kv_cache_mut(&mut self) -> &mut KvCacheManager {
+        &mut self.kv
+    }
+
     /// A request that is waiting, running or preempted (finished ones are forgotten).
     pub fn request(&self, id: RequestId) -> Option<&Request> {
         self.requests.get(&id)

@@ -31,6 +31,7 @@ pub mod stop;
 pub mod structured_fields;
 pub mod tools;
 pub mod validate;
+pub mod warmup;
 
 use std::future::Future;
 use std::sync::Arc;

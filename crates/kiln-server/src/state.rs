@@ -71,8 +71,21 @@ impl ServerState {
         self.loaded.set(Arc::new(loaded)).is_ok()
     }
 
+    /// [`ServerState::set_loaded`] for a model already shared (warmed up before serving).
+    pub fn set_loaded_shared(&self, loaded: Arc<Loaded>) -> bool {
+        self.loaded.set(loaded).is_ok()
+    }
+
     pub fn loaded(&self) -> Option<&Arc<Loaded>> {
         self.loaded.get()
+    }
+
+    /// Stops the engine thread (after draining) and waits for its shutdown hook, e.g. saving
+    /// the prefix cache. Requests submitted later are refused.
+    pub fn stop_engine(&self) {
+        if let Some(loaded) = self.loaded() {
+            loaded.engine.stop();
+        }
     }
 
     /// The loaded model, or 503 while loading and while draining.

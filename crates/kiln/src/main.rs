@@ -9,6 +9,7 @@ mod hub;
 mod kv_args;
 mod model_arg;
 mod plan;
+mod prefix_persist;
 mod serve;
 mod tune;
 

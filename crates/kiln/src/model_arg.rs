@@ -3,7 +3,7 @@
 //! see [`crate::hub`]) or the default model fetched on first use; `--revision`,
 //! `--download-dir` and `--quantization`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -96,10 +96,14 @@ impl ModelArgs {
 
     /// Loads the model onto the CPU backend with `threads` kernel threads (0 = all cores).
     pub fn load(&self, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
-        let path = self.resolve()?;
+        self.load_path(&self.resolve()?, threads)
+    }
+
+    /// [`ModelArgs::load`] from the path [`ModelArgs::resolve`] gave.
+    pub fn load_path(&self, path: &Path, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
         let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
         let backend = Arc::new(Cpu::new(threads));
-        load_model_with(&path, &options, &backend)
+        load_model_with(path, &options, &backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }
 }

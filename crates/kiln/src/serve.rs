@@ -2,8 +2,9 @@
 //! once); the model loads on a background thread while `/health` answers 503; SIGINT / SIGTERM
 //! drain in-flight requests for up to `--shutdown-timeout` seconds, then exit 0.
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kiln_core::TokenId;
@@ -11,7 +12,8 @@ use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 use kiln_models::{Architecture, LoadedModel, load_tokenizer};
 use kiln_server::chat_template::{BuiltinTemplate, TemplateOverride};
 use kiln_server::metrics::CacheConfigInfo;
-use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState};
+use kiln_server::state::Loaded;
+use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState, warmup};
 
 use crate::args::vllm::VllmServeArgs;
 use crate::engine_args::EngineArgs;
@@ -93,6 +95,16 @@ pub struct ServeArgs {
     /// Seconds an idle keep-alive connection is kept open.
     #[arg(long, default_value_t = 60.0)]
     idle_timeout: f64,
+    /// Save the prefix cache in DIR when the server stops and restore it at start, so a
+    /// restarted server hits the prefixes it had computed (keyed by the model's files, the KV
+    /// dtype and the block size; a foreign or damaged file is refused with a log line).
+    #[arg(long, value_name = "DIR")]
+    prefix_cache_dir: Option<PathBuf>,
+    /// Prompts to prefill before /health turns 200, so the first requests that share their
+    /// prefixes (a long system prompt) hit the cache. JSON Lines: per line a prompt string,
+    /// or an object as /tokenize takes it ({"prompt": ...} or {"messages": [...]}).
+    #[arg(long, value_name = "FILE")]
+    warmup_prompts: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
     /// Seed of requests that give none.
@@ -117,12 +129,87 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(w) = args.vllm.dtype_warning() {
         tracing::warn!("{w}");
     }
+    let config = server_config(args)?;
+    let stats_interval = args.vllm.stats_interval()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let address = format!("{}:{}", args.host, args.port);
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(&address))
+        .with_context(|| format!("listening on {address}"))?;
+    let chat_template = args
+        .chat_template
+        .as_deref()
+        .map(TemplateOverride::from_arg)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
+    let warmup_prompts = warmup_prompts(args)?;
+    let state = ServerState::new(config);
+    let bound = listener.local_addr().map_or(address, |a| a.to_string());
+    tracing::info!("listening on http://{bound} (the model is loading)");
+    let (load_tx, load_rx) = tokio::sync::oneshot::channel();
+    {
+        let state = Arc::clone(&state);
+        let args = args_for_loading(args, chat_template);
+        std::thread::Builder::new()
+            .name("kiln-load".into())
+            .spawn(move || {
+                let result = load(&state, &args);
+                let _ = load_tx.send(result);
+            })
+            .context("starting the loader thread")?;
+    }
+    runtime.block_on(async move {
+        let shutdown_state = Arc::clone(&state);
+        let server =
+            tokio::spawn(kiln_server::serve(listener, Arc::clone(&state), shutdown_signal()));
+        match load_rx.await {
+            Ok(Ok(ready)) => {
+                let ready = Arc::new(ready);
+                if let Some(prompts) = warmup_prompts
+                    && let Err(e) = warm_up(&ready, prompts).await
+                {
+                    server.abort();
+                    ready.engine.stop();
+                    return Err(e);
+                }
+                shutdown_state.set_loaded_shared(ready);
+                tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names);
+                if let Some(interval) = stats_interval {
+                    tokio::spawn(kiln_server::stats_log::run(Arc::clone(&state), interval));
+                }
+            }
+            Ok(Err(e)) => {
+                server.abort();
+                return Err(e);
+            }
+            Err(_) => {
+                server.abort();
+                anyhow::bail!("the loader thread died");
+            }
+        }
+        server.await.context("server task")?.context("serving")?;
+        // Drained: the engine stops (and saves the prefix cache when asked to).
+        let engine_state = Arc::clone(&shutdown_state);
+        tokio::task::spawn_blocking(move || engine_state.stop_engine())
+            .await
+            .context("stopping the engine")?;
+        tracing::info!("shut down");
+        Ok(())
+    })
+}
+
+/// The server's settings from the command line.
+fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
     let names = if args.served_model_name.is_empty() {
         vec![args.model.spec()?.to_owned()]
     } else {
         args.served_model_name.clone()
     };
-    let config = ServerConfig {
+    Ok(ServerConfig {
         served_model_names: names,
         api_keys: args.api_key.iter().filter(|k| !k.is_empty()).cloned().collect(),
         max_queued_requests: args.max_queued_requests,
@@ -144,62 +231,35 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         },
         metrics_prefix: args.vllm.metrics_prefix.clone(),
         tools: tool_settings(args)?,
-    };
-    let stats_interval = args.vllm.stats_interval()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let address = format!("{}:{}", args.host, args.port);
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(&address))
-        .with_context(|| format!("listening on {address}"))?;
-    let chat_template = args
-        .chat_template
-        .as_deref()
-        .map(TemplateOverride::from_arg)
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
-    let state = ServerState::new(config);
-    let bound = listener.local_addr().map_or(address, |a| a.to_string());
-    tracing::info!("listening on http://{bound} (the model is loading)");
-    let (load_tx, load_rx) = tokio::sync::oneshot::channel();
-    {
-        let state = Arc::clone(&state);
-        let args = args_for_loading(args, chat_template);
-        std::thread::Builder::new()
-            .name("kiln-load".into())
-            .spawn(move || {
-                let result = load(&state, &args);
-                let _ = load_tx.send(result);
-            })
-            .context("starting the loader thread")?;
-    }
-    runtime.block_on(async move {
-        let shutdown_state = Arc::clone(&state);
-        let server =
-            tokio::spawn(kiln_server::serve(listener, Arc::clone(&state), shutdown_signal()));
-        match load_rx.await {
-            Ok(Ok(())) => {
-                tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names);
-                if let Some(interval) = stats_interval {
-                    tokio::spawn(kiln_server::stats_log::run(Arc::clone(&state), interval));
-                }
-            }
-            Ok(Err(e)) => {
-                server.abort();
-                return Err(e);
-            }
-            Err(_) => {
-                server.abort();
-                anyhow::bail!("the loader thread died");
-            }
-        }
-        server.await.context("server task")?.context("serving")?;
-        tracing::info!("shut down");
-        Ok(())
     })
+}
+
+/// The checked lines of `--warmup-prompts` (read before the model loads, so a bad file stops
+/// the start at once), and the flags `--prefix-cache-dir` needs.
+fn warmup_prompts(args: &ServeArgs) -> anyhow::Result<Option<Vec<warmup::WarmupPrompt>>> {
+    if args.prefix_cache_dir.is_some() && args.kv.no_enable_prefix_caching {
+        anyhow::bail!("--prefix-cache-dir needs prefix caching (drop --no-enable-prefix-caching)");
+    }
+    let Some(path) = args.warmup_prompts.as_deref() else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--warmup-prompts: reading {}", path.display()))?;
+    let prompts = warmup::parse(&text)
+        .map_err(|e| anyhow::anyhow!("--warmup-prompts {}: {e}", path.display()))?;
+    Ok(Some(prompts))
+}
+
+/// Prefills the warm-up prompts before the server turns ready.
+async fn warm_up(ready: &Arc<Loaded>, prompts: Vec<warmup::WarmupPrompt>) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let s =
+        warmup::run(ready, prompts).await.map_err(|e| anyhow::anyhow!("--warmup-prompts: {e}"))?;
+    tracing::info!(
+        "warm-up: prefilled {} prompts ({} tokens) in {:.2} s",
+        s.prompts,
+        s.tokens,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `--allowed-origins`: a JSON list of strings (vLLM's form) or a comma-separated list.
@@ -234,6 +294,7 @@ struct LoadArgs {
     threads: usize,
     seed: u64,
     speculative: Option<kiln_engine::SpeculativeConfig>,
+    prefix_cache_dir: Option<PathBuf>,
 }
 
 fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -> LoadArgs {
@@ -252,11 +313,15 @@ fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -
         threads: args.engine.threads,
         seed: args.seed,
         speculative: args.engine.speculative_config.clone(),
+        prefix_cache_dir: args.prefix_cache_dir.clone(),
     }
 }
 
-fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
-    let loaded = args.model.load(args.threads)?;
+/// Loads the model and starts the engine (restoring a saved prefix cache first); the caller
+/// makes the server ready.
+fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
+    let model_path = args.model.resolve()?;
+    let loaded = args.model.load_path(&model_path, args.threads)?;
     let model = &loaded.model;
     let block_size = args.kv.block_size;
     let bytes_per_block = model.kv_layout().bytes_per_token(args.kv_cache_dtype) * block_size;
@@ -294,7 +359,10 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         kv_cache_dtype: args.kv_cache_dtype,
         speculative: args.speculative.clone(),
     };
-    let core = EngineCore::new(model, engine)?;
+    let mut core = EngineCore::new(model, engine)?;
+    if let Some(dir) = &args.prefix_cache_dir {
+        crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, &model_path)?;
+    }
     let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
     let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
@@ -305,8 +373,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<()> {
         enable_prefix_caching: args.scheduler.enable_prefix_caching,
         num_blocks: sizing.num_blocks,
     });
-    state.set_loaded(ready);
-    Ok(())
+    Ok(ready)
 }
 
 /// The chat template kiln ships for a model family, for models that carry none.

@@ -108,11 +108,143 @@ impl CpuKvStore {
     }
 }
 
+/// An element that crosses the cache's edge as little-endian bytes.
+trait LeBytes: Copy {
+    const SIZE: usize;
+    fn put(self, out: &mut [u8]);
+    fn get(bytes: &[u8]) -> Self;
+}
+
+impl LeBytes for f32 {
+    const SIZE: usize = 4;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        f32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+}
+
+impl LeBytes for f16 {
+    const SIZE: usize = 2;
+    fn put(self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        f16::from_le_bytes(bytes.try_into().expect("2 bytes"))
+    }
+}
+
+impl LeBytes for u8 {
+    const SIZE: usize = 1;
+    fn put(self, out: &mut [u8]) {
+        out[0] = self;
+    }
+    fn get(bytes: &[u8]) -> Self {
+        bytes[0]
+    }
+}
+
+/// Copies `src` into the front of `out` as little-endian bytes; returns the rest of `out`.
+fn put_all<'a, T: LeBytes>(src: &[T], out: &'a mut [u8]) -> &'a mut [u8] {
+    let (head, rest) = out.split_at_mut(src.len() * T::SIZE);
+    for (x, o) in src.iter().zip(head.chunks_exact_mut(T::SIZE)) {
+        x.put(o);
+    }
+    rest
+}
+
+/// Fills `dst` from the front of `data`; returns the rest of `data`.
+fn get_all<'a, T: LeBytes>(dst: &mut [T], data: &'a [u8]) -> &'a [u8] {
+    let (head, rest) = data.split_at(dst.len() * T::SIZE);
+    for (x, d) in dst.iter_mut().zip(head.chunks_exact(T::SIZE)) {
+        *x = T::get(d);
+    }
+    rest
+}
+
+impl CpuKvStore {
+    /// Bytes of one block over every layer: per layer, K's then V's elements of the block,
+    /// then (8-bit) K's then V's scales, little-endian.
+    pub fn block_bytes(&self) -> usize {
+        // Exactly the spec's bytes per block: elements at their size, scales as f32.
+        self.spec.bytes_per_block()
+    }
+
+    /// Elements and scales of one block in one layer's buffers.
+    fn block_ranges(&self, block: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        assert!(block < self.spec.num_blocks, "block {block} of {}", self.spec.num_blocks);
+        let rows = self.spec.block_size * self.spec.layout.num_kv_heads;
+        let elems = rows * self.spec.layout.head_dim;
+        let scales = rows * self.spec.dtype.scales_per_row(self.spec.layout.head_dim);
+        (block * elems..(block + 1) * elems, block * scales..(block + 1) * scales)
+    }
+
+    /// Copies block `block` of every layer into `out` ([`CpuKvStore::block_bytes`] long).
+    pub fn read_block(&self, block: usize, out: &mut [u8]) {
+        assert_eq!(out.len(), self.block_bytes(), "block buffer size");
+        let (e, s) = self.block_ranges(block);
+        let mut out = out;
+        for layer in 0..self.spec.layout.num_layers {
+            out = match self.layer(layer) {
+                KvLayer::F32(k, v) => put_all(&v[e.clone()], put_all(&k[e.clone()], out)),
+                KvLayer::F16(k, v) => put_all(&v[e.clone()], put_all(&k[e.clone()], out)),
+                KvLayer::Q8(_, (kc, ks), (vc, vs)) => {
+                    let out = put_all(&vc[e.clone()], put_all(&kc[e.clone()], out));
+                    put_all(&vs[s.clone()], put_all(&ks[s.clone()], out))
+                }
+            };
+        }
+    }
+
+    /// Overwrites block `block` of every layer with `data`, as [`CpuKvStore::read_block`]
+    /// wrote it.
+    pub fn write_block(&mut self, block: usize, data: &[u8]) {
+        assert_eq!(data.len(), self.block_bytes(), "block buffer size");
+        let (e, s) = self.block_ranges(block);
+        let mut data = data;
+        for layer in 0..self.spec.layout.num_layers {
+            data = match self.layer_mut(layer) {
+                KvLayerMut::F32(k, v) => {
+                    get_all(&mut v[e.clone()], get_all(&mut k[e.clone()], data))
+                }
+                KvLayerMut::F16(k, v) => {
+                    get_all(&mut v[e.clone()], get_all(&mut k[e.clone()], data))
+                }
+                KvLayerMut::Q8(_, (kc, ks), (vc, vs)) => {
+                    let data = get_all(&mut vc[e.clone()], get_all(&mut kc[e.clone()], data));
+                    get_all(&mut vs[s.clone()], get_all(&mut ks[s.clone()], data))
+                }
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kiln_backend::KvLayout;
 
     use super::*;
+
+    #[test]
+    fn a_block_read_out_and_written_back_is_the_same_block() {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 64 };
+        for dtype in KvCacheDtype::ALL {
+            let spec = KvCacheSpec { layout, dtype, num_blocks: 3, block_size: 4 };
+            let mut kv = CpuKvStore::new(spec);
+            assert_eq!(kv.block_bytes(), spec.bytes_per_block(), "{dtype:?}");
+            let pattern: Vec<u8> = (0..kv.block_bytes()).map(|i| (i * 7 % 251) as u8).collect();
+            // f16 and f32 patterns may hold NaN bits: they are copied, never computed on.
+            kv.write_block(1, &pattern);
+            let mut out = vec![0u8; kv.block_bytes()];
+            kv.read_block(1, &mut out);
+            assert_eq!(out, pattern, "{dtype:?}");
+            for other in [0, 2] {
+                kv.read_block(other, &mut out);
+                assert!(out.iter().all(|&b| b == 0), "{dtype:?}: block {other} was touched");
+            }
+        }
+    }
 
     #[test]
     fn every_dtype_allocates_zeros_of_the_spec() {

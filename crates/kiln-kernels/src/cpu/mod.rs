@@ -116,6 +116,18 @@ impl Backend for Cpu {
         kv.spec()
     }
 
+    fn kv_block_bytes(&self, kv: &CpuKvStore) -> usize {
+        kv.block_bytes()
+    }
+
+    fn read_kv_block(&self, kv: &CpuKvStore, block: usize, out: &mut [u8]) {
+        kv.read_block(block, out);
+    }
+
+    fn write_kv_block(&self, kv: &mut CpuKvStore, block: usize, data: &[u8]) {
+        kv.write_block(block, data);
+    }
+
     fn new_buffer(&self) -> Vec<f32> {
         Vec::new()
     }

@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use kiln_core::TokenId;
 use serde_json::json;
 
 use super::chat_input::{render_tokens, template_kwargs, template_messages};
@@ -15,7 +16,7 @@ use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::protocol::{DetokenizeRequest, TokenizeRequest};
-use crate::state::ServerState;
+use crate::state::{Loaded, ServerState};
 use crate::tools::{self, ToolSettings};
 use crate::validate;
 
@@ -74,28 +75,9 @@ pub async fn tokenize_endpoint(
     let result = async {
         let loaded = Arc::clone(state.ready()?);
         check_model(&state, req.model.as_deref())?;
-        let ids = match (req.prompt, req.messages) {
-            (Some(p), None) => {
-                let add_special = req.add_special_tokens.unwrap_or(true);
-                tokenize(&loaded, vec![p], add_special).await?.pop().unwrap_or_default()
-            }
-            (None, Some(m)) => {
-                let messages = template_messages(m)?;
-                let tool_choice = Some(json!("none"));
-                let (plan, _) =
-                    tools::plan(req.tools, tool_choice, None, ToolSettings::default(), None)?;
-                let options = RenderOptions {
-                    add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-                    tools: plan.tools,
-                    kwargs: template_kwargs(req.chat_template_kwargs)?,
-                };
-                let add_special = req.add_special_tokens.unwrap_or(false);
-                render_tokens(&loaded, messages, options, add_special).await?
-            }
-            _ => return Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
-        };
+        let ids = request_tokens(&loaded, req).await?;
         let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
-        Ok(Json(json!({
+        Ok::<_, ApiError>(Json(json!({
             "count": tokens.len(),
             "max_model_len": loaded.limits.max_model_len,
             "tokens": tokens,
@@ -103,6 +85,35 @@ pub async fn tokenize_endpoint(
     }
     .await;
     result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// The token ids `/tokenize` gives for `req`: a prompt (special tokens added unless told
+/// otherwise), or messages through the chat template (with the generation prompt unless told
+/// otherwise). Warm-up prompts go through here too.
+pub async fn request_tokens(
+    loaded: &Arc<Loaded>,
+    req: TokenizeRequest,
+) -> Result<Vec<TokenId>, ApiError> {
+    match (req.prompt, req.messages) {
+        (Some(p), None) => {
+            let add_special = req.add_special_tokens.unwrap_or(true);
+            Ok(tokenize(loaded, vec![p], add_special).await?.pop().unwrap_or_default())
+        }
+        (None, Some(m)) => {
+            let messages = template_messages(m)?;
+            let tool_choice = Some(json!("none"));
+            let (plan, _) =
+                tools::plan(req.tools, tool_choice, None, ToolSettings::default(), None)?;
+            let options = RenderOptions {
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                tools: plan.tools,
+                kwargs: template_kwargs(req.chat_template_kwargs)?,
+            };
+            let add_special = req.add_special_tokens.unwrap_or(false);
+            render_tokens(loaded, messages, options, add_special).await
+        }
+        _ => Err(ApiError::bad_request("give exactly one of `prompt` and `messages`")),
+    }
 }
 
 pub async fn detokenize_endpoint(

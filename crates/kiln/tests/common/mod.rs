@@ -19,6 +19,17 @@ pub fn tiny_model() -> PathBuf {
 
 pub struct Server(Child);
 
+impl Server {
+    /// Sends SIGTERM (a graceful stop: drain, then the engine's shutdown work) and waits for
+    /// the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        self.0.wait().unwrap()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
