@@ -81,6 +81,33 @@ fn control_text_in_messages_is_text() {
     assert_eq!(r.json()["tokens"].as_array().unwrap().last(), Some(&json!(504)));
 }
 
+/// Deliverable 1, output side: generated control tokens are dropped from the text by default
+/// (`skip_special_tokens: true`, vLLM's default) and kept as their text when asked.
+#[test]
+fn generated_control_tokens_are_skipped_unless_asked_for() {
+    let server = TestServer::start(default_config());
+    // Bias the greedy choice onto <|start_header_id|> (502), a control token that is not EOS.
+    let body = |skip: Option<bool>| {
+        let mut b = json!({"prompt": "hello", "max_tokens": 3, "temperature": 0,
+                           "logit_bias": {"502": 100}, "ignore_eos": true});
+        if let Some(skip) = skip {
+            b["skip_special_tokens"] = json!(skip);
+        }
+        b
+    };
+    for (skip, text) in [
+        (None, ""),
+        (Some(true), ""),
+        (Some(false), "<|start_header_id|><|start_header_id|><|start_header_id|>"),
+    ] {
+        let r = server.post("/v1/completions", &body(skip));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v: Value = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+        assert_eq!(v["choices"][0]["text"], text, "skip_special_tokens {skip:?}: {v}");
+    }
+}
+
 /// Deliverable 5: the API key covers `/tokenize`, `/detokenize` and every `/v1/` path, before
 /// routing; probes stay open.
 #[test]
@@ -305,28 +332,35 @@ fn connection_cap_keeps_health_answering() {
 /// `[DONE]`, and a properly terminated chunked body.
 #[test]
 fn shutdown_deadline_ends_streams_properly() {
-    let config = ServerConfig { shutdown_timeout: Duration::from_millis(1), ..default_config() };
-    let mut server = TestServer::start(config);
-    let body = json!({"prompt": "a story", "max_tokens": 240, "n": 16, "ignore_eos": true,
-                      "stream": true, "stream_options": {"include_usage": true}})
-    .to_string();
-    let mut stream = TcpStream::connect(server.addr).unwrap();
-    write!(
-        stream,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut first = [0u8; 64];
-    assert!(stream.read(&mut first).unwrap() > 0);
-    let join = server.begin_shutdown();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut rest = Vec::new();
-    stream.read_to_end(&mut rest).unwrap();
-    let all = String::from_utf8_lossy(&rest);
-    assert!(all.contains("\"finish_reason\":\"abort\""), "{all}");
-    assert!(all.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"), "terminated chunked body: {all}");
-    join.join().unwrap().unwrap();
-    assert_eq!(server.state.num_in_flight(), 0);
+    let completion = json!({"prompt": "a story", "max_tokens": 240, "n": 16, "ignore_eos": true,
+                            "stream": true, "stream_options": {"include_usage": true}});
+    let chat = json!({"messages": [{"role": "user", "content": "a story"}], "max_tokens": 200,
+                      "n": 16, "ignore_eos": true, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    for (path, body) in [("/v1/completions", completion), ("/v1/chat/completions", chat)] {
+        let config =
+            ServerConfig { shutdown_timeout: Duration::from_millis(1), ..default_config() };
+        let mut server = TestServer::start(config);
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(server.addr).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        assert!(stream.read(&mut first).unwrap() > 0);
+        let join = server.begin_shutdown();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).unwrap();
+        let all = String::from_utf8_lossy(&rest);
+        assert!(all.contains("\"finish_reason\":\"abort\""), "{path}: {all}");
+        assert!(all.contains("\"usage\":{"), "{path}: no usage chunk: {all}");
+        assert!(all.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"), "{path}: {all}");
+        join.join().unwrap().unwrap();
+        assert_eq!(server.state.num_in_flight(), 0, "{path}");
+    }
 }

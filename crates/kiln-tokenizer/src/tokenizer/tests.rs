@@ -45,6 +45,24 @@ fn token_text_of_spm_vocab() {
     assert_eq!(tok.token_text(tokens.len() as u32), None);
 }
 
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_refused_by_key() {
+    let tokens: Vec<String> =
+        ["<unk>", "<s>", "</s>", "a"].iter().map(|t| (*t).to_owned()).collect();
+    let vocab = |eos, bos| GgufVocab {
+        model: "llama".into(),
+        tokens: tokens.clone(),
+        eos,
+        bos,
+        ..GgufVocab::default()
+    };
+    let err = Tokenizer::from_gguf_vocab(vocab(Some(70_000), None)).err().unwrap();
+    assert!(err.contains("tokenizer.ggml.eos_token_id 70000 is outside 4 tokens"), "{err}");
+    let err = Tokenizer::from_gguf_vocab(vocab(None, Some(4))).err().unwrap();
+    assert!(err.contains("tokenizer.ggml.bos_token_id 4 is outside 4 tokens"), "{err}");
+    assert!(Tokenizer::from_gguf_vocab(vocab(Some(3), Some(1))).is_ok());
+}
+
 /// Control ids in `ids` (ids of special added tokens at or above `first`), in order.
 fn controls(ids: &[u32], first: u32) -> Vec<u32> {
     ids.iter().copied().filter(|&i| i >= first).collect()
