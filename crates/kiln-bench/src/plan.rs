@@ -13,6 +13,8 @@
 //! FLOPs / peak. Prefill is arithmetic: per token, 2 × the blocks' matmul MACs (the LM head
 //! runs once per prompt) plus attention at the mean context `L / 2`.
 
+use kiln_backend::KvCacheDtype;
+
 /// The shape facts the estimate needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelShape {
@@ -94,12 +96,12 @@ impl KvDtype {
     }
 
     /// Bytes of one (token, KV head) row of `head_dim` elements, as the engine stores it: the
-    /// 8-bit types add f32 scales, one per 64 elements for int8 (where `head_dim` is a multiple
-    /// of 64), one per row otherwise.
+    /// 8-bit types add the engine's f32 scales ([`KvCacheDtype::scales_per_row`]).
     pub fn row_bytes(self, head_dim: usize) -> u64 {
         let scales = match self {
-            Self::Int8 if head_dim.is_multiple_of(64) => head_dim / 64,
-            Self::Int8 | Self::Fp8E4M3 | Self::Fp8E5M2 => 1,
+            Self::Int8 => KvCacheDtype::Int8.scales_per_row(head_dim),
+            Self::Fp8E4M3 => KvCacheDtype::Fp8E4M3.scales_per_row(head_dim),
+            Self::Fp8E5M2 => KvCacheDtype::Fp8E5M2.scales_per_row(head_dim),
             Self::F32 | Self::F16 | Self::Bf16 => 0,
         };
         (head_dim as u64) * self.bytes() + 4 * scales as u64

@@ -16,6 +16,7 @@ mod cpu;
 mod host_rows;
 pub mod huge_pages;
 pub mod kv_quant;
+mod le_bytes;
 pub mod matmul;
 pub mod norm;
 pub mod probe;

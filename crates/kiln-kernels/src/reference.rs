@@ -20,6 +20,7 @@ use kiln_backend::{
     KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
 };
 
+use crate::le_bytes::{get_all, put_all};
 use crate::quant::{dequantize_row, quantize_row};
 use crate::rope::Rope;
 use crate::{host_rows, kv_quant};
@@ -172,22 +173,18 @@ impl Backend for Reference {
     fn read_kv_block(&self, kv: &RefKvStore, block: usize, out: &mut [u8]) {
         assert_eq!(out.len(), self.kv_block_bytes(kv), "block buffer size");
         let n = kv.spec.layer_elems() / kv.spec.num_blocks;
-        let buffers = kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]);
-        for (buf, out) in buffers.zip(out.chunks_exact_mut(n * 4)) {
-            for (x, o) in buf[block * n..][..n].iter().zip(out.chunks_exact_mut(4)) {
-                o.copy_from_slice(&x.to_le_bytes());
-            }
+        let mut out = out;
+        for buf in kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]) {
+            out = put_all(&buf[block * n..][..n], out);
         }
     }
 
     fn write_kv_block(&self, kv: &mut RefKvStore, block: usize, data: &[u8]) {
         assert_eq!(data.len(), self.kv_block_bytes(kv), "block buffer size");
         let n = kv.spec.layer_elems() / kv.spec.num_blocks;
-        let buffers = kv.k.iter_mut().zip(kv.v.iter_mut()).flat_map(|(k, v)| [k, v]);
-        for (buf, data) in buffers.zip(data.chunks_exact(n * 4)) {
-            for (x, d) in buf[block * n..][..n].iter_mut().zip(data.chunks_exact(4)) {
-                *x = f32::from_le_bytes(d.try_into().expect("4 bytes"));
-            }
+        let mut data = data;
+        for buf in kv.k.iter_mut().zip(kv.v.iter_mut()).flat_map(|(k, v)| [k, v]) {
+            data = get_all(&mut buf[block * n..][..n], data);
         }
     }
 
@@ -417,5 +414,30 @@ impl Backend for Reference {
 
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         (0..num_tasks).for_each(task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_backend::{KvCacheDtype, KvLayout};
+
+    use super::*;
+
+    #[test]
+    fn a_block_read_out_and_written_back_is_the_same_block() {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 8 };
+        let spec = KvCacheSpec { layout, dtype: KvCacheDtype::F16, num_blocks: 3, block_size: 4 };
+        let mut kv = Reference.alloc_kv(spec).unwrap();
+        let n = Reference.kv_block_bytes(&kv);
+        assert_eq!(n, 2 * 2 * 4 * 2 * 8 * 4); // f32 values whatever the dtype
+        let pattern: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        Reference.write_kv_block(&mut kv, 1, &pattern);
+        let mut out = vec![0u8; n];
+        Reference.read_kv_block(&kv, 1, &mut out);
+        assert_eq!(out, pattern);
+        for other in [0, 2] {
+            Reference.read_kv_block(&kv, other, &mut out);
+            assert!(out.iter().all(|&b| b == 0), "block {other} was touched");
+        }
     }
 }

@@ -6,9 +6,10 @@
 //! as `/v1/completions` tokenizes one) or an object in `/tokenize`'s form: `{"prompt": ...}`
 //! or `{"messages": [...]}` (rendered by the chat template with the generation prompt, as
 //! `/v1/chat/completions` renders them; `add_generation_prompt`, `tools` and
-//! `chat_template_kwargs` as there). Every line is checked when the server starts, before the
-//! model loads; a bad line stops the start with its line number. Each prompt then runs with
-//! `max_tokens: 1`; only its full KV blocks stay cached, as for any request.
+//! `chat_template_kwargs` as there; any other key is refused). Every line is checked when the
+//! server starts, before the model loads; a bad line stops the start with its line number.
+//! Each prompt then runs with `max_tokens: 1`; only its full KV blocks stay cached, as for any
+//! request.
 
 use std::sync::Arc;
 
@@ -17,6 +18,16 @@ use kiln_core::SamplingParams;
 use crate::protocol::TokenizeRequest;
 use crate::routes::misc::request_tokens;
 use crate::state::Loaded;
+
+/// The keys a warm-up object may hold: `/tokenize`'s, less `model` (there is one model).
+const KEYS: [&str; 6] = [
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "tools",
+    "chat_template_kwargs",
+];
 
 /// One parsed line of a warm-up file, with its line number (from 1).
 #[derive(Debug)]
@@ -46,7 +57,14 @@ pub fn parse(text: &str) -> Result<Vec<WarmupPrompt>, String> {
                 tools: None,
                 chat_template_kwargs: None,
             },
-            serde_json::Value::Object(_) => {
+            serde_json::Value::Object(ref fields) => {
+                // Nothing in a warm-up line is dropped unread: a key it would ignore is refused.
+                if let Some(key) = fields.keys().find(|k| !KEYS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "line {line}: `{key}` has no use in a warm-up prompt (known: {})",
+                        KEYS.join(", ")
+                    ));
+                }
                 let r: TokenizeRequest = serde_json::from_value(value)
                     .map_err(|e| format!("line {line}: not a prompt or messages object: {e}"))?;
                 if r.prompt.is_some() == r.messages.is_some() {
@@ -138,6 +156,8 @@ mod tests {
             ("{}", "line 1: give exactly one of `prompt` and `messages`"),
             ("{\"prompt\": \"a\", \"messages\": []}", "line 1: give exactly one"),
             ("{\"prompt\": 7}", "line 1: not a prompt or messages object"),
+            ("{\"prompt\": \"a\", \"max_tokens\": 9}", "line 1: `max_tokens` has no use"),
+            ("{\"model\": \"m\", \"prompt\": \"a\"}", "line 1: `model` has no use"),
         ] {
             let err = parse(bad).unwrap_err();
             assert!(err.starts_with(message), "{bad:?}: {err}");

@@ -12,6 +12,7 @@ use half::f16;
 use kiln_backend::{KvCacheDtype, KvCacheSpec};
 
 use crate::kv_quant::RowCodec;
+use crate::le_bytes::{get_all, put_all};
 
 /// Per layer K and V buffers of one element type; 8-bit layers as (codes `[slots,
 /// num_kv_heads, head_dim]`, scales `[slots, num_kv_heads, scales_per_row]`).
@@ -106,61 +107,6 @@ impl CpuKvStore {
             }
         }
     }
-}
-
-/// An element that crosses the cache's edge as little-endian bytes.
-trait LeBytes: Copy {
-    const SIZE: usize;
-    fn put(self, out: &mut [u8]);
-    fn get(bytes: &[u8]) -> Self;
-}
-
-impl LeBytes for f32 {
-    const SIZE: usize = 4;
-    fn put(self, out: &mut [u8]) {
-        out.copy_from_slice(&self.to_le_bytes());
-    }
-    fn get(bytes: &[u8]) -> Self {
-        f32::from_le_bytes(bytes.try_into().expect("4 bytes"))
-    }
-}
-
-impl LeBytes for f16 {
-    const SIZE: usize = 2;
-    fn put(self, out: &mut [u8]) {
-        out.copy_from_slice(&self.to_le_bytes());
-    }
-    fn get(bytes: &[u8]) -> Self {
-        f16::from_le_bytes(bytes.try_into().expect("2 bytes"))
-    }
-}
-
-impl LeBytes for u8 {
-    const SIZE: usize = 1;
-    fn put(self, out: &mut [u8]) {
-        out[0] = self;
-    }
-    fn get(bytes: &[u8]) -> Self {
-        bytes[0]
-    }
-}
-
-/// Copies `src` into the front of `out` as little-endian bytes; returns the rest of `out`.
-fn put_all<'a, T: LeBytes>(src: &[T], out: &'a mut [u8]) -> &'a mut [u8] {
-    let (head, rest) = out.split_at_mut(src.len() * T::SIZE);
-    for (x, o) in src.iter().zip(head.chunks_exact_mut(T::SIZE)) {
-        x.put(o);
-    }
-    rest
-}
-
-/// Fills `dst` from the front of `data`; returns the rest of `data`.
-fn get_all<'a, T: LeBytes>(dst: &mut [T], data: &'a [u8]) -> &'a [u8] {
-    let (head, rest) = data.split_at(dst.len() * T::SIZE);
-    for (x, d) in dst.iter_mut().zip(head.chunks_exact(T::SIZE)) {
-        *x = T::get(d);
-    }
-    rest
 }
 
 impl CpuKvStore {
