@@ -164,6 +164,9 @@ impl ApiClient {
         if self.target.ignore_eos {
             body["ignore_eos"] = json!(true);
         }
+        if let Some(priority) = req.priority {
+            body["priority"] = json!(priority);
+        }
         if let Some(extra) = &self.target.extra_body {
             for (k, v) in extra {
                 body[k.as_str()] = v.clone();
@@ -324,7 +327,8 @@ mod tests {
             temperature: None,
             extra_body: serde_json::from_str(r#"{"top_k": 5, "max_tokens": 3}"#).ok(),
         };
-        let req = BenchRequest { prompt: "hi".into(), prompt_len: 1, output_len: 7 };
+        let req =
+            BenchRequest { prompt: "hi".into(), prompt_len: 1, output_len: 7, priority: None };
         let c = ApiClient::new(target("/v1/completions")).unwrap();
         let b = c.body(&req);
         assert_eq!((b["prompt"].as_str(), b["max_tokens"].as_u64()), (Some("hi"), Some(3)));

@@ -31,6 +31,8 @@ pub struct BenchRequest {
     pub prompt_len: usize,
     /// `max_tokens` of the request.
     pub output_len: usize,
+    /// vLLM's `priority` request field (`--priority-mix`); `None`: not sent.
+    pub priority: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,7 +108,7 @@ fn random(
         let suffix = text_of_len(tok, &sampler, rng, input_len);
         let prompt = format!("{}{suffix}", prefixes[i % num_prefixes]);
         let prompt_len = tok.encode(&prompt).len();
-        requests.push(BenchRequest { prompt, prompt_len, output_len: out_len });
+        requests.push(BenchRequest { prompt, prompt_len, output_len: out_len, priority: None });
     }
     if num_prefixes > 1 {
         shuffle(&mut requests, rng);
@@ -212,7 +214,7 @@ fn sharegpt(
         let output_len = config.output_len.unwrap_or_else(|| tok.encode(&reply).len());
         let output_ok = output_len >= 4 || config.output_len.is_some();
         if prompt_len >= 4 && output_ok && prompt_len <= 1024 && prompt_len + output_len <= 2048 {
-            requests.push(BenchRequest { prompt, prompt_len, output_len });
+            requests.push(BenchRequest { prompt, prompt_len, output_len, priority: None });
         }
     }
     if requests.len() < config.num_prompts {

@@ -65,6 +65,9 @@ pub struct BenchResult {
     pub errors: Vec<String>,
     /// Distinct error messages with their counts.
     pub error_counts: BTreeMap<String, usize>,
+    /// The same summary for each `priority` sent, when requests carried more than one
+    /// (`--priority-mix`); durations are the whole run's.
+    pub by_priority: BTreeMap<i64, BenchResult>,
 }
 
 impl BenchResult {
@@ -104,6 +107,7 @@ impl BenchResult {
             good += usize::from(config.slos.met(o.ttft * 1e3, tpot, o.latency * 1e3));
         }
         let completed = outcomes.iter().filter(|o| o.success).count();
+        let by_priority = by_priority(config, requests, outcomes, duration_s, tok);
         let total_input_tokens: usize = input_lens.iter().sum();
         let total_output_tokens: usize = output_lens.iter().sum();
         let d = duration_s.max(1e-9);
@@ -149,6 +153,7 @@ impl BenchResult {
             generated_texts: outcomes.iter().map(|o| o.text.clone()).collect(),
             errors,
             error_counts,
+            by_priority,
         }
     }
 
@@ -213,6 +218,11 @@ impl BenchResult {
             }
         }
         put("error_counts", json!(self.error_counts));
+        if !self.by_priority.is_empty() {
+            let classes: Map<String, Value> =
+                self.by_priority.iter().map(|(p, r)| (p.to_string(), r.to_json(false))).collect();
+            put("by_priority", Value::Object(classes));
+        }
         if detailed {
             put("input_lens", json!(self.input_lens));
             put("output_lens", json!(self.output_lens));
@@ -274,9 +284,59 @@ impl BenchResult {
         for (e, n) in &self.error_counts {
             let _ = writeln!(s, "error ({n}x): {e}");
         }
+        for (priority, r) in &self.by_priority {
+            let _ = writeln!(s, "{:-^50}", format!(" priority {priority} "));
+            line(
+                &mut s,
+                "Requests (successful / failed):",
+                format!("{} / {}", r.completed, r.failed),
+            );
+            if let Some(g) = r.request_goodput {
+                line(&mut s, "Request goodput (req/s):", format!("{g:.2}"));
+            }
+            line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", r.output_throughput));
+            for (name, _, d) in r.selected_metrics() {
+                let short = name.to_uppercase();
+                line(&mut s, &format!("Median {short} (ms):"), format!("{:.2}", d.median));
+                for &(p, v) in &d.percentiles {
+                    line(
+                        &mut s,
+                        &format!("P{} {short} (ms):", percentile_name(p)),
+                        format!("{v:.2}"),
+                    );
+                }
+            }
+        }
         let _ = writeln!(s, "{:=^50}", "");
         s
     }
+}
+
+/// One summary per `priority` the requests carried, when they carried more than one.
+fn by_priority(
+    config: &ServeBenchConfig,
+    requests: &[BenchRequest],
+    outcomes: &[Outcome],
+    duration_s: f64,
+    tok: &dyn PromptTokenizer,
+) -> BTreeMap<i64, BenchResult> {
+    let priorities: std::collections::BTreeSet<i64> =
+        requests.iter().filter_map(|r| r.priority).collect();
+    if priorities.len() < 2 {
+        return BTreeMap::new();
+    }
+    priorities
+        .into_iter()
+        .map(|p| {
+            let (reqs, outs): (Vec<BenchRequest>, Vec<Outcome>) = requests
+                .iter()
+                .zip(outcomes)
+                .filter(|(r, _)| r.priority == Some(p))
+                .map(|(r, o)| (r.clone(), o.clone()))
+                .unzip();
+            (p, BenchResult::summarise(config, &reqs, &outs, duration_s, tok))
+        })
+        .collect()
 }
 
 /// vLLM's peak metrics: the most output tokens (text chunks, as vLLM counts them) received in
@@ -371,7 +431,8 @@ mod tests {
             tokenizer_id: "tok".into(),
             percentile_metrics: vec!["ttft".into(), "tpot".into(), "itl".into(), "e2el".into()],
         };
-        let req = BenchRequest { prompt: "abc".into(), prompt_len: 3, output_len: 4 };
+        let req =
+            BenchRequest { prompt: "abc".into(), prompt_len: 3, output_len: 4, priority: None };
         let ok = |ttft: f64, usage: Option<usize>| Outcome {
             success: true,
             ttft,
@@ -399,6 +460,20 @@ mod tests {
         assert!((r.ttft_ms.mean - 150.0).abs() < 1e-9);
         assert_eq!(r.itl_ms.percentiles.len(), 2);
         assert_eq!(r.error_counts.get("HTTP 500: boom"), Some(&1));
+        assert!(r.by_priority.is_empty(), "requests without priorities get no breakdown");
+        let with = |p| BenchRequest {
+            prompt: "abc".into(),
+            prompt_len: 3,
+            output_len: 4,
+            priority: Some(p),
+        };
+        let m =
+            BenchResult::summarise(&config, &[with(0), with(1), with(1)], &outcomes, 2.0, &Letters);
+        assert_eq!(m.by_priority.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+        let (p0, p1) = (&m.by_priority[&0], &m.by_priority[&1]);
+        assert_eq!((p0.completed, p1.completed, p1.failed), (1, 1, 1));
+        assert_eq!(m.to_json(false)["by_priority"]["1"]["failed"], 1);
+        assert!(m.report().contains(" priority 0 "), "{}", m.report());
         let j = r.to_json(true);
         for key in
             ["p99_ttft_ms", "median_itl_ms", "std_e2el_ms", "request_goodput", "itls", "errors"]

@@ -11,10 +11,12 @@ use kiln_core::{RequestId, SamplingParams, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
-    AddError, ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerStats,
+    AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
+    Request, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
 };
 
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
+use crate::slo::{SloAdmission, SloConfig};
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
@@ -37,6 +39,8 @@ pub struct EngineConfig {
     pub kv_cache_dtype: KvCacheDtype,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<SpeculativeConfig>,
+    /// Latency targets, SLO classes and admission control (all off by default).
+    pub slo: SloConfig,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +54,7 @@ impl Default for EngineConfig {
             eos_token_ids: Vec::new(),
             kv_cache_dtype: KvCacheDtype::F16,
             speculative: None,
+            slo: SloConfig::default(),
         }
     }
 }
@@ -90,6 +95,14 @@ pub struct EngineStats {
     pub step_time: Duration,
     /// Speculative-decoding counters (all 0 with speculation off).
     pub spec_decode: SpecDecodeStats,
+    /// The scheduler's limits in force (the batch controller moves them).
+    pub limits: kiln_sched::StepLimits,
+    /// The batch controller's state (`None`: no latency objective configured).
+    pub controller: Option<ControllerStats>,
+    /// Requests refused by admission control since start (deadline unmeetable).
+    pub num_slo_rejected: u64,
+    /// Requests demoted since start: at admission, or waiting past their deadline.
+    pub num_slo_demoted: u64,
 }
 
 pub struct EngineCore {
@@ -107,6 +120,13 @@ pub struct EngineCore {
     grammar: Option<PendingCompiler>,
     /// Run once when the engine thread stops.
     shutdown_hook: Option<ShutdownHook>,
+    /// Plans the scheduler's limits from measured steps (`None`: no latency objective).
+    controller: Option<BatchController>,
+    /// The engine's clock for deadlines (milliseconds since this instant).
+    epoch: Instant,
+    /// When each request without a first token yet arrived.
+    arrived: HashMap<RequestId, Instant>,
+    num_admission_demoted: u64,
 }
 
 /// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
@@ -150,6 +170,15 @@ impl EngineCore {
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
         let speculator = config.speculative.clone().map(Speculator::new);
+        let slo = &config.slo;
+        let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
+            .then(|| {
+                BatchController::new(ControllerConfig {
+                    target_itl: slo.target_itl_ms.map(|ms| ms / 1e3),
+                    target_ttft: slo.target_ttft_ms.map(|ms| ms / 1e3),
+                    ceiling: scheduler.limits(),
+                })
+            });
         Ok(Self {
             scheduler,
             runner,
@@ -161,7 +190,54 @@ impl EngineCore {
             speculator,
             grammar: None,
             shutdown_hook: None,
+            controller,
+            epoch: Instant::now(),
+            arrived: HashMap::new(),
+            num_admission_demoted: 0,
         })
+    }
+
+    /// Milliseconds on the engine's clock.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The request's deadline from its SLO class, after admission control: `Err` when it must
+    /// be refused, `Ok((deadline, demoted))` otherwise.
+    fn admit_deadline(
+        &self,
+        priority: i64,
+        num_prompt_tokens: usize,
+    ) -> Result<Option<(Deadline, bool)>, AddError> {
+        let slo = &self.config.slo;
+        let Some(class) = slo.class_for(priority) else { return Ok(None) };
+        let now = self.now_ms();
+        let deadline =
+            Deadline { first_token_ms: now.saturating_add(class.ttft_ms), tpot_ms: class.tpot_ms };
+        if slo.admission == SloAdmission::Off {
+            return Ok(Some((deadline, false)));
+        }
+        let ahead = match self.config.scheduler.policy {
+            SchedulingPolicy::Deadline => Some(deadline.first_token_ms),
+            _ => None,
+        };
+        let tokens = self.scheduler.pending_prefill_tokens(ahead) + num_prompt_tokens;
+        let predicted = self
+            .controller
+            .as_ref()
+            .and_then(|c| c.predict_prefill_seconds(tokens, self.scheduler.num_running()));
+        let Some(predicted) = predicted else { return Ok(Some((deadline, false))) };
+        let predicted_ms = (predicted * 1e3).ceil() as u64;
+        if predicted_ms <= class.ttft_ms {
+            return Ok(Some((deadline, false)));
+        }
+        if slo.admission == SloAdmission::Reject {
+            return Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms });
+        }
+        let shift = self.config.scheduler.slo_demotion_ms;
+        let pushed =
+            Deadline { first_token_ms: deadline.first_token_ms.saturating_add(shift), ..deadline };
+        Ok(Some((pushed, true)))
     }
 
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
@@ -300,10 +376,27 @@ impl EngineCore {
                 })?)
             }
         };
-        let request = Request::new(id, prompt, params)
+        let num_prompt_tokens = prompt.len();
+        let deadline = self.admit_deadline(priority, num_prompt_tokens);
+        if let Err(AddError::DeadlineUnmeetable { .. }) = &deadline {
+            self.stats.num_slo_rejected += 1;
+        }
+        let mut request = Request::new(id, prompt, params)
             .with_priority(priority)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
+        request = match deadline? {
+            Some((deadline, false)) => request.with_deadline(deadline),
+            Some((deadline, true)) => request.with_demoted_deadline(deadline),
+            None => request,
+        };
+        let demoted = request.is_demoted();
         self.scheduler.add(request)?;
+        self.num_admission_demoted += u64::from(demoted);
+        let now = Instant::now();
+        self.arrived.insert(id, now);
+        if let Some(c) = &mut self.controller {
+            c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
+        }
         if let Some(constraint) = constraint {
             self.runner.add_constraint(id, constraint);
         }
@@ -333,6 +426,7 @@ impl EngineCore {
     /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.first_scheduled.remove(&id);
+        self.arrived.remove(&id);
         self.runner.forget(id);
         if let Some(spec) = &mut self.speculator {
             spec.forget(id);
@@ -345,6 +439,7 @@ impl EngineCore {
     /// One engine step; returns the sampled tokens in batch order (empty when idle).
     pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
         let start = Instant::now();
+        self.scheduler.set_now_ms(self.now_ms());
         let sched_out = self.scheduler.schedule();
         for new in &sched_out.new_requests {
             self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
@@ -386,9 +481,47 @@ impl EngineCore {
         }
         self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
         self.stats.total_sampled_tokens += outputs.len() as u64;
+        let step_time = start.elapsed();
+        self.control(&sched_out, &outputs, step_time);
         self.refresh_stats();
-        self.stats.step_time = start.elapsed();
+        self.stats.step_time = step_time;
         Ok(outputs)
+    }
+
+    /// Feeds the step to the batch controller and applies the limits it plans.
+    fn control(
+        &mut self,
+        sched_out: &kiln_sched::SchedulerOutput,
+        outputs: &[EngineOutput],
+        step_time: Duration,
+    ) {
+        let now = Instant::now();
+        for out in outputs.iter().filter(|o| o.first.is_some()) {
+            if let Some(arrived) = self.arrived.remove(&out.id)
+                && let Some(c) = &mut self.controller
+            {
+                c.observe_ttft(now.saturating_duration_since(arrived).as_secs_f64());
+            }
+        }
+        for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+            self.arrived.remove(&out.id);
+        }
+        let Some(controller) = &mut self.controller else { return };
+        // The strictest per-token target of the running requests' classes holds when it is
+        // tighter than the global one.
+        let class_tpot = self.scheduler.strictest_running_tpot_ms().map(|ms| f64::from(ms) / 1e3);
+        let global = self.config.slo.target_itl_ms.map(|ms| ms / 1e3);
+        controller.set_target_itl(match (global, class_tpot) {
+            (Some(g), Some(c)) => Some(g.min(c)),
+            (g, c) => g.or(c),
+        });
+        let limits = controller.observe_step(
+            &sched_out.load(),
+            step_time.as_secs_f64(),
+            self.scheduler.num_running(),
+            self.scheduler.pending_prefill_tokens(None),
+        );
+        self.scheduler.set_limits(limits);
     }
 
     fn refresh_stats(&mut self) {
@@ -400,7 +533,11 @@ impl EngineCore {
             num_preemptions,
             num_scheduled_tokens,
             num_steps,
+            num_demoted,
         } = self.scheduler.stats();
+        self.stats.limits = self.scheduler.limits();
+        self.stats.controller = self.controller.as_ref().map(BatchController::stats);
+        self.stats.num_slo_demoted = num_demoted + self.num_admission_demoted;
         self.stats.num_running = num_running;
         self.stats.num_waiting = num_waiting;
         self.stats.kv_usage = kv_usage;

@@ -20,6 +20,7 @@ mod output;
 pub mod prefix_store;
 mod runner;
 mod sampler;
+pub mod slo;
 pub mod spec;
 pub mod structured;
 
@@ -28,9 +29,12 @@ pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
 pub use kiln_models::KvCacheDtype;
-pub use kiln_sched::{RequestOutput, SchedulerConfig, SchedulingPolicy};
+pub use kiln_sched::{
+    AddError, ControllerStats, RequestOutput, SchedulerConfig, SchedulingPolicy, StepLimits,
+};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras};
 pub use sampler::Sampler;
+pub use slo::{SloAdmission, SloClass, SloConfig};
 pub use spec::{SpecDecodeStats, SpeculativeConfig};

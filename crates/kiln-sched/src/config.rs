@@ -13,6 +13,10 @@ pub enum SchedulingPolicy {
     Priority,
     /// Shortest estimated remaining work first, aged so nothing starves.
     Sjf,
+    /// Earliest first-token deadline first ([`crate::Deadline`]); a request whose deadline
+    /// passes while it waits is demoted once (its deadline pushed `slo_demotion_ms` past that
+    /// moment), so late work does not make everyone else late.
+    Deadline,
 }
 
 impl SchedulingPolicy {
@@ -22,6 +26,7 @@ impl SchedulingPolicy {
             Self::Fcfs => "fcfs",
             Self::Priority => "priority",
             Self::Sjf => "sjf",
+            Self::Deadline => "deadline",
         }
     }
 }
@@ -46,6 +51,9 @@ pub struct SchedulerConfig {
     /// SJF aging: every step since `add` subtracts this many tokens from a request's estimated
     /// remaining work (>= 1).
     pub sjf_aging_tokens_per_step: u64,
+    /// Deadline policy: a waiting request whose first-token deadline has passed gets a new one
+    /// this many milliseconds later (>= 1).
+    pub slo_demotion_ms: u64,
     /// Passed to the KV cache manager (overrides the flag in its config).
     pub enable_prefix_caching: bool,
 }
@@ -61,6 +69,7 @@ impl Default for SchedulerConfig {
             policy: SchedulingPolicy::Fcfs,
             priority_aging_steps: 64,
             sjf_aging_tokens_per_step: 16,
+            slo_demotion_ms: 60_000,
             enable_prefix_caching: true,
         }
     }
@@ -89,6 +98,7 @@ impl SchedulerConfig {
             ("max_num_partial_prefills", self.max_num_partial_prefills as u64),
             ("priority_aging_steps", self.priority_aging_steps),
             ("sjf_aging_tokens_per_step", self.sjf_aging_tokens_per_step),
+            ("slo_demotion_ms", self.slo_demotion_ms),
             ("block_size", block_size as u64),
             ("num_kv_blocks", num_blocks as u64),
         ];

@@ -45,19 +45,22 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Modules: `config` (typed limits, validation), `request` (per-request state), `policy`
-//! (ordering keys and aging), `output` (the step diff and runner results), `scheduler` (the
-//! loop).
+//! Modules: `config` (typed limits, validation), `request` (per-request state and deadlines),
+//! `policy` (ordering keys and aging, earliest deadline first), `output` (the step diff, its
+//! load and runner results), `scheduler` (the loop, limits settable at run time),
+//! `controller` (adaptive batch control from a step-cost model fitted online).
 
 mod config;
+pub mod controller;
 mod output;
 pub mod policy;
 mod request;
 mod scheduler;
 
 pub use config::{ConfigError, SchedulerConfig, SchedulingPolicy};
+pub use controller::{BatchController, ControllerConfig, ControllerStats};
 pub use output::{
-    CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput,
+    CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput, StepLoad,
 };
-pub use request::{AddError, Request, RequestStatus};
-pub use scheduler::{Scheduler, SchedulerStats};
+pub use request::{AddError, Deadline, Request, RequestStatus};
+pub use scheduler::{Scheduler, SchedulerStats, StepLimits};

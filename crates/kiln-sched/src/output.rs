@@ -93,6 +93,28 @@ impl SchedulerOutput {
             .map(|r| (r.id, r.spec_token_ids.as_slice()))
     }
 
+    /// What the step asks of the model, for a step-cost model ([`StepLoad`]).
+    pub fn load(&self) -> StepLoad {
+        let mut load = StepLoad { num_tokens: self.num_scheduled_tokens, ..StepLoad::default() };
+        let new =
+            self.new_requests.iter().map(|r| (r.num_computed_tokens, r.num_scheduled_tokens, 0));
+        let cached = self
+            .cached_requests
+            .iter()
+            .map(|r| (r.num_computed_tokens, r.num_scheduled_tokens, r.spec_token_ids.len()));
+        for (computed, scheduled, spec) in new.chain(cached) {
+            let context = (computed + scheduled) as f64;
+            load.attention += scheduled as f64 * context;
+            if scheduled - spec == 1 {
+                load.num_decodes += 1;
+                load.decode_context += context;
+            } else {
+                load.num_prefill_tokens += scheduled;
+            }
+        }
+        load
+    }
+
     pub fn num_scheduled_requests(&self) -> usize {
         self.new_requests.len() + self.cached_requests.len()
     }
@@ -100,6 +122,22 @@ impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.num_scheduled_requests() == 0
     }
+}
+
+/// The size of one step: what its cost grows with.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepLoad {
+    /// Tokens scheduled (prefill chunks, decode tokens and drafts).
+    pub num_tokens: usize,
+    /// Requests that compute one known token (plus drafts) this step: decodes.
+    pub num_decodes: usize,
+    /// Sum of the decodes' context lengths (KV positions each reads).
+    pub decode_context: f64,
+    /// Tokens of prefill chunks.
+    pub num_prefill_tokens: usize,
+    /// Attention work: for every request, scheduled tokens × its context length at the end of
+    /// the step (an upper bound of the KV positions its queries read).
+    pub attention: f64,
 }
 
 /// What the runner produced for one step: per scheduled request, in

@@ -12,6 +12,15 @@
 //! - **sjf**: `remaining_work - age * sjf_aging_tokens_per_step`, where `remaining_work` is the
 //!   tokens to compute now plus the outputs still allowed. The victim has the most (aged) work.
 //!
+//! - **deadline**: the first-token deadline in milliseconds (earliest deadline first; requests
+//!   without one come last). The victim has the latest deadline. Deadlines age by themselves: a
+//!   request arriving at `t` has a deadline of at least `t + min_ttft`, and a demoted one
+//!   (scheduler: a waiting request whose deadline passed, once) `now + slo_demotion_ms`. So a
+//!   request with deadline `d` is outranked only by requests that arrived before
+//!   `d - min_ttft` or were demoted before `d - slo_demotion_ms`: a finite set, whatever the
+//!   load, after which it is admitted (if it is itself demoted, the same holds for its new
+//!   deadline). That is the starvation bound the tests check.
+//!
 //! `age` is the number of `schedule()` calls since the request was added, so it keeps growing
 //! while a request waits, runs or is preempted. A request added at step `s` with primary key `k`
 //! therefore outranks every request added later with primary key at least `k_min` once
@@ -39,7 +48,13 @@ fn aged_primary(config: &SchedulerConfig, req: &Request, step: u64) -> i64 {
             let work = i64::try_from(req.remaining_work()).unwrap_or(i64::MAX);
             work.saturating_sub(i64::try_from(bonus).unwrap_or(i64::MAX))
         }
+        SchedulingPolicy::Deadline => deadline_key(req),
     }
+}
+
+/// Earliest deadline first; no deadline sorts after every deadline.
+fn deadline_key(req: &Request) -> i64 {
+    req.deadline().map_or(i64::MAX, |d| i64::try_from(d.first_token_ms).unwrap_or(i64::MAX))
 }
 
 /// The key of a running request (budget order; the largest is the preemption victim).
@@ -51,7 +66,9 @@ pub fn running_key(config: &SchedulerConfig, req: &Request, step: u64) -> Policy
 pub fn waiting_key(config: &SchedulerConfig, req: &Request, step: u64) -> PolicyKey {
     let primary = match config.policy {
         SchedulingPolicy::Fcfs => req.queue_seq,
-        SchedulingPolicy::Priority | SchedulingPolicy::Sjf => aged_primary(config, req, step),
+        SchedulingPolicy::Priority | SchedulingPolicy::Sjf | SchedulingPolicy::Deadline => {
+            aged_primary(config, req, step)
+        }
     };
     (primary, req.arrival(), req.id().0)
 }

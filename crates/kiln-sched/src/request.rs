@@ -25,6 +25,15 @@ pub enum RequestStatus {
     Finished(FinishReason),
 }
 
+/// A request's latency objectives (a service-level objective class resolved to times).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    /// The first token is due by this time (milliseconds on the engine's clock).
+    pub first_token_ms: u64,
+    /// Target time per output token after the first, in milliseconds (`None`: none).
+    pub tpot_ms: Option<u32>,
+}
+
 /// A generation request as the scheduler tracks it.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -39,6 +48,11 @@ pub struct Request {
     priority: i64,
     /// Caller-given arrival (a timestamp or counter); `None` = the scheduler's add order.
     arrival: Option<u64>,
+    /// Latency objectives (the deadline policy orders by them).
+    deadline: Option<Deadline>,
+    /// Whether the scheduler pushed the first-token deadline back once it had passed while the
+    /// request waited (the deadline policy; at most once per request).
+    pub(crate) demoted: bool,
     pub(crate) num_computed_tokens: usize,
     pub(crate) status: RequestStatus,
     /// Known tokens handed out by the last `schedule()` and not yet confirmed by `update()`
@@ -68,6 +82,8 @@ impl Request {
             eos_token_ids: Vec::new(),
             priority: 0,
             arrival: None,
+            deadline: None,
+            demoted: false,
             num_computed_tokens: 0,
             status: RequestStatus::Waiting,
             num_in_flight_tokens: 0,
@@ -93,6 +109,23 @@ impl Request {
         self
     }
 
+    /// Latency objectives: a first-token deadline on the engine's clock (the clock handed to
+    /// [`crate::Scheduler::set_now_ms`]) and an optional time-per-output-token target.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Deadline) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// As [`Request::with_deadline`] for a request that admission control already demoted (its
+    /// deadline pushed back): the scheduler does not demote it again.
+    #[must_use]
+    pub fn with_demoted_deadline(mut self, deadline: Deadline) -> Self {
+        self.deadline = Some(deadline);
+        self.demoted = true;
+        self
+    }
+
     #[must_use]
     pub fn with_eos_token_ids(mut self, eos_token_ids: Vec<TokenId>) -> Self {
         self.eos_token_ids = eos_token_ids;
@@ -105,6 +138,23 @@ impl Request {
 
     pub fn priority(&self) -> i64 {
         self.priority
+    }
+
+    /// The request's latency objectives, as given or as pushed back by a demotion.
+    pub fn deadline(&self) -> Option<Deadline> {
+        self.deadline
+    }
+
+    /// Whether the scheduler demoted the request (its first-token deadline passed while it
+    /// waited under the deadline policy).
+    pub fn is_demoted(&self) -> bool {
+        self.demoted
+    }
+
+    pub(crate) fn set_first_token_deadline(&mut self, first_token_ms: u64) {
+        if let Some(d) = &mut self.deadline {
+            d.first_token_ms = first_token_ms;
+        }
     }
 
     /// The arrival used for ordering (set by `Scheduler::add` when the caller gave none).
@@ -223,6 +273,14 @@ pub enum AddError {
         token: u32,
         vocab_size: usize,
     },
+    /// Admission control: the request's first-token deadline cannot be met with the work queued
+    /// ahead of it (predicted from the measured step cost); the engine checks this.
+    DeadlineUnmeetable {
+        /// Predicted time to the first token.
+        predicted_ms: u64,
+        /// The time the request's class allows.
+        ttft_slo_ms: u64,
+    },
 }
 
 impl fmt::Display for AddError {
@@ -238,6 +296,12 @@ impl fmt::Display for AddError {
                 num_prompt_tokens + max_tokens
             ),
             Self::InvalidSampling(message) => f.write_str(message),
+            Self::DeadlineUnmeetable { predicted_ms, ttft_slo_ms } => write!(
+                f,
+                "the server cannot meet this request's time-to-first-token objective of \
+                 {ttft_slo_ms} ms: the work queued ahead of it needs about {predicted_ms} ms. \
+                 Retry later."
+            ),
             Self::TokenOutOfVocab { what, token, vocab_size } => write!(
                 f,
                 "{what}: token id {token} is outside the vocabulary (valid ids are 0 to {})",

@@ -29,6 +29,15 @@
 //! (they live in `spec_token_ids`, and only tokens the runner returns are appended). Rollback
 //! never goes below the registered range, so no registered block can hold rejected-token KV.
 //!
+//! Limits at run time: [`Scheduler::set_limits`] lowers the token budget and the running cap
+//! below the configured ones (a batch controller does, between steps). A lower cap preempts
+//! nothing: it only stops admissions until enough running requests finish.
+//!
+//! Deadlines: under the deadline policy the engine hands in its clock
+//! ([`Scheduler::set_now_ms`]) before each step; a waiting request (never scheduled) whose
+//! first-token deadline has passed is demoted once: its deadline moves `slo_demotion_ms` past
+//! now, so it stops outranking work that can still be on time.
+//!
 //! Invariants ([`Scheduler::check_invariants`], between `update` and `schedule`): the KV
 //! manager's; `running.len() <= max_num_seqs`; at most `max_num_partial_prefills` running
 //! requests have more than one token left to compute (only an admission can start a partial
@@ -46,12 +55,22 @@ use std::mem;
 use kiln_core::{BlockId, RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, KvCacheManager, PrefixCacheStats};
 
-use crate::config::{ConfigError, SchedulerConfig};
+use crate::config::{ConfigError, SchedulerConfig, SchedulingPolicy};
 use crate::output::{
     CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput,
 };
 use crate::policy::{running_key, waiting_key};
 use crate::request::{AddError, Request, RequestStatus};
+
+/// The limits in force for the next steps: at most the configured ones
+/// ([`Scheduler::set_limits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Token budget of one step.
+    pub max_num_batched_tokens: usize,
+    /// Running requests beyond which no request is admitted.
+    pub max_num_seqs: usize,
+}
 
 /// Counters for metrics and logs.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -67,12 +86,17 @@ pub struct SchedulerStats {
     pub num_scheduled_tokens: u64,
     /// `schedule()` calls since start.
     pub num_steps: u64,
+    /// Requests demoted for a missed first-token deadline since start (deadline policy).
+    pub num_demoted: u64,
 }
 
 /// The continuous-batching scheduler; owns the KV cache manager.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
+    limits: StepLimits,
+    /// The engine's clock in milliseconds, as of the last `set_now_ms`.
+    now_ms: u64,
     kv: KvCacheManager,
     requests: HashMap<RequestId, Request>,
     /// Requests holding blocks, in admission order.
@@ -86,6 +110,7 @@ pub struct Scheduler {
     finished_since_last: Vec<RequestId>,
     num_preemptions: u64,
     num_scheduled_tokens: u64,
+    num_demoted: u64,
 }
 
 /// A running request scheduled in the current pass.
@@ -103,8 +128,14 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig, mut kv_config: KvCacheConfig) -> Result<Self, ConfigError> {
         config.validate(kv_config.block_size, kv_config.num_blocks)?;
         kv_config.enable_prefix_caching = config.enable_prefix_caching;
+        let limits = StepLimits {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+        };
         Ok(Self {
             config,
+            limits,
+            now_ms: 0,
             kv: KvCacheManager::new(kv_config),
             requests: HashMap::new(),
             running: Vec::new(),
@@ -116,7 +147,54 @@ impl Scheduler {
             finished_since_last: Vec::new(),
             num_preemptions: 0,
             num_scheduled_tokens: 0,
+            num_demoted: 0,
         })
+    }
+
+    /// The limits in force (the configured ones unless [`Scheduler::set_limits`] lowered them).
+    pub fn limits(&self) -> StepLimits {
+        self.limits
+    }
+
+    /// Sets the token budget and running cap of the next steps, each clamped to `1..=` its
+    /// configured value; returns the limits now in force. Running requests above a lowered cap
+    /// keep running (nothing is preempted); admissions wait until they are below it.
+    pub fn set_limits(&mut self, limits: StepLimits) -> StepLimits {
+        self.limits = StepLimits {
+            max_num_batched_tokens: limits
+                .max_num_batched_tokens
+                .clamp(1, self.config.max_num_batched_tokens),
+            max_num_seqs: limits.max_num_seqs.clamp(1, self.config.max_num_seqs),
+        };
+        self.limits
+    }
+
+    /// Sets the clock that deadlines are read against (milliseconds, never going back).
+    pub fn set_now_ms(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    /// Tokens still to prefill: every waiting request's prompt (and output, if preempted) and
+    /// the rest of running prefills. With `before` given (deadline policy), only requests whose
+    /// first-token deadline is not later than it: the work admitted ahead of such a request.
+    pub fn pending_prefill_tokens(&self, before: Option<u64>) -> usize {
+        let ahead = |req: &Request| match (before, req.deadline()) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(limit), Some(d)) => d.first_token_ms <= limit,
+        };
+        let waiting = self.waiting.iter().map(|id| &self.requests[id]).filter(|r| ahead(r));
+        let running = self
+            .running
+            .iter()
+            .map(|id| &self.requests[id])
+            .filter(|r| r.num_uncomputed_tokens() > 1 && ahead(r));
+        waiting.chain(running).map(Request::num_uncomputed_tokens).sum()
+    }
+
+    /// The strictest time-per-output-token target among running requests, in milliseconds.
+    pub fn strictest_running_tpot_ms(&self) -> Option<u32> {
+        self.running.iter().filter_map(|id| self.requests[id].deadline()?.tpot_ms).min()
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -169,6 +247,7 @@ impl Scheduler {
             num_preemptions: self.num_preemptions,
             num_scheduled_tokens: self.num_scheduled_tokens,
             num_steps: self.step,
+            num_demoted: self.num_demoted,
         }
     }
 
@@ -255,7 +334,10 @@ impl Scheduler {
             finished_ids: mem::take(&mut self.finished_since_last),
             ..SchedulerOutput::default()
         };
-        let mut budget = self.config.max_num_batched_tokens;
+        if self.config.policy == SchedulingPolicy::Deadline {
+            self.demote_late_waiting();
+        }
+        let mut budget = self.limits.max_num_batched_tokens;
         let scheduled = self.schedule_running(&mut budget, &mut out.preempted_ids);
         let mut num_partial = 0;
         out.cached_new_token_ids.reserve(scheduled.len());
@@ -285,6 +367,21 @@ impl Scheduler {
         }
         self.num_scheduled_tokens += out.num_scheduled_tokens as u64;
         out
+    }
+
+    /// Deadline policy: pushes back, once, the deadline of every never-scheduled waiting request
+    /// whose first token is already late.
+    fn demote_late_waiting(&mut self) {
+        let (now, shift) = (self.now_ms, self.config.slo_demotion_ms);
+        for id in &self.waiting {
+            let Some(req) = self.requests.get_mut(id) else { continue };
+            let late = req.deadline().is_some_and(|d| d.first_token_ms < now);
+            if late && !req.demoted && req.status == RequestStatus::Waiting {
+                req.demoted = true;
+                req.set_first_token_deadline(now.saturating_add(shift));
+                self.num_demoted += 1;
+            }
+        }
     }
 
     /// Phase 1: running requests in policy order; preempts when blocks run out.
@@ -398,7 +495,7 @@ impl Scheduler {
         order.sort_by_cached_key(|id| waiting_key(&self.config, &self.requests[id], step));
         let mut num_admitted = 0;
         for id in order {
-            if budget == 0 || self.running.len() >= self.config.max_num_seqs {
+            if budget == 0 || self.running.len() >= self.limits.max_num_seqs {
                 break;
             }
             let req = &self.requests[&id];

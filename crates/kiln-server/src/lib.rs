@@ -100,9 +100,16 @@ pub fn load(
     let metrics =
         Arc::new(Metrics::with_prefix(&config.metrics_prefix, name, limits.max_model_len));
     let observer_metrics = Arc::clone(&metrics);
+    let mut last_stats = core.stats();
     let engine = EngineHandle::spawn_with_observer(
         core,
-        Some(Box::new(move |stats| observer_metrics.on_step(stats))),
+        Some(Box::new(move |stats| {
+            observer_metrics.on_step(stats);
+            if let Some(line) = metrics::controller_log_line(&last_stats, stats) {
+                tracing::info!("{line}");
+            }
+            last_stats = *stats;
+        })),
     )
     .map_err(|e| format!("could not start the engine thread: {e}"))?;
     Ok(Loaded {

@@ -14,6 +14,7 @@
 //!     a total smaller than one already seen is ignored, so counters never go backwards;
 //!   - the speculative-decoding counters `kiln:spec_decode_*` advance likewise (module
 //!     `spec`; the periodic stats log adds vLLM's acceptance line while drafts are verified);
+//!   - the batch-control and SLO series `kiln:scheduler_*` and `kiln:slo_*` (module `slo`);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
 //! - [`Metrics::on_prompt_tokens`], when a request's first token arrives:
@@ -60,6 +61,7 @@
 
 pub mod http;
 mod process;
+mod slo;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -79,6 +81,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use self::process::ProcessCollector;
+pub use self::slo::controller_log_line;
+use self::slo::{SloMetrics, SloTotals};
 use self::spec::SpecMetrics;
 pub use self::spec::log_line as spec_decode_log_line;
 
@@ -202,6 +206,7 @@ struct LastTotals {
     num_preemptions: u64,
     num_steps: u64,
     spec_decode: SpecDecodeStats,
+    slo: SloTotals,
 }
 
 type ReasonLabel = [(&'static str, String); 1];
@@ -233,6 +238,7 @@ pub struct Metrics {
     request_prompt_tokens: Histogram,
     request_generation_tokens: Histogram,
     spec_decode: SpecMetrics,
+    slo: SloMetrics,
     request_inference_time: Histogram,
     request_time_per_output_token: Histogram,
     request_params_n: Histogram,
@@ -277,6 +283,7 @@ impl Metrics {
             request_prompt_tokens: Histogram::new(token_buckets()),
             request_generation_tokens: Histogram::new(token_buckets()),
             spec_decode: SpecMetrics::default(),
+            slo: SloMetrics::default(),
             request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_time_per_output_token: Histogram::new(ITL_BUCKETS),
             request_params_n: Histogram::new(N_BUCKETS),
@@ -384,6 +391,7 @@ impl Metrics {
             r.register(name, help, histogram.clone());
         }
         self.spec_decode.register(r, &p);
+        self.slo.register(r, &p);
         self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
         self
@@ -463,6 +471,7 @@ impl Metrics {
             );
             advance(&self.num_preemptions, &mut last.num_preemptions, stats.num_preemptions);
             self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
+            self.slo.update(&mut last.slo, stats);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);
             new_step

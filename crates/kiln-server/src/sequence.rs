@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
-use kiln_engine::{EngineError, Logprobs, PromptLogprobs, StreamItem};
+use kiln_engine::{AddError, EngineError, Logprobs, PromptLogprobs, StreamItem};
 use kiln_tokenizer::DecodeStream;
 use tokio::sync::mpsc;
 
@@ -239,8 +240,30 @@ impl Drop for Sequence {
 
 fn engine_error(e: &EngineError) -> ApiError {
     match e {
+        EngineError::Rejected(reason @ AddError::DeadlineUnmeetable { .. }) => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, reason.to_string())
+        },
         EngineError::Rejected(reason) => ApiError::bad_request(reason.to_string()),
         EngineError::Shutdown => ApiError::draining(),
         EngineError::Config(m) | EngineError::Forward(m) => ApiError::internal(m.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmeetable_deadline_is_429_with_retry_after_other_refusals_400() {
+        let late = EngineError::Rejected(AddError::DeadlineUnmeetable {
+            predicted_ms: 4200,
+            ttft_slo_ms: 1000,
+        });
+        let e = engine_error(&late);
+        assert_eq!((e.status, e.retry_after), (StatusCode::TOO_MANY_REQUESTS, Some(1)));
+        assert!(e.message.contains("1000 ms") && e.message.contains("4200 ms"), "{}", e.message);
+        let bad = engine_error(&EngineError::Rejected(AddError::InvalidSampling("x".into())));
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     }
 }

@@ -15,8 +15,12 @@
 //! pure decode steps: the steadiest inter-token latency, later first tokens); balanced sits
 //! between. Measured effects: docs/BENCHMARKS.md, "Profiles".
 
+use std::collections::BTreeMap;
+
+use kiln_engine::slo::parse_slo_classes;
 use kiln_engine::{
-    EngineConfig, KvCacheDtype, SchedulerConfig, SchedulingPolicy, SpeculativeConfig,
+    EngineConfig, KvCacheDtype, SchedulerConfig, SchedulingPolicy, SloAdmission, SloClass,
+    SloConfig, SpeculativeConfig,
 };
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -24,6 +28,14 @@ pub enum Policy {
     Fcfs,
     Priority,
     Sjf,
+    Deadline,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Admission {
+    Reject,
+    Demote,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -79,10 +91,27 @@ pub struct EngineArgs {
     /// Most prompts being prefilled in chunks at once [profile: 2 | 1 | 1].
     #[arg(long)]
     pub max_num_partial_prefills: Option<usize>,
-    /// Who runs first: arrival order, the request's `priority` (lower first), or shortest
-    /// remaining work; the last two age so nothing starves.
+    /// Who runs first: arrival order, the request's `priority` (lower first), shortest
+    /// remaining work (both aged so nothing starves), or the earliest first-token deadline
+    /// (`--slo-classes`, `--target-ttft-ms`; late waiting work is demoted once).
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: Policy,
+    /// p95 inter-token latency target in ms: the batch controller moves the step's token budget
+    /// and the running cap (below the profile's) to hold it (see docs/OPERATIONS.md).
+    #[arg(long, alias = "target-tpot-ms", value_parser = parse_target_ms)]
+    pub target_itl_ms: Option<f64>,
+    /// p95 time-to-first-token target in ms: the deadline of requests outside `--slo-classes`;
+    /// the step budget drains queued prompts within it.
+    #[arg(long, value_parser = parse_target_ms)]
+    pub target_ttft_ms: Option<f64>,
+    /// SLO classes by request `priority`, JSON: `{"0": {"ttft_ms": 1000, "tpot_ms": 60},
+    /// "1": {"ttft_ms": 30000}}`.
+    #[arg(long, value_parser = parse_slo_classes_arg)]
+    pub slo_classes: Option<BTreeMap<i64, SloClass>>,
+    /// A request whose first-token deadline the queued work already makes unmeetable: refused
+    /// with 429 (reject), queued behind on-time work (demote), or queued as is (off).
+    #[arg(long, value_enum, default_value = "reject")]
+    pub slo_admission: Admission,
     /// Element type of the KV cache: f16 (as llama.cpp's default) halves f32's memory and the
     /// bytes attention reads; int8, fp8 (= fp8_e4m3) and fp8_e5m2 halve them again (one byte
     /// per element plus a scale per token and KV head); f32 keeps K and V unrounded.
@@ -100,6 +129,18 @@ pub fn parse_speculative_config(text: &str) -> Result<SpeculativeConfig, String>
     SpeculativeConfig::from_json(text).map_err(|e| e.to_string())
 }
 
+/// clap's parser for the millisecond targets.
+pub fn parse_target_ms(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 && ms <= 3.6e6 => Ok(ms),
+        _ => Err(format!("`{text}` is not a number of milliseconds above 0 (at most one hour)")),
+    }
+}
+
+fn parse_slo_classes_arg(text: &str) -> Result<BTreeMap<i64, SloClass>, String> {
+    parse_slo_classes(text).map_err(|e| e.to_string())
+}
+
 impl Default for EngineArgs {
     fn default() -> Self {
         Self {
@@ -110,6 +151,10 @@ impl Default for EngineArgs {
             long_prefill_token_threshold: None,
             max_num_partial_prefills: None,
             scheduling_policy: Policy::Fcfs,
+            target_itl_ms: None,
+            target_ttft_ms: None,
+            slo_classes: None,
+            slo_admission: Admission::Reject,
             kv_cache_dtype: EngineConfig::default().kv_cache_dtype,
             speculative_config: None,
         }
@@ -143,9 +188,26 @@ impl EngineArgs {
                 Policy::Fcfs => SchedulingPolicy::Fcfs,
                 Policy::Priority => SchedulingPolicy::Priority,
                 Policy::Sjf => SchedulingPolicy::Sjf,
+                Policy::Deadline => SchedulingPolicy::Deadline,
             },
             enable_prefix_caching,
             ..SchedulerConfig::default()
+        }
+    }
+}
+
+impl EngineArgs {
+    /// Latency targets, SLO classes and admission control.
+    pub fn slo_config(&self) -> SloConfig {
+        SloConfig {
+            target_itl_ms: self.target_itl_ms,
+            target_ttft_ms: self.target_ttft_ms,
+            classes: self.slo_classes.clone().unwrap_or_default(),
+            admission: match self.slo_admission {
+                Admission::Reject => SloAdmission::Reject,
+                Admission::Demote => SloAdmission::Demote,
+                Admission::Off => SloAdmission::Off,
+            },
         }
     }
 }
@@ -183,6 +245,33 @@ mod tests {
         assert!(Cli::try_parse_from(["kiln", "--profile", "fast"]).is_err());
         assert_eq!(parse(&[]).kv_cache_dtype, KvCacheDtype::F16);
         assert_eq!(parse(&["--kv-cache-dtype", "f32"]).kv_cache_dtype, KvCacheDtype::F32);
+    }
+
+    #[test]
+    fn latency_targets_and_slo_classes() {
+        let none = parse(&[]).slo_config();
+        assert_eq!(none, SloConfig::default());
+        let e = parse(&[
+            "--target-tpot-ms",
+            "60",
+            "--target-ttft-ms",
+            "1000",
+            "--scheduling-policy",
+            "deadline",
+            "--slo-classes",
+            r#"{"0": {"ttft_ms": 500, "tpot_ms": 40}}"#,
+            "--slo-admission",
+            "demote",
+        ]);
+        let slo = e.slo_config();
+        assert_eq!((slo.target_itl_ms, slo.target_ttft_ms), (Some(60.0), Some(1000.0)));
+        assert_eq!(slo.classes[&0], SloClass { ttft_ms: 500, tpot_ms: Some(40) });
+        assert_eq!(slo.admission, SloAdmission::Demote);
+        assert_eq!(e.scheduler_config(true).policy, SchedulingPolicy::Deadline);
+        for bad in [["--target-itl-ms", "0"], ["--target-ttft-ms", "nan"], ["--slo-classes", "{}"]]
+        {
+            assert!(Cli::try_parse_from(["kiln", bad[0], bad[1]]).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: KvCacheDtype::F32,
         speculative: args.speculative_config.clone(),
+        ..EngineConfig::default()
     };
     let mut core = EngineCore::new(loaded.model, config)?;
     let stats = stream(&mut core, tokenizer, prompt, params)?;

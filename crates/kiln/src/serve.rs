@@ -294,6 +294,7 @@ struct LoadArgs {
     threads: usize,
     seed: u64,
     speculative: Option<kiln_engine::SpeculativeConfig>,
+    slo: kiln_engine::SloConfig,
     prefix_cache_dir: Option<PathBuf>,
 }
 
@@ -313,6 +314,7 @@ fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -
         threads: args.engine.threads,
         seed: args.seed,
         speculative: args.engine.speculative_config.clone(),
+        slo: args.engine.slo_config(),
         prefix_cache_dir: args.prefix_cache_dir.clone(),
     }
 }
@@ -358,6 +360,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: args.kv_cache_dtype,
         speculative: args.speculative.clone(),
+        slo: args.slo.clone(),
     };
     let mut core = EngineCore::new(model, engine)?;
     if let Some(dir) = &args.prefix_cache_dir {

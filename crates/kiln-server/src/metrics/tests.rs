@@ -577,6 +577,15 @@ const VLLM_NAMES: [&str; 28] = [
     "vllm:cache_config_info",
 ];
 
+/// Series vLLM does not have (module `slo`), exposed under the configured prefix too.
+const KILN_ONLY_NAMES: [&str; 5] = [
+    "vllm:scheduler_token_budget",
+    "vllm:scheduler_max_running",
+    "vllm:scheduler_controller_gain",
+    "vllm:slo_target_misses_total",
+    "vllm:slo_admission_total",
+];
+
 #[test]
 fn vllm_prefix_gives_vllms_metric_names() {
     let m = Metrics::with_prefix("vllm", MODEL, 1024);
@@ -596,7 +605,9 @@ fn vllm_prefix_gives_vllms_metric_names() {
         .map(str::to_owned)
         .collect();
     names.sort();
-    let mut expected: Vec<String> = VLLM_NAMES.iter().map(|s| (*s).to_owned()).collect();
+    // vLLM's names, plus kiln's own batch-control and SLO series under the same prefix.
+    let mut expected: Vec<String> =
+        VLLM_NAMES.iter().chain(&KILN_ONLY_NAMES).map(|s| (*s).to_owned()).collect();
     expected.sort();
     assert_eq!(names, expected);
     assert!(!text.contains("kiln:"));
@@ -620,4 +631,45 @@ fn request_params_and_per_request_tpot() {
     let tpot = value(&s, "kiln:request_time_per_output_token_seconds_sum", &[]);
     assert!((tpot - 0.35 / 3.0).abs() < 1e-9, "{tpot}");
     assert_eq!(value(&s, "kiln:request_inference_time_seconds_count", &[]), 1.0);
+}
+
+#[test]
+fn batch_control_and_slo_series_follow_the_engine() {
+    use kiln_engine::{ControllerStats, StepLimits};
+    let m = Metrics::new(MODEL, 4096);
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:slo_target_misses_total", &[("target", "itl")]), 0.0);
+    assert_eq!(value(&s, "kiln:slo_admission_total", &[("action", "rejected")]), 0.0);
+    let limits = StepLimits { max_num_batched_tokens: 96, max_num_seqs: 12 };
+    let mut now = EngineStats {
+        limits,
+        controller: Some(ControllerStats {
+            limits,
+            gain: 0.8,
+            itl_misses: 5,
+            ttft_misses: 2,
+            num_moves: 3,
+        }),
+        num_slo_rejected: 4,
+        num_slo_demoted: 1,
+        ..stats(0, 0, 0, 1, 0)
+    };
+    m.on_step(&now);
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:scheduler_token_budget", &[]), 96.0);
+    assert_eq!(value(&s, "kiln:scheduler_max_running", &[]), 12.0);
+    assert_eq!(value(&s, "kiln:scheduler_controller_gain", &[]), 0.8);
+    assert_eq!(value(&s, "kiln:slo_target_misses_total", &[("target", "itl")]), 5.0);
+    assert_eq!(value(&s, "kiln:slo_target_misses_total", &[("target", "ttft")]), 2.0);
+    assert_eq!(value(&s, "kiln:slo_admission_total", &[("action", "rejected")]), 4.0);
+    assert_eq!(value(&s, "kiln:slo_admission_total", &[("action", "demoted")]), 1.0);
+
+    let before = now;
+    assert_eq!(super::controller_log_line(&before, &now), None);
+    if let Some(c) = &mut now.controller {
+        c.num_moves += 1;
+        c.limits.max_num_seqs = 9;
+    }
+    let line = super::controller_log_line(&before, &now).unwrap();
+    assert!(line.contains("max running 12 -> 9"), "{line}");
 }

@@ -128,6 +128,7 @@ pub fn grid_engine(
         eos_token_ids: Vec::new(),
         kv_cache_dtype: engine.kv_cache_dtype,
         speculative: engine.speculative_config.clone(),
+        slo: engine.slo_config(),
     };
     EngineCore::new(model, config).context("building the engine")
 }

@@ -67,6 +67,11 @@ pub struct ServeBenchArgs {
     /// Goodput objectives in ms: `ttft:500 tpot:50 e2el:10000`.
     #[arg(long, num_args = 1..)]
     pub goodput: Vec<String>,
+    /// Send vLLM's `priority` field with a mix of values, `PRIORITY:SHARE,...` (e.g.
+    /// `0:0.2,1:0.8`: a fifth of the requests at priority 0, drawn with `--seed`); the report
+    /// adds a summary per priority.
+    #[arg(long, value_parser = parse_priority_mix)]
+    pub priority_mix: Option<Vec<(i64, f64)>>,
     /// Percentiles to report (vLLM's default: 99).
     #[arg(long, alias = "percentiles", default_value = "99")]
     pub metric_percentiles: String,
@@ -242,7 +247,10 @@ pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<B
     let tokenizer = BenchTokenizer::load(&tokenizer_spec)?;
     let mut data = args.data.clone();
     data.num_prompts = Some(data.num_prompts.unwrap_or(1000));
-    let (warmups, requests) = data.build(args.num_warmups, &tokenizer)?;
+    let (warmups, mut requests) = data.build(args.num_warmups, &tokenizer)?;
+    if let Some(mix) = &args.priority_mix {
+        assign_priorities(&mut requests, mix, args.data.seed);
+    }
     let mean_prompt =
         requests.iter().map(|r| r.prompt_len).sum::<usize>() as f64 / requests.len().max(1) as f64;
     eprintln!(
@@ -323,6 +331,48 @@ impl DatasetArgs {
     }
 }
 
+/// `--priority-mix`: `PRIORITY:SHARE` pairs; shares are positive and normalised to sum to 1.
+fn parse_priority_mix(text: &str) -> Result<Vec<(i64, f64)>, String> {
+    let mut mix = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (p, share) = item
+            .split_once(':')
+            .ok_or_else(|| format!("`{item}`: expected PRIORITY:SHARE, e.g. 0:0.2"))?;
+        let p: i64 = p.trim().parse().map_err(|_| format!("`{item}`: `{p}` is not an integer"))?;
+        let share: f64 = share.trim().parse().map_err(|_| format!("`{item}`: bad share"))?;
+        if !(share.is_finite() && share > 0.0) {
+            return Err(format!("`{item}`: the share must be a positive number"));
+        }
+        if mix.iter().any(|&(q, _)| q == p) {
+            return Err(format!("priority {p} is given twice"));
+        }
+        mix.push((p, share));
+    }
+    if mix.is_empty() {
+        return Err("give at least one PRIORITY:SHARE".into());
+    }
+    let total: f64 = mix.iter().map(|&(_, s)| s).sum();
+    Ok(mix.into_iter().map(|(p, s)| (p, s / total)).collect())
+}
+
+/// Gives each request a priority drawn from `mix` (seeded, so runs compare request by request).
+fn assign_priorities(requests: &mut [BenchRequest], mix: &[(i64, f64)], seed: u64) {
+    let mut rng = kiln_core::Rng::new(seed ^ 0x5052_494f);
+    for req in requests {
+        let u = rng.next_f64();
+        let mut acc = 0.0;
+        let mut chosen = mix[mix.len() - 1].0;
+        for &(p, share) in mix {
+            acc += share;
+            if u < acc {
+                chosen = p;
+                break;
+            }
+        }
+        req.priority = Some(chosen);
+    }
+}
+
 /// The metrics named by `--percentile-metrics`.
 fn parse_metrics(list: &str) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> =
@@ -353,4 +403,27 @@ fn first_served_model(args: &ServeBenchArgs, base_url: &str) -> anyhow::Result<S
     id.with_context(|| {
         format!("{base_url}/v1/models answered {status} without a model id; give --model")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_mix_parses_normalises_and_assigns_by_share() {
+        let mix = parse_priority_mix("0:1, 1:4").unwrap();
+        assert_eq!(mix, vec![(0, 0.2), (1, 0.8)]);
+        for bad in ["", "0", "x:1", "0:-1", "0:nan", "0:1,0:2"] {
+            assert!(parse_priority_mix(bad).is_err(), "{bad}");
+        }
+        let req =
+            BenchRequest { prompt: String::new(), prompt_len: 1, output_len: 1, priority: None };
+        let mut requests = vec![req; 2000];
+        assign_priorities(&mut requests, &mix, 3);
+        let zeros = requests.iter().filter(|r| r.priority == Some(0)).count();
+        assert!((340..460).contains(&zeros), "{zeros} of 2000 at priority 0");
+        let mut again = requests.clone();
+        assign_priorities(&mut again, &mix, 3);
+        assert_eq!(again, requests);
+    }
 }

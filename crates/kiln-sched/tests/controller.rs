@@ -1,0 +1,277 @@
+//! The batch controller on a simulated engine: the real scheduler and the fake runner, with a
+//! step's duration given by a cost model (`a + b·tokens + c·attention`, with ±10 % noise) on
+//! a simulated clock, and Poisson arrivals. No model, no wall clock: every run is deterministic.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{FakeRunner, req, scheduler, toks};
+use kiln_core::{RequestId, Rng, TokenId};
+use kiln_sched::controller::percentile;
+use kiln_sched::{
+    BatchController, ControllerConfig, Scheduler, SchedulerConfig, StepLimits, StepLoad,
+};
+
+const TARGET_ITL: f64 = 0.050;
+const PROMPT: usize = 200;
+/// Requests arrive in bursts of this many at once.
+const BURST: usize = 4;
+const OUTPUT: usize = 100;
+
+/// Seconds a step takes on the simulated engine; `slowdown` scales the per-token costs.
+fn step_seconds(load: &StepLoad, slowdown: f64, rng: &mut Rng) -> f64 {
+    let base = 0.010 + slowdown * (4e-4 * load.num_tokens as f64 + 1e-8 * load.attention);
+    base * (0.9 + 0.2 * rng.next_f64())
+}
+
+struct Sim {
+    s: Scheduler,
+    runner: FakeRunner,
+    controller: Option<BatchController>,
+    clock: f64,
+    rng: Rng,
+    next_arrival: f64,
+    next_id: u64,
+    arrived: HashMap<RequestId, f64>,
+    /// `(time, seconds)` of every step that decoded.
+    itl: Vec<(f64, f64)>,
+    ttft: Vec<f64>,
+    /// `(time, running cap)` after every step.
+    caps: Vec<(f64, usize)>,
+    finished: usize,
+}
+
+impl Sim {
+    fn new(controlled: bool) -> Self {
+        let config = SchedulerConfig {
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 128,
+            max_model_len: 1024,
+            ..SchedulerConfig::default()
+        };
+        let ceiling = StepLimits { max_num_batched_tokens: 2048, max_num_seqs: 128 };
+        let controller = controlled.then(|| {
+            BatchController::new(ControllerConfig {
+                target_itl: Some(TARGET_ITL),
+                target_ttft: Some(1.0),
+                ceiling,
+            })
+        });
+        Self {
+            s: scheduler(config, 16, 8192),
+            runner: FakeRunner::new(16, 8192),
+            controller,
+            clock: 0.0,
+            rng: Rng::new(7),
+            next_arrival: 0.0,
+            next_id: 0,
+            arrived: HashMap::new(),
+            itl: Vec::new(),
+            ttft: Vec::new(),
+            caps: Vec::new(),
+            finished: 0,
+        }
+    }
+
+    /// Runs until `until` seconds with `rate` requests per second (in bursts of [`BURST`]);
+    /// step costs scaled by `slowdown`.
+    fn run(&mut self, until: f64, rate: f64, slowdown: f64) {
+        while self.clock < until {
+            while self.next_arrival <= self.clock {
+                for _ in 0..BURST {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let base = (id as u32 % 50) * 1000;
+                    self.s.add(req(id, toks(base..base + PROMPT as u32), OUTPUT)).unwrap();
+                    self.arrived.insert(RequestId(id), self.next_arrival);
+                    if let Some(c) = &mut self.controller {
+                        c.observe_arrival(PROMPT, self.next_arrival);
+                    }
+                }
+                self.next_arrival += -(1.0 - self.rng.next_f64()).ln() * BURST as f64 / rate;
+            }
+            if !self.s.has_unfinished() {
+                self.clock = self.next_arrival;
+                continue;
+            }
+            let out = self.s.schedule();
+            let load = out.load();
+            let secs = step_seconds(&load, slowdown, &mut self.rng);
+            let model_output = self.runner.execute(&out);
+            self.clock += secs;
+            for o in self.s.update(&out, &model_output) {
+                if let Some(arrived) = self.arrived.remove(&o.id) {
+                    self.ttft.push(self.clock - arrived);
+                    if let Some(c) = &mut self.controller {
+                        c.observe_ttft(self.clock - arrived);
+                    }
+                }
+                self.finished += usize::from(o.finish_reason.is_some());
+            }
+            self.s.check_invariants().unwrap();
+            if load.num_decodes > 0 {
+                self.itl.push((self.clock, secs));
+            }
+            if let Some(c) = &mut self.controller {
+                let limits = c.observe_step(
+                    &load,
+                    secs,
+                    self.s.num_running(),
+                    self.s.pending_prefill_tokens(None),
+                );
+                let set = self.s.set_limits(limits);
+                assert_eq!(set, limits, "the controller stays within the ceiling");
+            }
+            self.caps.push((self.clock, self.s.limits().max_num_seqs));
+        }
+    }
+
+    /// p95 of the decode step times within `[from, to)` seconds.
+    fn itl_p95(&self, from: f64, to: f64) -> f64 {
+        self.itl_quantile(from, to, 0.95)
+    }
+
+    fn itl_quantile(&self, from: f64, to: f64, q: f64) -> f64 {
+        let v: Vec<f64> =
+            self.itl.iter().filter(|(t, _)| (from..to).contains(t)).map(|&(_, s)| s).collect();
+        assert!(v.len() > 20, "only {} decode steps in [{from}, {to})", v.len());
+        percentile(&v, q)
+    }
+
+    /// The running caps within `[from, to)`.
+    fn caps_in(&self, from: f64, to: f64) -> Vec<usize> {
+        self.caps.iter().filter(|(t, _)| (from..to).contains(t)).map(|&(_, c)| c).collect()
+    }
+}
+
+/// Direction changes of a series (ignoring flat stretches).
+fn reversals(series: &[usize]) -> usize {
+    let mut last_dir = 0i8;
+    let mut count = 0;
+    for w in series.windows(2) {
+        let dir = (w[1] as i64 - w[0] as i64).signum() as i8;
+        if dir != 0 {
+            if last_dir != 0 && dir != last_dir {
+                count += 1;
+            }
+            last_dir = dir;
+        }
+    }
+    count
+}
+
+#[test]
+fn fixed_limits_miss_the_target_the_controller_holds() {
+    // The same load without control: a burst's prompts prefilled in one step stall every
+    // decode for hundreds of milliseconds.
+    let mut fixed = Sim::new(false);
+    fixed.run(20.0, 3.0, 1.0);
+    let worst = fixed.itl_quantile(2.0, 20.0, 1.0);
+    assert!(worst > 4.0 * TARGET_ITL, "worst fixed step {worst:.3} s");
+
+    let mut sim = Sim::new(true);
+    sim.run(20.0, 3.0, 1.0);
+    for from in [2.0, 6.0, 10.0, 14.0] {
+        let p95 = sim.itl_p95(from, from + 6.0);
+        assert!(p95 <= TARGET_ITL * 1.02, "p95 {p95:.4} s in [{from}, {}) s", from + 6.0);
+    }
+    let p99 = sim.itl_quantile(2.0, 20.0, 0.99);
+    assert!(p99 <= TARGET_ITL * 1.1, "p99 {p99:.4} s");
+    // Converged: it keeps up with the load (nothing piles up) ...
+    assert!(sim.s.num_waiting() < 10, "{} waiting", sim.s.num_waiting());
+    assert!(sim.finished >= fixed.finished / 2, "{} vs {} finished", sim.finished, fixed.finished);
+    let ttft = percentile(&sim.ttft, 0.95);
+    assert!(ttft < 1.0, "TTFT p95 {ttft:.3} s");
+    // ... and settles: the cap does not swing in the second half.
+    let caps = sim.caps_in(10.0, 20.0);
+    let (lo, hi) = (caps.iter().min().unwrap(), caps.iter().max().unwrap());
+    assert!(hi - lo <= hi / 4 + 2, "cap swings between {lo} and {hi}");
+    assert!(reversals(&caps) <= 4, "cap reverses {} times: {caps:?}", reversals(&caps));
+    let stats = sim.controller.as_ref().unwrap().stats();
+    assert!(stats.gain > 0.3 && stats.gain <= 1.0, "gain {}", stats.gain);
+}
+
+#[test]
+fn holds_the_target_through_a_four_times_load_step() {
+    let mut sim = Sim::new(true);
+    sim.run(15.0, 2.5, 1.0);
+    let before = *sim.caps.last().map(|(_, c)| c).unwrap();
+    // 4x the arrival rate.
+    sim.run(45.0, 10.0, 1.0);
+    // Within a few seconds (a few hundred steps) the p95 is back under target, and stays.
+    for from in [19.0, 25.0, 31.0, 37.0] {
+        let p95 = sim.itl_p95(from, from + 6.0);
+        assert!(p95 <= TARGET_ITL * 1.02, "p95 {p95:.4} s in [{from}, {}) s", from + 6.0);
+    }
+    let caps = sim.caps_in(30.0, 45.0);
+    assert!(reversals(&caps) <= 6, "cap reverses {} times: {caps:?}", reversals(&caps));
+    let after = *caps.last().unwrap();
+    assert!(after <= 128 && before <= 128);
+}
+
+#[test]
+fn a_slower_engine_gets_fewer_seats() {
+    // The model is refitted online: when every token costs twice as much (another tenant on the
+    // cores), the plan shrinks and the target still holds.
+    let mut sim = Sim::new(true);
+    sim.run(15.0, 3.0, 1.0);
+    let cap_before = sim.controller.as_ref().unwrap().stats().limits.max_num_seqs;
+    sim.run(40.0, 3.0, 2.0);
+    let cap_after = sim.controller.as_ref().unwrap().stats().limits.max_num_seqs;
+    let p95 = sim.itl_p95(25.0, 40.0);
+    assert!(p95 <= TARGET_ITL * 1.02, "p95 {p95:.4} s after the slowdown");
+    assert!(cap_after < cap_before * 3 / 4, "cap {cap_after} !< 3/4 of {cap_before}");
+}
+
+#[test]
+fn without_an_itl_target_the_limits_stay_at_the_ceiling() {
+    let ceiling = StepLimits { max_num_batched_tokens: 512, max_num_seqs: 16 };
+    let mut c = BatchController::new(ControllerConfig {
+        target_itl: None,
+        target_ttft: Some(0.5),
+        ceiling,
+    });
+    let load = StepLoad {
+        num_tokens: 300,
+        num_decodes: 10,
+        decode_context: 1000.0,
+        num_prefill_tokens: 290,
+        attention: 40_000.0,
+    };
+    for _ in 0..64 {
+        assert_eq!(c.observe_step(&load, 0.2, 10, 5000).max_num_seqs, ceiling.max_num_seqs);
+    }
+    c.observe_ttft(0.7);
+    c.observe_ttft(0.3);
+    assert_eq!(c.stats().ttft_misses, 1);
+    assert!(c.model().is_fitted());
+    assert!(c.predict_prefill_seconds(1000, 10).unwrap() > 0.0);
+}
+
+#[test]
+fn a_lower_cap_preempts_nothing_and_stops_admissions() {
+    let mut s = scheduler(SchedulerConfig::default(), 16, 256);
+    for id in 0..4 {
+        s.add(req(id, toks(id as u32 * 100..id as u32 * 100 + 8), 50)).unwrap();
+    }
+    let mut runner = FakeRunner::new(16, 256);
+    let out = s.schedule();
+    let mo = runner.execute(&out);
+    s.update(&out, &mo);
+    assert_eq!(s.num_running(), 4);
+    let set = s.set_limits(StepLimits { max_num_batched_tokens: 100_000, max_num_seqs: 2 });
+    assert_eq!(set, StepLimits { max_num_batched_tokens: 2048, max_num_seqs: 2 });
+    s.add(req(9, vec![TokenId(5); 8], 4)).unwrap();
+    for _ in 0..10 {
+        let out = s.schedule();
+        assert!(out.new_requests.is_empty(), "admitted above the cap");
+        assert!(out.preempted_ids.is_empty());
+        assert_eq!(out.num_scheduled_requests(), 4);
+        let mo = runner.execute(&out);
+        s.update(&out, &mo);
+        s.check_invariants().unwrap();
+    }
+}
