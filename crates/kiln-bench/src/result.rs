@@ -281,8 +281,17 @@ impl BenchResult {
                 line(&mut s, &format!("P{} {short} (ms):", percentile_name(p)), format!("{v:.2}"));
             }
         }
-        for (e, n) in &self.error_counts {
+        // The most frequent errors; messages that differ only in numbers (a predicted time) would
+        // otherwise fill the screen.
+        let mut errors: Vec<(&String, &usize)> = self.error_counts.iter().collect();
+        errors.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+        for (e, n) in errors.iter().take(MAX_ERRORS_SHOWN) {
             let _ = writeln!(s, "error ({n}x): {e}");
+        }
+        if errors.len() > MAX_ERRORS_SHOWN {
+            let rest = &errors[MAX_ERRORS_SHOWN..];
+            let count: usize = rest.iter().map(|(_, n)| **n).sum();
+            let _ = writeln!(s, "... {} more distinct errors ({count} requests)", rest.len());
         }
         for (priority, r) in &self.by_priority {
             let _ = writeln!(s, "{:-^50}", format!(" priority {priority} "));
@@ -311,6 +320,9 @@ impl BenchResult {
         s
     }
 }
+
+/// Distinct errors listed by [`BenchResult::report`] (all are in the saved JSON).
+const MAX_ERRORS_SHOWN: usize = 5;
 
 /// One summary per `priority` the requests carried, when they carried more than one.
 fn by_priority(

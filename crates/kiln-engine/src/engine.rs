@@ -16,7 +16,7 @@ use kiln_sched::{
 };
 
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
-use crate::slo::{SloAdmission, SloConfig};
+use crate::slo::{AdmissionDecision, SloConfig, decide};
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
@@ -93,6 +93,12 @@ pub struct EngineStats {
     pub num_steps: u64,
     /// Wall time of the last step.
     pub step_time: Duration,
+    /// Wall time since start: of every step, of their model forwards and of their sampling;
+    /// the rest of the steps' time is host work (scheduling, building batches, updating
+    /// requests, proposing drafts).
+    pub total_step_time: Duration,
+    pub total_forward_time: Duration,
+    pub total_sample_time: Duration,
     /// Speculative-decoding counters (all 0 with speculation off).
     pub spec_decode: SpecDecodeStats,
     /// The scheduler's limits in force (the batch controller moves them).
@@ -124,8 +130,8 @@ pub struct EngineCore {
     controller: Option<BatchController>,
     /// The engine's clock for deadlines (milliseconds since this instant).
     epoch: Instant,
-    /// When each request without a first token yet arrived.
-    arrived: HashMap<RequestId, Instant>,
+    /// When each request without a first token yet arrived, and its class's TTFT in ms.
+    arrived: HashMap<RequestId, (Instant, Option<u64>)>,
     num_admission_demoted: u64,
 }
 
@@ -174,7 +180,7 @@ impl EngineCore {
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
             .then(|| {
                 BatchController::new(ControllerConfig {
-                    target_itl: slo.target_itl_ms.map(|ms| ms / 1e3),
+                    target_itl: slo.controller_itl_ms().map(|ms| ms / 1e3),
                     target_ttft: slo.target_ttft_ms.map(|ms| ms / 1e3),
                     ceiling: scheduler.limits(),
                 })
@@ -197,6 +203,12 @@ impl EngineCore {
         })
     }
 
+    /// The batch controller, for tests that teach its cost model known step times.
+    #[cfg(test)]
+    pub(crate) fn controller_mut(&mut self) -> Option<&mut BatchController> {
+        self.controller.as_mut()
+    }
+
     /// Milliseconds on the engine's clock.
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -210,34 +222,46 @@ impl EngineCore {
         num_prompt_tokens: usize,
     ) -> Result<Option<(Deadline, bool)>, AddError> {
         let slo = &self.config.slo;
-        let Some(class) = slo.class_for(priority) else { return Ok(None) };
         let now = self.now_ms();
+        let is_deadline_policy = self.config.scheduler.policy == SchedulingPolicy::Deadline;
+        let shift = self.config.scheduler.slo_demotion_ms;
+        let Some(class) = slo.class_for(priority) else {
+            // Under the deadline policy every request is due some time, so none starves.
+            let best_effort = Deadline { first_token_ms: now.saturating_add(shift), tpot_ms: None };
+            return Ok(is_deadline_policy.then_some((best_effort, false)));
+        };
         let deadline =
             Deadline { first_token_ms: now.saturating_add(class.ttft_ms), tpot_ms: class.tpot_ms };
-        if slo.admission == SloAdmission::Off {
-            return Ok(Some((deadline, false)));
+        let (alone_ms, queued_ms) = self.predict_first_token_ms(deadline, num_prompt_tokens);
+        match decide(slo.admission, class.ttft_ms, alone_ms, queued_ms) {
+            AdmissionDecision::Admit => Ok(Some((deadline, false))),
+            AdmissionDecision::Reject { predicted_ms } => {
+                Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms })
+            }
+            AdmissionDecision::Demote => {
+                let first_token_ms = deadline.first_token_ms.saturating_add(shift);
+                Ok(Some((Deadline { first_token_ms, ..deadline }, true)))
+            }
         }
-        let ahead = match self.config.scheduler.policy {
-            SchedulingPolicy::Deadline => Some(deadline.first_token_ms),
-            _ => None,
+    }
+
+    /// Predicted milliseconds to the first token of a request due at `deadline` with
+    /// `num_prompt_tokens` tokens: alone, and behind the prefill work served ahead of it
+    /// (`None` until the batch controller's cost model is fitted).
+    fn predict_first_token_ms(
+        &self,
+        deadline: Deadline,
+        num_prompt_tokens: usize,
+    ) -> (Option<u64>, Option<u64>) {
+        let Some(controller) = &self.controller else { return (None, None) };
+        let before = (self.config.scheduler.policy == SchedulingPolicy::Deadline)
+            .then_some(deadline.first_token_ms);
+        let ahead = self.scheduler.pending_prefill_tokens(before);
+        let running = self.scheduler.num_running();
+        let ms = |tokens| {
+            controller.predict_prefill_seconds(tokens, running).map(|s| (s * 1e3).ceil() as u64)
         };
-        let tokens = self.scheduler.pending_prefill_tokens(ahead) + num_prompt_tokens;
-        let predicted = self
-            .controller
-            .as_ref()
-            .and_then(|c| c.predict_prefill_seconds(tokens, self.scheduler.num_running()));
-        let Some(predicted) = predicted else { return Ok(Some((deadline, false))) };
-        let predicted_ms = (predicted * 1e3).ceil() as u64;
-        if predicted_ms <= class.ttft_ms {
-            return Ok(Some((deadline, false)));
-        }
-        if slo.admission == SloAdmission::Reject {
-            return Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms });
-        }
-        let shift = self.config.scheduler.slo_demotion_ms;
-        let pushed =
-            Deadline { first_token_ms: deadline.first_token_ms.saturating_add(shift), ..deadline };
-        Ok(Some((pushed, true)))
+        (ms(num_prompt_tokens), ms(ahead + num_prompt_tokens))
     }
 
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
@@ -377,6 +401,7 @@ impl EngineCore {
             }
         };
         let num_prompt_tokens = prompt.len();
+        let ttft_objective = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
         let deadline = self.admit_deadline(priority, num_prompt_tokens);
         if let Err(AddError::DeadlineUnmeetable { .. }) = &deadline {
             self.stats.num_slo_rejected += 1;
@@ -393,7 +418,7 @@ impl EngineCore {
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
         let now = Instant::now();
-        self.arrived.insert(id, now);
+        self.arrived.insert(id, (now, ttft_objective));
         if let Some(c) = &mut self.controller {
             c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
@@ -485,6 +510,10 @@ impl EngineCore {
         self.control(&sched_out, &outputs, step_time);
         self.refresh_stats();
         self.stats.step_time = step_time;
+        let timing = self.runner.timing();
+        self.stats.total_step_time += step_time;
+        self.stats.total_forward_time += timing.forward;
+        self.stats.total_sample_time += timing.sample;
         Ok(outputs)
     }
 
@@ -497,24 +526,17 @@ impl EngineCore {
     ) {
         let now = Instant::now();
         for out in outputs.iter().filter(|o| o.first.is_some()) {
-            if let Some(arrived) = self.arrived.remove(&out.id)
+            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id)
                 && let Some(c) = &mut self.controller
             {
-                c.observe_ttft(now.saturating_duration_since(arrived).as_secs_f64());
+                let objective = objective_ms.map(|ms| ms as f64 / 1e3);
+                c.observe_ttft(now.saturating_duration_since(arrived).as_secs_f64(), objective);
             }
         }
         for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
             self.arrived.remove(&out.id);
         }
         let Some(controller) = &mut self.controller else { return };
-        // The strictest per-token target of the running requests' classes holds when it is
-        // tighter than the global one.
-        let class_tpot = self.scheduler.strictest_running_tpot_ms().map(|ms| f64::from(ms) / 1e3);
-        let global = self.config.slo.target_itl_ms.map(|ms| ms / 1e3);
-        controller.set_target_itl(match (global, class_tpot) {
-            (Some(g), Some(c)) => Some(g.min(c)),
-            (g, c) => g.or(c),
-        });
         let limits = controller.observe_step(
             &sched_out.load(),
             step_time.as_secs_f64(),

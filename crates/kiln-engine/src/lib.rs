@@ -13,6 +13,8 @@
 //! There is one driver: the server, the benchmarks and `kiln generate` (one request) all run
 //! [`EngineCore`].
 
+#[cfg(test)]
+mod admission_tests;
 mod engine;
 mod handle;
 mod logprobs;
@@ -34,7 +36,7 @@ pub use kiln_sched::{
 };
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
-pub use runner::{ModelRunner, PromptLogprobs, SampleExtras};
+pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};
 pub use sampler::Sampler;
 pub use slo::{SloAdmission, SloClass, SloConfig};
 pub use spec::{SpecDecodeStats, SpeculativeConfig};

@@ -31,6 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::mem;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
@@ -119,6 +120,16 @@ pub struct ModelRunner {
     spec_tokens: Vec<u32>,
     /// This step's log-probabilities, by request, one entry per generated token in order.
     extras: HashMap<RequestId, VecDeque<SampleExtras>>,
+    /// Where the last `execute` spent its time.
+    timing: StepTiming,
+}
+
+/// Wall time of the last step's model forward and sampling (the rest of an engine step is host
+/// work: scheduling, building the batch, updating requests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTiming {
+    pub forward: Duration,
+    pub sample: Duration,
 }
 
 impl ModelRunner {
@@ -139,6 +150,7 @@ impl ModelRunner {
             step_drafts: Vec::new(),
             spec_tokens: Vec::new(),
             extras: HashMap::new(),
+            timing: StepTiming::default(),
         }
     }
 
@@ -178,6 +190,21 @@ impl ModelRunner {
         self.prompt_logprobs.remove(&id);
     }
 
+    /// Where the last [`ModelRunner::execute`] spent its time.
+    pub fn timing(&self) -> StepTiming {
+        self.timing
+    }
+
+    /// Drops the state of requests preempted (they come back as new requests) or finished.
+    fn drop_gone(&mut self, sched_out: &SchedulerOutput) {
+        for id in &sched_out.preempted_ids {
+            self.requests.remove(id);
+        }
+        for id in &sched_out.finished_ids {
+            self.forget(*id);
+        }
+    }
+
     /// Runs one step of `sched_out` and writes one entry per scheduled request into `out`
     /// (cleared first), in `sched_out.scheduled()` order.
     pub fn execute(
@@ -187,12 +214,8 @@ impl ModelRunner {
     ) -> Result<(), ForwardError> {
         out.clear();
         self.extras.clear();
-        for id in &sched_out.preempted_ids {
-            self.requests.remove(id);
-        }
-        for id in &sched_out.finished_ids {
-            self.forget(*id);
-        }
+        self.timing = StepTiming::default();
+        self.drop_gone(sched_out);
         self.batch.clear();
         self.step_rows.clear();
         self.step_drafts.clear();
@@ -247,7 +270,10 @@ impl ModelRunner {
         if self.step_rows.is_empty() {
             return Ok(());
         }
+        let forward_start = Instant::now();
         self.model.forward(&self.batch, &mut self.logits)?;
+        let sample_start = Instant::now();
+        self.timing.forward = sample_start - forward_start;
         // Prompt log-probabilities read every row of a request but its last one, the row that
         // sampling changes in place (penalties, bias), so gathering them all first is the same
         // as gathering request by request.
@@ -263,6 +289,7 @@ impl ModelRunner {
             }
         }
         let mut sampled = self.sample_rows(&to_sample)?.into_iter();
+        self.timing.sample = sample_start.elapsed();
         for &StepRow { id, samples, .. } in &self.step_rows {
             if !samples {
                 out.push(id, &[]);

@@ -6,8 +6,15 @@
 //! `--slo-classes` is a JSON object from a priority (vLLM's request field; lower is more
 //! urgent) to that class's objectives: `{"0": {"ttft_ms": 1000, "tpot_ms": 60}, "1":
 //! {"ttft_ms": 30000}}`. A request whose priority names no class gets the default class: the
-//! `--target-ttft-ms` / `--target-itl-ms` targets, or no deadline when there is no TTFT target.
-//! Unknown keys and values outside their domain are refused with the field named.
+//! `--target-ttft-ms` / `--target-itl-ms` targets, or no deadline when there is no TTFT target
+//! (under the deadline policy such a request is due `slo_demotion_ms` after it arrives, so it
+//! cannot starve). Unknown keys and values outside their domain are refused with the field
+//! named. The batch controller holds the strictest per-token target: `--target-itl-ms` or a
+//! class's `tpot_ms`, whichever is lower.
+//!
+//! Admission ([`decide`]): a request is refused (or demoted) only when the work queued ahead of
+//! it makes its deadline unmeetable; a request that would be late even on an idle server is
+//! admitted (refusing it would not help: a retry would be just as late).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -66,6 +73,13 @@ impl SloConfig {
         self.target_itl_ms.is_some() || self.target_ttft_ms.is_some() || !self.classes.is_empty()
     }
 
+    /// The ITL target the batch controller holds, ms: the lowest of `target_itl_ms` and the
+    /// classes' `tpot_ms`.
+    pub fn controller_itl_ms(&self) -> Option<f64> {
+        let classes = self.classes.values().filter_map(|c| c.tpot_ms).map(f64::from);
+        self.target_itl_ms.into_iter().chain(classes).reduce(f64::min)
+    }
+
     /// The objectives of a request of `priority`: its class's, or the default class's (`None`
     /// without a TTFT target).
     pub fn class_for(&self, priority: i64) -> Option<SloClass> {
@@ -75,6 +89,40 @@ impl SloConfig {
                 tpot_ms: self.target_itl_ms.map(|t| t.ceil() as u32),
             })
         })
+    }
+}
+
+/// What admission control does with a request that has a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdmissionDecision {
+    Admit,
+    /// Queue it with its deadline pushed back.
+    Demote,
+    /// Refuse it: the first token is predicted `predicted_ms` after arrival.
+    Reject {
+        predicted_ms: u64,
+    },
+}
+
+/// Admission control for a request due `ttft_ms` after arrival, whose first token is predicted
+/// `alone_ms` after arrival on an idle server and `queued_ms` behind the work queued ahead of it
+/// (`None`: no prediction yet, e.g. before the cost model has seen enough steps).
+pub fn decide(
+    mode: SloAdmission,
+    ttft_ms: u64,
+    alone_ms: Option<u64>,
+    queued_ms: Option<u64>,
+) -> AdmissionDecision {
+    let (Some(alone), Some(queued)) = (alone_ms, queued_ms) else {
+        return AdmissionDecision::Admit;
+    };
+    if queued <= ttft_ms || alone > ttft_ms {
+        return AdmissionDecision::Admit;
+    }
+    match mode {
+        SloAdmission::Reject => AdmissionDecision::Reject { predicted_ms: queued },
+        SloAdmission::Demote => AdmissionDecision::Demote,
+        SloAdmission::Off => AdmissionDecision::Admit,
     }
 }
 
@@ -165,6 +213,34 @@ mod tests {
             let e = parse_slo_classes(text).unwrap_err();
             assert_eq!(e.field, field, "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn only_the_queue_ahead_makes_a_request_refused() {
+        use AdmissionDecision::{Admit, Demote, Reject};
+        let d = |mode, alone, queued| decide(mode, 1000, alone, queued);
+        assert_eq!(d(SloAdmission::Reject, Some(100), Some(900)), Admit);
+        assert_eq!(d(SloAdmission::Reject, Some(100), Some(1000)), Admit);
+        assert_eq!(d(SloAdmission::Reject, Some(100), Some(1001)), Reject { predicted_ms: 1001 });
+        assert_eq!(d(SloAdmission::Demote, Some(100), Some(5000)), Demote);
+        assert_eq!(d(SloAdmission::Off, Some(100), Some(5000)), Admit);
+        // Late even alone: a retry would be as late, so it is admitted.
+        assert_eq!(d(SloAdmission::Reject, Some(1200), Some(5000)), Admit);
+        // No prediction yet.
+        assert_eq!(d(SloAdmission::Reject, None, None), Admit);
+    }
+
+    #[test]
+    fn the_controller_holds_the_strictest_per_token_target() {
+        let mut config = SloConfig::default();
+        assert_eq!(config.controller_itl_ms(), None);
+        config.classes.insert(0, SloClass { ttft_ms: 500, tpot_ms: Some(40) });
+        config.classes.insert(1, SloClass { ttft_ms: 9000, tpot_ms: None });
+        assert_eq!(config.controller_itl_ms(), Some(40.0));
+        config.target_itl_ms = Some(60.0);
+        assert_eq!(config.controller_itl_ms(), Some(40.0));
+        config.target_itl_ms = Some(25.0);
+        assert_eq!(config.controller_itl_ms(), Some(25.0));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! Each `schedule()`:
 //! 1. **Running** requests, in policy order, each take `min(uncomputed + drafts, budget)` tokens
-//!    (capped by `long_prefill_token_threshold` when set and more than one). A decoding request
+//!    (capped by `long_prefill_token_threshold` when set and more than one), where a prefill
+//!    chunk or a decode's drafts leave one token of the budget for every decode still to be
+//!    served in this pass (decodes are never starved by a chunk ahead of them in the order). A decoding request
 //!    with draft tokens ([`Scheduler::update_draft_token_ids`]) gets them scheduled after its
 //!    last token, as many as fit, and KV slots for them as lookahead slots (never registered in
 //!    the prefix cache). When
@@ -174,9 +176,10 @@ impl Scheduler {
         self.now_ms = self.now_ms.max(now_ms);
     }
 
-    /// Tokens still to prefill: every waiting request's prompt (and output, if preempted) and
-    /// the rest of running prefills. With `before` given (deadline policy), only requests whose
-    /// first-token deadline is not later than it: the work admitted ahead of such a request.
+    /// Tokens still to prefill: the rest of every running prefill (running requests are served
+    /// before admissions) and every waiting request's prompt (and output, if preempted). With
+    /// `before` given (deadline policy), of the waiting requests only those whose first-token
+    /// deadline is not later than it: the work served ahead of a request due then.
     pub fn pending_prefill_tokens(&self, before: Option<u64>) -> usize {
         let ahead = |req: &Request| match (before, req.deadline()) {
             (None, _) => true,
@@ -188,13 +191,8 @@ impl Scheduler {
             .running
             .iter()
             .map(|id| &self.requests[id])
-            .filter(|r| r.num_uncomputed_tokens() > 1 && ahead(r));
+            .filter(|r| r.num_uncomputed_tokens() > 1);
         waiting.chain(running).map(Request::num_uncomputed_tokens).sum()
-    }
-
-    /// The strictest time-per-output-token target among running requests, in milliseconds.
-    pub fn strictest_running_tpot_ms(&self) -> Option<u32> {
-        self.running.iter().filter_map(|id| self.requests[id].deadline()?.tpot_ms).min()
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -394,6 +392,10 @@ impl Scheduler {
         let mut order = self.running.clone();
         order.sort_by_cached_key(|id| running_key(&self.config, &self.requests[id], step));
         let mut scheduled: Vec<Scheduled> = Vec::with_capacity(order.len());
+        // Decodes not yet served in this pass: a prefill chunk, or a decode's drafts, leaves
+        // one token of the budget for each of them.
+        let mut decodes_left =
+            order.iter().filter(|id| self.requests[*id].num_uncomputed_tokens() == 1).count();
         for id in order {
             if *budget == 0 {
                 break;
@@ -403,6 +405,12 @@ impl Scheduler {
                 continue; // preempted earlier in this pass
             }
             let num_uncomputed = req.num_uncomputed_tokens();
+            let available = if num_uncomputed == 1 {
+                decodes_left = decodes_left.saturating_sub(1);
+                budget.saturating_sub(decodes_left).max(1)
+            } else {
+                budget.saturating_sub(decodes_left)
+            };
             let has_drafts = !req.spec_token_ids.is_empty();
             let num_drafts = if num_uncomputed == 1 && has_drafts {
                 let max_model_len = self.config.max_model_len;
@@ -412,9 +420,11 @@ impl Scheduler {
             } else {
                 0
             };
-            let num_tokens = self.chunk_size(num_uncomputed + num_drafts, *budget);
+            let num_tokens = self.chunk_size(num_uncomputed + num_drafts, available);
             if num_tokens == 0 {
-                continue; // the runner sampled nothing for a completed chunk: nothing to run
+                // A completed chunk the runner sampled nothing for, or a prefill chunk with
+                // every token left reserved for decodes: nothing to run this step.
+                continue;
             }
             let num_spec = num_tokens.saturating_sub(num_uncomputed);
             loop {

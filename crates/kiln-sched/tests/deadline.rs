@@ -152,5 +152,12 @@ fn pending_prefill_counts_the_work_ahead_of_a_deadline() {
     assert_eq!(s.pending_prefill_tokens(None), 21);
     assert_eq!(s.pending_prefill_tokens(Some(150)), 8);
     assert_eq!(s.pending_prefill_tokens(Some(200)), 16);
-    assert_eq!(s.strictest_running_tpot_ms(), None);
+    // A running prefill is ahead of every waiting request, whatever its deadline.
+    let mut runner = FakeRunner::new(4, 64);
+    let cfg = SchedulerConfig { max_num_batched_tokens: 4, ..config() };
+    let mut s = scheduler(cfg, 4, 64);
+    s.add(req(5, toks(0..10), 2)).unwrap();
+    let out = s.schedule();
+    s.update(&out, &runner.execute(&out));
+    assert_eq!(s.pending_prefill_tokens(Some(0)), 6);
 }

@@ -349,3 +349,27 @@ fn limits_hold_under_a_mixed_workload() {
         }
     }
 }
+
+#[test]
+fn a_prefill_chunk_ahead_in_the_order_leaves_a_token_for_every_decode() {
+    // Priority order puts request 1's long prefill ahead of two decoding requests: its chunks
+    // take the budget but one token for each decode, so the decodes never skip a step.
+    let cfg = SchedulerConfig { policy: SchedulingPolicy::Priority, ..config(16, 8) };
+    let mut s = scheduler(cfg, 4, 128);
+    s.add(req(2, toks(200..204), 20).with_priority(5)).unwrap();
+    s.add(req(3, toks(300..304), 20).with_priority(5)).unwrap();
+    let mut runner = common::FakeRunner::new(4, 128);
+    let out = s.schedule();
+    s.update(&out, &runner.execute(&out));
+    s.add(req(1, toks(0..100), 2).with_priority(0)).unwrap();
+    let mut chunks = Vec::new();
+    for _ in 0..8 {
+        let out = s.schedule();
+        let by_id: std::collections::HashMap<RequestId, usize> = out.scheduled().collect();
+        assert_eq!((by_id.get(&RequestId(2)), by_id.get(&RequestId(3))), (Some(&1), Some(&1)));
+        chunks.push(by_id.get(&RequestId(1)).copied().unwrap_or(0));
+        s.update(&out, &runner.execute(&out));
+        s.check_invariants().unwrap();
+    }
+    assert_eq!(chunks, [14, 14, 14, 14, 14, 14, 14, 2]);
+}

@@ -109,9 +109,14 @@ pub struct EngineArgs {
     #[arg(long, value_parser = parse_slo_classes_arg)]
     pub slo_classes: Option<BTreeMap<i64, SloClass>>,
     /// A request whose first-token deadline the queued work already makes unmeetable: refused
-    /// with 429 (reject), queued behind on-time work (demote), or queued as is (off).
-    #[arg(long, value_enum, default_value = "reject")]
-    pub slo_admission: Admission,
+    /// with 429 (reject, the default), queued behind on-time work (demote), or queued as is
+    /// (off). Needs deadlines: --slo-classes or --target-ttft-ms.
+    #[arg(long, value_enum)]
+    pub slo_admission: Option<Admission>,
+    /// Under --scheduling-policy deadline: a waiting request whose deadline passed, and a request
+    /// without an SLO class, is due this many ms later [default: 60000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slo_demotion_ms: Option<u64>,
     /// Element type of the KV cache: f16 (as llama.cpp's default) halves f32's memory and the
     /// bytes attention reads; int8, fp8 (= fp8_e4m3) and fp8_e5m2 halve them again (one byte
     /// per element plus a scale per token and KV head); f32 keeps K and V unrounded.
@@ -154,7 +159,8 @@ impl Default for EngineArgs {
             target_itl_ms: None,
             target_ttft_ms: None,
             slo_classes: None,
-            slo_admission: Admission::Reject,
+            slo_admission: None,
+            slo_demotion_ms: None,
             kv_cache_dtype: EngineConfig::default().kv_cache_dtype,
             speculative_config: None,
         }
@@ -190,6 +196,9 @@ impl EngineArgs {
                 Policy::Sjf => SchedulingPolicy::Sjf,
                 Policy::Deadline => SchedulingPolicy::Deadline,
             },
+            slo_demotion_ms: self
+                .slo_demotion_ms
+                .unwrap_or(SchedulerConfig::default().slo_demotion_ms),
             enable_prefix_caching,
             ..SchedulerConfig::default()
         }
@@ -197,18 +206,28 @@ impl EngineArgs {
 }
 
 impl EngineArgs {
-    /// Latency targets, SLO classes and admission control.
-    pub fn slo_config(&self) -> SloConfig {
-        SloConfig {
+    /// Latency targets, SLO classes and admission control; refuses flags that would have
+    /// nothing to act on.
+    pub fn slo_config(&self) -> anyhow::Result<SloConfig> {
+        let has_deadlines = self.slo_classes.is_some() || self.target_ttft_ms.is_some();
+        if self.slo_admission.is_some() && !has_deadlines {
+            anyhow::bail!(
+                "--slo-admission needs deadlines to act on: give --slo-classes or --target-ttft-ms"
+            );
+        }
+        if self.slo_demotion_ms.is_some() && !matches!(self.scheduling_policy, Policy::Deadline) {
+            anyhow::bail!("--slo-demotion-ms applies to --scheduling-policy deadline only");
+        }
+        Ok(SloConfig {
             target_itl_ms: self.target_itl_ms,
             target_ttft_ms: self.target_ttft_ms,
             classes: self.slo_classes.clone().unwrap_or_default(),
-            admission: match self.slo_admission {
+            admission: match self.slo_admission.unwrap_or(Admission::Reject) {
                 Admission::Reject => SloAdmission::Reject,
                 Admission::Demote => SloAdmission::Demote,
                 Admission::Off => SloAdmission::Off,
             },
-        }
+        })
     }
 }
 
@@ -249,7 +268,7 @@ mod tests {
 
     #[test]
     fn latency_targets_and_slo_classes() {
-        let none = parse(&[]).slo_config();
+        let none = parse(&[]).slo_config().unwrap();
         assert_eq!(none, SloConfig::default());
         let e = parse(&[
             "--target-tpot-ms",
@@ -263,7 +282,7 @@ mod tests {
             "--slo-admission",
             "demote",
         ]);
-        let slo = e.slo_config();
+        let slo = e.slo_config().unwrap();
         assert_eq!((slo.target_itl_ms, slo.target_ttft_ms), (Some(60.0), Some(1000.0)));
         assert_eq!(slo.classes[&0], SloClass { ttft_ms: 500, tpot_ms: Some(40) });
         assert_eq!(slo.admission, SloAdmission::Demote);
@@ -272,6 +291,13 @@ mod tests {
         {
             assert!(Cli::try_parse_from(["kiln", bad[0], bad[1]]).is_err(), "{bad:?}");
         }
+        // Flags with nothing to act on are refused, not ignored.
+        let e = parse(&["--slo-admission", "demote", "--target-itl-ms", "50"]).slo_config();
+        assert!(e.unwrap_err().to_string().contains("needs deadlines"));
+        let e = parse(&["--slo-demotion-ms", "5000"]).slo_config();
+        assert!(e.unwrap_err().to_string().contains("deadline only"));
+        let d = parse(&["--scheduling-policy", "deadline", "--slo-demotion-ms", "5000"]);
+        assert_eq!(d.scheduler_config(true).slo_demotion_ms, 5000);
     }
 
     #[test]

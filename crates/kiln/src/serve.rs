@@ -147,13 +147,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?;
     let warmup_prompts = warmup_prompts(args)?;
+    let load_args = args_for_loading(args, chat_template)?;
     let state = ServerState::new(config);
     let bound = listener.local_addr().map_or(address, |a| a.to_string());
     tracing::info!("listening on http://{bound} (the model is loading)");
     let (load_tx, load_rx) = tokio::sync::oneshot::channel();
     {
         let state = Arc::clone(&state);
-        let args = args_for_loading(args, chat_template);
+        let args = load_args;
         std::thread::Builder::new()
             .name("kiln-load".into())
             .spawn(move || {
@@ -298,12 +299,15 @@ struct LoadArgs {
     prefix_cache_dir: Option<PathBuf>,
 }
 
-fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -> LoadArgs {
+fn args_for_loading(
+    args: &ServeArgs,
+    chat_template: Option<TemplateOverride>,
+) -> anyhow::Result<LoadArgs> {
     let tokenizer = args.vllm.tokenizer.as_ref().map(|t| ModelArgs {
         download_dir: args.model.download_dir.clone(),
         ..ModelArgs::named(t)
     });
-    LoadArgs {
+    Ok(LoadArgs {
         model: args.model.clone(),
         tokenizer,
         vllm: args.vllm.clone(),
@@ -314,9 +318,9 @@ fn args_for_loading(args: &ServeArgs, chat_template: Option<TemplateOverride>) -
         threads: args.engine.threads,
         seed: args.seed,
         speculative: args.engine.speculative_config.clone(),
-        slo: args.engine.slo_config(),
+        slo: args.engine.slo_config()?,
         prefix_cache_dir: args.prefix_cache_dir.clone(),
-    }
+    })
 }
 
 /// Loads the model and starts the engine (restoring a saved prefix cache first); the caller

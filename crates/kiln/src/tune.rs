@@ -17,6 +17,8 @@ enum ObjectiveKind {
     Throughput,
     /// Lowest --latency-metric with at least --min-throughput output tok/s, within the constraints.
     Latency,
+    /// Most requests per second meeting every --goodput SLO (refused requests count as missed).
+    Goodput,
 }
 
 #[derive(clap::Args, Debug)]
@@ -54,9 +56,15 @@ pub struct TuneArgs {
     /// Load levels: most requests in flight (all queued at once).
     #[arg(long, value_delimiter = ',', conflicts_with = "request_rate")]
     concurrency: Vec<usize>,
-    /// Load levels: Poisson request rates (req/s).
+    /// Load levels: request rates (req/s), gamma arrivals shaped by --burstiness.
     #[arg(long, value_delimiter = ',')]
     request_rate: Vec<f64>,
+    /// Gamma shape of the arrivals at a --request-rate (1 = Poisson; below 1 burstier).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// SLOs of the goodput objective, `KEY:MS` (ttft, tpot, e2el), as `kiln bench serve`.
+    #[arg(long, num_args = 1..)]
+    goodput: Vec<String>,
     #[arg(long, value_enum, default_value = "throughput")]
     objective: ObjectiveKind,
     /// Limits every chosen run must meet, `METRIC:MS` (ttft|tpot|itl|e2el _ p50|p95|p99|mean).
@@ -113,7 +121,18 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
             metric: latency_metric.clone(),
             min_output_throughput: args.min_throughput,
         },
+        ObjectiveKind::Goodput => Goal::MaxGoodput,
     };
+    let slos = Slos::parse(&args.goodput).map_err(anyhow::Error::msg)?;
+    if args.objective == ObjectiveKind::Goodput && slos.is_empty() {
+        bail!("--objective goodput needs --goodput SLOs, e.g. --goodput ttft:1000 tpot:60");
+    }
+    if !(args.burstiness.is_finite() && args.burstiness > 0.0) {
+        bail!("--burstiness must be a positive number");
+    }
+    if args.burstiness != 1.0 && args.request_rate.is_empty() {
+        bail!("--burstiness shapes arrivals at a --request-rate; give --request-rate");
+    }
     let axis = |flag: &str, values: &[String]| Axis { flag: flag.into(), values: values.to_vec() };
     let axes = vec![
         axis("--profile", &args.profile),
@@ -156,9 +175,9 @@ pub fn run(args: &TuneArgs) -> anyhow::Result<()> {
                 extra_body: None,
             },
             request_rate: RequestRate::Infinite,
-            burstiness: 1.0,
+            burstiness: args.burstiness,
             max_concurrency: None,
-            slos: Slos::default(),
+            slos,
             percentiles: vec![50.0, 95.0, 99.0],
             seed: args.data.seed,
             show_progress: false,

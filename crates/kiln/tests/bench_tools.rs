@@ -329,6 +329,46 @@ fn tune_within_a_one_minute_budget_writes_csv_plots_and_the_best_command() {
 }
 
 #[test]
+fn tune_maximises_goodput_at_a_bursty_rate() {
+    let model = tiny_model();
+    let dir = scratch("tune-goodput");
+    let goodput = |extra: &[&str]| {
+        let mut args = vec![
+            "tune",
+            "--model",
+            model.to_str().unwrap(),
+            "--server-args",
+            "--threads 1",
+            "--request-rate",
+            "50",
+            "--burstiness",
+            "0.5",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--budget-minutes",
+            "1",
+            "--output-dir",
+            dir.to_str().unwrap(),
+            "--objective",
+            "goodput",
+        ];
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    let refused = goodput(&[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs --goodput"));
+    let stdout = ok(&goodput(&["--goodput", "e2el:600000"]));
+    assert!(stdout.contains("best for most goodput"), "{stdout}");
+    let csv = std::fs::read_to_string(dir.join("runs.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains(",request_goodput,"), "{csv}");
+}
+
+#[test]
 fn plan_reports_hand_computed_capacity_and_roofline() {
     let model = tiny_model();
     let stdout = ok(&kiln(&[

@@ -82,6 +82,9 @@ pub enum Goal {
     MaxThroughput,
     /// Lowest value of the metric with output tok/s at least the floor.
     MinLatency { metric: Metric, min_output_throughput: f64 },
+    /// Most requests per second meeting the bench's `--goodput` SLOs. Failed requests (a
+    /// server refusing what it cannot serve in time) count as missed, not as infeasible.
+    MaxGoodput,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -93,10 +96,10 @@ pub struct Objective {
 impl Objective {
     pub fn feasible(&self, r: &BenchResult) -> bool {
         let floor = match &self.goal {
-            Goal::MaxThroughput => 0.0,
+            Goal::MaxThroughput | Goal::MaxGoodput => 0.0,
             Goal::MinLatency { min_output_throughput, .. } => *min_output_throughput,
         };
-        r.failed == 0
+        (r.failed == 0 || self.goal == Goal::MaxGoodput)
             && r.completed > 0
             && r.output_throughput >= floor
             && self.constraints.iter().all(|c| c.metric.of(r).is_some_and(|v| v <= c.max_ms))
@@ -107,6 +110,7 @@ impl Objective {
         match &self.goal {
             Goal::MaxThroughput => r.output_throughput,
             Goal::MinLatency { metric, .. } => -metric.of(r).unwrap_or(f64::INFINITY),
+            Goal::MaxGoodput => r.request_goodput.unwrap_or(0.0),
         }
     }
 
@@ -124,7 +128,7 @@ impl Objective {
     pub fn percentiles(&self) -> Vec<f64> {
         let goal = match &self.goal {
             Goal::MinLatency { metric, .. } => metric.percentile(),
-            Goal::MaxThroughput => None,
+            Goal::MaxThroughput | Goal::MaxGoodput => None,
         };
         self.constraints.iter().filter_map(|c| c.metric.percentile()).chain(goal).collect()
     }

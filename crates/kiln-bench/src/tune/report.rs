@@ -73,6 +73,7 @@ impl TuneReport {
                 let r = &self.runs[i];
                 let goal = match &config.objective.goal {
                     Goal::MaxThroughput => "most output throughput".to_owned(),
+                    Goal::MaxGoodput => "most goodput".to_owned(),
                     Goal::MinLatency { metric, min_output_throughput } => {
                         format!(
                             "lowest {} with at least {min_output_throughput} output tok/s",
@@ -143,7 +144,7 @@ impl TuneReport {
         for f in &flags {
             let _ = write!(s, ",{}", f.trim_start_matches('-'));
         }
-        s.push_str(",load_kind,load,completed,failed,duration_s,request_throughput,output_throughput,total_token_throughput");
+        s.push_str(",load_kind,load,completed,failed,duration_s,request_throughput,request_goodput,output_throughput,total_token_throughput");
         for m in ["ttft", "tpot", "itl", "e2el"] {
             for stat in ["mean", "p50", "p95", "p99"] {
                 let _ = write!(s, ",{m}_{stat}_ms");
@@ -159,13 +160,14 @@ impl TuneReport {
             }
             let _ = write!(
                 s,
-                ",{},{},{},{},{:.3},{:.4},{:.3},{:.3}",
+                ",{},{},{},{},{:.3},{:.4},{},{:.3},{:.3}",
                 run.load.kind(),
                 run.load.value(),
                 r.completed,
                 r.failed,
                 r.duration_s,
                 r.request_throughput,
+                r.request_goodput.map_or_else(String::new, |g| format!("{g:.4}")),
                 r.output_throughput,
                 r.total_token_throughput
             );

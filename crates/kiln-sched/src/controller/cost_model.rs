@@ -48,7 +48,8 @@ impl StepCostModel {
         self.samples.push_back((features(load.num_tokens as f64, load.attention), seconds));
     }
 
-    /// Refits the coefficients from the window; `false` (and no model) with too few steps.
+    /// Refits the coefficients from the window; `false` with too few steps (or a singular
+    /// system), keeping the previous fit if there was one.
     pub fn fit(&mut self) -> bool {
         if self.samples.len() < MIN_SAMPLES {
             return false;

@@ -8,26 +8,26 @@
 //! - **Running cap** (planned every [`PLAN_INTERVAL`] steps): the most decodes that fit in
 //!   `g·T` together with a prefill reserve `R` — the prompt tokens per step that keep up with
 //!   the measured arrival rate (at least [`MIN_PREFILL_RESERVE`], at most half the step) — so
-//!   new requests are still
-//!   admitted when every seat decodes: `cap = (g·T − a − v·R) / u`, with `a` the step's fixed
-//!   cost, `u` a decode token's cost at the mean decode context and `v` a prefill token's cost
-//!   at the mean prefill context.
+//!   new requests are still admitted when every seat decodes: `cap = (g·T − a − v·R) / u`,
+//!   with `a` the step's fixed cost, `u` a decode token's cost at the mean decode context and
+//!   `v` a prefill token's cost at the mean prefill context.
 //! - **Token budget** (every step): the decodes of the requests running now, plus the prefill
-//!   tokens that drain the queued prompts (the backlog) within half the TTFT target — at least
-//!   the reserve, at most what the rest of `g·T` pays for: `n + clamp(backlog·g·T / (TTFT/2),
-//!   R_min, (g·T − a − u·n) / v)`. So steps stay short (decodes keep a low inter-token
-//!   latency) while the queue is short, and grow up to the ITL target as it builds. Without a
-//!   TTFT target the budget is the whole of `g·T` (prefill as fast as the ITL target allows);
-//!   without an ITL target, the drain rate up to the configured budget.
+//!   tokens that drain the queued prompts (the backlog) within a quarter of the TTFT target —
+//!   at least the reserve, at most what the rest of `g·T` pays for:
+//!   `n + clamp(backlog·g·T / (TTFT/4), R, (g·T − a − u·n) / v)`. So steps stay short (decodes
+//!   keep a low inter-token latency) while the queue is short, and grow up to the ITL target
+//!   as it builds. Without a TTFT target the budget is the whole of `g·T` (prefill as fast as
+//!   the ITL target allows); without an ITL target, the drain rate up to the configured
+//!   budget.
 //!
 //! Both are clamped to the configured limits (the profile's or flags), which stay the ceiling.
 //! A lower cap preempts nothing; admissions wait for seats.
 //!
 //! **The gain** closes the loop on what the model gets wrong. It starts at 0.9; after each
 //! window of [`GAIN_WINDOW`] decode steps, a measured p95 above `T` multiplies it by 0.93
-//! (down to 0.3), a p95 under 0.7·T adds 0.02 (up to 1.0) if the limits bound in that window
-//! (a full cap with requests waiting, or a full budget with prompts queued), and anything else
-//! changes nothing. Each change starts a fresh window, so it is judged only on steps
+//! (down to 0.3), a p95 under 0.7·T adds 0.02 (up to 1.0) if the limits held work back since
+//! the last change (a full cap with requests waiting, or a full budget with prompts queued),
+//! and anything else changes nothing. Each change starts a fresh window, so it is judged only on steps
 //! run under it: additive increase, multiplicative decrease, a dead band between, one move per
 //! window at most. The cap moves at most ×1.5 (+1) up or ×0.5 down per plan. That is the
 //! stability argument; `tests/controller.rs` checks it on a simulated engine (converges under
@@ -66,7 +66,8 @@ const ARRIVAL_TAU: f64 = 10.0;
 pub struct ControllerConfig {
     /// p95 inter-token latency target, in seconds (`None`: the limits stay at the ceiling).
     pub target_itl: Option<f64>,
-    /// p95 time-to-first-token target, in seconds (misses are counted).
+    /// p95 time-to-first-token target, in seconds: the budget drains queued prompts within a
+    /// quarter of it; misses are counted.
     pub target_ttft: Option<f64>,
     /// The configured limits: never exceeded.
     pub ceiling: StepLimits,
@@ -81,7 +82,7 @@ pub struct ControllerStats {
     pub gain: f64,
     /// Decode steps slower than the ITL target, since start.
     pub itl_misses: u64,
-    /// First tokens later than the TTFT target, since start.
+    /// First tokens later than their class's TTFT (or the TTFT target), since start.
     pub ttft_misses: u64,
     /// Plans that changed the running cap or the gain, since start.
     pub num_moves: u64,
@@ -104,7 +105,7 @@ pub struct BatchController {
     last_arrival: Option<f64>,
     /// The cap last planned and the budget last set.
     limits: StepLimits,
-    /// Whether the limits held work back since the gain window started.
+    /// Whether the limits held work back since the last gain change (or the start).
     bound: bool,
     steps: u64,
     stats: ControllerStats,
@@ -133,16 +134,6 @@ impl BatchController {
         &self.config
     }
 
-    /// Changes the ITL target (e.g. the strictest per-token target of the running requests'
-    /// classes); the gain's window starts again when it changes.
-    pub fn set_target_itl(&mut self, target: Option<f64>) {
-        if self.config.target_itl != target {
-            self.config.target_itl = target;
-            self.itl.clear();
-            self.bound = false;
-        }
-    }
-
     pub fn stats(&self) -> ControllerStats {
         ControllerStats { limits: self.limits, gain: self.gain, ..self.stats }
     }
@@ -161,9 +152,10 @@ impl BatchController {
         self.last_arrival = Some(now);
     }
 
-    /// A request got its first token `seconds` after it arrived.
-    pub fn observe_ttft(&mut self, seconds: f64) {
-        if self.config.target_ttft.is_some_and(|t| seconds > t) {
+    /// A request got its first token `seconds` after it arrived; `objective` is its class's
+    /// TTFT in seconds (`None`: the TTFT target). Later than that is a miss.
+    pub fn observe_ttft(&mut self, seconds: f64, objective: Option<f64>) {
+        if objective.or(self.config.target_ttft).is_some_and(|t| seconds > t) {
             self.stats.ttft_misses += 1;
         }
     }
@@ -222,8 +214,8 @@ impl BatchController {
     fn prefill_reserve(&self, step_seconds: f64, a: f64, v: f64) -> usize {
         let reserve = (1.25 * self.arrival_rate * step_seconds).ceil();
         let half = ((step_seconds - a) / (2.0 * v)).floor().max(0.0);
-        (reserve.min(half) as usize)
-            .clamp(MIN_PREFILL_RESERVE, self.config.ceiling.max_num_batched_tokens)
+        let ceiling = self.config.ceiling.max_num_batched_tokens;
+        (reserve.min(half) as usize).clamp(MIN_PREFILL_RESERVE.min(ceiling), ceiling)
     }
 
     /// Adjusts the gain on the last window of decode steps, then plans the running cap.
@@ -295,12 +287,12 @@ impl BatchController {
     pub fn predict_prefill_seconds(&self, tokens: usize, num_running: usize) -> Option<f64> {
         let n = num_running.min(self.limits.max_num_seqs);
         let budget = self.budget_for(n, tokens).max(n + 1);
-        let per_step_prefill = (budget - n) as f64;
+        let per_step_prefill = (budget - n).min(tokens.max(1));
         let step = self.model.predict(
-            budget as f64,
-            self.decode_context * n as f64 + self.prefill_context * per_step_prefill,
+            (n + per_step_prefill) as f64,
+            self.decode_context * n as f64 + self.prefill_context * per_step_prefill as f64,
         )?;
-        let steps = (tokens as f64 / per_step_prefill).ceil().max(1.0);
+        let steps = (tokens as f64 / per_step_prefill as f64).ceil().max(1.0);
         Some(steps * step)
     }
 }

@@ -5,7 +5,8 @@
 //! - gauge `kiln:scheduler_controller_gain`: the fraction of the ITL target a step is planned to
 //!   take (0 without a controller);
 //! - counter `kiln:slo_target_misses_total{target}`: decode steps slower than the ITL target
-//!   (`target="itl"`) and first tokens later than the TTFT target (`target="ttft"`);
+//!   (`target="itl"`) and first tokens later than their SLO class's TTFT or the TTFT target
+//!   (`target="ttft"`);
 //! - counter `kiln:slo_admission_total{action}`: requests refused by admission control
 //!   (`action="rejected"`) and requests demoted behind work that can be on time
 //!   (`action="demoted"`: at admission, or waiting past their deadline).

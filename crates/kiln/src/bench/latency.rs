@@ -9,11 +9,11 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kiln_core::{Rng, SamplingParams, TokenId};
-use kiln_engine::{EngineConfig, EngineCore};
+use kiln_engine::{EngineConfig, EngineCore, EngineStats};
 use serde_json::json;
 
 use crate::engine_args::EngineArgs;
@@ -53,6 +53,10 @@ pub struct Cell {
     pub prefill_s: f64,
     pub decode_s: f64,
     pub decode_tokens: usize,
+    /// Per decode step: the engine step, its model forward and its sampling, in ms.
+    pub decode_step_ms: f64,
+    pub decode_forward_ms: f64,
+    pub decode_sample_ms: f64,
 }
 
 pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
@@ -96,6 +100,14 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     for (b, i, o) in grid {
         let c = run_cell(&mut core, &mut rng, vocab, b, i, o)?;
         println!("{}", row(&c));
+        eprintln!(
+            "  decode step {:.2} ms: forward {:.2} ms, sampling {:.2} ms, host {:.3} ms ({:.1} %)",
+            c.decode_step_ms,
+            c.decode_forward_ms,
+            c.decode_sample_ms,
+            c.decode_host_ms(),
+            100.0 * c.decode_host_ms() / c.decode_step_ms.max(1e-9)
+        );
         cells.push(c);
     }
     if let Some(path) = &args.save_result {
@@ -128,7 +140,7 @@ pub fn grid_engine(
         eos_token_ids: Vec::new(),
         kv_cache_dtype: engine.kv_cache_dtype,
         speculative: engine.speculative_config.clone(),
-        slo: engine.slo_config(),
+        slo: engine.slo_config()?,
     };
     EngineCore::new(model, config).context("building the engine")
 }
@@ -157,10 +169,20 @@ pub fn run_cell(
     }
     let prefill_s = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
+    let before = core.stats();
     let mut decode_tokens = 0;
     while core.has_unfinished() {
         decode_tokens += core.step()?.len();
     }
+    let after = core.stats();
+    let decode_steps = after.num_steps - before.num_steps;
+    let per_step = |total: fn(&EngineStats) -> Duration| {
+        total(&after).saturating_sub(total(&before)).as_secs_f64() * 1e3
+            / decode_steps.max(1) as f64
+    };
+    let step_ms = per_step(|s| s.total_step_time);
+    let forward_ms = per_step(|s| s.total_forward_time);
+    let sample_ms = per_step(|s| s.total_sample_time);
     Ok(Cell {
         batch,
         input_len,
@@ -168,6 +190,9 @@ pub fn run_cell(
         prefill_s,
         decode_s: decode_start.elapsed().as_secs_f64(),
         decode_tokens,
+        decode_step_ms: step_ms,
+        decode_forward_ms: forward_ms,
+        decode_sample_ms: sample_ms,
     })
 }
 
@@ -178,6 +203,11 @@ impl Cell {
 
     pub fn decode_tps(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_s.max(1e-9)
+    }
+
+    /// Per decode step: the engine's time outside the model forward and sampling.
+    pub fn decode_host_ms(&self) -> f64 {
+        (self.decode_step_ms - self.decode_forward_ms - self.decode_sample_ms).max(0.0)
     }
 
     fn total_tps(&self) -> f64 {
@@ -209,6 +239,8 @@ fn cell_json(c: &Cell) -> serde_json::Value {
         "batch_size": c.batch, "input_len": c.input_len, "output_len": c.output_len,
         "prefill_s": c.prefill_s, "prefill_tok_s": c.prefill_tps(),
         "decode_s": c.decode_s, "decode_tokens": c.decode_tokens, "decode_tok_s": c.decode_tps(),
+        "decode_step_ms": c.decode_step_ms, "decode_forward_ms": c.decode_forward_ms,
+        "decode_sample_ms": c.decode_sample_ms, "decode_host_ms": c.decode_host_ms(),
         "total_tok_s": c.total_tps(),
     })
 }

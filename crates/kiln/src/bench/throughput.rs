@@ -82,7 +82,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         eos_token_ids: Vec::new(),
         kv_cache_dtype: dtype,
         speculative: args.engine.speculative_config.clone(),
-        slo: args.engine.slo_config(),
+        slo: args.engine.slo_config()?,
     };
     let mut core = EngineCore::new(model, config).context("building the engine")?;
     eprintln!(

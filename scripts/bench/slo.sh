@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Scheduling to latency targets on the default model, 2 threads: a bursty load (gamma arrivals,
+# burstiness 0.5) at two rates, each run ~2 minutes, against the three fixed profiles and the
+# batch controller (`--target-itl-ms 60 --target-ttft-ms 1000`), goodput counted for
+# TTFT <= 1 s and TPOT <= 60 ms; then mixed SLO classes (20 % interactive at priority 0,
+# 80 % batch at priority 1) under fcfs and under the deadline policy with classes.
+#
+#   scripts/bench/slo.sh [OUT_DIR]      (RATES="2 3" SECONDS_PER_RUN=120 to change the load)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${1:-bench-results/slo}"
+mkdir -p "$OUT"
+MODEL="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
+cargo build --release -q -p kiln
+KILN="${CARGO_TARGET_DIR:-target}/release/kiln"
+PORT=8091
+RATES="${RATES:-2 3}"
+SECONDS_PER_RUN="${SECONDS_PER_RUN:-120}"
+INPUT_LEN=256
+OUTPUT_LEN=128
+SERVER_PID=
+
+wait_ready() {
+  for _ in $(seq 600); do
+    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then return 0; fi
+    sleep 0.2
+  done
+  echo "server did not start" >&2
+  return 1
+}
+
+start() {
+  "$KILN" serve --model "$MODEL" --served-model-name gemma-3-270m --port "$PORT" --threads 2 \
+    --disable-log-requests "$@" 2>"$OUT/server-$NAME.log" &
+  SERVER_PID=$!
+  wait_ready
+}
+
+stop() {
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+trap stop EXIT
+
+bench() { # rate, name, extra bench args...
+  local rate="$1" name="$2"
+  shift 2
+  local n
+  n=$(awk -v r="$rate" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%d", r * s }')
+  "$KILN" bench serve --base-url "http://127.0.0.1:$PORT" --model gemma-3-270m \
+    --num-prompts "$n" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos \
+    --request-rate "$rate" --burstiness 0.5 --seed 11 --goodput ttft:1000 tpot:60 \
+    --percentile-metrics ttft,tpot,itl --metric-percentiles 50,95 --no-progress \
+    --label "$name r=$rate" --save-result "$OUT/$name-r$rate.json" "$@" | tee "$OUT/$name-r$rate.txt"
+}
+
+CONTROLLER="--target-itl-ms 60 --target-ttft-ms 1000"
+for rate in $RATES; do
+  for cfg in latency balanced throughput controller; do
+    NAME="$cfg-r$rate"
+    if [[ "$cfg" == controller ]]; then
+      start --profile throughput $CONTROLLER
+    else
+      start --profile "$cfg"
+    fi
+    bench "$rate" "$cfg"
+    stop
+  done
+done
+
+# Mixed classes at the higher rate: interactive (priority 0) and batch (priority 1).
+rate="${RATES##* }"
+CLASSES='{"0": {"ttft_ms": 1000, "tpot_ms": 60}, "1": {"ttft_ms": 30000}}'
+NAME="mixed-fcfs"
+start --profile balanced
+bench "$rate" mixed-fcfs --priority-mix 0:0.2,1:0.8
+stop
+NAME="mixed-deadline"
+start --profile throughput --scheduling-policy deadline --slo-classes "$CLASSES" $CONTROLLER
+bench "$rate" mixed-deadline --priority-mix 0:0.2,1:0.8
+stop
+
+echo "results in $OUT"
