@@ -71,7 +71,7 @@ pub struct ServeBenchArgs {
     /// `0:0.2,1:0.8`: a fifth of the requests at priority 0, drawn with `--seed`); the report
     /// adds a summary per priority.
     #[arg(long, value_parser = parse_priority_mix)]
-    pub priority_mix: Option<Vec<(i64, f64)>>,
+    pub priority_mix: Option<PriorityMix>,
     /// Percentiles to report (vLLM's default: 99).
     #[arg(long, alias = "percentiles", default_value = "99")]
     pub metric_percentiles: String,
@@ -248,7 +248,7 @@ pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<B
     let mut data = args.data.clone();
     data.num_prompts = Some(data.num_prompts.unwrap_or(1000));
     let (warmups, mut requests) = data.build(args.num_warmups, &tokenizer)?;
-    if let Some(mix) = &args.priority_mix {
+    if let Some(PriorityMix(mix)) = &args.priority_mix {
         assign_priorities(&mut requests, mix, args.data.seed);
     }
     let mean_prompt =
@@ -331,8 +331,12 @@ impl DatasetArgs {
     }
 }
 
+/// `--priority-mix`: `(priority, share)` pairs whose shares sum to 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriorityMix(pub Vec<(i64, f64)>);
+
 /// `--priority-mix`: `PRIORITY:SHARE` pairs; shares are positive and normalised to sum to 1.
-fn parse_priority_mix(text: &str) -> Result<Vec<(i64, f64)>, String> {
+fn parse_priority_mix(text: &str) -> Result<PriorityMix, String> {
     let mut mix = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (p, share) = item
@@ -352,7 +356,7 @@ fn parse_priority_mix(text: &str) -> Result<Vec<(i64, f64)>, String> {
         return Err("give at least one PRIORITY:SHARE".into());
     }
     let total: f64 = mix.iter().map(|&(_, s)| s).sum();
-    Ok(mix.into_iter().map(|(p, s)| (p, s / total)).collect())
+    Ok(PriorityMix(mix.into_iter().map(|(p, s)| (p, s / total)).collect()))
 }
 
 /// Gives each request a priority drawn from `mix` (seeded, so runs compare request by request).
@@ -411,8 +415,16 @@ mod tests {
 
     #[test]
     fn priority_mix_parses_normalises_and_assigns_by_share() {
-        let mix = parse_priority_mix("0:1, 1:4").unwrap();
+        let PriorityMix(mix) = parse_priority_mix("0:1, 1:4").unwrap();
         assert_eq!(mix, vec![(0, 0.2), (1, 0.8)]);
+        // Through clap, as the command line gives it.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: ServeBenchArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--priority-mix", "0:0.2,1:0.8"]);
+        assert_eq!(cli.unwrap().bench.priority_mix, Some(PriorityMix(vec![(0, 0.2), (1, 0.8)])));
         for bad in ["", "0", "x:1", "0:-1", "0:nan", "0:1,0:2"] {
             assert!(parse_priority_mix(bad).is_err(), "{bad}");
         }
