@@ -413,16 +413,17 @@ fn first_served_model(args: &ServeBenchArgs, base_url: &str) -> anyhow::Result<S
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: ServeBenchArgs,
+    }
+
     #[test]
     fn priority_mix_parses_normalises_and_assigns_by_share() {
         let PriorityMix(mix) = parse_priority_mix("0:1, 1:4").unwrap();
         assert_eq!(mix, vec![(0, 0.2), (1, 0.8)]);
         // Through clap, as the command line gives it.
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            bench: ServeBenchArgs,
-        }
         let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--priority-mix", "0:0.2,1:0.8"]);
         assert_eq!(cli.unwrap().bench.priority_mix, Some(PriorityMix(vec![(0, 0.2), (1, 0.8)])));
         for bad in ["", "0", "x:1", "0:-1", "0:nan", "0:1,0:2"] {
