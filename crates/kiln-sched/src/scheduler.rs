@@ -4,10 +4,10 @@
 //! 1. **Running** requests, in policy order, each take `min(uncomputed + drafts, budget)` tokens
 //!    (capped by `long_prefill_token_threshold` when set and more than one), where a prefill
 //!    chunk or a decode's drafts leave one token of the budget for every decode still to be
-//!    served in this pass (decodes are never starved by a chunk ahead of them in the order). A decoding request
-//!    with draft tokens ([`Scheduler::update_draft_token_ids`]) gets them scheduled after its
-//!    last token, as many as fit, and KV slots for them as lookahead slots (never registered in
-//!    the prefix cache). When
+//!    served in this pass (decodes are never starved by a chunk ahead of them in the order).
+//!    A decoding request with draft tokens ([`Scheduler::update_draft_token_ids`]) gets them
+//!    scheduled after its last token, as many as fit, and KV slots for them as lookahead slots
+//!    (never registered in the prefix cache). When
 //!    `allocate_slots` fails, the running request with the largest policy key (maybe the request
 //!    itself) is preempted by recompute: its blocks are freed (those registered for KV that was
 //!    never written are first dropped from the prefix cache), `num_computed_tokens` returns to 0,

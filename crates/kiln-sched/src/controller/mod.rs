@@ -27,11 +27,11 @@
 //! window of [`GAIN_WINDOW`] decode steps, a measured p95 above `T` multiplies it by 0.93
 //! (down to 0.3), a p95 under 0.7·T adds 0.02 (up to 1.0) if the limits held work back since
 //! the last change (a full cap with requests waiting, or a full budget with prompts queued),
-//! and anything else changes nothing. Each change starts a fresh window, so it is judged only on steps
-//! run under it: additive increase, multiplicative decrease, a dead band between, one move per
-//! window at most. The cap moves at most ×1.5 (+1) up or ×0.5 down per plan. That is the
-//! stability argument; `tests/controller.rs` checks it on a simulated engine (converges under
-//! constant load, holds the target through a 4× load step, no sustained oscillation).
+//! and anything else changes nothing. Each change starts a fresh window, so it is judged only
+//! on steps run under it: additive increase, multiplicative decrease, a dead band between, one
+//! move per window at most. The cap moves at most ×1.5 (+1) up or ×0.5 down per plan. That is
+//! the stability argument; `tests/controller.rs` checks it on a simulated engine (converges
+//! under constant load, holds the target through a 4× load step, no sustained oscillation).
 //!
 //! The cap is changed only when the plan differs from it by more than a tenth (and 2 seats),
 //! so noise in the fitted costs does not move it. Without an ITL target the cap stays at its
