@@ -130,7 +130,8 @@ pub struct EngineCore {
     controller: Option<BatchController>,
     /// The engine's clock for deadlines (milliseconds since this instant).
     epoch: Instant,
-    /// When each request without a first token yet arrived, and its class's TTFT in ms.
+    /// When each request without a first token yet arrived, and its class's TTFT in ms (kept
+    /// only with a controller, which counts TTFT misses).
     arrived: HashMap<RequestId, (Instant, Option<u64>)>,
     num_admission_demoted: u64,
 }
@@ -417,9 +418,9 @@ impl EngineCore {
         let demoted = request.is_demoted();
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
-        let now = Instant::now();
-        self.arrived.insert(id, (now, ttft_objective));
         if let Some(c) = &mut self.controller {
+            let now = Instant::now();
+            self.arrived.insert(id, (now, ttft_objective));
             c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
         if let Some(constraint) = constraint {
@@ -524,19 +525,17 @@ impl EngineCore {
         outputs: &[EngineOutput],
         step_time: Duration,
     ) {
+        let Some(controller) = &mut self.controller else { return };
+        // A request's first output carries `first`, so its arrival is removed there (aborts
+        // remove theirs).
         let now = Instant::now();
         for out in outputs.iter().filter(|o| o.first.is_some()) {
-            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id)
-                && let Some(c) = &mut self.controller
-            {
+            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id) {
                 let objective = objective_ms.map(|ms| ms as f64 / 1e3);
-                c.observe_ttft(now.saturating_duration_since(arrived).as_secs_f64(), objective);
+                let ttft = now.saturating_duration_since(arrived).as_secs_f64();
+                controller.observe_ttft(ttft, objective);
             }
         }
-        for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
-            self.arrived.remove(&out.id);
-        }
-        let Some(controller) = &mut self.controller else { return };
         let limits = controller.observe_step(
             &sched_out.load(),
             step_time.as_secs_f64(),

@@ -130,10 +130,6 @@ impl BatchController {
         }
     }
 
-    pub fn config(&self) -> &ControllerConfig {
-        &self.config
-    }
-
     pub fn stats(&self) -> ControllerStats {
         ControllerStats { limits: self.limits, gain: self.gain, ..self.stats }
     }
