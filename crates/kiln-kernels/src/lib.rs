@@ -1,7 +1,8 @@
 //! CPU kernels of kiln.
 //!
 //! Every kernel has a scalar reference (`*_scalar`) and, where it matters, AVX-512 and AVX2
-//! variants chosen once at run time ([`SimdLevel::detect`]). Tests compare each SIMD variant
+//! variants chosen once at run time ([`CpuIsa::selected`]: the best the CPU has, or the one
+//! `--isa`/`KILN_ISA` forces). Tests compare each SIMD variant
 //! with the scalar reference over odd sizes so tails (`n % lanes != 0`) are covered.
 //!
 //! Activations are `f32` row-major buffers; shapes are stated at every entry point. Weights are
@@ -36,5 +37,5 @@ pub use kiln_backend::{MappedFile, Storage};
 pub use matmul::{LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_multi};
 pub use quant::{GgmlType, QuantMatrix};
 pub use reference::Reference;
-pub use simd::SimdLevel;
+pub use simd::{CpuIsa, ISA_ENV, IsaError, SimdLevel};
 pub use thread_pool::{SharedMut, ThreadPool};

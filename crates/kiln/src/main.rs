@@ -18,6 +18,12 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "An LLM inference server")]
 struct Cli {
+    /// Kernel instruction set: scalar, avx2, avx512, avx512-vnni or amx (default: the best this
+    /// CPU has). A path the CPU lacks is refused. Every path gives the same bits; this is for
+    /// benchmarking and testing a lower path on a newer machine.
+    #[arg(long, global = true, env = kiln_kernels::ISA_ENV, value_name = "ISA",
+          value_parser = parse_isa)]
+    isa: Option<kiln_kernels::CpuIsa>,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,6 +53,10 @@ fn parse(argv: &[String], env: &[(String, String)]) -> Result<(Cli, Vec<String>)
     Ok((cli, expanded.warnings))
 }
 
+fn parse_isa(name: &str) -> Result<kiln_kernels::CpuIsa, kiln_kernels::IsaError> {
+    name.parse()
+}
+
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
     let env: Vec<(String, String)> = std::env::vars_os()
@@ -62,6 +72,11 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) => e.exit(),
     };
+    let isa = cli.isa.unwrap_or_else(kiln_kernels::CpuIsa::best);
+    if let Err(e) = isa.select() {
+        eprintln!("error: --isa: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),

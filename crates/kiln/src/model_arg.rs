@@ -103,6 +103,12 @@ impl ModelArgs {
     pub fn load_path(&self, path: &Path, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
         let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
         let backend = Arc::new(Cpu::new(threads));
+        tracing::info!(
+            "CPU backend: {} threads, {} kernels (best here: {})",
+            backend.pool().num_threads(),
+            kiln_kernels::CpuIsa::selected(),
+            kiln_kernels::CpuIsa::best()
+        );
         load_model_with(path, &options, &backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }

@@ -21,9 +21,9 @@ use std::cell::RefCell;
 
 use half::{bf16, f16};
 
-use crate::quant::{GgmlType, QuantActs, QuantIsa, QuantMatrix, qgemm_groups, quantize_row};
+use crate::quant::{GgmlType, QuantActs, QuantMatrix, qgemm_groups, quantize_row};
 use crate::thread_pool::SharedMut;
-use crate::{SimdLevel, ThreadPool};
+use crate::{CpuIsa, SimdLevel, ThreadPool};
 use kiln_backend::Storage;
 
 pub use gemv::gemv_rows;
@@ -307,7 +307,7 @@ fn run_jobs(
     }
     let total: usize = num_tasks_per_job.iter().sum();
     let level = SimdLevel::detect();
-    let isa = QuantIsa::for_level(level);
+    let isa = CpuIsa::selected();
     pool.run(total, |task| {
         let (mut job_idx, mut chunk) = (0, task);
         while chunk >= num_tasks_per_job[job_idx] {

@@ -7,7 +7,7 @@
 //! chunk's rows, so a chunk's activations stay in cache while the task's weights stream past.
 //! The 16 lanes of every vector are the 16 weight rows of the group, so no horizontal sums are
 //! needed. Activation rows are taken 4 at a time, so each weight vector loaded from the unpacked
-//! record feeds 4 `vpdpbusd`. With [`QuantIsa::Amx`], every full 16 activation rows go through
+//! record feeds 4 `vpdpbusd`. With [`CpuIsa::Amx`], every full 16 activation rows go through
 //! AMX tiles instead (`amx`), the remaining rows through the VNNI path. Without AMX, VNNI calls
 //! with 4 or more rows take the 2-group register tiles of `pairs`.
 //! Outputs of vocabulary-sized rows are written with non-temporal stores ([`stream_output`]).
@@ -31,8 +31,8 @@ use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::isa::{Isa, Scalar};
 use super::repack::{LANES, Unpacked, signed_quads, unpack};
-use crate::SimdLevel;
 use crate::thread_pool::SharedMut;
+use crate::{CpuIsa, SimdLevel};
 
 /// Activation rows per pass over a group's weights.
 pub(crate) const ROW_CHUNK: usize = 64;
@@ -40,59 +40,6 @@ pub(crate) const ROW_CHUNK: usize = 64;
 const AMX_CHUNK: usize = 256;
 /// Activation rows per AMX tile.
 pub(crate) const TILE_M: usize = 16;
-
-/// The instruction set a quantized kernel runs with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QuantIsa {
-    Scalar,
-    Avx2,
-    /// AVX-512 BW without VNNI.
-    Avx512,
-    /// AVX-512 VNNI (`vpdpbusd`).
-    Avx512Vnni,
-    /// AMX-INT8 tiles for every 16 activation rows (`amx`), AVX-512 VNNI for the rest.
-    Amx,
-}
-
-impl QuantIsa {
-    /// The best kernel at `level` on this CPU.
-    pub fn for_level(level: SimdLevel) -> Self {
-        match level {
-            SimdLevel::Scalar => Self::Scalar,
-            SimdLevel::Avx2 => Self::Avx2,
-            SimdLevel::Avx512 => {
-                #[cfg(target_arch = "x86_64")]
-                if super::amx::available() {
-                    return Self::Amx;
-                }
-                if std::arch::is_x86_feature_detected!("avx512vnni") {
-                    return Self::Avx512Vnni;
-                }
-                Self::Avx512
-            }
-        }
-    }
-
-    /// Every variant this CPU can run, for tests.
-    pub fn available() -> Vec<Self> {
-        let mut out = vec![Self::Scalar];
-        let top = SimdLevel::detect();
-        if top >= SimdLevel::Avx2 {
-            out.push(Self::Avx2);
-        }
-        if top >= SimdLevel::Avx512 {
-            out.push(Self::Avx512);
-            if std::arch::is_x86_feature_detected!("avx512vnni") {
-                out.push(Self::Avx512Vnni);
-            }
-            #[cfg(target_arch = "x86_64")]
-            if super::amx::available() {
-                out.push(Self::Amx);
-            }
-        }
-        out
-    }
-}
 
 struct Scratch {
     un: Box<Unpacked>,
@@ -115,7 +62,7 @@ thread_local! {
 /// `acts` must hold `x[m, k]` quantized with blocks of `w.act_block()`; `out` must point to an
 /// `[m, n]` buffer of which the caller's task owns those columns.
 pub(crate) fn qgemm_groups(
-    isa: QuantIsa,
+    isa: CpuIsa,
     acts: &QuantActs,
     w: &QuantMatrix,
     groups: Range<usize>,
@@ -139,22 +86,22 @@ pub(crate) fn qgemm_groups(
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Amx if acts.m >= TILE_M && super::amx::available() => {
+                CpuIsa::Amx if acts.m >= TILE_M && super::amx::available() => {
                     x86_entry::amx(acts, w, groups, out, s);
                 }
                 // Fewer than 16 rows: AMX has nothing to do.
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Amx | QuantIsa::Avx512Vnni
+                CpuIsa::Amx | CpuIsa::Avx512Vnni
                     if std::arch::is_x86_feature_detected!("avx512vnni") =>
                 {
                     x86_entry::vnni(acts, w, groups, out, s);
                 }
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Avx512 if SimdLevel::detect() >= SimdLevel::Avx512 => {
+                CpuIsa::Avx512 if SimdLevel::detect() >= SimdLevel::Avx512 => {
                     x86_entry::avx512(acts, w, groups, out, s);
                 }
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Avx2 if SimdLevel::detect() >= SimdLevel::Avx2 => {
+                CpuIsa::Avx2 if SimdLevel::detect() >= SimdLevel::Avx2 => {
                     x86_entry::avx2(acts, w, groups, out, s);
                 }
                 _ => kernel::<Scalar, false>(acts, w, groups, out, s),
@@ -174,7 +121,7 @@ mod x86_entry {
     use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
     use crate::quant::formats::GgmlType;
     use crate::quant::x86::{Avx2, Avx512, Vnni};
-    use crate::quant::{amx, pairs};
+    use crate::quant::{amx, avx2, pairs};
 
     /// # Safety
     /// AMX must be available ([`amx::available`]), with AVX-512 VNNI.
@@ -232,8 +179,14 @@ mod x86_entry {
         o: SharedMut<f32>,
         s: &mut Scratch,
     ) {
-        // SAFETY: forwarded; the features are enabled here.
-        unsafe { kernel::<Avx2, false>(a, w, g, o, s) }
+        // SAFETY: forwarded; the features are enabled here; `avx2::applies` checked.
+        unsafe {
+            if avx2::applies(w.ty) {
+                avx2::kernel(a, w, g, o, &mut s.un, &mut s.acc);
+            } else {
+                kernel::<Avx2, false>(a, w, g, o, s);
+            }
+        }
     }
 }
 
@@ -405,6 +358,14 @@ impl Acc {
             Some(store) if u + 1 == units => Self { load, store, stride: n, stream },
             _ => Self { load, store: scratch, stride: LANES, stream: false },
         }
+    }
+
+    /// Row `r`'s accumulator: where it starts (null: at `+0.0`) and where it goes. Stores
+    /// through the second pointer are ordinary (the AVX2 kernel does not stream).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn row_ptrs(self, r: usize) -> (*const f32, *mut f32) {
+        let load = if self.load.is_null() { self.load } else { self.load.wrapping_add(r * LANES) };
+        (load, self.store.wrapping_add(r * self.stride))
     }
 
     /// The same rows from row `r` on.

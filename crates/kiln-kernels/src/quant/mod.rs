@@ -15,6 +15,8 @@
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod dequant;
 pub mod formats;
 mod isa;
@@ -35,9 +37,20 @@ mod x86;
 pub(crate) use act::QuantActs;
 pub use dequant::dequantize_row;
 pub use formats::GgmlType;
-pub use kernel::QuantIsa;
 pub(crate) use kernel::qgemm_groups;
 pub use quantize::quantize_row;
+
+/// Whether AMX-INT8 tiles are usable here (CPU and OS).
+pub(crate) fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 use formats::QK_K;
 use isa::Scalar;

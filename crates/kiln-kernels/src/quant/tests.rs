@@ -150,7 +150,7 @@ fn dequantized(q: &QuantMatrix) -> Vec<f32> {
     w
 }
 
-fn run(isa: QuantIsa, acts: &QuantActs, q: &QuantMatrix) -> Vec<f32> {
+fn run(isa: crate::CpuIsa, acts: &QuantActs, q: &QuantMatrix) -> Vec<f32> {
     let mut out = vec![f32::NAN; acts.m * q.rows()];
     qgemm_groups(isa, acts, q, 0..q.rows().div_ceil(16), SharedMut::new(&mut out));
     out
@@ -171,8 +171,8 @@ fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
                     let x = values(m * k, m as u64 + 5, 2.0);
                     let mut acts = QuantActs::default();
                     acts.quantize(&pool, &x, m, k, q.act_block());
-                    let want = run(QuantIsa::Scalar, &acts, &q);
-                    for isa in QuantIsa::available() {
+                    let want = run(crate::CpuIsa::Scalar, &acts, &q);
+                    for isa in crate::CpuIsa::available() {
                         let got = run(isa, &acts, &q);
                         let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(same, "{ty} {isa:?} m={m} n={n} k={k} differs from scalar");
@@ -207,6 +207,58 @@ fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
     }
 }
 
+/// Raw GGUF rows of `ty` whose levels hit the extremes the kernels' 16-bit sums must survive
+/// (row 0: every level byte `0xFF`, row 1: `0x80`, the rest pseudo-random), with every f16
+/// scale 1.0 so no block is NaN or infinite.
+fn extreme_rows(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut bytes: Vec<u8> =
+        values(rows * rb, 77, 1.0).iter().map(|v| ((v + 0.5) * 255.99) as u8).collect();
+    bytes[..rb].fill(0xFF);
+    bytes[rb..2 * rb].fill(0x80);
+    let one = half::f16::ONE.to_le_bytes();
+    let scale_at: &[usize] = match ty {
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => &[0],
+    };
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scale_at {
+            block[at..at + 2].copy_from_slice(&one);
+        }
+    }
+    bytes
+}
+
+#[test]
+fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
+    let pool = ThreadPool::new(2);
+    for ty in SHAPE_TYPES {
+        let k = if ty.block_elems() == 256 { 512 } else { 352 };
+        let n = 19;
+        let q = QuantMatrix::from_bytes(ty, n, k, &extreme_rows(ty, n, k)).unwrap();
+        // Rows of ±1 quantize to ±127 in every block: the largest products there are.
+        let m = 9;
+        let mut x = values(m * k, 3, 2.0);
+        for (j, v) in x[..3 * k].iter_mut().enumerate() {
+            *v = match j / k {
+                0 => 1.0,
+                1 => -1.0,
+                _ => if j % 2 == 0 { 1.0 } else { -1.0 },
+            };
+        }
+        let mut acts = QuantActs::default();
+        acts.quantize(&pool, &x, m, k, q.act_block());
+        let want = run(crate::CpuIsa::Scalar, &acts, &q);
+        assert!(want.iter().all(|v| v.is_finite()), "{ty}: the fixture overflowed");
+        for isa in crate::CpuIsa::available() {
+            let got = run(isa, &acts, &q);
+            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{ty} {isa:?}: extreme levels differ from scalar");
+        }
+    }
+}
+
 #[test]
 fn rows_alone_equal_rows_in_a_batch_bitwise() {
     let pool = ThreadPool::new(2);
@@ -216,7 +268,7 @@ fn rows_alone_equal_rows_in_a_batch_bitwise() {
         let (_, q) = quantized(ty, n, k, 9);
         let m = 70;
         let x = values(m * k, 4, 2.0);
-        for isa in QuantIsa::available() {
+        for isa in crate::CpuIsa::available() {
             let mut acts = QuantActs::default();
             acts.quantize(&pool, &x, m, k, q.act_block());
             let batch = run(isa, &acts, &q);
@@ -316,7 +368,7 @@ fn streamed_outputs_equal_rows_alone_bitwise() {
     let (_, q) = quantized(GgmlType::Q8_0, n, k, 5);
     let x = values(m * k, 6, 2.0);
     let mut acts = QuantActs::default();
-    for isa in QuantIsa::available() {
+    for isa in crate::CpuIsa::available() {
         acts.quantize(&pool, &x, m, k, q.act_block());
         // A 64-byte aligned output, as the streaming stores need.
         let mut buf = vec![f32::NAN; m * n + 15];

@@ -88,8 +88,9 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         args.seed,
     )?;
     eprintln!(
-        "{} threads, {} KV cache; warming up",
+        "{} threads, {} kernels, {} KV cache; warming up",
         num_threads,
+        kiln_kernels::CpuIsa::selected(),
         args.engine.kv_cache_dtype.name()
     );
     let mut rng = Rng::new(args.seed);

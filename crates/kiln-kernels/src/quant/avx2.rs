@@ -1,0 +1,227 @@
+//! The AVX2 kernel for Q4_0 / Q5_0 / Q8_0 weights (the default model's attention and MLP
+//! projections and its 178 MB LM head), at every number of activation rows.
+//!
+//! The general kernel runs AVX2 as two 8-lane halves of a 16-lane vector (`x86::Avx2`): every
+//! operation is doubled, and with 16 vector registers its 16-lane accumulators spill. Here the
+//! 16 weight rows of a group are taken as two 8-lane halves one after the other, so a tile of
+//! up to 4 activation rows keeps every accumulator in a register, and the arithmetic is the
+//! cheapest AVX2 has for each format:
+//! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31): `vpmaddubsw` pair sums are at
+//!   most `2·31·127`, so up to 4 of them (Q4_0: 8, levels at most 15) add up in 16-bit lanes
+//!   before one `vpmaddwd` widens them; `t = Σ (w + o)·x − o·Σx` per block, as the general
+//!   kernel has it.
+//! - Q8_0 (stored `w + 128`): levels flipped to signed `w`, then `|w| · sign(x, w)` through
+//!   `vpmaddubsw` (pair sums at most `2·128·127`, so each is widened at once) — `Σ w·x` with no
+//!   correction.
+//!
+//! Bitwise contract: a block's `t` is an exact integer whichever way it is summed, and the f32
+//! steps, `acc = fma(t, d_w·d_x, acc)` per block in column order starting from `+0.0`, are the
+//! general kernel's, so outputs equal the scalar reference bit for bit (tested with the other
+//! ISAs in `tests`).
+//!
+//! No software prefetch: with about 7 instructions per 32 weight bytes, issuing bursts of
+//! prefetches stalled the loads they were meant to help (AMD Zen 4, 2 threads, the 262k × 640
+//! Q8_0 LM head at one row: see docs/BENCHMARKS.md); the hardware prefetchers follow the
+//! sequential record stream.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::act::QuantActs;
+use super::formats::{GgmlType, QK};
+use super::kernel::{Acc, ROW_CHUNK};
+use super::repack::{LANES, Unpacked, unpack};
+use super::x86::Avx2;
+use super::QuantMatrix;
+use crate::thread_pool::SharedMut;
+
+/// Whether [`kernel`] serves `ty`.
+pub(crate) fn applies(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// Activation rows of the register tile: as many as fit AVX2's 16 registers without spills.
+const fn tile_rows(kind: u8) -> usize {
+    if kind == Q8 { TILE_Q8 } else { TILE_Q45 }
+}
+const TILE_Q8: usize = 3;
+const TILE_Q45: usize = 4;
+
+/// The format's arithmetic, as a const generic.
+const Q8: u8 = 8;
+const Q5: u8 = 5;
+const Q4: u8 = 4;
+
+/// Writes columns `16·groups.start .. min(16·groups.end, n)` of `out[m, n]`, as
+/// `kernel::qgemm_groups` does.
+///
+/// `un` is scratch for one unpacked record; `acc` scratch for [`ROW_CHUNK`] rows of 16
+/// accumulators.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; [`applies`] holds for `w.ty`; `acts` quantized with
+/// blocks of 32; `out` as for `qgemm_groups`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn kernel(
+    acts: &QuantActs,
+    w: &QuantMatrix,
+    groups: Range<usize>,
+    out: SharedMut<f32>,
+    un: &mut Unpacked,
+    acc: &mut [[f32; LANES]],
+) {
+    debug_assert!(applies(w.ty) && acts.block == QK && acc.len() >= ROW_CHUNK);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match w.ty {
+            GgmlType::Q8_0 => run::<Q8>(acts, w, groups, out, un, acc),
+            GgmlType::Q5_0 => run::<Q5>(acts, w, groups, out, un, acc),
+            _ => run::<Q4>(acts, w, groups, out, un, acc),
+        }
+    }
+}
+
+/// [`kernel`] for one format.
+///
+/// # Safety
+/// As [`kernel`], with `KIND` the format of `w`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn run<const KIND: u8>(
+    acts: &QuantActs,
+    w: &QuantMatrix,
+    groups: Range<usize>,
+    out: SharedMut<f32>,
+    un: &mut Unpacked,
+    acc_buf: &mut [[f32; LANES]],
+) {
+    let (m, n, ty) = (acts.m, w.rows, w.ty);
+    let scratch = acc_buf.as_mut_ptr().cast::<f32>();
+    for r0 in (0..m).step_by(ROW_CHUNK) {
+        let r1 = (r0 + ROW_CHUNK).min(m);
+        for g in groups.clone() {
+            let lanes = (n - g * LANES).min(LANES);
+            // Full groups: the last unit stores straight into `out`.
+            let direct = lanes == LANES;
+            for u in 0..w.units {
+                // SAFETY: row `r0` of `out` is in bounds (the caller's).
+                let dst = unsafe { out.ptr().add(r0 * n + g * LANES) };
+                let acc = Acc::for_unit(u, w.units, scratch, direct.then_some(dst), n, false);
+                let nb = w.unit_blocks(u);
+                let rec = w.record(g, u);
+                // SAFETY (block): `rec` is a whole record of `w`; AVX2 is the caller's. The
+                // unpacked quads (Q8_0: the record's own) hold the unit's `nb` blocks; rows
+                // `i..i + R` are below `r1`, inside `acts`, `out` and the scratch.
+                unsafe {
+                    unpack::<Avx2>(ty, nb, rec, un);
+                    let quads = if KIND == Q8 { rec } else { un.quads.as_ptr().cast() };
+                    let fs = un.fscale.as_ptr().cast::<f32>();
+                    let mut i = r0;
+                    while i < r1 {
+                        let a = acc.rows_from(i - r0);
+                        let rows = (r1 - i).min(tile_rows(KIND));
+                        for h in 0..2 {
+                            match rows {
+                                1 => tile::<KIND, 1>(nb, quads, fs, acts, i, u, a, h),
+                                2 => tile::<KIND, 2>(nb, quads, fs, acts, i, u, a, h),
+                                3 => tile::<KIND, 3>(nb, quads, fs, acts, i, u, a, h),
+                                _ => tile::<KIND, 4>(nb, quads, fs, acts, i, u, a, h),
+                            }
+                        }
+                        i += rows;
+                    }
+                }
+            }
+            if !direct {
+                for (i, a) in (r0..r1).zip(acc_buf.iter()) {
+                    // SAFETY: the caller's task owns these columns of every output row.
+                    let o = unsafe { out.slice(i * n + g * LANES, lanes) };
+                    o.copy_from_slice(&a[..lanes]);
+                }
+            }
+        }
+    }
+}
+
+/// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `i..i + R`.
+///
+/// `quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each); `fs`: the f32
+/// scales `[8][16]` of its blocks.
+///
+/// # Safety
+/// AVX2/FMA available; the pointers as described; rows `i..i + R` inside `acts` and `acc`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+unsafe fn tile<const KIND: u8, const R: usize>(
+    nb: usize,
+    quads: *const u8,
+    fs: *const f32,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+    h: usize,
+) {
+    let k = acts.k;
+    let nbk = k / QK;
+    let shift = if KIND == Q5 { 4 } else { 3 };
+    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts`; the unit
+    // holds `nb` blocks of 8 quads; `acc` has `R` rows; AVX2/FMA are the caller's.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        let mut a: [__m256; R] = std::array::from_fn(|r| {
+            let (load, _) = acc.row_ptrs(r);
+            if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) }
+        });
+        for b in 0..nb {
+            let bg = u * 8 + b;
+            let x: [*const i8; R] =
+                std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
+            let wb = quads.add(b * 8 * 64 + 32 * h);
+            let bx = |r: usize, q: usize| {
+                _mm256_set1_epi32(x[r].add(4 * q).cast::<i32>().read_unaligned())
+            };
+            let mut t = [_mm256_setzero_si256(); R];
+            if KIND == Q8 {
+                for q in 0..8 {
+                    let wq = _mm256_xor_si256(_mm256_loadu_si256(wb.add(q * 64).cast()), flip);
+                    let aw = _mm256_abs_epi8(wq);
+                    for r in 0..R {
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx(r, q), wq));
+                        t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            } else {
+                // Q4_0: all 8 quads in one 16-bit sum; Q5_0: two sums of 4.
+                let split = if KIND == Q4 { 8 } else { 4 };
+                let mut s16 = [_mm256_setzero_si256(); R];
+                for q in 0..8 {
+                    let wv = _mm256_loadu_si256(wb.add(q * 64).cast());
+                    for r in 0..R {
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, bx(r, q)));
+                    }
+                    if q % split == split - 1 {
+                        for r in 0..R {
+                            t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(s16[r], ones));
+                            s16[r] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+                for (r, tr) in t.iter_mut().enumerate() {
+                    let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
+                    *tr = _mm256_sub_epi32(*tr, _mm256_set1_epi32(sx << shift));
+                }
+            }
+            let fsv = _mm256_loadu_ps(fs.add(b * LANES + 8 * h));
+            for r in 0..R {
+                let dx = _mm256_set1_ps(*acts.d.get_unchecked((i + r) * nbk + bg));
+                a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[r]), _mm256_mul_ps(fsv, dx), a[r]);
+            }
+        }
+        for (r, &ar) in a.iter().enumerate() {
+            let (_, store) = acc.row_ptrs(r);
+            _mm256_storeu_ps(store.add(8 * h), ar);
+        }
+    }
+}
