@@ -1,7 +1,9 @@
 //! Quantized matmul throughput: `cargo run --release -p kiln-kernels --example quant_bench --
-//! [threads] [filter]`. For each (type, n, k) of gemma-3-270m's matrices (plus the LM head) and
-//! m = 1, 4, 16, 64 (decode batches) and 256, 2048 (prefill chunks; not for the LM head), prints
-//! GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs.
+//! [threads] [filter] [cold]`. For each (type, n, k) of gemma-3-270m's matrices (plus the LM
+//! head) and m = 1, 4, 16, 64 (decode batches) and 256, 2048 (prefill chunks; not for the LM
+//! head), prints GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs. With `cold`,
+//! each call takes the next of enough copies of the matrix to fill 128 MiB, so weights come
+//! from memory as in a decode step rather than from the caches. `KILN_ISA` picks the path.
 
 use std::time::Instant;
 
@@ -12,6 +14,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let filter = args.next().unwrap_or_default();
+    let cold = args.next().is_some_and(|a| a == "cold");
     let pool = ThreadPool::new(threads);
     let shapes = [
         (GgmlType::Q5_0, 1024usize, 640usize),
@@ -29,6 +32,10 @@ fn main() {
         }
         let w = pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block");
         let bytes = w.data().num_bytes();
+        let copies = if cold { (128usize << 20).div_ceil(bytes) } else { 1 };
+        let ws: Vec<_> = (0..copies)
+            .map(|_| pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block"))
+            .collect();
         for m in [1usize, 4, 16, 64, 256, 2048] {
             if n > 100_000 && m > 64 {
                 continue;
@@ -41,11 +48,12 @@ fn main() {
             let out = &mut buf[start..start + m * n];
             linear(&pool, &x, m, &w, None, out);
             let reps = (3e8 / bytes as f64).clamp(3.0, 2000.0) as usize;
+            let reps = reps.max(copies);
             let mut best = f64::INFINITY;
             for _ in 0..3 {
                 let start = Instant::now();
-                for _ in 0..reps {
-                    linear(&pool, &x, m, &w, None, out);
+                for rep in 0..reps {
+                    linear(&pool, &x, m, &ws[rep % copies], None, out);
                 }
                 best = best.min(start.elapsed().as_secs_f64() / reps as f64);
             }

@@ -19,10 +19,13 @@
 //! general kernel's, so outputs equal the scalar reference bit for bit (tested with the other
 //! ISAs in `tests`).
 //!
-//! No software prefetch: with about 7 instructions per 32 weight bytes, issuing bursts of
-//! prefetches stalled the loads they were meant to help (AMD Zen 4, 2 threads, the 262k × 640
-//! Q8_0 LM head at one row: see docs/BENCHMARKS.md); the hardware prefetchers follow the
-//! sequential record stream.
+//! Prefetch (Q5_0 only): while a unit computes, its share of the group `PREFETCH_GROUPS` ahead
+//! is requested a few lines per block (`super::prefetch`), so that the next record's long
+//! unpacking (the fifth bits) does not wait for memory with nothing else in flight: a
+//! 2048 × 640 Q5_0 matrix read from memory at one row took 0.042–0.055 ms with it against
+//! 0.091 without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose loads interleave with the
+//! arithmetic, were faster without (Q8_0 0.045–0.048 against 0.053–0.064 ms), and the 178 MB LM
+//! head streams at the memory's rate either way.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -30,6 +33,8 @@ use std::ops::Range;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::kernel::{Acc, ROW_CHUNK};
+use super::pairs::unit_share_ahead;
+use super::prefetch::{Prefetch, PrefetchSteps};
 use super::repack::{LANES, Unpacked, unpack};
 use super::x86::Avx2;
 use super::QuantMatrix;
@@ -116,16 +121,24 @@ unsafe fn run<const KIND: u8>(
                     unpack::<Avx2>(ty, nb, rec, un);
                     let quads = if KIND == Q8 { rec } else { un.quads.as_ptr().cast() };
                     let fs = un.fscale.as_ptr().cast::<f32>();
+                    // Q5_0: this unit's share of the group `PREFETCH_GROUPS` ahead, a few lines
+                    // per block of the first row tile.
+                    let ahead = if KIND == Q5 {
+                        unit_share_ahead(w, g..g + 1, groups.end, u)
+                    } else {
+                        Prefetch::NONE
+                    };
+                    let mut pf = ahead.steps(2 * nb);
                     let mut i = r0;
                     while i < r1 {
                         let a = acc.rows_from(i - r0);
                         let rows = (r1 - i).min(tile_rows(KIND));
                         for h in 0..2 {
                             match rows {
-                                1 => tile::<KIND, 1>(nb, quads, fs, acts, i, u, a, h),
-                                2 => tile::<KIND, 2>(nb, quads, fs, acts, i, u, a, h),
-                                3 => tile::<KIND, 3>(nb, quads, fs, acts, i, u, a, h),
-                                _ => tile::<KIND, 4>(nb, quads, fs, acts, i, u, a, h),
+                                1 => tile::<KIND, 1>(nb, quads, fs, acts, i, u, a, h, &mut pf),
+                                2 => tile::<KIND, 2>(nb, quads, fs, acts, i, u, a, h, &mut pf),
+                                3 => tile::<KIND, 3>(nb, quads, fs, acts, i, u, a, h, &mut pf),
+                                _ => tile::<KIND, 4>(nb, quads, fs, acts, i, u, a, h, &mut pf),
                             }
                         }
                         i += rows;
@@ -146,7 +159,7 @@ unsafe fn run<const KIND: u8>(
 /// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `i..i + R`.
 ///
 /// `quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each); `fs`: the f32
-/// scales `[8][16]` of its blocks.
+/// scales `[8][16]` of its blocks; `pf` is stepped once per block.
 ///
 /// # Safety
 /// AVX2/FMA available; the pointers as described; rows `i..i + R` inside `acts` and `acc`.
@@ -161,6 +174,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
     u: usize,
     acc: Acc,
     h: usize,
+    pf: &mut PrefetchSteps,
 ) {
     let k = acts.k;
     let nbk = k / QK;
@@ -175,6 +189,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
             if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) }
         });
         for b in 0..nb {
+            pf.step();
             let bg = u * 8 + b;
             let x: [*const i8; R] =
                 std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
