@@ -34,11 +34,23 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 /// Index of the first largest value, ignoring NaN (0 when nothing beats `-inf`): greedy
 /// sampling over a vocabulary. The maximum is exact, so every path returns the same index.
 pub fn argmax(values: &[f32]) -> usize {
+    argmax_at(SimdLevel::detect(), values)
+}
+
+/// [`argmax`] at a chosen SIMD level (scalar if the CPU lacks it).
+pub fn argmax_at(level: SimdLevel, values: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if SimdLevel::detect() == SimdLevel::Avx512 {
-        // SAFETY: AVX-512F is available.
-        return unsafe { x86::argmax_avx512(values) };
+    {
+        if level == SimdLevel::Avx512 && SimdLevel::detect() >= SimdLevel::Avx512 {
+            // SAFETY: AVX-512F is available.
+            return unsafe { x86::argmax_avx512(values) };
+        }
+        if level >= SimdLevel::Avx2 && SimdLevel::detect() >= SimdLevel::Avx2 {
+            // SAFETY: AVX2 is available.
+            return unsafe { x86::argmax_avx2(values) };
+        }
     }
+    let _ = level;
     argmax_scalar(values)
 }
 
@@ -84,6 +96,41 @@ mod x86 {
             let hits = _mm512_cmpeq_ps_mask(unsafe { _mm512_loadu_ps(c.as_ptr()) }, target);
             if hits != 0 {
                 return i * 16 + hits.trailing_zeros() as usize;
+            }
+        }
+        let start = values.len() - tail.len();
+        start + tail.iter().position(|&v| v == max).unwrap_or(0)
+    }
+
+    /// [`argmax_avx512`] with 8 lanes.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn argmax_avx2(values: &[f32]) -> usize {
+        let chunks = values.chunks_exact(8);
+        let tail = chunks.remainder();
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        for c in chunks {
+            // SAFETY: `c` holds 8 floats.
+            acc = _mm256_max_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, acc);
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        let mut max = lanes.into_iter().fold(f32::NEG_INFINITY, f32::max);
+        for &v in tail {
+            if v > max {
+                max = v;
+            }
+        }
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
+        let target = _mm256_set1_ps(max);
+        for (i, c) in values.chunks_exact(8).enumerate() {
+            // SAFETY: `c` holds 8 floats.
+            let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(unsafe { _mm256_loadu_ps(c.as_ptr()) }, target);
+            let hits = _mm256_movemask_ps(eq);
+            if hits != 0 {
+                return i * 8 + hits.trailing_zeros() as usize;
             }
         }
         let start = values.len() - tail.len();
@@ -194,20 +241,22 @@ mod tests {
 
     #[test]
     fn argmax_equals_scalar_with_ties_nans_and_tails() {
-        for n in [1, 15, 16, 17, 100, 262_147] {
-            let mut v = values(n, 7, 10.0);
-            assert_eq!(argmax(&v), argmax_scalar(&v), "n={n}");
-            // A tie: the first index wins.
-            let m = argmax_scalar(&v);
-            v[n - 1] = v[m];
-            assert_eq!(argmax(&v), argmax_scalar(&v), "tie n={n}");
-            v[0] = f32::NAN;
-            assert_eq!(argmax(&v), argmax_scalar(&v), "nan n={n}");
+        for level in SimdLevel::available() {
+            for n in [1, 7, 9, 15, 16, 17, 100, 262_147] {
+                let mut v = values(n, 7, 10.0);
+                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} n={n}");
+                // A tie: the first index wins.
+                let m = argmax_scalar(&v);
+                v[n - 1] = v[m];
+                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} tie n={n}");
+                v[0] = f32::NAN;
+                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} nan n={n}");
+            }
+            assert_eq!(argmax_at(level, &[f32::NEG_INFINITY; 40]), 0);
+            assert_eq!(argmax_at(level, &[f32::NAN; 40]), 0);
+            let mut v = vec![f32::NEG_INFINITY; 40];
+            v[37] = 1.0;
+            assert_eq!(argmax_at(level, &v), 37);
         }
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 40]), 0);
-        assert_eq!(argmax(&[f32::NAN; 40]), 0);
-        let mut v = vec![f32::NEG_INFINITY; 40];
-        v[37] = 1.0;
-        assert_eq!(argmax(&v), 37);
     }
 }

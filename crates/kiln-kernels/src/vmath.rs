@@ -89,6 +89,11 @@ pub(crate) fn exp_shifted_at(level: SimdLevel, x: &mut [f32], shift: f32) {
         // SAFETY: AVX-512F is available.
         return unsafe { x86::exp_shifted_avx512(x, shift) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx2 && SimdLevel::detect() >= SimdLevel::Avx2 {
+        // SAFETY: AVX2 and FMA are available.
+        return unsafe { x86::exp_shifted_avx2(x, shift) };
+    }
     let _ = level;
     exp_shifted_scalar(x, shift);
 }
@@ -275,6 +280,20 @@ mod x86 {
             unsafe {
                 let v = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr().add(i)), shift_v);
                 _mm512_storeu_ps(x.as_mut_ptr().add(i), exp_body!(v512, v));
+            }
+        }
+        exp_shifted_scalar(&mut x[n..], shift);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_shifted_avx2(x: &mut [f32], shift: f32) {
+        let n = x.len() / 8 * 8;
+        let shift_v = _mm256_set1_ps(shift);
+        for i in (0..n).step_by(8) {
+            // SAFETY: i + 8 <= n <= x.len().
+            unsafe {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), shift_v);
+                _mm256_storeu_ps(x.as_mut_ptr().add(i), exp_body!(v256, v));
             }
         }
         exp_shifted_scalar(&mut x[n..], shift);

@@ -143,6 +143,11 @@ fn abs_max(level: crate::SimdLevel, x: &[f32]) -> f32 {
         // SAFETY: AVX-512F is available (`level` comes from detection); whole vectors only.
         return unsafe { x86::abs_max_avx512(x) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level >= crate::SimdLevel::Avx2 && x.len().is_multiple_of(8) {
+        // SAFETY: AVX2 is available (`level` comes from detection); whole vectors only.
+        return unsafe { x86::abs_max_avx2(x) };
+    }
     let _ = level;
     x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
 }
@@ -154,6 +159,11 @@ fn round_to_i8(level: crate::SimdLevel, x: &[f32], inv: f32, q: &mut [i8]) {
         // SAFETY: AVX-512F is available; `q` has `x.len()` elements (checked by the caller's
         // equal chunking); whole vectors only.
         return unsafe { x86::round_to_i8_avx512(x, inv, q) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level >= crate::SimdLevel::Avx2 && x.len().is_multiple_of(32) {
+        // SAFETY: AVX2 is available; `q` has `x.len()` elements; whole 32-float groups only.
+        return unsafe { x86::round_to_i8_avx2(x, inv, q) };
     }
     let _ = level;
     for (q, v) in q.iter_mut().zip(x) {
@@ -173,6 +183,42 @@ mod x86 {
             m = _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }));
         }
         _mm512_reduce_max_ps(m)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn abs_max_avx2(x: &[f32]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for c in x.chunks_exact(8) {
+            // SAFETY: `c` holds 8 floats.
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(c.as_ptr()) }));
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+        lanes.into_iter().fold(0.0f32, f32::max)
+    }
+
+    /// 32 floats at a time: four conversions (to nearest, ties to even, as the default MXCSR
+    /// mode rounds), packed to bytes with saturation, lanes put back in order.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn round_to_i8_avx2(x: &[f32], inv: f32, q: &mut [i8]) {
+        assert_eq!(x.len(), q.len());
+        let inv = _mm256_set1_ps(inv);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (c, out) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            // SAFETY: `c` holds 32 floats and `out` 32 bytes.
+            unsafe {
+                let cvt = |j: usize| {
+                    _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * j)), inv))
+                };
+                // Lanes after the packs: [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7].
+                let ab = _mm256_packs_epi32(cvt(0), cvt(1));
+                let cd = _mm256_packs_epi32(cvt(2), cvt(3));
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+                _mm256_storeu_si256(out.as_mut_ptr().cast(), bytes);
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f")]

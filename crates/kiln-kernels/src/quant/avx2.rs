@@ -30,32 +30,35 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::QuantMatrix;
 use super::act::QuantActs;
+use super::avx2_k;
 use super::formats::{GgmlType, QK};
 use super::kernel::{Acc, ROW_CHUNK};
 use super::pairs::unit_share_ahead;
 use super::prefetch::{Prefetch, PrefetchSteps};
 use super::repack::{LANES, Unpacked, unpack};
 use super::x86::Avx2;
-use super::QuantMatrix;
 use crate::thread_pool::SharedMut;
 
-/// Whether [`kernel`] serves `ty`.
+/// Whether [`kernel`] serves `ty` (every quantized type).
 pub(crate) fn applies(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
+    ty.is_quantized()
 }
 
 /// Activation rows of the register tile: as many as fit AVX2's 16 registers without spills.
 const fn tile_rows(kind: u8) -> usize {
-    if kind == Q8 { TILE_Q8 } else { TILE_Q45 }
+    if kind == Q8 { 3 } else { 4 }
 }
-const TILE_Q8: usize = 3;
-const TILE_Q45: usize = 4;
 
 /// The format's arithmetic, as a const generic.
 const Q8: u8 = 8;
 const Q5: u8 = 5;
 const Q4: u8 = 4;
+/// Q4_K, Q5_K, Q6_K (in `avx2_k`).
+pub(super) const K4: u8 = 14;
+pub(super) const K5: u8 = 15;
+pub(super) const K6: u8 = 16;
 
 /// Writes columns `16·groups.start .. min(16·groups.end, n)` of `out[m, n]`, as
 /// `kernel::qgemm_groups` does.
@@ -65,7 +68,7 @@ const Q4: u8 = 4;
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; [`applies`] holds for `w.ty`; `acts` quantized with
-/// blocks of 32; `out` as for `qgemm_groups`.
+/// blocks of `w.act_block()`; `out` as for `qgemm_groups`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn kernel(
     acts: &QuantActs,
@@ -75,13 +78,17 @@ pub(crate) unsafe fn kernel(
     un: &mut Unpacked,
     acc: &mut [[f32; LANES]],
 ) {
-    debug_assert!(applies(w.ty) && acts.block == QK && acc.len() >= ROW_CHUNK);
+    debug_assert!(applies(w.ty) && acts.block == w.act_block() && acc.len() >= ROW_CHUNK);
     // SAFETY: forwarded from the caller.
     unsafe {
         match w.ty {
             GgmlType::Q8_0 => run::<Q8>(acts, w, groups, out, un, acc),
             GgmlType::Q5_0 => run::<Q5>(acts, w, groups, out, un, acc),
-            _ => run::<Q4>(acts, w, groups, out, un, acc),
+            GgmlType::Q4_0 => run::<Q4>(acts, w, groups, out, un, acc),
+            GgmlType::Q4K => run::<K4>(acts, w, groups, out, un, acc),
+            GgmlType::Q5K => run::<K5>(acts, w, groups, out, un, acc),
+            GgmlType::Q6K => run::<K6>(acts, w, groups, out, un, acc),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not quantized"),
         }
     }
 }
@@ -120,25 +127,25 @@ unsafe fn run<const KIND: u8>(
                 unsafe {
                     unpack::<Avx2>(ty, nb, rec, un);
                     let quads = if KIND == Q8 { rec } else { un.quads.as_ptr().cast() };
-                    let fs = un.fscale.as_ptr().cast::<f32>();
-                    // Q5_0: this unit's share of the group `PREFETCH_GROUPS` ahead, a few lines
-                    // per block of the first row tile.
-                    let ahead = if KIND == Q5 {
+                    // Q5_0 and K-quants: this unit's share of the group `PREFETCH_GROUPS`
+                    // ahead, a few lines per block (K-quants: per sub-block pass) of the first
+                    // row tile.
+                    let ahead = if KIND != Q8 && KIND != Q4 {
                         unit_share_ahead(w, g..g + 1, groups.end, u)
                     } else {
                         Prefetch::NONE
                     };
-                    let mut pf = ahead.steps(2 * nb);
+                    let mut pf = ahead.steps(2 * if KIND >= K4 { 8 } else { nb });
                     let mut i = r0;
                     while i < r1 {
                         let a = acc.rows_from(i - r0);
                         let rows = (r1 - i).min(tile_rows(KIND));
                         for h in 0..2 {
                             match rows {
-                                1 => tile::<KIND, 1>(nb, quads, fs, acts, i, u, a, h, &mut pf),
-                                2 => tile::<KIND, 2>(nb, quads, fs, acts, i, u, a, h, &mut pf),
-                                3 => tile::<KIND, 3>(nb, quads, fs, acts, i, u, a, h, &mut pf),
-                                _ => tile::<KIND, 4>(nb, quads, fs, acts, i, u, a, h, &mut pf),
+                                1 => tile_any::<KIND, 1>(nb, quads, un, acts, i, u, a, h, &mut pf),
+                                2 => tile_any::<KIND, 2>(nb, quads, un, acts, i, u, a, h, &mut pf),
+                                3 => tile_any::<KIND, 3>(nb, quads, un, acts, i, u, a, h, &mut pf),
+                                _ => tile_any::<KIND, 4>(nb, quads, un, acts, i, u, a, h, &mut pf),
                             }
                         }
                         i += rows;
@@ -156,6 +163,34 @@ unsafe fn run<const KIND: u8>(
     }
 }
 
+/// Half `h` of one unit against activation rows `i..i + R`, by format.
+///
+/// # Safety
+/// As [`tile`] (and `avx2_k`'s tiles).
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+unsafe fn tile_any<const KIND: u8, const R: usize>(
+    nb: usize,
+    quads: *const u8,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+    h: usize,
+    pf: &mut PrefetchSteps,
+) {
+    let fs = un.fscale.as_ptr().cast::<f32>();
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match KIND {
+            K4 | K5 => avx2_k::tile_k45::<KIND, R>(quads, un, acts, i, u, acc, h, pf),
+            K6 => avx2_k::tile_q6k::<R>(quads, un, acts, i, u, acc, h, pf),
+            _ => tile::<KIND, R>(nb, quads, fs, acts, i, u, acc, h, pf),
+        }
+    }
+}
+
 /// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `i..i + R`.
 ///
 /// `quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each); `fs`: the f32
@@ -164,7 +199,7 @@ unsafe fn run<const KIND: u8>(
 /// # Safety
 /// AVX2/FMA available; the pointers as described; rows `i..i + R` inside `acts` and `acc`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always, clippy::too_many_arguments)]
+#[allow(clippy::inline_always, clippy::too_many_arguments, clippy::needless_range_loop)]
 unsafe fn tile<const KIND: u8, const R: usize>(
     nb: usize,
     quads: *const u8,

@@ -17,6 +17,8 @@ mod act;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_k;
 mod dequant;
 pub mod formats;
 mod isa;

@@ -171,7 +171,12 @@ unsafe fn group_tile<const G: usize>(
 /// The weight bytes to request while unit `u` of `groups` computes: the same share of the
 /// groups [`PREFETCH_GROUPS`] further on (up to `end`) as unit `u` is of a row, so that a pass
 /// over all units requests those groups whole, each line once.
-pub(crate) fn unit_share_ahead(w: &QuantMatrix, groups: Range<usize>, end: usize, u: usize) -> Prefetch {
+pub(crate) fn unit_share_ahead(
+    w: &QuantMatrix,
+    groups: Range<usize>,
+    end: usize,
+    u: usize,
+) -> Prefetch {
     let (first, last) = (groups.start + PREFETCH_GROUPS, (groups.end + PREFETCH_GROUPS).min(end));
     if first >= last {
         return Prefetch::NONE;

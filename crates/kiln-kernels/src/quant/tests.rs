@@ -244,7 +244,13 @@ fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
             *v = match j / k {
                 0 => 1.0,
                 1 => -1.0,
-                _ => if j % 2 == 0 { 1.0 } else { -1.0 },
+                _ => {
+                    if j % 2 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                }
             };
         }
         let mut acts = QuantActs::default();
