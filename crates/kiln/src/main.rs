@@ -92,3 +92,22 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kiln_kernels::CpuIsa;
+
+    fn isa_of(line: &str) -> Result<Option<CpuIsa>, String> {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        super::parse(&argv, &[]).map(|(cli, _)| cli.isa).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn isa_flag_goes_before_or_after_the_subcommand_and_unknown_names_are_refused() {
+        assert_eq!(isa_of("kiln --isa avx2 plan"), Ok(Some(CpuIsa::Avx2)));
+        assert_eq!(isa_of("kiln serve --isa avx512-vnni"), Ok(Some(CpuIsa::Avx512Vnni)));
+        assert_eq!(isa_of("kiln bench latency --isa scalar"), Ok(Some(CpuIsa::Scalar)));
+        let err = isa_of("kiln serve --isa sse9").unwrap_err();
+        assert!(err.contains("unknown ISA \"sse9\"") && err.contains("avx512-vnni"), "{err}");
+    }
+}

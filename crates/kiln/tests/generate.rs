@@ -58,3 +58,33 @@ fn flags_outside_their_domain_are_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("invalid sampling parameter `temperature`"), "{stderr}");
 }
+
+/// `--isa` end to end: every path this CPU runs gives the same greedy text on a model quantized
+/// as it loads (Q4_K and Q5_0 weights, the quantized kernels' two families), and a path the CPU
+/// lacks is refused before anything loads.
+#[test]
+fn every_supported_isa_generates_the_same_text_and_missing_ones_are_refused() {
+    let supported = kiln_kernels::CpuIsa::supported_paths();
+    for quantization in ["q4_k", "q5_0"] {
+        let run = |isa: kiln_kernels::CpuIsa| {
+            let args = ["--prompt", "The capital of France is", "--temperature", "0"];
+            let rest = ["--max-tokens", "24", "--ignore-eos", "--quantization", quantization];
+            let out = generate("gemma3", &[&args[..], &rest, &["--isa", isa.name()]].concat());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{isa}: {stderr}");
+            assert!(stderr.contains("output: 24 tokens"), "{stderr}");
+            out.stdout
+        };
+        let want = run(kiln_kernels::CpuIsa::Scalar);
+        assert!(!want.is_empty(), "{quantization}: no text to compare");
+        for &isa in &supported[1..] {
+            assert_eq!(run(isa), want, "{quantization}: {isa} differs from scalar");
+        }
+    }
+    if let Some(missing) = kiln_kernels::CpuIsa::ALL.iter().find(|i| !supported.contains(i)) {
+        let out = generate("gemma3", &["--prompt", "Hi", "--isa", missing.name()]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("cannot run the {missing} path")), "{stderr}");
+    }
+}

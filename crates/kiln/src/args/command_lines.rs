@@ -21,7 +21,7 @@ fn parse(line: &str, env: &[(&str, &str)]) -> Result<(ServeArgs, Vec<String>), S
     let env: Vec<(String, String)> =
         env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     match crate::parse(&argv, &env) {
-        Ok((crate::Cli { command: crate::Command::Serve(args) }, warnings)) => {
+        Ok((crate::Cli { command: crate::Command::Serve(args), .. }, warnings)) => {
             Ok((*args, warnings))
         }
         Ok(_) => Err("not kiln serve".into()),
