@@ -6,7 +6,8 @@
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench/serve_vs_llama.sh [OUT_DIR]
 # (SKIP_KILN=1 runs only llama-server; KILN_ARGS adds flags to `kiln serve`, e.g.
-# KILN_ARGS="--profile latency".)
+# KILN_ARGS="--profile latency" or "--isa avx2"; CONCURRENCIES="16" runs only those levels and
+# SKIP_PREFIX=1 skips the shared-prefix run.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results}"
@@ -27,11 +28,12 @@ wait_ready() {
 
 run_suite() {
   local name="$1"
-  for c in 1 4 16; do
+  for c in ${CONCURRENCIES:-1 4 16}; do
     "$KILN" bench serve --base-url "http://127.0.0.1:$PORT" --model gemma-3-270m \
       --num-prompts 64 --input-len 220 --output-len 128 --ignore-eos --max-concurrency "$c" \
       --seed "$c" --label "$name c=$c" --save-result "$OUT/$name-c$c.json" | tee "$OUT/$name-c$c.txt"
   done
+  if [[ -n "${SKIP_PREFIX:-}" ]]; then return 0; fi
   "$KILN" bench serve --base-url "http://127.0.0.1:$PORT" --model gemma-3-270m \
     --dataset prefix-repetition --prefix-len 1000 --input-len 220 --num-prefixes 1 \
     --num-prompts 32 --output-len 32 --ignore-eos --max-concurrency 4 --seed 7 \

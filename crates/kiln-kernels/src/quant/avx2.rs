@@ -1,5 +1,6 @@
-//! The AVX2 kernel for Q4_0 / Q5_0 / Q8_0 weights (the default model's attention and MLP
-//! projections and its 178 MB LM head), at every number of activation rows.
+//! The AVX2 kernel for every quantized format, at every number of activation rows: the loop
+//! over row chunks, groups and units, and the Q4_0 / Q5_0 / Q8_0 tiles (the default model's
+//! attention and MLP projections and its 178 MB LM head); the K-quant tiles are in `avx2_k`.
 //!
 //! The general kernel runs AVX2 as two 8-lane halves of a 16-lane vector (`x86::Avx2`): every
 //! operation is doubled, and with 16 vector registers its 16-lane accumulators spill. Here the
@@ -19,13 +20,14 @@
 //! general kernel's, so outputs equal the scalar reference bit for bit (tested with the other
 //! ISAs in `tests`).
 //!
-//! Prefetch (Q5_0 only): while a unit computes, its share of the group `PREFETCH_GROUPS` ahead
-//! is requested a few lines per block (`super::prefetch`), so that the next record's long
-//! unpacking (the fifth bits) does not wait for memory with nothing else in flight: a
-//! 2048 × 640 Q5_0 matrix read from memory at one row took 0.042–0.055 ms with it against
-//! 0.091 without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose loads interleave with the
-//! arithmetic, were faster without (Q8_0 0.045–0.048 against 0.053–0.064 ms), and the 178 MB LM
-//! head streams at the memory's rate either way.
+//! Prefetch (Q5_0 and the K-quants): while a unit computes, its share of the group
+//! `PREFETCH_GROUPS` ahead is requested a few lines per block (`super::prefetch`), so that the
+//! next record's long unpacking (fifth or sixth bits, scales) does not wait for memory with
+//! nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
+//! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose
+//! loads interleave with the arithmetic, were faster without (Q8_0 0.045–0.048 against
+//! 0.053–0.064 ms), and the 178 MB LM head streams at the memory's rate either way. Prefetching
+//! is a hint: results never depend on it.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
