@@ -165,6 +165,30 @@ unsafe fn run<const KIND: u8>(
     }
 }
 
+/// Lanes `8h..8h + 8` of row `r`'s accumulator before this unit (`+0.0` on the first unit).
+///
+/// # Safety
+/// Row `r` inside `acc`'s buffers; AVX available.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+pub(super) unsafe fn load_half(acc: Acc, r: usize, h: usize) -> __m256 {
+    let (load, _) = acc.row_ptrs(r);
+    // SAFETY: as the caller guarantees.
+    unsafe { if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) } }
+}
+
+/// Stores lanes `8h..8h + 8` of row `r`'s accumulator after this unit.
+///
+/// # Safety
+/// As [`load_half`], and the caller's task owns the row's lanes.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+pub(super) unsafe fn store_half(acc: Acc, r: usize, h: usize, v: __m256) {
+    let (_, store) = acc.row_ptrs(r);
+    // SAFETY: as the caller guarantees.
+    unsafe { _mm256_storeu_ps(store.add(8 * h), v) }
+}
+
 /// Half `h` of one unit against activation rows `i..i + R`, by format.
 ///
 /// # Safety
@@ -221,10 +245,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let flip = _mm256_set1_epi8(-128);
-        let mut a: [__m256; R] = std::array::from_fn(|r| {
-            let (load, _) = acc.row_ptrs(r);
-            if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) }
-        });
+        let mut a: [__m256; R] = std::array::from_fn(|r| load_half(acc, r, h));
         for b in 0..nb {
             pf.step();
             let bg = u * 8 + b;
@@ -272,8 +293,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
             }
         }
         for (r, &ar) in a.iter().enumerate() {
-            let (_, store) = acc.row_ptrs(r);
-            _mm256_storeu_ps(store.add(8 * h), ar);
+            store_half(acc, r, h, ar);
         }
     }
 }

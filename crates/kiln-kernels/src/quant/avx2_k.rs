@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::act::QuantActs;
-use super::avx2::K4;
+use super::avx2::{K4, load_half, store_half};
 use super::kernel::Acc;
 use super::prefetch::PrefetchSteps;
 use super::repack::Unpacked;
@@ -92,12 +92,10 @@ pub(super) unsafe fn tile_k45<const KIND: u8, const R: usize>(
                     _mm256_add_epi32(mn, _mm256_madd_epi16(mins, _mm256_set1_epi32(*pairs.add(p))));
             }
             let dx = _mm256_set1_ps(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let (load, store) = acc.row_ptrs(r);
-            let mut a =
-                if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) };
+            let mut a = load_half(acc, r, h);
             a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[r]), _mm256_mul_ps(d, dx), a);
             a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(dmin, dx), a);
-            _mm256_storeu_ps(store.add(8 * h), a);
+            store_half(acc, r, h, a);
         }
     }
 }
@@ -158,11 +156,9 @@ pub(super) unsafe fn tile_q6k<const R: usize>(
         for r in 0..R {
             let tr = _mm256_sub_epi32(t[r], _mm256_slli_epi32::<5>(off[r]));
             let dx = _mm256_set1_ps(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let (load, store) = acc.row_ptrs(r);
             let a =
-                if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) };
-            let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tr), _mm256_mul_ps(d, dx), a);
-            _mm256_storeu_ps(store.add(8 * h), a);
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(tr), _mm256_mul_ps(d, dx), load_half(acc, r, h));
+            store_half(acc, r, h, a);
         }
     }
 }
