@@ -14,7 +14,8 @@ ISA="${1:-avx2}"
 RUNS="${2:-3}"
 THREADS="${3:-2}"
 MODEL="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
-cargo build --release -q -p kiln -p kiln-kernels --example membw
+cargo build --release -q -p kiln
+cargo build --release -q -p kiln-kernels --example membw
 KILN="${KILN:-${CARGO_TARGET_DIR:-target}/release/kiln}"
 "${CARGO_TARGET_DIR:-target}"/release/examples/membw "$THREADS" 1024
 # kiln_cells BINARY [FLAGS...]

@@ -30,12 +30,11 @@ fn main() {
         if !ty.name().contains(&filter) && !filter.is_empty() {
             continue;
         }
-        let w = pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block");
-        let bytes = w.data().num_bytes();
+        let matrix = || pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block");
+        let mut ws = vec![matrix()];
+        let bytes = ws[0].data().num_bytes();
         let copies = if cold { (128usize << 20).div_ceil(bytes) } else { 1 };
-        let ws: Vec<_> = (0..copies)
-            .map(|_| pseudo_random_matrix(ty, n, k).expect("k is a multiple of the block"))
-            .collect();
+        ws.extend((1..copies).map(|_| matrix()));
         for m in [1usize, 4, 16, 64, 256, 2048] {
             if n > 100_000 && m > 64 {
                 continue;
@@ -46,7 +45,7 @@ fn main() {
             let mut buf = vec![0.0f32; m * n + 15];
             let start = buf.as_ptr().align_offset(64);
             let out = &mut buf[start..start + m * n];
-            linear(&pool, &x, m, &w, None, out);
+            linear(&pool, &x, m, &ws[0], None, out);
             let reps = (3e8 / bytes as f64).clamp(3.0, 2000.0) as usize;
             let reps = reps.max(copies);
             let mut best = f64::INFINITY;

@@ -22,7 +22,7 @@ struct Cli {
     /// CPU has). A path the CPU lacks is refused. Every path gives the same bits; this is for
     /// benchmarking and testing a lower path on a newer machine.
     #[arg(long, global = true, env = kiln_kernels::ISA_ENV, value_name = "ISA",
-          value_parser = parse_isa)]
+          value_parser = kiln_kernels::CpuIsa::parse)]
     isa: Option<kiln_kernels::CpuIsa>,
     #[command(subcommand)]
     command: Command,
@@ -51,10 +51,6 @@ fn parse(argv: &[String], env: &[(String, String)]) -> Result<(Cli, Vec<String>)
     let matches = command.try_get_matches_from_mut(&expanded.argv)?;
     let cli = Cli::from_arg_matches(&matches)?;
     Ok((cli, expanded.warnings))
-}
-
-fn parse_isa(name: &str) -> Result<kiln_kernels::CpuIsa, kiln_kernels::IsaError> {
-    name.parse()
 }
 
 fn main() -> std::process::ExitCode {

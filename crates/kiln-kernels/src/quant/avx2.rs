@@ -2,9 +2,9 @@
 //! over row chunks, groups and units, and the Q4_0 / Q5_0 / Q8_0 tiles (the default model's
 //! attention and MLP projections and its 178 MB LM head); the K-quant tiles are in `avx2_k`.
 //!
-//! The general kernel runs AVX2 as two 8-lane halves of a 16-lane vector (`x86::Avx2`): every
-//! operation is doubled, and with 16 vector registers its 16-lane accumulators spill. Here the
-//! 16 weight rows of a group are taken as two 8-lane halves one after the other, so a tile of
+//! The general kernel's 16-lane vectors would be two 8-lane halves on AVX2 (`x86::Avx2`, which
+//! is still what unpacks the records): every operation doubled, and with 16 vector registers
+//! its 16-lane accumulators spill. Here the 16 weight rows of a group are taken as two 8-lane halves one after the other, so a tile of
 //! up to 4 activation rows keeps every accumulator in a register, and the arithmetic is the
 //! cheapest AVX2 has for each format:
 //! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31): `vpmaddubsw` pair sums are at
@@ -43,11 +43,6 @@ use super::repack::{LANES, Unpacked, unpack};
 use super::x86::Avx2;
 use crate::thread_pool::SharedMut;
 
-/// Whether [`kernel`] serves `ty` (every quantized type).
-pub(crate) fn applies(ty: GgmlType) -> bool {
-    ty.is_quantized()
-}
-
 /// Activation rows of the register tile: as many as fit AVX2's 16 registers without spills.
 const fn tile_rows(kind: u8) -> usize {
     if kind == Q8 { 3 } else { 4 }
@@ -69,8 +64,8 @@ pub(super) const K6: u8 = 16;
 /// accumulators.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; [`applies`] holds for `w.ty`; `acts` quantized with
-/// blocks of `w.act_block()`; `out` as for `qgemm_groups`.
+/// AVX2, FMA and F16C must be available; `w` quantized; `acts` quantized with blocks of
+/// `w.act_block()`; `out` as for `qgemm_groups`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn kernel(
     acts: &QuantActs,
@@ -80,7 +75,7 @@ pub(crate) unsafe fn kernel(
     un: &mut Unpacked,
     acc: &mut [[f32; LANES]],
 ) {
-    debug_assert!(applies(w.ty) && acts.block == w.act_block() && acc.len() >= ROW_CHUNK);
+    debug_assert!(acts.block == w.act_block() && acc.len() >= ROW_CHUNK);
     // SAFETY: forwarded from the caller.
     unsafe {
         match w.ty {
@@ -163,6 +158,17 @@ unsafe fn run<const KIND: u8>(
             }
         }
     }
+}
+
+/// 4 activation bytes at `p` in every i32 lane.
+///
+/// # Safety
+/// 4 readable bytes at `p`; AVX available.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+pub(super) unsafe fn bcast(p: *const i8) -> __m256i {
+    // SAFETY: as the caller guarantees.
+    unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
 }
 
 /// Lanes `8h..8h + 8` of row `r`'s accumulator before this unit (`+0.0` on the first unit).
@@ -252,9 +258,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
             let x: [*const i8; R] =
                 std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
             let wb = quads.add(b * 8 * 64 + 32 * h);
-            let bx = |r: usize, q: usize| {
-                _mm256_set1_epi32(x[r].add(4 * q).cast::<i32>().read_unaligned())
-            };
+            let bx = |r: usize, q: usize| bcast(x[r].add(4 * q));
             let mut t = [_mm256_setzero_si256(); R];
             if KIND == Q8 {
                 for q in 0..8 {

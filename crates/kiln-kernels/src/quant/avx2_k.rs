@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::act::QuantActs;
-use super::avx2::{K4, load_half, store_half};
+use super::avx2::{K4, bcast, load_half, store_half};
 use super::kernel::Acc;
 use super::prefetch::PrefetchSteps;
 use super::repack::Unpacked;
@@ -28,14 +28,6 @@ use super::repack::Unpacked;
 unsafe fn both_halves(v: __m256i) -> __m256i {
     // SAFETY: AVX2 is the caller's.
     unsafe { _mm256_blend_epi16::<0xAA>(v, _mm256_slli_epi32::<16>(v)) }
-}
-
-/// 4 activation bytes at `p` in every i32 lane.
-#[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always)]
-unsafe fn bcast(p: *const i8) -> __m256i {
-    // SAFETY: the caller guarantees 4 readable bytes; AVX2 is the caller's.
-    unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
 }
 
 /// Q4_K / Q5_K (`KIND` = `K4` / `K5`): half `h` of one unit against rows `i..i + R`.

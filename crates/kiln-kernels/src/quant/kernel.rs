@@ -120,7 +120,7 @@ mod x86_entry {
 
     use super::{QuantActs, QuantMatrix, Scratch, SharedMut, kernel};
     use crate::quant::formats::GgmlType;
-    use crate::quant::x86::{Avx2, Avx512, Vnni};
+    use crate::quant::x86::{Avx512, Vnni};
     use crate::quant::{amx, avx2, pairs};
 
     /// # Safety
@@ -179,14 +179,8 @@ mod x86_entry {
         o: SharedMut<f32>,
         s: &mut Scratch,
     ) {
-        // SAFETY: forwarded; the features are enabled here; `avx2::applies` checked.
-        unsafe {
-            if avx2::applies(w.ty) {
-                avx2::kernel(a, w, g, o, &mut s.un, &mut s.acc);
-            } else {
-                kernel::<Avx2, false>(a, w, g, o, s);
-            }
-        }
+        // SAFETY: forwarded; the features are enabled here.
+        unsafe { avx2::kernel(a, w, g, o, &mut s.un, &mut s.acc) }
     }
 }
 

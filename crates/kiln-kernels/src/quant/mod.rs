@@ -9,8 +9,9 @@
 //!
 //! Matmuls with a [`QuantMatrix`] go through [`crate::linear`]: the activations are quantized to
 //! 8 bits per call (`act`), then `kernel` computes integer dot products (AMX-INT8 tiles
-//! for every 16 activation rows, AVX-512 VNNI, AVX-512 BW, AVX2 or scalar, all bitwise identical) and applies the scales in a fixed order,
-//! so a row's output never depends on the batch it is in.
+//! for every 16 activation rows, AVX-512 VNNI, AVX-512 BW or scalar; AVX2 has kernels of its
+//! own in `avx2`; all bitwise identical) and applies the scales in a fixed order, so a row's
+//! output never depends on the batch it is in.
 
 mod act;
 #[cfg(target_arch = "x86_64")]
