@@ -12,14 +12,21 @@ use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
-    Request, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
+    PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats,
+    SchedulingPolicy, SwapConfig, SwapStats,
 };
+
+use crate::kv_tier::{KvTier, KvTierConfig};
 
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
+
+/// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
+/// (a small model on a few CPU cores; measured values replace it after the first prefills).
+const PRIOR_PREFILL_SECS_PER_TOKEN: f64 = 2e-4;
 
 /// Sizes and limits of an engine.
 #[derive(Clone, Debug)]
@@ -41,6 +48,10 @@ pub struct EngineConfig {
     pub speculative: Option<SpeculativeConfig>,
     /// Latency targets, SLO classes and admission control (all off by default).
     pub slo: SloConfig,
+    /// A second KV tier for preemption by swap (`None`: preemption recomputes).
+    pub kv_tier: Option<KvTierConfig>,
+    /// With a tier: when a preempted request's KV goes to it.
+    pub preemption_mode: PreemptionMode,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +66,8 @@ impl Default for EngineConfig {
             kv_cache_dtype: KvCacheDtype::F16,
             speculative: None,
             slo: SloConfig::default(),
+            kv_tier: None,
+            preemption_mode: PreemptionMode::Auto,
         }
     }
 }
@@ -109,6 +122,8 @@ pub struct EngineStats {
     pub num_slo_rejected: u64,
     /// Requests demoted since start: at admission, or waiting past their deadline.
     pub num_slo_demoted: u64,
+    /// The second KV tier: slots, blocks swapped out and in, preemptions by mode.
+    pub swap: SwapStats,
 }
 
 pub struct EngineCore {
@@ -134,7 +149,16 @@ pub struct EngineCore {
     /// only with a controller, which counts TTFT misses).
     arrived: HashMap<RequestId, (Instant, Option<u64>)>,
     num_admission_demoted: u64,
+    /// The second KV tier's storage (`None`: no tier).
+    tier: Option<KvTier>,
+    /// Measured seconds per prefill token (moving average; `None` until a prefill step ran).
+    prefill_secs_per_token: Option<f64>,
+    /// Measured bytes per second of the tier's copies (moving average; `None` until a swap).
+    tier_bytes_per_sec: Option<f64>,
 }
+
+/// Weight of the newest measurement in the engine's moving averages of rates.
+const RATE_SMOOTHING: f64 = 0.2;
 
 /// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
 pub type ShutdownHook = Box<dyn FnOnce(&mut EngineCore) + Send>;
@@ -174,6 +198,22 @@ impl EngineCore {
             .map_err(|e| EngineError::Config(e.0))?;
         let bound = BoundModel::new(model, config.kv_cache_dtype, config.num_kv_blocks, block_size)
             .map_err(|e| EngineError::Config(e.to_string()))?;
+        let mut scheduler = scheduler;
+        let tier = match &config.kv_tier {
+            None => None,
+            Some(tier_config) => {
+                let block_bytes = bound.kv_block_bytes();
+                let tier = KvTier::new(tier_config, block_bytes).map_err(EngineError::Config)?;
+                scheduler.set_swap_space(SwapConfig {
+                    num_slots: tier.num_slots(),
+                    block_bytes,
+                    mode: config.preemption_mode,
+                    tier_bytes_per_sec: tier_config.location.prior_bytes_per_sec(),
+                    prefill_secs_per_token: PRIOR_PREFILL_SECS_PER_TOKEN,
+                });
+                Some(tier)
+            }
+        };
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
         let speculator = config.speculative.clone().map(Speculator::new);
@@ -186,7 +226,7 @@ impl EngineCore {
                     ceiling: scheduler.limits(),
                 })
             });
-        Ok(Self {
+        let mut core = Self {
             scheduler,
             runner,
             config,
@@ -201,7 +241,12 @@ impl EngineCore {
             epoch: Instant::now(),
             arrived: HashMap::new(),
             num_admission_demoted: 0,
-        })
+            tier,
+            prefill_secs_per_token: None,
+            tier_bytes_per_sec: None,
+        };
+        core.refresh_stats();
+        Ok(core)
     }
 
     /// The batch controller, for tests that teach its cost model known step times.
@@ -467,6 +512,7 @@ impl EngineCore {
         let start = Instant::now();
         self.scheduler.set_now_ms(self.now_ms());
         let sched_out = self.scheduler.schedule();
+        self.move_swapped_blocks(&sched_out)?;
         for new in &sched_out.new_requests {
             self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
                 scheduled_at: start,
@@ -512,10 +558,46 @@ impl EngineCore {
         self.refresh_stats();
         self.stats.step_time = step_time;
         let timing = self.runner.timing();
+        self.measure_prefill_rate(&sched_out, timing.forward);
         self.stats.total_step_time += step_time;
         self.stats.total_forward_time += timing.forward;
         self.stats.total_sample_time += timing.sample;
         Ok(outputs)
+    }
+
+    /// Copies the step's blocks out to the tier (preempted requests' and evicted prefix-cache
+    /// blocks), then its slots back into blocks (resumed requests' and prefix hits in the tier),
+    /// all before the forward pass writes anything, and hands the measured copy rate to the
+    /// scheduler's swap-or-recompute rule.
+    fn move_swapped_blocks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
+        let Some(tier) = &mut self.tier else { return Ok(()) };
+        let io_error = |e: std::io::Error| EngineError::Forward(format!("KV tier: {e}"));
+        let out = tier.swap_out(self.runner.model(), &sched_out.swap_out).map_err(io_error)?;
+        let back = tier.swap_in(self.runner.model_mut(), &sched_out.swap_in).map_err(io_error)?;
+        if let Some(rate) = out.or(back) {
+            let smoothed =
+                self.tier_bytes_per_sec.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
+            self.tier_bytes_per_sec = Some(smoothed);
+            self.scheduler.set_swap_rates(Some(smoothed), None);
+        }
+        Ok(())
+    }
+
+    /// Folds a step that was mostly prefill into the measured seconds per prefill token, which
+    /// the swap-or-recompute rule weighs against the tier's copy rate.
+    fn measure_prefill_rate(&mut self, sched_out: &SchedulerOutput, forward: Duration) {
+        let load = sched_out.load();
+        if self.tier.is_none()
+            || load.num_prefill_tokens < 16
+            || 2 * load.num_prefill_tokens < load.num_tokens
+        {
+            return;
+        }
+        let rate = forward.as_secs_f64() / load.num_tokens as f64;
+        let smoothed =
+            self.prefill_secs_per_token.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
+        self.prefill_secs_per_token = Some(smoothed);
+        self.scheduler.set_swap_rates(None, Some(smoothed));
     }
 
     /// Feeds the step to the batch controller and applies the limits it plans.
@@ -555,7 +637,9 @@ impl EngineCore {
             num_scheduled_tokens,
             num_steps,
             num_demoted,
+            swap,
         } = self.scheduler.stats();
+        self.stats.swap = swap;
         self.stats.limits = self.scheduler.limits();
         self.stats.controller = self.controller.as_ref().map(BatchController::stats);
         self.stats.num_slo_demoted = num_demoted + self.num_admission_demoted;

@@ -17,6 +17,7 @@
 mod admission_tests;
 mod engine;
 mod handle;
+pub mod kv_tier;
 mod logprobs;
 mod output;
 pub mod prefix_store;
@@ -32,8 +33,10 @@ pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
 pub use kiln_models::KvCacheDtype;
 pub use kiln_sched::{
-    AddError, ControllerStats, RequestOutput, SchedulerConfig, SchedulingPolicy, StepLimits,
+    AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,
+    StepLimits, SwapStats,
 };
+pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};

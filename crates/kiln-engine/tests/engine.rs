@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_engine::{
-    EngineConfig, EngineCore, EngineError, EngineHandle, KvCacheDtype, SchedulerConfig,
+    EngineConfig, EngineCore, EngineError, EngineHandle, KvCacheDtype, KvTierConfig,
+    KvTierLocation, PreemptionMode, SchedulerConfig,
 };
 use kiln_kernels::Cpu;
 use kiln_models::load_model;
@@ -35,8 +36,21 @@ fn engine_of(
     num_kv_blocks: usize,
     max_num_batched_tokens: usize,
 ) -> EngineCore {
+    engine_with(kv_cache_dtype, prefix_caching, num_kv_blocks, max_num_batched_tokens, None)
+}
+
+/// [`engine_of`] with a second KV tier (preemption by swap whenever it has room).
+fn engine_with(
+    kv_cache_dtype: KvCacheDtype,
+    prefix_caching: bool,
+    num_kv_blocks: usize,
+    max_num_batched_tokens: usize,
+    kv_tier: Option<KvTierConfig>,
+) -> EngineCore {
     let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let config = EngineConfig {
+        kv_tier,
+        preemption_mode: PreemptionMode::Swap,
         block_size: 4,
         num_kv_blocks,
         max_model_len: Some(64),
@@ -121,20 +135,25 @@ fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
     }
 }
 
+/// Eight requests of ~40 tokens each, more than 24 blocks of 4 hold at once; odd ones sample
+/// (seeded): a resumed request keeps its random stream.
+fn preempting_requests() -> Vec<(Vec<TokenId>, SamplingParams)> {
+    (0..8u32)
+        .map(|i| {
+            let params = if i % 2 == 0 {
+                greedy(24)
+            } else {
+                SamplingParams { temperature: 1.0, seed: Some(u64::from(i)), ..greedy(24) }
+            };
+            (prompt(i, 14 + i as usize), params)
+        })
+        .collect()
+}
+
 #[test]
 fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
     for dtype in DTYPES {
-        // Odd requests sample (seeded): a resumed request keeps its random stream.
-        let requests: Vec<_> = (0..8u32)
-            .map(|i| {
-                let params = if i % 2 == 0 {
-                    greedy(24)
-                } else {
-                    SamplingParams { temperature: 1.0, seed: Some(u64::from(i)), ..greedy(24) }
-                };
-                (prompt(i, 14 + i as usize), params)
-            })
-            .collect();
+        let requests = preempting_requests();
         let mut plenty = engine_of(dtype, true, 512, 2048);
         let expected = run(&mut plenty, &requests);
         assert_eq!(plenty.stats().num_preemptions, 0);
@@ -145,6 +164,113 @@ fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
             assert!(tight.stats().num_preemptions > 0, "{:?}", tight.stats());
         }
     }
+}
+
+/// The tier is large enough for every preempted request, in memory and in a file.
+fn tiers() -> [KvTierConfig; 2] {
+    let dir = std::env::temp_dir().join(format!("kiln-engine-swap-{}", std::process::id()));
+    [
+        KvTierConfig { location: KvTierLocation::Memory, bytes: 1 << 20 },
+        KvTierConfig { location: KvTierLocation::Directory(dir), bytes: 1 << 20 },
+    ]
+}
+
+#[test]
+fn a_run_forced_to_swap_equals_one_with_plenty_of_blocks_and_recomputes_less() {
+    for dtype in DTYPES {
+        let requests = preempting_requests();
+        let expected = run(&mut engine_of(dtype, true, 512, 2048), &requests);
+        for prefix_caching in [false, true] {
+            let mut recompute = engine_of(dtype, prefix_caching, 24, 2048);
+            assert_eq!(run(&mut recompute, &requests), expected);
+            for tier in tiers() {
+                let mut swapping = engine_with(dtype, prefix_caching, 24, 2048, Some(tier.clone()));
+                assert_eq!(run(&mut swapping, &requests), expected, "{dtype:?} {tier:?}");
+                let stats = swapping.stats();
+                assert!(stats.swap.num_swap_preemptions > 0, "{dtype:?} {tier:?}: {stats:?}");
+                assert!(stats.swap.num_swapped_in_blocks > 0, "{stats:?}");
+                assert_eq!(stats.swap.num_used_slots, 0, "{stats:?}");
+                // Swapped requests skip what they had computed.
+                let (swapped, recomputed) =
+                    (stats.total_scheduled_tokens, recompute.stats().total_scheduled_tokens);
+                assert!(swapped < recomputed, "{swapped} vs {recomputed} tokens scheduled");
+            }
+        }
+    }
+}
+
+#[test]
+fn aborting_swapped_requests_frees_their_tier_slots() {
+    for tier in tiers() {
+        let mut core = engine_with(KvCacheDtype::F16, true, 24, 2048, Some(tier));
+        let ids: Vec<_> = (0..8)
+            .map(|i| core.add_request(prompt(i, 14 + i as usize), greedy(24), 0).unwrap())
+            .collect();
+        let mut steps = 0;
+        while core.stats().swap.num_used_slots == 0 {
+            core.step().unwrap();
+            steps += 1;
+            assert!(steps < 500, "no request was swapped: {:?}", core.stats());
+        }
+        let swapped: Vec<_> = ids
+            .into_iter()
+            .filter(|id| core.scheduler().request(*id).is_some_and(|r| r.num_swapped_tokens() > 0))
+            .collect();
+        for id in swapped {
+            assert!(core.abort(id));
+        }
+        assert_eq!(core.stats().swap.num_used_slots, 0);
+        while core.has_unfinished() {
+            core.step().unwrap();
+        }
+        let stats = core.stats();
+        assert_eq!((stats.kv_usage, stats.swap.num_used_slots), (0.0, 0), "{stats:?}");
+    }
+}
+
+#[test]
+fn a_prefix_evicted_to_the_tier_and_hit_again_gives_the_same_tokens_and_skips_its_prefill() {
+    for dtype in [KvCacheDtype::F16, KvCacheDtype::Int8] {
+        let shared = (prompt(3, 41), greedy(8));
+        let other = (prompt(9, 41), greedy(8));
+        let mut plain = engine_of(dtype, true, 16, 2048);
+        let expected = run(&mut plain, std::slice::from_ref(&shared));
+        for tier in tiers() {
+            // 16 blocks of 4: the second request evicts most of the first one's blocks.
+            let mut core = engine_with(dtype, true, 16, 2048, Some(tier.clone()));
+            assert_eq!(run(&mut core, std::slice::from_ref(&shared)), expected);
+            run(&mut core, std::slice::from_ref(&other));
+            let before = core.stats();
+            assert!(before.swap.num_spilled_blocks > 0, "{tier:?}: {before:?}");
+            assert_eq!(
+                run(&mut core, std::slice::from_ref(&shared)),
+                expected,
+                "{dtype:?} {tier:?}"
+            );
+            let after = core.stats();
+            // Every full block of the 40 tokens before the last came back: 10 blocks, some from
+            // the cache, the rest from the tier; one token and the outputs were computed.
+            let hits = after.prefix_cache.num_hit_tokens - before.prefix_cache.num_hit_tokens;
+            let tier_hits = after.swap.num_tier_hit_tokens - before.swap.num_tier_hit_tokens;
+            assert!(tier_hits > 0, "{tier:?}: {after:?}");
+            assert_eq!(hits + tier_hits, 40, "{tier:?}");
+            let scheduled = after.total_scheduled_tokens - before.total_scheduled_tokens;
+            assert_eq!(scheduled, 1 + 7, "{tier:?}: the prompt's last token, then 7 decodes");
+        }
+    }
+}
+
+#[test]
+fn a_tier_too_small_for_one_block_is_refused() {
+    let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks: 16,
+        kv_tier: Some(KvTierConfig { location: KvTierLocation::Memory, bytes: 100 }),
+        ..EngineConfig::default()
+    };
+    let err = EngineCore::new(model, config).err().unwrap().to_string();
+    assert!(err.contains("holds no KV block"), "{err}");
 }
 
 #[test]

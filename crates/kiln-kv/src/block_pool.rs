@@ -26,6 +26,10 @@
 //! whatever the quality of the hash. A block whose predecessor's KV is not cached cannot be
 //! reached by a chain, so it is not cached either.
 //!
+//! Evictions can be logged ([`BlockPool::set_log_evictions`]): each evicted cached block's hash,
+//! parent and tokens, with a reference to it as it was, so that its KV can be kept elsewhere
+//! (a second tier) before the new owner overwrites it.
+//!
 //! Complexity: `touch`, `free` and `get_cached` are O(1) per block (plus a token compare);
 //! `allocate(n)` is O(n). Nothing allocates per operation except the returned id vectors.
 
@@ -43,6 +47,13 @@ pub struct CachedBlockRef {
     generation: u64,
 }
 
+impl CachedBlockRef {
+    /// The block this reference names (it may have been evicted and reused since).
+    pub fn block(self) -> BlockId {
+        self.block
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Block {
     ref_cnt: u32,
@@ -58,6 +69,17 @@ struct Block {
     tokens: Vec<TokenId>,
 }
 
+/// A cached block that allocation evicted: what it held, as it was registered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictedBlock {
+    /// The block as it was cached (stale now: the block has a new owner).
+    pub was: CachedBlockRef,
+    pub hash: BlockHash,
+    /// The cached block its KV was computed after, as registered (`None`: a sequence's first).
+    pub parent: Option<CachedBlockRef>,
+    pub tokens: Vec<TokenId>,
+}
+
 /// Owns every KV block's bookkeeping (not its memory).
 #[derive(Clone, Debug)]
 pub struct BlockPool {
@@ -66,6 +88,8 @@ pub struct BlockPool {
     free_queue: FreeBlockQueue,
     cached: HashMap<BlockHash, BlockId, BlockHashState>,
     num_evictions: u64,
+    /// Evictions since the last `take_evicted` (`None`: not logged).
+    evicted: Option<Vec<EvictedBlock>>,
 }
 
 impl BlockPool {
@@ -78,7 +102,19 @@ impl BlockPool {
             free_queue: FreeBlockQueue::full(num_blocks),
             cached: HashMap::default(),
             num_evictions: 0,
+            evicted: None,
         }
+    }
+
+    /// Starts (or stops) logging evicted cached blocks for [`BlockPool::take_evicted`].
+    pub fn set_log_evictions(&mut self, on: bool) {
+        self.evicted = on.then(Vec::new);
+    }
+
+    /// The cached blocks evicted since the last call, in eviction order (empty when not
+    /// logging).
+    pub fn take_evicted(&mut self) -> Vec<EvictedBlock> {
+        self.evicted.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -195,6 +231,14 @@ impl BlockPool {
         if let Some(hash) = b.hash.take() {
             let removed = self.cached.remove(&hash);
             debug_assert_eq!(removed, Some(id));
+            if let Some(log) = &mut self.evicted {
+                log.push(EvictedBlock {
+                    was: CachedBlockRef { block: id, generation: b.generation },
+                    hash,
+                    parent: b.parent,
+                    tokens: b.tokens.clone(),
+                });
+            }
             b.parent = None;
             b.tokens.clear();
             b.generation += 1;

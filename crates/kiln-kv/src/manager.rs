@@ -175,6 +175,27 @@ impl KvCacheManager {
         (self.hash_fn)(parent, tokens, &self.extra_keys)
     }
 
+    /// The chained hash of a full block holding `tokens` after a block hashed `parent` (`None`:
+    /// the first block), as the prefix cache hashes it.
+    pub fn block_hash_of(&self, parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
+        self.hash(parent, tokens)
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching
+    }
+
+    /// Starts (or stops) logging the cached blocks allocation evicts ([`BlockPool::take_evicted`]).
+    pub fn set_log_evictions(&mut self, on: bool) {
+        self.pool.set_log_evictions(on);
+    }
+
+    /// The cached blocks evicted since the last call, in eviction order.
+    pub fn take_evicted(&mut self) -> Vec<crate::EvictedBlock> {
+        self.pool.take_evicted()
+    }
+
     /// The longest chain of verified cached full blocks that prefixes `tokens`, leaving at least
     /// one token to compute.
     pub fn lookup_prefix(&self, tokens: &[TokenId]) -> PrefixHit {

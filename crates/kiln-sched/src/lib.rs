@@ -2,8 +2,8 @@
 //! budget per step. Each request has `num_computed_tokens` and `num_tokens` (prompt + output);
 //! every step running requests advance first (decodes and continuing prefill chunks), then
 //! waiting ones are admitted while the budget, `max_num_seqs`, `max_num_partial_prefills` and
-//! free KV blocks allow. Chunked prefill, prefix-cache hits, preemption by recompute and
-//! speculative tokens fall out of that one loop.
+//! free KV blocks allow. Chunked prefill, prefix-cache hits, preemption (by recompute, or by
+//! swap to a second tier, [`swap`]) and speculative tokens fall out of that one loop.
 //!
 //! A step may give a request several tokens: draft tokens set with
 //! [`Scheduler::update_draft_token_ids`] are scheduled after its last token (in the budget,
@@ -48,7 +48,9 @@
 //! Modules: `config` (typed limits, validation), `request` (per-request state and deadlines),
 //! `policy` (ordering keys and aging, earliest deadline first), `output` (the step diff, its
 //! load and runner results), `scheduler` (the loop, limits settable at run time),
-//! `controller` (adaptive batch control from a step-cost model fitted online).
+//! `controller` (adaptive batch control from a step-cost model fitted online), `swap` (the
+//! second KV tier's slots and the swap-or-recompute rule), `spill` (prefix-cache blocks kept in
+//! the tier after the KV cache evicts them).
 
 mod config;
 pub mod controller;
@@ -56,6 +58,8 @@ mod output;
 pub mod policy;
 mod request;
 mod scheduler;
+pub mod spill;
+pub mod swap;
 
 pub use config::{ConfigError, SchedulerConfig, SchedulingPolicy};
 pub use controller::{BatchController, ControllerConfig, ControllerStats};
@@ -64,3 +68,4 @@ pub use output::{
 };
 pub use request::{AddError, Deadline, Request, RequestStatus};
 pub use scheduler::{Scheduler, SchedulerStats, StepLimits};
+pub use swap::{BlockCopy, PreemptionMode, SwapConfig, SwapStats};

@@ -10,6 +10,8 @@ use std::ops::Range;
 
 use kiln_core::{BlockId, FinishReason, RequestId, SamplingParams, TokenId};
 
+use crate::swap::BlockCopy;
+
 /// A request the runner has no state for yet (first scheduled, or resumed after preemption):
 /// sent in full once.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +70,12 @@ pub struct SchedulerOutput {
     pub num_scheduled_tokens: usize,
     /// Of those, speculative tokens (the sum of all `spec_token_ids` lengths).
     pub num_scheduled_spec_tokens: usize,
+    /// KV blocks of requests preempted by swap, to copy into tier slots before this step's
+    /// forward pass (the blocks may be handed to other requests in this very step).
+    pub swap_out: Vec<BlockCopy>,
+    /// Tier slots to copy into KV blocks of resumed requests before this step's forward pass.
+    /// Never in the same step as `swap_out` ([`crate::swap`]).
+    pub swap_in: Vec<BlockCopy>,
 }
 
 impl SchedulerOutput {

@@ -4,14 +4,17 @@
 //!
 //! Invariants (between `update` and `schedule`): `num_computed_tokens <= num_tokens()` (after a
 //! rollback of rejected draft tokens too); a request that is not running
-//! has `num_computed_tokens == 0`, no draft tokens, and holds no KV blocks (preemption is by
-//! recompute: a resumed request re-prefills prompt plus output, mostly from the prefix cache).
+//! has `num_computed_tokens == 0`, no draft tokens, and holds no KV blocks (preempted by
+//! recompute, a resumed request re-prefills prompt plus output, mostly from the prefix cache;
+//! preempted by swap, it holds tier slots instead, [`crate::swap`]).
 //! Draft tokens are never part of `all_token_ids()`: only tokens the runner returned from a step
 //! are appended.
 
 use std::fmt;
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
+
+use crate::swap::SwappedKv;
 
 /// Where a request is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +73,8 @@ pub struct Request {
     /// Position in the FCFS waiting queue (preempted requests get negative, front slots).
     pub(crate) queue_seq: i64,
     pub(crate) num_preemptions: u32,
+    /// A request preempted by swap: where its KV waits in the second tier.
+    pub(crate) swapped: Option<SwappedKv>,
 }
 
 impl Request {
@@ -93,6 +98,7 @@ impl Request {
             added_step: 0,
             queue_seq: 0,
             num_preemptions: 0,
+            swapped: None,
         }
     }
 
@@ -216,6 +222,17 @@ impl Request {
     /// Tokens still to compute before the next sample (`> 1` means a prefill, `1` a decode).
     pub fn num_uncomputed_tokens(&self) -> usize {
         self.tokens.len() - self.num_computed_tokens
+    }
+
+    /// Tokens whose KV waits in the second tier (a request preempted by swap; 0 otherwise).
+    pub fn num_swapped_tokens(&self) -> usize {
+        self.swapped.as_ref().map_or(0, |s| s.num_tokens)
+    }
+
+    /// Tokens to prefill before the next sample, not counting those a swap-in restores.
+    pub fn num_tokens_to_prefill(&self) -> usize {
+        let restored = self.num_swapped_tokens().min(self.tokens.len().saturating_sub(1));
+        self.num_uncomputed_tokens() - restored
     }
 
     /// Estimated remaining work for SJF: tokens to compute now plus outputs still allowed.

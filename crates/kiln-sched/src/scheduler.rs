@@ -13,10 +13,15 @@
 //!    never written are first dropped from the prefix cache), `num_computed_tokens` returns to 0,
 //!    its output tokens are kept, and it goes back to the waiting queue. If it had been scheduled
 //!    earlier in this pass, its tokens return to the budget. Then the allocation is retried.
+//!    With a second tier ([`Scheduler::set_swap_space`]) the victim's computed blocks may be
+//!    copied out to it instead ([`crate::swap`]: preemption by swap).
 //! 2. **Waiting** requests, in policy order, only if nothing was preempted in this pass (so no
 //!    admission can hit blocks whose KV is about to be dropped): prefix lookup, then allocation,
 //!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow. The
 //!    first request that does not fit stops admission (no bypassing, so aging bounds waiting).
+//!    A request preempted by swap gets the blocks past its prefix hit copied back in from the
+//!    tier, and computes only what was never computed; any other request's hit continues into
+//!    prefix-cache blocks the tier kept when the KV cache evicted them ([`crate::spill`]).
 //!
 //! `update()` confirms the scheduled tokens as computed, then per request verifies speculation:
 //! with `k` drafts scheduled and `g` tokens generated, the first `g - 1` drafts were accepted
@@ -45,7 +50,8 @@
 //! requests have more than one token left to compute (only an admission can start a partial
 //! prefill, and it checks the count); exactly the running requests hold block tables; waiting
 //! and preempted requests have `num_computed_tokens == 0` and no drafts; a running request's
-//! blocks registered in the prefix cache lie within its `num_computed_tokens`.
+//! blocks registered in the prefix cache lie within its `num_computed_tokens`; the tier's
+//! slots are each free or held by one waiting request preempted by swap.
 //!
 //! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
 //! manager's work; outside the KV manager, per-token work only for the tokens a step adds
@@ -63,6 +69,8 @@ use crate::output::{
 };
 use crate::policy::{running_key, waiting_key};
 use crate::request::{AddError, Request, RequestStatus};
+use crate::spill::{ChainEnd, SpillParent};
+use crate::swap::{BlockCopy, SwapConfig, SwapSpace, SwapStats};
 
 /// The limits in force for the next steps: at most the configured ones
 /// ([`Scheduler::set_limits`]).
@@ -90,6 +98,8 @@ pub struct SchedulerStats {
     pub num_steps: u64,
     /// Requests demoted for a missed first-token deadline since start (deadline policy).
     pub num_demoted: u64,
+    /// The second tier (all 0 without one).
+    pub swap: SwapStats,
 }
 
 /// The continuous-batching scheduler; owns the KV cache manager.
@@ -113,6 +123,8 @@ pub struct Scheduler {
     num_preemptions: u64,
     num_scheduled_tokens: u64,
     num_demoted: u64,
+    /// The second KV tier (`None`: preemption is by recompute only).
+    swap: Option<SwapSpace>,
 }
 
 /// A running request scheduled in the current pass.
@@ -150,6 +162,7 @@ impl Scheduler {
             num_preemptions: 0,
             num_scheduled_tokens: 0,
             num_demoted: 0,
+            swap: None,
         })
     }
 
@@ -169,6 +182,32 @@ impl Scheduler {
             max_num_seqs: limits.max_num_seqs.clamp(1, self.config.max_num_seqs),
         };
         self.limits
+    }
+
+    /// Gives the scheduler a second KV tier of `config.num_slots` blocks for preemption by swap
+    /// and, with prefix caching, for the cached blocks the KV cache evicts (replacing any
+    /// earlier tier); only while no request is known.
+    ///
+    /// # Panics
+    /// If requests are queued or running (their slots would be lost).
+    pub fn set_swap_space(&mut self, config: SwapConfig) {
+        assert!(self.requests.is_empty(), "the tier changes only while the scheduler is idle");
+        let spill = config.num_slots > 0 && self.kv.prefix_caching();
+        self.kv.set_log_evictions(spill);
+        self.swap = (config.num_slots > 0).then(|| SwapSpace::new(config, spill));
+    }
+
+    /// Updates the swap-or-recompute rates with measurements (bytes per second one copy
+    /// direction moves, seconds per prefill token); `None`, non-positive and non-finite values
+    /// keep the previous rate.
+    pub fn set_swap_rates(
+        &mut self,
+        tier_bytes_per_sec: Option<f64>,
+        prefill_secs_per_token: Option<f64>,
+    ) {
+        if let Some(space) = &mut self.swap {
+            space.set_rates(tier_bytes_per_sec, prefill_secs_per_token);
+        }
     }
 
     /// Sets the clock that deadlines are read against (milliseconds, never going back).
@@ -192,7 +231,7 @@ impl Scheduler {
             .iter()
             .map(|id| &self.requests[id])
             .filter(|r| r.num_uncomputed_tokens() > 1);
-        waiting.chain(running).map(Request::num_uncomputed_tokens).sum()
+        waiting.chain(running).map(Request::num_tokens_to_prefill).sum()
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -246,6 +285,7 @@ impl Scheduler {
             num_scheduled_tokens: self.num_scheduled_tokens,
             num_steps: self.step,
             num_demoted: self.num_demoted,
+            swap: self.swap.as_ref().map(SwapSpace::stats).unwrap_or_default(),
         }
     }
 
@@ -287,8 +327,11 @@ impl Scheduler {
     /// are taken as computed (the engine runs every step it is handed before it aborts
     /// anything).
     pub fn abort(&mut self, id: RequestId) -> bool {
-        let Some(req) = self.requests.remove(&id) else { return false };
+        let Some(mut req) = self.requests.remove(&id) else { return false };
         self.kv.free_with_computed(id, req.num_computed_tokens + req.num_in_flight_tokens);
+        if let (Some(space), Some(kv)) = (&mut self.swap, req.swapped.take()) {
+            space.release(kv);
+        }
         if req.status == RequestStatus::Running {
             self.running.retain(|&r| r != id);
             self.finished_since_last.push(id);
@@ -335,8 +378,13 @@ impl Scheduler {
         if self.config.policy == SchedulingPolicy::Deadline {
             self.demote_late_waiting();
         }
+        if let Some(space) = &mut self.swap {
+            space.start_step();
+        }
         let mut budget = self.limits.max_num_batched_tokens;
-        let scheduled = self.schedule_running(&mut budget, &mut out.preempted_ids);
+        let scheduled =
+            self.schedule_running(&mut budget, &mut out.preempted_ids, &mut out.swap_out);
+        self.spill_evicted(&mut out.swap_out);
         let mut num_partial = 0;
         out.cached_new_token_ids.reserve(scheduled.len());
         for s in scheduled {
@@ -367,6 +415,32 @@ impl Scheduler {
         out
     }
 
+    /// Copies the cached blocks that allocation evicted since the last call to the tier.
+    fn spill_evicted(&mut self, swap_out: &mut Vec<BlockCopy>) {
+        if let Some(space) = &mut self.swap {
+            space.spill(self.kv.take_evicted(), swap_out);
+        }
+    }
+
+    /// Spilled blocks continuing the prefix-cache hit `device_blocks` of `tokens` (full blocks
+    /// of all but the last token, as a lookup covers).
+    fn tier_hit(&self, tokens: &[TokenId], device_blocks: &[BlockId]) -> Vec<usize> {
+        let Some(space) = &self.swap else { return Vec::new() };
+        let pool = self.kv.pool();
+        let end = match device_blocks.last() {
+            None => ChainEnd { hash: None, parent: SpillParent::Root },
+            Some(&b) => match (pool.block_hash(b), pool.cached_ref(b)) {
+                (Some(hash), Some(r)) => {
+                    ChainEnd { hash: Some(hash), parent: SpillParent::Device(r) }
+                }
+                _ => return Vec::new(),
+            },
+        };
+        let bs = self.kv.block_size();
+        let chunks = tokens[..tokens.len() - 1].chunks_exact(bs).skip(device_blocks.len());
+        space.lookup(end, chunks, |parent, chunk| self.kv.block_hash_of(parent, chunk))
+    }
+
     /// Deadline policy: pushes back, once, the deadline of every never-scheduled waiting request
     /// whose first token is already late.
     fn demote_late_waiting(&mut self) {
@@ -387,6 +461,7 @@ impl Scheduler {
         &mut self,
         budget: &mut usize,
         preempted: &mut Vec<RequestId>,
+        swap_out: &mut Vec<BlockCopy>,
     ) -> Vec<Scheduled> {
         let step = self.step;
         let mut order = self.running.clone();
@@ -453,7 +528,7 @@ impl Scheduler {
                 if let Some(pos) = scheduled.iter().position(|s| s.id == victim) {
                     *budget += scheduled.remove(pos).num_tokens;
                 }
-                self.preempt(victim);
+                self.preempt(victim, swap_out);
                 preempted.push(victim);
                 if victim == id {
                     break;
@@ -473,10 +548,22 @@ impl Scheduler {
             .expect("a failed allocation implies a running request")
     }
 
-    /// Frees a running request's blocks and sends it to the front of the waiting queue.
-    fn preempt(&mut self, id: RequestId) {
+    /// Frees a running request's blocks and sends it to the front of the waiting queue; with a
+    /// second tier, its computed blocks are first copied out when that pays ([`crate::swap`]).
+    fn preempt(&mut self, id: RequestId, swap_out: &mut Vec<BlockCopy>) {
         let Some(req) = self.requests.get_mut(&id) else { return };
-        self.kv.free_with_computed(id, req.num_computed_tokens);
+        let num_computed = req.num_computed_tokens;
+        if let Some(space) = &mut self.swap {
+            let num_blocks = num_computed.div_ceil(self.kv.block_size());
+            let scored = req.sampling_params().prompt_logprobs.is_some();
+            if !scored && space.should_swap(num_computed, num_blocks) {
+                let blocks = &self.kv.block_table(id)[..num_blocks];
+                req.swapped = Some(space.swap_out(blocks, num_computed, swap_out));
+            } else {
+                space.count_recompute();
+            }
+        }
+        self.kv.free_with_computed(id, num_computed);
         req.num_computed_tokens = 0;
         req.num_in_flight_tokens = 0;
         req.num_in_flight_spec_tokens = 0;
@@ -509,28 +596,63 @@ impl Scheduler {
                 break;
             }
             let req = &self.requests[&id];
+            let bs = self.kv.block_size();
             // Prompt logprobs need every prompt position computed: no prefix-cache reads.
-            let num_cached = if req.sampling_params().prompt_logprobs.is_some() {
-                0
+            let (num_cached, tier_slots) = if req.sampling_params().prompt_logprobs.is_some() {
+                (0, Vec::new())
             } else {
-                self.kv.lookup_prefix(req.all_token_ids()).num_cached_tokens
+                let hit = self.kv.lookup_prefix(req.all_token_ids());
+                let tier = if req.swapped.is_none() {
+                    self.tier_hit(req.all_token_ids(), &hit.blocks)
+                } else {
+                    Vec::new()
+                };
+                (hit.num_cached_tokens, tier)
             };
-            let num_uncomputed = req.num_tokens() - num_cached;
+            // A request preempted by swap: the KV past the hit comes back from its slots (all
+            // but the last token, whose logits the next sample needs); any other request gets
+            // the spilled blocks that continue its hit.
+            let num_restored = req.num_swapped_tokens().min(req.num_tokens() - 1);
+            let num_computed = (num_cached + tier_slots.len() * bs).max(num_restored);
+            let num_uncomputed = req.num_tokens() - num_computed;
             let num_tokens = self.chunk_size(num_uncomputed, budget);
             let is_partial = num_tokens < num_uncomputed;
             if is_partial && num_partial >= self.config.max_num_partial_prefills {
                 break;
             }
             let tokens = req.all_token_ids();
-            if self.kv.allocate_slots(id, tokens, num_cached, num_tokens, 0).is_none() {
+            let num_new = num_computed - num_cached + num_tokens;
+            if self.kv.allocate_slots(id, tokens, num_cached, num_new, 0).is_none() {
                 break;
             }
             num_partial += usize::from(is_partial);
             budget -= num_tokens;
             num_admitted += 1;
             let Some(req) = self.requests.get_mut(&id) else { continue };
+            if let (Some(space), false) = (&mut self.swap, tier_slots.is_empty()) {
+                let first = num_cached / bs;
+                let blocks = &self.kv.block_table(id)[first..first + tier_slots.len()];
+                let last = blocks.last().and_then(|&b| self.kv.pool().cached_ref(b));
+                space.take_hit(&tier_slots, blocks, last, bs, &mut out.swap_in);
+            }
+            if let (Some(space), Some(kv)) = (&mut self.swap, req.swapped.take()) {
+                let (first, end) = (num_cached / bs, num_computed.div_ceil(bs));
+                if num_restored > num_cached {
+                    space.swap_in(
+                        kv,
+                        first,
+                        &self.kv.block_table(id)[first..end],
+                        &mut out.swap_in,
+                    );
+                } else {
+                    space.release(kv); // the prefix cache holds at least as much
+                }
+            }
+            if let Some(space) = &mut self.swap {
+                space.spill(self.kv.take_evicted(), &mut out.swap_out);
+            }
             req.status = RequestStatus::Running;
-            req.num_computed_tokens = num_cached;
+            req.num_computed_tokens = num_computed;
             req.num_in_flight_tokens = num_tokens;
             req.num_sent_tokens = req.num_tokens();
             self.running.push(id);
@@ -538,7 +660,7 @@ impl Scheduler {
             out.new_requests.push(NewRequestData {
                 id,
                 token_ids: req.all_token_ids().to_vec(),
-                num_computed_tokens: num_cached,
+                num_computed_tokens: num_computed,
                 num_scheduled_tokens: num_tokens,
                 block_table: self.kv.block_table(id).to_vec(),
                 sampling_params: req.sampling_params().clone(),
@@ -649,6 +771,13 @@ impl Scheduler {
             if !req.spec_token_ids.is_empty() || req.num_in_flight_spec_tokens != 0 {
                 return Err(format!("{id} waits with draft tokens"));
             }
+        }
+        if let Some(id) = self.running.iter().find(|id| self.requests[*id].swapped.is_some()) {
+            return Err(format!("{id} runs holding tier slots"));
+        }
+        if let Some(space) = &self.swap {
+            let held = self.waiting.iter().filter_map(|id| self.requests[id].swapped.as_ref());
+            space.check(held.flat_map(|kv| kv.slots.iter().copied()))?;
         }
         Ok(())
     }

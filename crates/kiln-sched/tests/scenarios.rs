@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{drive, drive_runner, drive_with, expected_output, req, scheduler, token_for, toks};
+use common::{drive, drive_runner, expected_output, req, scheduler, token_for, toks};
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_sched::{AddError, Request, RequestStatus, SchedulerConfig, SchedulingPolicy};
 
@@ -311,39 +311,10 @@ fn limits_hold_under_a_mixed_workload() {
             ..config(64, 6)
         };
         let mut s = scheduler(cfg, 4, 80);
-        let mut seed = 0x2545_f491_u64;
-        let mut next = move |m: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) % m
-        };
-        let mut id = 0;
-        let mut prompt_lens = std::collections::HashMap::new();
-        let run = drive_with(&mut s, 20_000, |s, step| {
-            if step <= 300 && next(3) == 0 {
-                id += 1;
-                // a tiny vocabulary so prefixes collide
-                let prompt: Vec<TokenId> =
-                    (0..=next(80)).map(|_| TokenId(next(2) as u32)).collect();
-                prompt_lens.insert(RequestId(id), prompt.len());
-                let r = req(id, prompt, 1 + next(40) as usize).with_priority(next(5) as i64);
-                s.add(r).unwrap();
-                if next(10) == 0 {
-                    s.abort(RequestId(next(id) + 1));
-                }
-            }
-            step < 300
-        });
-        assert!(!s.has_unfinished(), "{policy:?} did not drain in {} steps", run.steps);
+        let run = common::mixed_workload(&mut s, 10);
         assert_eq!(s.kv_cache().usage(), 0.0);
         assert!(s.stats().prefix_cache.num_hit_tokens > 0, "{policy:?}: prefixes should collide");
         assert!(s.stats().num_preemptions > 0, "{policy:?}: the workload should preempt");
-        for (id, (reason, _)) in &run.finished {
-            assert_eq!(*reason, FinishReason::Length);
-            let out = &run.outputs[id];
-            assert_eq!(*out, expected_output(id.0, prompt_lens[id], out.len()), "{policy:?} {id}");
-        }
         for o in &run.outputs_per_step {
             assert!(o.num_scheduled_requests() <= 6);
         }

@@ -15,6 +15,8 @@
 //!   - the speculative-decoding counters `kiln:spec_decode_*` advance likewise (module
 //!     `spec`; the periodic stats log adds vLLM's acceptance line while drafts are verified);
 //!   - the batch-control and SLO series `kiln:scheduler_*` and `kiln:slo_*` (module `slo`);
+//!   - the second KV tier's `kiln:kv_swapped_*_blocks_total`, `kiln:kv_tier_usage_perc` and
+//!     `kiln:num_preemptions_by_mode_total{mode}` (module `swap`);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
 //! - [`Metrics::on_prompt_tokens`], when a request's first token arrives:
@@ -63,6 +65,7 @@ pub mod http;
 mod process;
 mod slo;
 mod spec;
+mod swap;
 #[cfg(test)]
 mod tests;
 pub mod text_format;
@@ -207,6 +210,7 @@ struct LastTotals {
     num_steps: u64,
     spec_decode: SpecDecodeStats,
     slo: SloTotals,
+    swap: kiln_engine::SwapStats,
 }
 
 type ReasonLabel = [(&'static str, String); 1];
@@ -239,6 +243,7 @@ pub struct Metrics {
     request_generation_tokens: Histogram,
     spec_decode: SpecMetrics,
     slo: SloMetrics,
+    swap: swap::SwapMetrics,
     request_inference_time: Histogram,
     request_time_per_output_token: Histogram,
     request_params_n: Histogram,
@@ -284,6 +289,7 @@ impl Metrics {
             request_generation_tokens: Histogram::new(token_buckets()),
             spec_decode: SpecMetrics::default(),
             slo: SloMetrics::default(),
+            swap: swap::SwapMetrics::default(),
             request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_time_per_output_token: Histogram::new(ITL_BUCKETS),
             request_params_n: Histogram::new(N_BUCKETS),
@@ -392,6 +398,7 @@ impl Metrics {
         }
         self.spec_decode.register(r, &p);
         self.slo.register(r, &p);
+        self.swap.register(r, &p);
         self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
         self
@@ -472,6 +479,7 @@ impl Metrics {
             advance(&self.num_preemptions, &mut last.num_preemptions, stats.num_preemptions);
             self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
             self.slo.update(&mut last.slo, stats);
+            self.swap.update(&mut last.swap, &stats.swap);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);
             new_step

@@ -2,10 +2,14 @@
 //! `--memory-utilization`, `--num-kv-blocks`, `--block-size`, `--max-model-len`, and the
 //! prefix-cache switch. Exactly one rule decides the number of blocks (first that applies):
 //! `--num-kv-blocks`; `--kv-cache-memory BYTES`; `--memory-utilization F` of the RAM available
-//! after the weights; else the subcommand's default.
+//! after the weights; else the subcommand's default. The second tier for preemption by swap:
+//! `--swap-space GiB` (host memory) or `--kv-offload-dir DIR` (a file, `--kv-offload-size`),
+//! and `--preemption-mode`.
+
+use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
-use kiln_engine::EngineConfig;
+use kiln_engine::{EngineConfig, KvTierConfig, KvTierLocation, PreemptionMode};
 
 /// A byte count: plain, or with a suffix `K`/`M`/`G`/`T` (powers of 1000) or
 /// `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024).
@@ -107,6 +111,35 @@ pub struct KvCacheArgs {
     /// Keep the prefix cache on (the default; vLLM's spelling).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
+    /// GiB of host memory for a second KV tier: a request preempted when the KV cache is full
+    /// has its KV copied there and back instead of recomputed, when that is cheaper (vLLM's
+    /// flag; 0 = no tier, preemption recomputes). Reserved untouched: pages become resident as
+    /// they are used.
+    #[arg(long, value_name = "GiB", value_parser = parse_gib, conflicts_with = "kv_offload_dir")]
+    pub swap_space: Option<u64>,
+    /// A second KV tier in a file in DIR (e.g. on an SSD), as --swap-space; the file is sparse
+    /// and removed at exit.
+    #[arg(long, value_name = "DIR")]
+    pub kv_offload_dir: Option<PathBuf>,
+    /// Size of the --kv-offload-dir tier (e.g. 16GiB).
+    #[arg(long, value_name = "BYTES", default_value = "8GiB", requires = "kv_offload_dir")]
+    pub kv_offload_size: Bytes,
+    /// With a tier: `auto` swaps a preempted request's KV out when moving it (at the tier's
+    /// measured rate) is cheaper than prefilling it again (at the measured prefill rate);
+    /// `swap` whenever the tier has room; `recompute` never.
+    #[arg(long, default_value = "auto", value_parser = parse_preemption_mode)]
+    pub preemption_mode: PreemptionMode,
+}
+
+fn parse_gib(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && (0.0..=1e6).contains(&g) => Ok((g * f64::from(1 << 30)) as u64),
+        _ => Err(format!("`{text}` is not a number of GiB from 0 to 1000000")),
+    }
+}
+
+fn parse_preemption_mode(text: &str) -> Result<PreemptionMode, String> {
+    text.parse()
 }
 
 /// The sizing decided from the flags.
@@ -117,6 +150,31 @@ pub struct KvSizing {
 }
 
 impl KvCacheArgs {
+    /// The second KV tier the flags ask for (`None`: none); `--preemption-mode swap` needs one.
+    pub fn tier(&self) -> anyhow::Result<Option<KvTierConfig>> {
+        let tier = match (&self.kv_offload_dir, self.swap_space) {
+            (Some(dir), _) => Some(KvTierConfig {
+                location: KvTierLocation::Directory(dir.clone()),
+                bytes: self.kv_offload_size.0,
+            }),
+            (None, Some(bytes)) if bytes > 0 => {
+                Some(KvTierConfig { location: KvTierLocation::Memory, bytes })
+            }
+            (None, _) => None,
+        };
+        if tier.is_none() && self.preemption_mode == PreemptionMode::Swap {
+            bail!("--preemption-mode swap needs a tier: --swap-space GiB or --kv-offload-dir DIR");
+        }
+        Ok(tier)
+    }
+
+    /// Sets the engine's second tier and preemption mode from the flags.
+    pub fn apply_tier(&self, config: &mut EngineConfig) -> anyhow::Result<()> {
+        config.kv_tier = self.tier()?;
+        config.preemption_mode = self.preemption_mode;
+        Ok(())
+    }
+
     /// Blocks for a cache of `bytes_per_block`-byte blocks; `available` is the RAM left after
     /// the weights (for `--memory-utilization`), `default_blocks` the subcommand's choice.
     /// The cache must hold at least one request of `max_model_len` tokens.
@@ -195,7 +253,33 @@ mod tests {
             max_model_len: None,
             no_enable_prefix_caching: false,
             enable_prefix_caching: false,
+            swap_space: None,
+            kv_offload_dir: None,
+            kv_offload_size: Bytes(8 << 30),
+            preemption_mode: PreemptionMode::Auto,
         }
+    }
+
+    #[test]
+    fn the_tier_flags_choose_memory_or_a_file() {
+        let mut a = args();
+        assert_eq!(a.tier().unwrap(), None);
+        a.swap_space = Some(parse_gib("0.5").unwrap());
+        let memory = KvTierConfig { location: KvTierLocation::Memory, bytes: 1 << 29 };
+        assert_eq!(a.tier().unwrap(), Some(memory));
+        a.swap_space = Some(0);
+        assert_eq!(a.tier().unwrap(), None);
+        a.preemption_mode = PreemptionMode::Swap;
+        assert!(a.tier().unwrap_err().to_string().contains("needs a tier"));
+        a.kv_offload_dir = Some(PathBuf::from("/ssd/kiln"));
+        a.kv_offload_size = Bytes(1 << 30);
+        let file = KvTierConfig {
+            location: KvTierLocation::Directory(PathBuf::from("/ssd/kiln")),
+            bytes: 1 << 30,
+        };
+        assert_eq!(a.tier().unwrap(), Some(file));
+        assert!(parse_gib("-1").is_err() && parse_gib("lots").is_err());
+        assert!(parse_preemption_mode("sometimes").unwrap_err().contains("auto, swap, recompute"));
     }
 
     #[test]

@@ -31,11 +31,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate a completion for one prompt and stream it to stdout.
-    Generate(generate::GenerateArgs),
+    Generate(Box<generate::GenerateArgs>),
     /// Serve the model on an OpenAI-compatible HTTP endpoint.
     Serve(Box<serve::ServeArgs>),
     /// Benchmarks: `serve` (online, HTTP), `latency` (batch grid), `throughput` (offline).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Sweep server flags × load with `kiln bench serve`; pick the best for an objective.
     Tune(Box<tune::TuneArgs>),
     /// Capacity and speed planning: what fits in memory, predicted (and measured) tok/s.

@@ -355,7 +355,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
             .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
     }
     let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
-    let engine = EngineConfig {
+    let mut engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
         max_model_len: Some(max_model_len),
@@ -365,8 +365,23 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         kv_cache_dtype: args.kv_cache_dtype,
         speculative: args.speculative.clone(),
         slo: args.slo.clone(),
+        ..EngineConfig::default()
     };
+    args.kv.apply_tier(&mut engine)?;
+    let tier = engine.kv_tier.clone();
+    let preemption_mode = engine.preemption_mode;
     let mut core = EngineCore::new(model, engine)?;
+    if let Some(tier) = tier {
+        let where_ = match &tier.location {
+            kiln_engine::KvTierLocation::Memory => "host memory".to_owned(),
+            kiln_engine::KvTierLocation::Directory(dir) => format!("a file in {}", dir.display()),
+        };
+        tracing::info!(
+            "KV tier: {} blocks in {where_} ({:.1} MiB); preemption mode {preemption_mode}",
+            core.stats().swap.num_slots,
+            tier.bytes as f64 / f64::from(1 << 20),
+        );
+    }
     if let Some(dir) = &args.prefix_cache_dir {
         crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, &model_path)?;
     }

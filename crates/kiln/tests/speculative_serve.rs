@@ -31,15 +31,6 @@ fn completions(addr: &str) -> Vec<String> {
         .collect()
 }
 
-fn metric(addr: &str, name: &str) -> f64 {
-    let (_, text) = common::http(addr, "GET", "/metrics", "");
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing"))
-}
-
 #[test]
 fn serving_with_speculation_gives_the_same_completions() {
     let (plain, url) = common::start_server();
@@ -48,10 +39,10 @@ fn serving_with_speculation_gives_the_same_completions() {
     let (_spec, url) = common::start_server_with(&["--speculative-config", SPEC]);
     let addr = url.trim_start_matches("http://");
     assert_eq!(completions(addr), expected);
-    let drafts = metric(addr, "kiln:spec_decode_num_drafts_total");
-    let accepted = metric(addr, "kiln:spec_decode_num_accepted_tokens_total");
+    let drafts = common::metric(addr, "kiln:spec_decode_num_drafts_total");
+    let accepted = common::metric(addr, "kiln:spec_decode_num_accepted_tokens_total");
     assert!(drafts > 0.0 && accepted > 0.0, "drafts {drafts}, accepted {accepted}");
-    assert!(accepted <= metric(addr, "kiln:spec_decode_num_draft_tokens_total"));
+    assert!(accepted <= common::metric(addr, "kiln:spec_decode_num_draft_tokens_total"));
 }
 
 #[test]

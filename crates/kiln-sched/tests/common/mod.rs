@@ -60,6 +60,9 @@ pub fn drafts(id: RequestId, num_tokens: usize, k: usize, num_correct: usize) ->
 pub struct FakeRunner {
     block_size: usize,
     slots: Vec<Option<TokenId>>,
+    /// The second tier: a swapped-out block's slots by tier slot; taken by its swap-in, so a
+    /// slot read twice, or never written, fails (a released slot is simply overwritten later).
+    tier: HashMap<usize, Vec<Option<TokenId>>>,
     requests: HashMap<RequestId, RunnerRequest>,
     /// `(drafts scheduled, drafts accepted)` → how often a step verified that.
     pub acceptance: HashMap<(usize, usize), usize>,
@@ -70,6 +73,7 @@ impl FakeRunner {
         Self {
             block_size,
             slots: vec![None; block_size * num_blocks],
+            tier: HashMap::new(),
             requests: HashMap::new(),
             acceptance: HashMap::new(),
         }
@@ -85,9 +89,20 @@ impl FakeRunner {
         for id in out.preempted_ids.iter().chain(&out.finished_ids) {
             self.requests.remove(id);
         }
+        let bs = self.block_size;
+        for c in &out.swap_out {
+            let block = self.slots[c.block.index() * bs..][..bs].to_vec();
+            self.tier.insert(c.slot, block);
+        }
+        for c in &out.swap_in {
+            let block = self.tier.remove(&c.slot).expect("swap-in of an empty tier slot");
+            self.slots[c.block.index() * bs..][..bs].copy_from_slice(&block);
+        }
         let mut steps = Vec::new();
         for new in &out.new_requests {
-            assert_eq!(new.num_computed_tokens % self.block_size, 0);
+            if out.swap_in.is_empty() {
+                assert_eq!(new.num_computed_tokens % self.block_size, 0);
+            }
             let r = RunnerRequest {
                 tokens: new.token_ids.clone(),
                 block_table: new.block_table.clone(),
@@ -255,4 +270,39 @@ pub fn drive(s: &mut Scheduler, max_steps: u64) -> Run {
 /// The tokens an unpreempted request `id` with `prompt_len` prompt tokens must produce.
 pub fn expected_output(id: u64, prompt_len: usize, max_tokens: usize) -> Vec<TokenId> {
     (0..max_tokens).map(|i| token_for(RequestId(id), prompt_len + i)).collect()
+}
+
+/// A seeded mixed workload: for 300 steps a request arrives with probability 1/3 per step (a
+/// prompt of 1 to 81 tokens over a two-token vocabulary, so prefixes collide; 1 to 40 outputs;
+/// priority 0 to 4), and one arrival in `abort_one_in` aborts a random earlier request. Drives
+/// `s` until nothing is left (20,000 steps at most), asserts that it drained and that every
+/// finished request produced exactly its tokens, and returns the run.
+pub fn mixed_workload(s: &mut Scheduler, abort_one_in: u64) -> Run {
+    let policy = s.config().policy;
+    let mut seed = 0x2545_f491_u64;
+    let mut next = move |m: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % m
+    };
+    let mut id = 0;
+    let mut prompt_lens = HashMap::new();
+    let run = drive_with(s, 20_000, |s, step| {
+        if step <= 300 && next(3) == 0 {
+            id += 1;
+            let prompt: Vec<TokenId> = (0..=next(80)).map(|_| TokenId(next(2) as u32)).collect();
+            prompt_lens.insert(RequestId(id), prompt.len());
+            s.add(req(id, prompt, 1 + next(40) as usize).with_priority(next(5) as i64)).unwrap();
+            if next(abort_one_in) == 0 {
+                s.abort(RequestId(next(id) + 1));
+            }
+        }
+        step < 300
+    });
+    assert!(!s.has_unfinished(), "{policy:?} did not drain in {} steps", run.steps);
+    for (id, (reason, _)) in &run.finished {
+        assert_eq!(*reason, FinishReason::Length);
+        let out = &run.outputs[id];
+        assert_eq!(*out, expected_output(id.0, prompt_lens[id], out.len()), "{policy:?} {id}");
+    }
+    run
 }

@@ -577,8 +577,14 @@ const VLLM_NAMES: [&str; 28] = [
     "vllm:cache_config_info",
 ];
 
-/// Series vLLM does not have (module `slo`), exposed under the configured prefix too.
-const KILN_ONLY_NAMES: [&str; 5] = [
+/// Series vLLM does not have (modules `slo` and `swap`), exposed under the configured prefix too.
+const KILN_ONLY_NAMES: [&str; 11] = [
+    "vllm:kv_tier_spilled_blocks_total",
+    "vllm:kv_tier_prefix_hits_total",
+    "vllm:kv_swapped_out_blocks_total",
+    "vllm:kv_swapped_in_blocks_total",
+    "vllm:num_preemptions_by_mode_total",
+    "vllm:kv_tier_usage_perc",
     "vllm:scheduler_token_budget",
     "vllm:scheduler_max_running",
     "vllm:scheduler_controller_gain",
@@ -605,7 +611,7 @@ fn vllm_prefix_gives_vllms_metric_names() {
         .map(str::to_owned)
         .collect();
     names.sort();
-    // vLLM's names, plus kiln's own batch-control and SLO series under the same prefix.
+    // vLLM's names, plus kiln's own batch-control, SLO and KV-tier series under the same prefix.
     let mut expected: Vec<String> =
         VLLM_NAMES.iter().chain(&KILN_ONLY_NAMES).map(|s| (*s).to_owned()).collect();
     expected.sort();
@@ -672,4 +678,42 @@ fn batch_control_and_slo_series_follow_the_engine() {
     }
     let line = super::controller_log_line(&before, &now).unwrap();
     assert!(line.contains("max running 12 -> 9"), "{line}");
+}
+
+#[test]
+fn second_tier_series_follow_the_engine_totals() {
+    let m = Metrics::new(MODEL, 4096);
+    let s = render(&m);
+    for mode in ["swap", "recompute"] {
+        assert_eq!(value(&s, "kiln:num_preemptions_by_mode_total", &[("mode", mode)]), 0.0);
+    }
+    let mut st = stats(0, 0, 3, 1, 0);
+    st.swap = kiln_engine::SwapStats {
+        num_slots: 8,
+        num_used_slots: 2,
+        num_swapped_out_blocks: 5,
+        num_swapped_in_blocks: 3,
+        num_swap_preemptions: 2,
+        num_recompute_preemptions: 1,
+        num_spilled_slots: 1,
+        num_spilled_blocks: 7,
+        num_tier_hit_tokens: 64,
+    };
+    m.on_step(&st);
+    m.on_step(&st);
+    st.swap.num_swapped_in_blocks = 5;
+    st.swap.num_used_slots = 0;
+    st.swap.num_spilled_slots = 0;
+    m.on_step(&st);
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:kv_swapped_out_blocks_total", &[]), 5.0);
+    assert_eq!(value(&s, "kiln:kv_swapped_in_blocks_total", &[]), 5.0);
+    assert_eq!(value(&s, "kiln:num_preemptions_by_mode_total", &[("mode", "swap")]), 2.0);
+    assert_eq!(value(&s, "kiln:num_preemptions_by_mode_total", &[("mode", "recompute")]), 1.0);
+    assert_eq!(value(&s, "kiln:kv_tier_spilled_blocks_total", &[]), 7.0);
+    assert_eq!(value(&s, "kiln:kv_tier_prefix_hits_total", &[]), 64.0);
+    assert_eq!(value(&s, "kiln:kv_tier_usage_perc", &[]), 0.0);
+    (st.swap.num_used_slots, st.swap.num_spilled_slots) = (1, 1);
+    m.on_step(&st);
+    assert_eq!(value(&render(&m), "kiln:kv_tier_usage_perc", &[]), 0.25);
 }

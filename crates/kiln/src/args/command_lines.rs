@@ -71,7 +71,7 @@ const LINES: &[(&str, Expect)] = &[
     ("kiln serve meta-llama/Llama-3.1-8B --kv-cache-memory-bytes 4G --block-size 32",
         Expect::Ok(0, |a| assert_eq!(a.kv.kv_cache_memory_bytes, Some(HumanCount(4 << 30))))),
     ("kiln serve meta-llama/Llama-3.1-8B --num-gpu-blocks-override 2048 --swap-space 16 --disable-log-requests",
-        Expect::Ok(1, |a| assert_eq!(a.kv.num_kv_blocks, Some(2048)))),
+        Expect::Ok(0, |a| assert_eq!((a.kv.num_kv_blocks, a.kv.swap_space), (Some(2048), Some(16 << 30))))),
     ("kiln serve Qwen/Qwen3-0.6B --seed 42 --max-logprobs 5 --scheduling-policy priority --kv-cache-dtype auto",
         Expect::Ok(1, |a| assert_eq!(a.seed, 42))),
     ("kiln serve mistralai/Mistral-7B-Instruct-v0.3 --tokenizer-mode mistral --load-format mistral",

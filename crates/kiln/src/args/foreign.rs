@@ -53,7 +53,6 @@ const TABLE: &[(&[&str], Rule)] = &[
             One,
         ),
     ),
-    (&["swap-space"], Rule::Ignore("preempted requests are recomputed, never swapped", One)),
     (&["cpu-offload-gb"], Rule::Ignore("weights already live in CPU memory", One)),
     (&["disable-custom-all-reduce"], Rule::Ignore(CPU_ONLY, NoValue)),
     (&["distributed-executor-backend"], Rule::Ignore(CPU_ONLY, One)),

@@ -142,6 +142,7 @@ pub fn grid_engine(
         kv_cache_dtype: engine.kv_cache_dtype,
         speculative: engine.speculative_config.clone(),
         slo: engine.slo_config()?,
+        ..EngineConfig::default() // no tier: latency runs never preempt
     };
     EngineCore::new(model, config).context("building the engine")
 }

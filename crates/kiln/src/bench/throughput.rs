@@ -73,7 +73,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         wanted.min(cap).max(max_model_len.div_ceil(block_size)),
     )?;
     let num_kv_blocks = sizing.num_blocks;
-    let config = EngineConfig {
+    let mut config = EngineConfig {
         block_size,
         num_kv_blocks,
         max_model_len: Some(max_model_len),
@@ -83,7 +83,9 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         kv_cache_dtype: dtype,
         speculative: args.engine.speculative_config.clone(),
         slo: args.engine.slo_config()?,
+        ..EngineConfig::default()
     };
+    args.kv.apply_tier(&mut config)?;
     let mut core = EngineCore::new(model, config).context("building the engine")?;
     eprintln!(
         "{}; {} KV cache; {} threads",

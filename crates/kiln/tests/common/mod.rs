@@ -111,6 +111,21 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The value of the first `/metrics` series named `name` (labelled, as every `kiln:` series).
+pub fn metric(addr: &str, name: &str) -> f64 {
+    metric_where(addr, name, "")
+}
+
+/// [`metric`] of the first series whose line also contains `label` (e.g. `mode="swap"`).
+pub fn metric_where(addr: &str, name: &str, label: &str) -> f64 {
+    let (_, text) = http(addr, "GET", "/metrics", "");
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} {label} missing"))
+}
+
 /// The `openai` SDK version the Python checks are written against.
 pub const OPENAI_SDK: &str = "openai==3.54.0";
 /// The `jsonschema` version that validates structured outputs.
