@@ -568,13 +568,26 @@ impl EngineCore {
     /// Copies the step's blocks out to the tier (preempted requests' and evicted prefix-cache
     /// blocks), then its slots back into blocks (resumed requests' and prefix hits in the tier),
     /// all before the forward pass writes anything, and hands the measured copy rate to the
-    /// scheduler's swap-or-recompute rule.
+    /// scheduler's swap-or-recompute rule. A failed copy turns the tier off for good.
     fn move_swapped_blocks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
         let Some(tier) = &mut self.tier else { return Ok(()) };
-        let io_error = |e: std::io::Error| EngineError::Forward(format!("KV tier: {e}"));
-        let out = tier.swap_out(self.runner.model(), &sched_out.swap_out).map_err(io_error)?;
-        let back = tier.swap_in(self.runner.model_mut(), &sched_out.swap_in).map_err(io_error)?;
-        if let Some(rate) = out.or(back) {
+        let moved = tier
+            .swap_out(self.runner.model(), &sched_out.swap_out)
+            .and_then(|out| Ok(out.or(tier.swap_in(self.runner.model_mut(), &sched_out.swap_in)?)));
+        let rate = match moved {
+            Ok(rate) => rate,
+            Err(e) => {
+                // Nothing in the tier can be trusted now: turn it off and fail this step (the
+                // caller aborts its requests); preemption recomputes from here on.
+                let unwritten: Vec<_> = sched_out.swap_in.iter().map(|c| c.block).collect();
+                self.scheduler.disable_swap_space(&unwritten);
+                self.tier = None;
+                return Err(EngineError::Forward(format!(
+                    "KV tier: {e}; the tier is turned off, preempted requests will be recomputed"
+                )));
+            }
+        };
+        if let Some(rate) = rate {
             let smoothed =
                 self.tier_bytes_per_sec.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
             self.tier_bytes_per_sec = Some(smoothed);

@@ -5,7 +5,8 @@
 //! swap-or-recompute rule runs on this machine's numbers.
 //!
 //! Memory is reserved zeroed and untouched (pages become resident as slots are written); the
-//! file is created sparse with a unique name in the directory and unlinked at once, so its
+//! file's disk space is reserved at once (a disk too small is a start-up error, not a failed
+//! swap), under a unique name in the directory, and the file is unlinked at once, so its
 //! space goes back to the file system when the process ends, however it ends (a kill
 //! included). Writing a block and reading it back gives the same bytes (tested for both).
 
@@ -159,7 +160,8 @@ impl KvTier {
     }
 }
 
-/// A new sparse file of `len` bytes in `dir`, named uniquely for this process, already unlinked.
+/// A new file of `len` reserved bytes in `dir`, named uniquely for this process, already
+/// unlinked.
 fn create_file(dir: &Path, len: u64) -> Result<Storage, String> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let fail =
@@ -173,10 +175,33 @@ fn create_file(dir: &Path, len: u64) -> Result<Storage, String> {
         .create_new(true)
         .open(&path)
         .map_err(|e| fail("cannot create the tier file", e))?;
-    let sized = file.set_len(len);
+    let reserved = reserve(&file, len);
     fs::remove_file(&path).map_err(|e| fail("cannot unlink the tier file", e))?;
-    sized.map_err(|e| fail("cannot size the tier file", e))?;
+    reserved.map_err(|e| fail(&format!("cannot reserve {len} bytes for the tier"), e))?;
     Ok(Storage::File { file, path })
+}
+
+/// Reserves `len` bytes of disk for `file` without writing them (Linux `fallocate`), so a disk
+/// too small is refused at start instead of failing a swap later; where the file system cannot
+/// reserve, the file is only sized (sparse).
+fn reserve(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "size out of range");
+        let len = libc::off_t::try_from(len).map_err(|_| too_large())?;
+        // SAFETY: the descriptor is open and writable for the whole call, and `fallocate` reads
+        // and writes no memory of this process.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(err);
+        }
+    }
+    file.set_len(len)
 }
 
 #[cfg(test)]

@@ -191,6 +191,14 @@ impl KvCacheManager {
         self.pool.set_log_evictions(on);
     }
 
+    /// Drops a held block from the prefix cache because its KV was never written (a failed
+    /// copy); free or uncached blocks are left alone.
+    pub fn uncache_held(&mut self, block: BlockId) {
+        if self.pool.ref_count(block) > 0 {
+            self.pool.uncache(block);
+        }
+    }
+
     /// The cached blocks evicted since the last call, in eviction order.
     pub fn take_evicted(&mut self) -> Vec<crate::EvictedBlock> {
         self.pool.take_evicted()

@@ -197,6 +197,24 @@ impl Scheduler {
         self.swap = (config.num_slots > 0).then(|| SwapSpace::new(config, spill));
     }
 
+    /// Turns the second tier off after copies to or from it failed: blocks whose copy in never
+    /// happened (`unwritten`, still held by their requests) leave the prefix cache, requests
+    /// preempted by swap will recompute, spilled blocks are forgotten, and preemption recomputes
+    /// from now on. The requests of the failed step must be aborted by the caller (their KV is
+    /// not what the scheduler believes).
+    pub fn disable_swap_space(&mut self, unwritten: &[BlockId]) {
+        for &block in unwritten {
+            self.kv.uncache_held(block);
+        }
+        self.kv.set_log_evictions(false);
+        for id in &self.waiting {
+            if let Some(req) = self.requests.get_mut(id) {
+                req.swapped = None;
+            }
+        }
+        self.swap = None;
+    }
+
     /// Updates the swap-or-recompute rates with measurements (bytes per second one copy
     /// direction moves, seconds per prefill token); `None`, non-positive and non-finite values
     /// keep the previous rate.

@@ -306,3 +306,27 @@ fn preempted_requests_take_the_slots_of_spilled_blocks() {
     assert!(stats.num_swap_preemptions > 0, "{stats:?}");
     assert_eq!(stats.num_used_slots, 0);
 }
+
+#[test]
+fn a_disabled_tier_leaves_swapped_requests_to_recompute() {
+    let mut s = scheduler(config(SchedulingPolicy::Fcfs, true), BLOCK_SIZE, 24);
+    s.set_swap_space(swap(64, PreemptionMode::Swap, true));
+    add_all(&mut s);
+    let mut runner = FakeRunner::new(BLOCK_SIZE, 24);
+    // Run until some request waits in the tier, then lose the tier.
+    let mut steps = 0;
+    while s.stats().swap.num_used_slots == 0 {
+        let out = s.schedule();
+        let res = runner.execute(&out);
+        s.update(&out, &res);
+        steps += 1;
+        assert!(steps < 1000, "nothing was swapped");
+    }
+    s.disable_swap_space(&[]);
+    s.check_invariants().unwrap();
+    assert_eq!(s.stats().swap, SwapStats::default());
+    let run = drive_runner(&mut s, &mut runner, 5000, |_, _| false);
+    assert!(!s.has_unfinished());
+    // The runner's KV checks passed: resumed requests recomputed instead of reading the tier.
+    assert!(run.outputs_per_step.iter().all(|o| o.swap_in.is_empty() && o.swap_out.is_empty()));
+}

@@ -117,8 +117,8 @@ pub struct KvCacheArgs {
     /// they are used.
     #[arg(long, value_name = "GiB", value_parser = parse_gib, conflicts_with = "kv_offload_dir")]
     pub swap_space: Option<u64>,
-    /// A second KV tier in a file in DIR (e.g. on an SSD), as --swap-space; the file is sparse
-    /// and removed at exit.
+    /// A second KV tier in a file in DIR (e.g. on an SSD), as --swap-space; its space is
+    /// reserved at start and the file unlinked at once (nothing is left behind).
     #[arg(long, value_name = "DIR")]
     pub kv_offload_dir: Option<PathBuf>,
     /// Size of the --kv-offload-dir tier (e.g. 16GiB).
