@@ -512,16 +512,21 @@ impl EngineCore {
         let start = Instant::now();
         self.scheduler.set_now_ms(self.now_ms());
         let sched_out = self.scheduler.schedule();
-        self.move_swapped_blocks(&sched_out)?;
+        if let Err(e) = self.move_swapped_blocks(&sched_out) {
+            self.scheduler.fail_step(&sched_out);
+            return Err(e);
+        }
         for new in &sched_out.new_requests {
             self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
                 scheduled_at: start,
                 num_cached_tokens: new.num_computed_tokens,
             });
         }
-        self.runner
-            .execute(&sched_out, &mut self.runner_output)
-            .map_err(|e| EngineError::Forward(e.to_string()))?;
+        self.runner.execute(&sched_out, &mut self.runner_output).map_err(|e| {
+            // Nothing of the step was computed: aborts must not keep its blocks cached.
+            self.scheduler.fail_step(&sched_out);
+            EngineError::Forward(e.to_string())
+        })?;
         let outputs: Vec<EngineOutput> = self
             .scheduler
             .update(&sched_out, &self.runner_output)

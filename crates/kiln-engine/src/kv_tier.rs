@@ -49,7 +49,7 @@ impl KvTierLocation {
 
 enum Storage {
     /// `[num_slots × block_bytes]`
-    Memory(Vec<u8>),
+    Memory(Box<[u8]>),
     /// An unlinked file; `path` is where it was created.
     File { file: File, path: PathBuf },
 }
@@ -79,7 +79,9 @@ impl KvTier {
             .checked_mul(block_bytes)
             .ok_or_else(|| format!("a KV tier of {} bytes is too large", config.bytes))?;
         let storage = match &config.location {
-            KvTierLocation::Memory => Storage::Memory(vec![0; total]),
+            KvTierLocation::Memory => Storage::Memory(zeroed(total).ok_or_else(|| {
+                format!("cannot reserve {total} bytes of memory for the KV tier")
+            })?),
             KvTierLocation::Directory(dir) => create_file(dir, total as u64)?,
         };
         Ok(Self { storage, block_bytes, num_slots, scratch: vec![0; block_bytes] })
@@ -158,6 +160,23 @@ impl KvTier {
         let secs = start.elapsed().as_secs_f64();
         (num_blocks > 0).then(|| (num_blocks * self.block_bytes) as f64 / secs.max(1e-9))
     }
+}
+
+/// `len` zero bytes from the OS, untouched (pages become resident when written); `None` when
+/// the allocation is refused.
+fn zeroed(len: usize) -> Option<Box<[u8]>> {
+    if len == 0 {
+        return Some(Box::default());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of a `[u8]` of
+    // length `len`, all of it initialized (zeroed), and nothing else owns it.
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) })
 }
 
 /// A new file of `len` reserved bytes in `dir`, named uniquely for this process, already
@@ -248,6 +267,9 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.contains("holds no KV block (64 bytes each)"), "{err}");
+        let huge = KvTierConfig { location: KvTierLocation::Memory, bytes: 1 << 60 };
+        let err = KvTier::new(&huge, 64).err().unwrap();
+        assert!(err.contains("cannot reserve"), "{err}");
         let file = std::env::temp_dir().join(format!("kiln-tier-not-a-dir-{}", std::process::id()));
         fs::write(&file, b"x").unwrap();
         let location = KvTierLocation::Directory(file.join("sub"));

@@ -70,11 +70,13 @@ pub struct SchedulerOutput {
     pub num_scheduled_tokens: usize,
     /// Of those, speculative tokens (the sum of all `spec_token_ids` lengths).
     pub num_scheduled_spec_tokens: usize,
-    /// KV blocks of requests preempted by swap, to copy into tier slots before this step's
-    /// forward pass (the blocks may be handed to other requests in this very step).
+    /// KV blocks to copy into tier slots before this step's forward pass: those of requests
+    /// preempted by swap and cached blocks the KV cache evicted (spilled), in the order to copy
+    /// them (a slot may be written twice; the later copy wins). The blocks may be handed to
+    /// other requests in this very step.
     pub swap_out: Vec<BlockCopy>,
-    /// Tier slots to copy into KV blocks of resumed requests before this step's forward pass.
-    /// Never in the same step as `swap_out` ([`crate::swap`]).
+    /// Tier slots to copy into KV blocks before this step's forward pass, **after every copy
+    /// of `swap_out`**: resumed requests' blocks and prefix hits in the tier ([`crate::swap`]).
     pub swap_in: Vec<BlockCopy>,
 }
 

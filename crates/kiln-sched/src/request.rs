@@ -235,9 +235,10 @@ impl Request {
         self.num_uncomputed_tokens() - restored
     }
 
-    /// Estimated remaining work for SJF: tokens to compute now plus outputs still allowed.
+    /// Estimated remaining work for SJF: tokens to compute now (not those a swap-in restores)
+    /// plus outputs still allowed.
     pub fn remaining_work(&self) -> usize {
-        self.num_uncomputed_tokens()
+        self.num_tokens_to_prefill()
             + self.sampling.max_tokens.saturating_sub(self.num_output_tokens())
     }
 

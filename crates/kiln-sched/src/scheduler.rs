@@ -197,6 +197,18 @@ impl Scheduler {
         self.swap = (config.num_slots > 0).then(|| SwapSpace::new(config, spill));
     }
 
+    /// Marks the step `output` as not run (its forward pass or its tier copies failed): the
+    /// scheduled tokens stay uncomputed, so aborting a request frees, and drops from the prefix
+    /// cache, every block past the KV really written. Call before aborting the step's requests.
+    pub fn fail_step(&mut self, output: &SchedulerOutput) {
+        for (id, _) in output.scheduled() {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.num_in_flight_tokens = 0;
+                req.num_in_flight_spec_tokens = 0;
+            }
+        }
+    }
+
     /// Turns the second tier off after copies to or from it failed: blocks whose copy in never
     /// happened (`unwritten`, still held by their requests) leave the prefix cache, requests
     /// preempted by swap will recompute, spilled blocks are forgotten, and preemption recomputes

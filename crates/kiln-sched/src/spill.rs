@@ -116,6 +116,11 @@ impl SpillIndex {
         self.by_hash.insert(evicted.hash, slot);
         self.entries[slot] = Some(Entry { hash: evicted.hash, tokens: evicted.tokens, parent });
         self.lru.push_back((slot, generation));
+        // Hits leave stale records behind; keep the queue within twice the live entries.
+        if self.lru.len() > 2 * self.by_hash.len() + 64 {
+            let generations = &self.generations;
+            self.lru.retain(|&(slot, generation)| generations[slot] == generation);
+        }
     }
 
     fn live_mut(&mut self, slot: usize, generation: u64) -> Option<&mut Entry> {

@@ -63,7 +63,8 @@ pub enum PreemptionMode {
     Auto,
     /// Swap whenever the tier has room.
     Swap,
-    /// Never swap: recompute (the tier stays unused).
+    /// Never swap a preempted request: recompute it (the tier still keeps spilled prefix
+    /// blocks).
     Recompute,
 }
 

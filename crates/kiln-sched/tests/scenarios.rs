@@ -344,3 +344,23 @@ fn a_prefill_chunk_ahead_in_the_order_leaves_a_token_for_every_decode() {
     }
     assert_eq!(chunks, [14, 14, 14, 14, 14, 14, 14, 2]);
 }
+
+#[test]
+fn a_failed_step_leaves_nothing_it_scheduled_in_the_prefix_cache() {
+    let mut s = scheduler(config(64, 8), 4, 64);
+    let prompt = toks(0..33);
+    s.add(req(1, prompt.clone(), 4)).unwrap();
+    let out = s.schedule();
+    assert_eq!(out.num_scheduled_tokens, 33);
+    // The step failed: its KV was never written, and the request is aborted.
+    s.fail_step(&out);
+    assert!(s.abort(RequestId(1)));
+    s.check_invariants().unwrap();
+    assert_eq!(s.kv_cache().lookup_prefix(&prompt).num_cached_tokens, 0);
+    // Without the failure, the same blocks would have stayed cached.
+    let mut s = scheduler(config(64, 8), 4, 64);
+    s.add(req(1, prompt.clone(), 4)).unwrap();
+    s.schedule();
+    assert!(s.abort(RequestId(1)));
+    assert_eq!(s.kv_cache().lookup_prefix(&prompt).num_cached_tokens, 32);
+}
