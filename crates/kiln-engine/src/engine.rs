@@ -17,7 +17,6 @@ use kiln_sched::{
 };
 
 use crate::kv_tier::{KvTier, KvTierConfig};
-
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
 use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
@@ -194,11 +193,10 @@ impl EngineCore {
             enable_prefix_caching: config.scheduler.enable_prefix_caching,
             extra_keys: vec![],
         };
-        let scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
+        let mut scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
             .map_err(|e| EngineError::Config(e.0))?;
         let bound = BoundModel::new(model, config.kv_cache_dtype, config.num_kv_blocks, block_size)
             .map_err(|e| EngineError::Config(e.to_string()))?;
-        let mut scheduler = scheduler;
         let tier = match &config.kv_tier {
             None => None,
             Some(tier_config) => {

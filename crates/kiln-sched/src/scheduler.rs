@@ -50,8 +50,9 @@
 //! requests have more than one token left to compute (only an admission can start a partial
 //! prefill, and it checks the count); exactly the running requests hold block tables; waiting
 //! and preempted requests have `num_computed_tokens == 0` and no drafts; a running request's
-//! blocks registered in the prefix cache lie within its `num_computed_tokens`; the tier's
-//! slots are each free or held by one waiting request preempted by swap.
+//! blocks registered in the prefix cache lie within its `num_computed_tokens`; each of the
+//! tier's slots is free, released in this step, holding a spilled block, or held by one waiting
+//! request preempted by swap (running requests hold none).
 //!
 //! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
 //! manager's work; outside the KV manager, per-token work only for the tokens a step adds

@@ -409,7 +409,8 @@ fn lcg(seed: u64) -> impl FnMut(u64) -> u64 {
 
 /// A seeded random workload: arrivals, aborts, tight blocks (preemption), a small budget
 /// (chunked prefill), a tiny vocabulary (prefix hits), and after every step random drafts with
-/// a random number right. Every request produces exactly the tokens of plain decoding.
+/// a random number right; with even seeds, a second KV tier (preemption by swap, spilled
+/// prefixes). Every request produces exactly the tokens of plain decoding.
 #[test]
 fn random_acceptance_over_a_mixed_workload_changes_no_token_and_leaks_no_block() {
     for (policy, seed) in [
@@ -425,6 +426,16 @@ fn random_acceptance_over_a_mixed_workload_changes_no_token_and_leaks_no_block()
             ..config(40, 6)
         };
         let mut s = scheduler(cfg, 4, 60);
+        let with_tier = seed % 2 == 0;
+        if with_tier {
+            s.set_swap_space(kiln_sched::SwapConfig {
+                num_slots: 24,
+                block_bytes: 1,
+                mode: kiln_sched::PreemptionMode::Swap,
+                tier_bytes_per_sec: 1.0,
+                prefill_secs_per_token: 1.0,
+            });
+        }
         let mut runner = FakeRunner::new(4, 60);
         let mut next = lcg(seed);
         let mut rng2 = lcg(seed + 100);
@@ -460,6 +471,11 @@ fn random_acceptance_over_a_mixed_workload_changes_no_token_and_leaks_no_block()
         let stats = s.stats();
         assert!(stats.prefix_cache.num_hit_tokens > 0, "{policy:?}: prefixes should collide");
         assert!(stats.num_preemptions > 0, "{policy:?}: the workload should preempt");
+        if with_tier {
+            assert!(stats.swap.num_swap_preemptions > 0, "{policy:?}: {stats:?}");
+            assert!(stats.swap.num_spilled_blocks > 0, "{policy:?}: {stats:?}");
+            assert_eq!(stats.swap.num_used_slots, 0);
+        }
         for k in 1..=4 {
             for a in 0..=k {
                 assert!(
