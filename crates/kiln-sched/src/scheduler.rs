@@ -70,8 +70,9 @@ use crate::output::{
 };
 use crate::policy::{running_key, waiting_key};
 use crate::request::{AddError, Request, RequestStatus};
-use crate::spill::{ChainEnd, SpillParent};
-use crate::swap::{BlockCopy, SwapConfig, SwapSpace, SwapStats};
+use crate::swap::{BlockCopy, SwapSpace, SwapStats};
+
+mod tier;
 
 /// The limits in force for the next steps: at most the configured ones
 /// ([`Scheduler::set_limits`]).
@@ -185,19 +186,6 @@ impl Scheduler {
         self.limits
     }
 
-    /// Gives the scheduler a second KV tier of `config.num_slots` blocks for preemption by swap
-    /// and, with prefix caching, for the cached blocks the KV cache evicts (replacing any
-    /// earlier tier); only while no request is known.
-    ///
-    /// # Panics
-    /// If requests are queued or running (their slots would be lost).
-    pub fn set_swap_space(&mut self, config: SwapConfig) {
-        assert!(self.requests.is_empty(), "the tier changes only while the scheduler is idle");
-        let spill = config.num_slots > 0 && self.kv.prefix_caching();
-        self.kv.set_log_evictions(spill);
-        self.swap = (config.num_slots > 0).then(|| SwapSpace::new(config, spill));
-    }
-
     /// Marks the step `output` as not run (its forward pass or its tier copies failed): the
     /// scheduled tokens stay uncomputed, so aborting a request frees, and drops from the prefix
     /// cache, every block past the KV really written. Call before aborting the step's requests.
@@ -207,37 +195,6 @@ impl Scheduler {
                 req.num_in_flight_tokens = 0;
                 req.num_in_flight_spec_tokens = 0;
             }
-        }
-    }
-
-    /// Turns the second tier off after copies to or from it failed: blocks whose copy in never
-    /// happened (`unwritten`, still held by their requests) leave the prefix cache, requests
-    /// preempted by swap will recompute, spilled blocks are forgotten, and preemption recomputes
-    /// from now on. The requests of the failed step must be aborted by the caller (their KV is
-    /// not what the scheduler believes).
-    pub fn disable_swap_space(&mut self, unwritten: &[BlockId]) {
-        for &block in unwritten {
-            self.kv.uncache_held(block);
-        }
-        self.kv.set_log_evictions(false);
-        for id in &self.waiting {
-            if let Some(req) = self.requests.get_mut(id) {
-                req.swapped = None;
-            }
-        }
-        self.swap = None;
-    }
-
-    /// Updates the swap-or-recompute rates with measurements (bytes per second one copy
-    /// direction moves, seconds per prefill token); `None`, non-positive and non-finite values
-    /// keep the previous rate.
-    pub fn set_swap_rates(
-        &mut self,
-        tier_bytes_per_sec: Option<f64>,
-        prefill_secs_per_token: Option<f64>,
-    ) {
-        if let Some(space) = &mut self.swap {
-            space.set_rates(tier_bytes_per_sec, prefill_secs_per_token);
         }
     }
 
@@ -444,32 +401,6 @@ impl Scheduler {
         }
         self.num_scheduled_tokens += out.num_scheduled_tokens as u64;
         out
-    }
-
-    /// Copies the cached blocks that allocation evicted since the last call to the tier.
-    fn spill_evicted(&mut self, swap_out: &mut Vec<BlockCopy>) {
-        if let Some(space) = &mut self.swap {
-            space.spill(self.kv.take_evicted(), swap_out);
-        }
-    }
-
-    /// Spilled blocks continuing the prefix-cache hit `device_blocks` of `tokens` (full blocks
-    /// of all but the last token, as a lookup covers).
-    fn tier_hit(&self, tokens: &[TokenId], device_blocks: &[BlockId]) -> Vec<usize> {
-        let Some(space) = &self.swap else { return Vec::new() };
-        let pool = self.kv.pool();
-        let end = match device_blocks.last() {
-            None => ChainEnd { hash: None, parent: SpillParent::Root },
-            Some(&b) => match (pool.block_hash(b), pool.cached_ref(b)) {
-                (Some(hash), Some(r)) => {
-                    ChainEnd { hash: Some(hash), parent: SpillParent::Device(r) }
-                }
-                _ => return Vec::new(),
-            },
-        };
-        let bs = self.kv.block_size();
-        let chunks = tokens[..tokens.len() - 1].chunks_exact(bs).skip(device_blocks.len());
-        space.lookup(end, chunks, |parent, chunk| self.kv.block_hash_of(parent, chunk))
     }
 
     /// Deadline policy: pushes back, once, the deadline of every never-scheduled waiting request
@@ -679,9 +610,6 @@ impl Scheduler {
                     space.release(kv); // the prefix cache holds at least as much
                 }
             }
-            if let Some(space) = &mut self.swap {
-                space.spill(self.kv.take_evicted(), &mut out.swap_out);
-            }
             req.status = RequestStatus::Running;
             req.num_computed_tokens = num_computed;
             req.num_in_flight_tokens = num_tokens;
@@ -696,6 +624,8 @@ impl Scheduler {
                 block_table: self.kv.block_table(id).to_vec(),
                 sampling_params: req.sampling_params().clone(),
             });
+            // After this admission's hits were taken, so none of their slots is given away.
+            self.spill_evicted(&mut out.swap_out);
         }
         if num_admitted > 0 {
             let requests = &self.requests;
