@@ -17,6 +17,7 @@
 //!   - the batch-control and SLO series `kiln:scheduler_*` and `kiln:slo_*` (module `slo`);
 //!   - the second KV tier's `kiln:kv_swapped_*_blocks_total`, `kiln:kv_tier_usage_perc` and
 //!     `kiln:num_preemptions_by_mode_total{mode}` (module `swap`);
+//!   - `kiln:engine_busy_seconds_total` and `kiln:engine_forward_seconds_total` (module `busy`);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
 //! - [`Metrics::on_prompt_tokens`], when a request's first token arrives:
@@ -61,6 +62,7 @@
 //! Updates are atomic adds (histograms take a short lock inside prometheus-client); `on_step`
 //! also locks the last-seen engine totals. `render` is O(number of series), a few hundred lines.
 
+mod busy;
 pub mod http;
 mod process;
 mod slo;
@@ -211,6 +213,7 @@ struct LastTotals {
     spec_decode: SpecDecodeStats,
     slo: SloTotals,
     swap: kiln_engine::SwapStats,
+    busy: busy::BusyTotals,
 }
 
 type ReasonLabel = [(&'static str, String); 1];
@@ -244,6 +247,7 @@ pub struct Metrics {
     spec_decode: SpecMetrics,
     slo: SloMetrics,
     swap: swap::SwapMetrics,
+    busy: busy::BusyMetrics,
     request_inference_time: Histogram,
     request_time_per_output_token: Histogram,
     request_params_n: Histogram,
@@ -290,6 +294,7 @@ impl Metrics {
             spec_decode: SpecMetrics::default(),
             slo: SloMetrics::default(),
             swap: swap::SwapMetrics::default(),
+            busy: busy::BusyMetrics::default(),
             request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_time_per_output_token: Histogram::new(ITL_BUCKETS),
             request_params_n: Histogram::new(N_BUCKETS),
@@ -399,6 +404,7 @@ impl Metrics {
         self.spec_decode.register(r, &p);
         self.slo.register(r, &p);
         self.swap.register(r, &p);
+        self.busy.register(r, &p);
         self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
         self
@@ -480,6 +486,7 @@ impl Metrics {
             self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
             self.slo.update(&mut last.slo, stats);
             self.swap.update(&mut last.swap, &stats.swap);
+            self.busy.update(&mut last.busy, stats.total_step_time, stats.total_forward_time);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);
             new_step

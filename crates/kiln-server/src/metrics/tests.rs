@@ -577,8 +577,11 @@ const VLLM_NAMES: [&str; 28] = [
     "vllm:cache_config_info",
 ];
 
-/// Series vLLM does not have (modules `slo` and `swap`), exposed under the configured prefix too.
-const KILN_ONLY_NAMES: [&str; 11] = [
+/// Series vLLM does not have (modules `slo`, `swap` and `busy`), exposed under the configured
+/// prefix too.
+const KILN_ONLY_NAMES: [&str; 13] = [
+    "vllm:engine_busy_seconds_total",
+    "vllm:engine_forward_seconds_total",
     "vllm:kv_tier_spilled_blocks_total",
     "vllm:kv_tier_prefix_hits_total",
     "vllm:kv_swapped_out_blocks_total",
@@ -716,4 +719,21 @@ fn second_tier_series_follow_the_engine_totals() {
     (st.swap.num_used_slots, st.swap.num_spilled_slots) = (1, 1);
     m.on_step(&st);
     assert_eq!(value(&render(&m), "kiln:kv_tier_usage_perc", &[]), 0.25);
+}
+
+#[test]
+fn busy_seconds_follow_the_engine_time_totals() {
+    let m = Metrics::new(MODEL, 4096);
+    let mut st = stats(0, 0, 3, 1, 0);
+    st.total_step_time = Duration::from_millis(1500);
+    st.total_forward_time = Duration::from_millis(1000);
+    m.on_step(&st);
+    m.on_step(&st);
+    st.total_step_time = Duration::from_millis(2500);
+    m.on_step(&st);
+    st.total_forward_time = Duration::from_millis(900);
+    m.on_step(&st);
+    let s = render(&m);
+    assert!((value(&s, "kiln:engine_busy_seconds_total", &[]) - 2.5).abs() < 1e-9);
+    assert!((value(&s, "kiln:engine_forward_seconds_total", &[]) - 1.0).abs() < 1e-9);
 }

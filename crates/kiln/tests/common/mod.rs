@@ -162,3 +162,46 @@ pub fn python_with_sdk() -> PathBuf {
     assert!(ready(&python));
     python
 }
+
+/// The files of Debian package `package` (the machine's own apt sources, e.g. `prometheus` for
+/// Prometheus and promtool), unpacked once under the target directory without installing it;
+/// returns the unpacked root (binaries under `usr/bin`). `apt-get download` needs the package
+/// lists: when it fails they are refreshed once with `apt-get update`.
+pub fn debian_package(package: &str) -> PathBuf {
+    static UNPACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = UNPACKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("debian").join(package);
+    let root = dir.join("root");
+    if root.join("usr").exists() {
+        return root;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let download = || {
+        Command::new("apt-get")
+            .args(["download", "-qq", package])
+            .current_dir(&dir)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !download() {
+        let updated = Command::new("apt-get").args(["update", "-qq"]).status().unwrap();
+        assert!(updated.success(), "apt-get update failed");
+        assert!(download(), "apt-get download {package} failed");
+    }
+    let deb = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .unwrap();
+    let unpacking = dir.join("unpacking");
+    let _ = std::fs::remove_dir_all(&unpacking);
+    let status = Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacking).status().unwrap();
+    assert!(status.success(), "dpkg -x {} failed", deb.display());
+    std::fs::rename(&unpacking, &root).unwrap();
+    root
+}
+
+/// A free loopback port (bound and released: another process may take it first, unlikely).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
