@@ -130,6 +130,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/v1/completions", post(routes::completions::completions))
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
+        .route("/v1/completions/render", post(routes::render::render_completion))
+        .route("/v1/chat/completions/render", post(routes::render::render_chat))
         .route("/v1/models", get(routes::misc::models))
         .route("/health", get(routes::misc::health))
         .route("/version", get(routes::misc::version))

@@ -5,6 +5,7 @@ pub mod chat_input;
 pub mod completions;
 pub mod format;
 pub mod misc;
+pub mod render;
 
 use std::sync::Arc;
 

@@ -262,3 +262,39 @@ fn models_health_version_and_metrics() {
         1.0
     );
 }
+
+#[test]
+fn render_gives_the_prompt_ids_a_request_computes() {
+    let server = TestServer::start(default_config());
+    // Completions: one entry per prompt, text tokenized as generation does, ids kept as given.
+    let body = json!({"prompt": ["Hello world", "and again"], "max_tokens": 3});
+    let rendered = server.post("/v1/completions/render", &body);
+    assert_eq!(rendered.status, 200);
+    let rendered = rendered.json();
+    let prompts = rendered.as_array().unwrap();
+    assert_eq!(prompts.len(), 2);
+    for (entry, text) in prompts.iter().zip(["Hello world", "and again"]) {
+        let tokenized = server.post("/tokenize", &json!({"prompt": text})).json();
+        assert_eq!(entry["token_ids"], tokenized["tokens"]);
+    }
+    let ids = server.post("/v1/completions/render", &json!({"prompt": [5, 6, 7]})).json();
+    assert_eq!(ids, json!([{"token_ids": [5, 6, 7]}]));
+    // The count a completion reports is the rendered length.
+    let whole = completion(&server, &json!({"prompt": "Hello world", "max_tokens": 2}));
+    assert_eq!(whole["usage"]["prompt_tokens"], prompts[0]["token_ids"].as_array().unwrap().len());
+
+    // Chat: the template's rendering, as /tokenize renders messages.
+    let messages = json!([{"role": "user", "content": "Hi there"}]);
+    let chat = server.post("/v1/chat/completions/render", &json!({"messages": messages})).json();
+    let tokenized = server.post("/tokenize", &json!({"messages": messages})).json();
+    assert!(!tokenized["tokens"].as_array().unwrap().is_empty());
+    assert_eq!(chat["token_ids"], tokenized["tokens"]);
+
+    // Invalid requests get generation's errors.
+    let bad = server.post("/v1/completions/render", &json!({"prompt": "x", "max_tokens": -1}));
+    assert_eq!(bad.status, 400);
+    let bad = server.post("/v1/chat/completions/render", &json!({"messages": []}));
+    assert_eq!(bad.status, 400);
+    let wrong_model = json!({"model": "nope", "prompt": "x"});
+    assert_eq!(server.post("/v1/completions/render", &wrong_model).status, 404);
+}

@@ -126,7 +126,9 @@ fn rules_without_holds() -> String {
     let mut out = String::new();
     for line in rules.lines() {
         match line.split_once("for: ") {
-            Some((indent, _)) if indent.trim().is_empty() => out.push_str(&format!("{indent}for: 0s")),
+            Some((indent, _)) if indent.trim().is_empty() => {
+                out.push_str(&format!("{indent}for: 0s"))
+            }
             _ => out.push_str(line),
         }
         out.push('\n');
@@ -156,9 +158,7 @@ fn start_prometheus(dir: &Path, targets: &[&str]) -> (Process, String) {
         .spawn()
         .unwrap();
     let process = Process(child);
-    wait_for(Duration::from_secs(60), "Prometheus ready", || {
-        get(&addr, "/-/ready").0 == 200
-    });
+    wait_for(Duration::from_secs(60), "Prometheus ready", || get(&addr, "/-/ready").0 == 200);
     (process, addr)
 }
 
@@ -223,7 +223,8 @@ fn prometheus_scrapes_live_replicas_and_fires_the_down_and_latency_alerts() {
     let (doomed, doomed_url) = start_server();
     let slow_addr = slow_url.trim_start_matches("http://").to_owned();
     let doomed_addr = doomed_url.trim_start_matches("http://").to_owned();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("prometheus-{}", free_port()));
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("prometheus-{}", free_port()));
     let (_prometheus, prom) = start_prometheus(&dir, &[&slow_addr, &doomed_addr]);
     wait_for(Duration::from_secs(60), "both replicas scraped up", || targets_up(&prom) == 2);
     assert!(firing(&prom).is_empty(), "alerts before any fault: {:?}", firing(&prom));

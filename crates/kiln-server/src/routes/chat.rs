@@ -28,9 +28,25 @@ pub async fn chat_completions(
     handle(state, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, ApiError> {
-    let loaded = Arc::clone(state.ready()?);
-    check_model(&state, req.model.as_deref())?;
+/// A validated chat request with its messages rendered and tokenized, as generation and
+/// `/v1/chat/completions/render` take it.
+pub(crate) struct Prepared {
+    pub spec: validate::GenerationSpec,
+    /// How the output is read: tool calls or plain content.
+    output: tools::ToolOutput,
+    logprobs: Option<usize>,
+    /// The prompt's token ids (what the engine computes, and `render` returns).
+    pub ids: Vec<kiln_core::TokenId>,
+    max_tokens: Option<i64>,
+}
+
+/// Validates `req`, plans its tools and renders its messages through the chat template.
+pub(crate) async fn prepare(
+    state: &ServerState,
+    loaded: &Arc<Loaded>,
+    req: ChatRequest,
+) -> Result<Prepared, ApiError> {
+    check_model(state, req.model.as_deref())?;
     let limits = loaded.limits;
     let top = req.top_logprobs.map(|k| {
         usize::try_from(k).map_err(|_| {
@@ -63,7 +79,16 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         kwargs: template_kwargs(req.chat_template_kwargs)?,
     };
     let messages = template_messages(req.messages)?;
-    let ids = render_tokens(&loaded, messages, options, false).await?;
+    let ids = render_tokens(loaded, messages, options, false).await?;
+    Ok(Prepared { spec, output: plan.output, logprobs, ids, max_tokens })
+}
+
+async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    let limits = loaded.limits;
+    let Prepared { spec, output, logprobs, ids, max_tokens } =
+        prepare(&state, &loaded, req).await?;
+    let settings = state.config.tools;
     let seq_specs = (0..spec.n)
         .map(|sample| {
             Ok(SequenceSpec {
@@ -82,7 +107,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let parser = settings.parser;
     let mut new_id = || tools::call_id(state.unique(), parser);
     if spec.stream {
-        let streams = (0..spec.n).map(|_| ToolStream::new(plan.output.clone())).collect();
+        let streams = (0..spec.n).map(|_| ToolStream::new(output.clone())).collect();
         let format = ChatChunks { loaded, envelope, state: Arc::clone(&state), streams };
         return Ok(stream_response(
             seqs,
@@ -100,7 +125,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         .into_iter()
         .enumerate()
         .map(|(index, r)| {
-            let answer = tools::answer(&plan.output, r.text, r.finish_reason);
+            let answer = tools::answer(&output, r.text, r.finish_reason);
             let mut message = json!({"role": "assistant", "content": answer.content});
             if !answer.calls.is_empty() {
                 message["tool_calls"] = tools::wire_calls(&answer.calls, &mut new_id);

@@ -122,9 +122,25 @@ pub async fn completions(
     handle(state, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Response, ApiError> {
-    let loaded = Arc::clone(state.ready()?);
-    check_model(&state, req.model.as_deref())?;
+/// A validated completion request with its prompts tokenized, as generation and
+/// `/v1/completions/render` take it.
+pub(crate) struct Prepared {
+    pub spec: GenerationSpec,
+    /// Per prompt, its token ids (what the engine computes, and `render` returns).
+    pub prompt_ids: Vec<Vec<TokenId>>,
+    echo_texts: Vec<String>,
+    echo: bool,
+    logprobs: Option<usize>,
+    max_tokens: Option<i64>,
+}
+
+/// Validates `req` and tokenizes its prompts.
+pub(crate) async fn prepare(
+    state: &ServerState,
+    loaded: &Arc<Loaded>,
+    req: CompletionRequest,
+) -> Result<Prepared, ApiError> {
+    check_model(state, req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_param("suffix", "`suffix` is not supported"));
     }
@@ -146,7 +162,15 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
         spec.params.prompt_logprobs = Some(spec.params.prompt_logprobs.unwrap_or(0).max(k));
     }
     let (prompt_ids, echo_texts) =
-        resolve_prompts(&loaded, &req.prompt, echo, spec.skip_special_tokens).await?;
+        resolve_prompts(loaded, &req.prompt, echo, spec.skip_special_tokens).await?;
+    Ok(Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens })
+}
+
+async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Response, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    let limits = loaded.limits;
+    let Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens } =
+        prepare(&state, &loaded, req).await?;
     let mut seq_specs = Vec::with_capacity(prompt_ids.len() * spec.n);
     for ids in &prompt_ids {
         for sample in 0..spec.n {

@@ -23,9 +23,19 @@ impl Server {
     /// Sends SIGTERM (a graceful stop: drain, then the engine's shutdown work) and waits for
     /// the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
+        self.send_term();
+        self.0.wait().unwrap()
+    }
+
+    /// Sends SIGTERM and returns at once (the server drains while the caller goes on).
+    pub fn send_term(&self) {
         let pid = self.0.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(sent.success(), "kill -TERM {pid}");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(mut self) -> std::process::ExitStatus {
         self.0.wait().unwrap()
     }
 }
@@ -55,10 +65,15 @@ pub fn start_server_with(extra: &[&str]) -> (Server, String) {
 /// `kiln serve ARGS` on a free loopback port with API key `test-key`; returns it with its
 /// base URL once `/health` is 200 (the default model may take a first fetch).
 pub fn start_kiln_serve(args: &[&str]) -> (Server, String) {
+    start_kiln_serve_on(0, args)
+}
+
+/// [`start_kiln_serve`] on loopback port `port` (0: a free one).
+pub fn start_kiln_serve_on(port: u16, args: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("serve")
         .args(args)
-        .args(["--port", "0", "--api-key", "test-key", "--disable-log-requests"])
+        .args(["--port", &port.to_string(), "--api-key", "test-key", "--disable-log-requests"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
