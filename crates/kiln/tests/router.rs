@@ -22,28 +22,7 @@ const VLLM_ROUTER: &str = "vllm-router==0.1.17";
 
 /// The `vllm-router` launcher, installed into a venv under the target directory on first use.
 fn vllm_router() -> PathBuf {
-    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = MAKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vllm-router-venv");
-    let python = venv.join("bin/python");
-    let check = format!(
-        "import importlib.metadata as m, sys; sys.exit(m.version('vllm-router') != '{}')",
-        &VLLM_ROUTER[13..]
-    );
-    let ready = || Command::new(&python).args(["-c", &check]).status().is_ok_and(|s| s.success());
-    if !ready() {
-        if !python.exists() {
-            let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
-            assert!(status.success(), "python3 -m venv failed");
-        }
-        let status = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", VLLM_ROUTER])
-            .status()
-            .unwrap();
-        assert!(status.success(), "pip install {VLLM_ROUTER} failed");
-        assert!(ready());
-    }
-    venv.join("bin/vllm-router")
+    common::venv_with("vllm-router-venv", &[VLLM_ROUTER]).join("bin/vllm-router")
 }
 
 /// A router process, killed when dropped.

@@ -149,33 +149,43 @@ pub const JSONSCHEMA: &str = "jsonschema==4.23.0";
 /// A python with `openai` and `jsonschema`: a venv under the target directory, made on first
 /// use (and completed when a package is missing or at another version).
 pub fn python_with_sdk() -> PathBuf {
+    venv_with("openai-venv", &[OPENAI_SDK, JSONSCHEMA]).join("bin/python")
+}
+
+/// A virtual environment `name` under the target directory with `packages` (each
+/// `name==version`) installed by pip, made on first use and completed when a package is
+/// missing or at another version; returns its directory.
+pub fn venv_with(name: &str, packages: &[&str]) -> PathBuf {
     static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = MAKING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let python = venv.join("bin/python");
-    let check = format!(
-        "import importlib.metadata as m, sys; sys.exit(not (m.version('openai') == '{}' and \
-         m.version('jsonschema') == '{}'))",
-        &OPENAI_SDK[8..],
-        &JSONSCHEMA[12..]
-    );
+    let pins: Vec<String> = packages
+        .iter()
+        .map(|p| {
+            let (name, version) = p.split_once("==").expect("packages are pinned: name==version");
+            format!("m.version('{name}') == '{version}'")
+        })
+        .collect();
+    let check =
+        format!("import importlib.metadata as m, sys; sys.exit(not ({}))", pins.join(" and "));
     let ready =
         |py: &PathBuf| Command::new(py).args(["-c", &check]).status().is_ok_and(|s| s.success());
     if ready(&python) {
-        return python;
+        return venv;
     }
     if !python.exists() {
         let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
         assert!(status.success(), "python3 -m venv failed");
     }
     let status = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", OPENAI_SDK])
-        .arg(JSONSCHEMA)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
         .status()
         .unwrap();
-    assert!(status.success(), "pip install {OPENAI_SDK} {JSONSCHEMA} failed");
+    assert!(status.success(), "pip install {packages:?} failed");
     assert!(ready(&python));
-    python
+    venv
 }
 
 /// The files of Debian package `package` (the machine's own apt sources, e.g. `prometheus` for
