@@ -127,7 +127,8 @@ fn rules_without_holds() -> String {
     for line in rules.lines() {
         match line.split_once("for: ") {
             Some((indent, _)) if indent.trim().is_empty() => {
-                out.push_str(&format!("{indent}for: 0s"))
+                out.push_str(indent);
+                out.push_str("for: 0s");
             }
             _ => out.push_str(line),
         }

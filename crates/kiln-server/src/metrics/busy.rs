@@ -50,8 +50,8 @@ impl BusyMetrics {
 }
 
 fn advance_seconds(counter: &SecondsCounter, last: &mut Duration, total: Duration) {
-    if total > *last {
-        counter.inc_by((total - *last).as_secs_f64());
+    if let Some(delta) = total.checked_sub(*last).filter(|d| !d.is_zero()) {
+        counter.inc_by(delta.as_secs_f64());
         *last = total;
     }
 }

@@ -726,7 +726,7 @@ fn busy_seconds_follow_the_engine_time_totals() {
     let m = Metrics::new(MODEL, 4096);
     let mut st = stats(0, 0, 3, 1, 0);
     st.total_step_time = Duration::from_millis(1500);
-    st.total_forward_time = Duration::from_millis(1000);
+    st.total_forward_time = Duration::from_secs(1);
     m.on_step(&st);
     m.on_step(&st);
     st.total_step_time = Duration::from_millis(2500);

@@ -72,7 +72,7 @@ pub(crate) async fn prepare(
     let settings = state.config.tools;
     let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
     let plan = plan_tools(fields, settings, &mut spec)?;
-    crate::structured_fields::check_compiles(&loaded, &spec).await?;
+    crate::structured_fields::check_compiles(loaded, &spec).await?;
     let options = RenderOptions {
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
         tools: plan.tools,

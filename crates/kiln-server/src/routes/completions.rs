@@ -156,7 +156,7 @@ pub(crate) async fn prepare(
     let echo = req.echo.unwrap_or(false);
     let max_tokens = req.sampling.max_tokens;
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
-    crate::structured_fields::check_compiles(&loaded, &spec).await?;
+    crate::structured_fields::check_compiles(loaded, &spec).await?;
     if let (true, Some(k)) = (echo, logprobs) {
         // Echoed prompt tokens carry their log-probabilities too.
         spec.params.prompt_logprobs = Some(spec.params.prompt_logprobs.unwrap_or(0).max(k));
