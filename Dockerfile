@@ -22,7 +22,9 @@ RUN apt-get update \
     && mkdir -p /cache && chown kiln:kiln /cache
 COPY --from=build /kiln /usr/local/bin/kiln
 USER 10001:10001
-ENV KILN_CACHE_DIR=/cache/kiln HF_HOME=/cache/huggingface
+# Every cache under /cache (a volume; in Kubernetes an emptyDir or a claim): the root filesystem
+# may be read-only.
+ENV KILN_CACHE_DIR=/cache/kiln HF_HOME=/cache/huggingface PIP_CACHE_DIR=/cache/pip
 VOLUME ["/cache"]
 EXPOSE 8000
 ENTRYPOINT ["kiln"]
