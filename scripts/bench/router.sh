@@ -2,7 +2,8 @@
 # kiln replicas behind vLLM's router (vllm-router 0.1.17 from PyPI, in a venv under target/):
 # 1. prefix hit rate of a fleet: 8 shared 1,000-token prefixes x 64 requests (the default model,
 #    one thread per replica), served by one replica directly, and by three replicas behind the
-#    router with round_robin and with cache_aware; the hit rate is the replicas' summed
+#    router with round_robin, cache_aware and kv_aware (the replicas publishing their KV cache
+#    events with --kv-events-config); the hit rate is the replicas' summed
 #    kiln:prefix_cache_hits_total over kiln:prefix_cache_queries_total for the run;
 # 2. the router's added latency: TTFT p50 of 100 short requests at concurrency 1 to one
 #    replica directly, through the router with round_robin and with cache_aware (which asks the
@@ -36,8 +37,13 @@ start_replicas() { # count, extra serve args...
   local count="$1"
   shift
   for i in $(seq 0 $((count - 1))); do
+    local events=()
+    if [ "${EVENTS:-0}" = 1 ]; then
+      events=(--kv-events-config "{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://127.0.0.1:$((8111 + i))\", \"replay_endpoint\": \"tcp://127.0.0.1:$((8121 + i))\"}")
+    fi
     "$KILN" serve --model "$MODEL" --served-model-name gemma-3-270m --port "${PORTS[$i]}" \
-      --threads 1 --max-model-len 2048 --disable-log-requests "$@" 2>"$OUT/replica-$i.log" &
+      --threads 1 --max-model-len 2048 --disable-log-requests "${events[@]}" "$@" \
+      2>"$OUT/replica-$i.log" &
     PIDS+=($!)
   done
   for i in $(seq 0 $((count - 1))); do wait_ok "http://127.0.0.1:${PORTS[$i]}/health"; done
@@ -105,8 +111,10 @@ if [ "${ONLY:-hits}" = hits ]; then
   start_replicas 1
   prefix_run single 1 "http://127.0.0.1:${PORTS[0]}"
   stop_all
-  for policy in round_robin cache_aware; do
-    start_replicas 3
+  for policy in ${POLICIES:-round_robin cache_aware kv_aware}; do
+    # kv_aware places requests by the KV cache events the replicas publish (found through
+    # their /kv_event_sources).
+    EVENTS=$([ "$policy" = kv_aware ] && echo 1 || echo 0) start_replicas 3
     start_router "$policy" 3
     prefix_run "fleet-$policy" 3 "http://127.0.0.1:$ROUTER_PORT"
     stop_all

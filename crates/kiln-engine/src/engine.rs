@@ -140,6 +140,8 @@ pub struct EngineCore {
     grammar: Option<PendingCompiler>,
     /// Run once when the engine thread stops.
     shutdown_hook: Option<ShutdownHook>,
+    /// Where prefix-cache events go (`None`: not logged).
+    kv_event_sink: Option<KvEventSink>,
     /// Plans the scheduler's limits from measured steps (`None`: no latency objective).
     controller: Option<BatchController>,
     /// The engine's clock for deadlines (milliseconds since this instant).
@@ -161,6 +163,9 @@ const RATE_SMOOTHING: f64 = 0.2;
 
 /// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
 pub type ShutdownHook = Box<dyn FnOnce(&mut EngineCore) + Send>;
+
+/// Receives the prefix-cache index changes of each step, in order (never an empty batch).
+pub type KvEventSink = Box<dyn FnMut(Vec<kiln_kv::KvCacheEvent>) + Send>;
 
 impl EngineCore {
     /// Validates `config` against the model and allocates the KV cache on the model's backend.
@@ -235,6 +240,7 @@ impl EngineCore {
             speculator,
             grammar: None,
             shutdown_hook: None,
+            kv_event_sink: None,
             controller,
             epoch: Instant::now(),
             arrived: HashMap::new(),
@@ -367,6 +373,24 @@ impl EngineCore {
     /// last step; e.g. saving the prefix cache).
     pub fn set_shutdown_hook(&mut self, hook: ShutdownHook) {
         self.shutdown_hook = Some(hook);
+    }
+
+    /// Logs every change to the prefix-cache index from now on (blocks stored with their
+    /// parent and tokens, removed, all cleared) and hands them to `sink` in order, after each
+    /// step on the engine thread ([`Self::flush_kv_events`]).
+    pub fn set_kv_event_sink(&mut self, sink: KvEventSink) {
+        self.scheduler.kv_cache_mut().set_log_events(true);
+        self.kv_event_sink = Some(sink);
+    }
+
+    /// Hands the index changes since the last call to the sink, if any.
+    pub fn flush_kv_events(&mut self) {
+        if let Some(sink) = &mut self.kv_event_sink {
+            let events = self.scheduler.kv_cache_mut().take_events();
+            if !events.is_empty() {
+                sink(events);
+            }
+        }
     }
 
     /// Runs and clears the shutdown hook, if any.

@@ -248,8 +248,10 @@ fn run_until_shutdown(
     mut observer: Option<StepObserver>,
 ) {
     let mut sinks: HashMap<RequestId, OutputSink> = HashMap::new();
-    // After every step, and whenever commands left the engine idle (aborts change the gauges).
-    let mut publish = |core: &EngineCore| {
+    // After every step, and whenever commands left the engine idle (aborts change the gauges):
+    // the stats and the prefix-cache events.
+    let mut publish = |core: &mut EngineCore| {
+        core.flush_kv_events();
         let stats = core.stats();
         *shared.lock().unwrap_or_else(PoisonError::into_inner) = stats;
         if let Some(observe) = observer.as_mut() {

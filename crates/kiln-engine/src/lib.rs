@@ -27,10 +27,11 @@ pub mod slo;
 pub mod spec;
 pub mod structured;
 
-pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats, ShutdownHook};
+pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats, KvEventSink, ShutdownHook};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
+pub use kiln_kv::{BlockHash, KvCacheEvent};
 pub use kiln_models::KvCacheDtype;
 pub use kiln_sched::{
     AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,

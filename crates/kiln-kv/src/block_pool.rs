@@ -30,6 +30,12 @@
 //! parent and tokens, with a reference to it as it was, so that its KV can be kept elsewhere
 //! (a second tier) before the new owner overwrites it.
 //!
+//! Cache events can be logged too ([`BlockPool::set_log_events`]): every block that enters the
+//! index ([`KvCacheEvent::Stored`], with its parent's hash and its tokens), every block that
+//! leaves it by eviction or `uncache` ([`KvCacheEvent::Removed`]), and a reset
+//! ([`KvCacheEvent::AllCleared`]), in the order they happen. Replayed in order they give the
+//! index's exact set of hashes (what a cache-aware router is told).
+//!
 //! Complexity: `touch`, `free` and `get_cached` are O(1) per block (plus a token compare);
 //! `allocate(n)` is O(n). Nothing allocates per operation except the returned id vectors.
 
@@ -80,6 +86,18 @@ pub struct EvictedBlock {
     pub tokens: Vec<TokenId>,
 }
 
+/// A change to the prefix-cache index, as [`BlockPool::take_events`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvCacheEvent {
+    /// A full block entered the index: its hash, the hash of the cached block its KV was
+    /// computed after (`None`: a sequence's first block) and its `block_size` tokens.
+    Stored { hash: BlockHash, parent: Option<BlockHash>, tokens: Vec<TokenId> },
+    /// A block left the index (evicted for reuse, or uncached).
+    Removed { hash: BlockHash },
+    /// Every hash left the index at once.
+    AllCleared,
+}
+
 /// Owns every KV block's bookkeeping (not its memory).
 #[derive(Clone, Debug)]
 pub struct BlockPool {
@@ -90,6 +108,8 @@ pub struct BlockPool {
     num_evictions: u64,
     /// Evictions since the last `take_evicted` (`None`: not logged).
     evicted: Option<Vec<EvictedBlock>>,
+    /// Index changes since the last `take_events` (`None`: not logged).
+    events: Option<Vec<KvCacheEvent>>,
 }
 
 impl BlockPool {
@@ -103,6 +123,63 @@ impl BlockPool {
             cached: HashMap::default(),
             num_evictions: 0,
             evicted: None,
+            events: None,
+        }
+    }
+
+    /// Starts (or stops) logging index changes for [`BlockPool::take_events`]. The log starts
+    /// with the index as it is: every cached block reachable from a sequence's start (as a
+    /// prefix hit can reach it) as [`KvCacheEvent::Stored`], parents before children.
+    pub fn set_log_events(&mut self, on: bool) {
+        self.events = on.then(|| self.snapshot_events());
+    }
+
+    /// The reachable cached blocks as `Stored` events, each after its parent.
+    fn snapshot_events(&self) -> Vec<KvCacheEvent> {
+        // Depth of each reachable block in its chain (`None`: a parent changed), memoized.
+        let mut depth: HashMap<BlockId, Option<usize>> = HashMap::new();
+        for start in self.cached_blocks() {
+            let mut path = Vec::new();
+            let mut at = start;
+            let base = loop {
+                if let Some(&d) = depth.get(&at) {
+                    break d;
+                }
+                path.push(at);
+                match self.cached_parent(at) {
+                    Some(Some(parent)) => at = parent,
+                    Some(None) => break Some(0),
+                    None => break None,
+                }
+            };
+            // `path` ends at the block whose depth is `base` (or at the root, depth 0).
+            let known = depth.contains_key(&at);
+            for (i, id) in path.iter().rev().enumerate() {
+                let d = base.map(|b| if known { b + 1 + i } else { b + i });
+                depth.insert(*id, d);
+            }
+        }
+        let mut order: Vec<(usize, BlockId)> =
+            depth.into_iter().filter_map(|(id, d)| d.map(|d| (d, id))).collect();
+        order.sort_unstable();
+        order
+            .into_iter()
+            .filter_map(|(_, id)| {
+                let b = &self.blocks[id.index()];
+                let parent = b.parent.and_then(|p| self.blocks[p.block.index()].hash);
+                Some(KvCacheEvent::Stored { hash: b.hash?, parent, tokens: b.tokens.clone() })
+            })
+            .collect()
+    }
+
+    /// The index changes since the last call, in order (empty when not logging).
+    pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn log_event(&mut self, event: KvCacheEvent) {
+        if let Some(log) = &mut self.events {
+            log.push(event);
         }
     }
 
@@ -243,6 +320,7 @@ impl BlockPool {
             b.tokens.clear();
             b.generation += 1;
             self.num_evictions += 1;
+            self.log_event(KvCacheEvent::Removed { hash });
         }
     }
 
@@ -256,6 +334,7 @@ impl BlockPool {
         b.parent = None;
         b.tokens.clear();
         b.generation += 1;
+        self.log_event(KvCacheEvent::Removed { hash });
         true
     }
 
@@ -322,6 +401,11 @@ impl BlockPool {
         b.tokens.clear();
         b.tokens.extend_from_slice(tokens);
         self.cached.insert(hash, block);
+        if self.events.is_some() {
+            // A current parent is cached, so it has a hash.
+            let parent = parent.and_then(|p| self.blocks[p.block.index()].hash);
+            self.log_event(KvCacheEvent::Stored { hash, parent, tokens: tokens.to_vec() });
+        }
         self.cached_ref(block)
     }
 
@@ -337,6 +421,9 @@ impl BlockPool {
             }
             b.parent = None;
             b.tokens.clear();
+        }
+        if !self.cached.is_empty() {
+            self.log_event(KvCacheEvent::AllCleared);
         }
         self.cached.clear();
         true
@@ -471,6 +558,64 @@ mod tests {
         let c = pool.allocate(1).unwrap()[0];
         assert_eq!(pool.cache_block(c, BlockHash(3), old, &toks(&[3])), None);
         pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn index_changes_are_logged_in_order_and_replay_to_the_index() {
+        use KvCacheEvent::{AllCleared, Removed, Stored};
+        let mut pool = BlockPool::new(3, 1);
+        pool.set_log_events(true);
+        let ids = pool.allocate(3).unwrap();
+        let p = pool.cache_block(ids[0], BlockHash(1), None, &toks(&[1]));
+        assert!(pool.cache_block(ids[1], BlockHash(2), p, &toks(&[2])).is_some());
+        // a refused registration and a duplicate log nothing
+        assert!(pool.cache_block(ids[2], BlockHash(2), None, &toks(&[9])).is_none());
+        assert!(pool.cache_block(ids[2], BlockHash(2), p, &toks(&[2])).is_some());
+        assert!(pool.uncache(ids[1]));
+        pool.free(ids.iter().rev().copied());
+        pool.allocate(3).unwrap(); // evicts block 0
+        let events = pool.take_events();
+        assert_eq!(
+            events,
+            [
+                Stored { hash: BlockHash(1), parent: None, tokens: toks(&[1]) },
+                Stored { hash: BlockHash(2), parent: Some(BlockHash(1)), tokens: toks(&[2]) },
+                Removed { hash: BlockHash(2) },
+                Removed { hash: BlockHash(1) },
+            ]
+        );
+        assert!(pool.take_events().is_empty());
+        let all: Vec<BlockId> = (0..3).map(BlockId).collect();
+        pool.free(all.iter().copied());
+        let b = pool.allocate(1).unwrap();
+        assert!(pool.cache_block(b[0], BlockHash(5), None, &toks(&[5])).is_some());
+        pool.free(b);
+        assert!(pool.reset_prefix_cache());
+        assert!(pool.reset_prefix_cache()); // nothing cached: nothing logged
+        let events = pool.take_events();
+        assert_eq!(events.last(), Some(&AllCleared));
+        assert_eq!(events.iter().filter(|e| **e == AllCleared).count(), 1);
+        // Logging again starts from the index as it is, parents first.
+        pool.set_log_events(false);
+        let ids = pool.allocate(3).unwrap();
+        let a = pool.cache_block(ids[2], BlockHash(10), None, &toks(&[1]));
+        let b = pool.cache_block(ids[1], BlockHash(11), a, &toks(&[2]));
+        assert!(pool.cache_block(ids[0], BlockHash(12), b, &toks(&[3])).is_some());
+        pool.set_log_events(true);
+        assert_eq!(
+            pool.take_events(),
+            [
+                Stored { hash: BlockHash(10), parent: None, tokens: toks(&[1]) },
+                Stored { hash: BlockHash(11), parent: Some(BlockHash(10)), tokens: toks(&[2]) },
+                Stored { hash: BlockHash(12), parent: Some(BlockHash(11)), tokens: toks(&[3]) },
+            ]
+        );
+        pool.free(ids);
+        // Not logging: nothing kept.
+        pool.set_log_events(false);
+        let c = pool.allocate(1).unwrap();
+        assert!(pool.cache_block(c[0], BlockHash(6), None, &toks(&[6])).is_some());
+        assert!(pool.take_events().is_empty());
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod free_queue;
 mod hash;
 mod manager;
 
-pub use block_pool::{BlockPool, CachedBlockRef, EvictedBlock};
+pub use block_pool::{BlockPool, CachedBlockRef, EvictedBlock, KvCacheEvent};
 pub use free_queue::FreeBlockQueue;
 pub use hash::{BlockHash, BlockHashFn, hash_block};
 pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit};

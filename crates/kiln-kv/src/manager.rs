@@ -199,6 +199,16 @@ impl KvCacheManager {
         }
     }
 
+    /// Starts (or stops) logging prefix-cache index changes ([`BlockPool::take_events`]).
+    pub fn set_log_events(&mut self, on: bool) {
+        self.pool.set_log_events(on);
+    }
+
+    /// The prefix-cache index changes since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<crate::KvCacheEvent> {
+        self.pool.take_events()
+    }
+
     /// The cached blocks evicted since the last call, in eviction order.
     pub fn take_evicted(&mut self) -> Vec<crate::EvictedBlock> {
         self.pool.take_evicted()

@@ -22,6 +22,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Prefix of the engine metrics' names (`kiln`; `vllm` gives vLLM's names).
     pub metrics_prefix: String,
+    /// Publish the prefix cache's events for routers (`None`: off).
+    pub kv_events: Option<crate::kv_events::KvEventsConfig>,
     /// `max_tokens` of requests that give none (`None`: what is left of the context, vLLM's
     /// default).
     pub max_tokens_default: Option<usize>,
@@ -85,6 +87,7 @@ impl Default for ServerConfig {
             connections: ConnectionLimits::default(),
             tools: crate::tools::ToolSettings::default(),
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
+            kv_events: None,
         }
     }
 }

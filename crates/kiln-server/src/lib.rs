@@ -19,6 +19,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod kv_events;
 pub mod metrics;
 pub mod protocol;
 pub mod request_fields;
@@ -96,6 +97,21 @@ pub fn load(
         core.set_pending_grammar_compiler(pending.clone());
         pending
     };
+    let block_size = core.scheduler().kv_cache().block_size();
+    let kv_events = match &config.kv_events {
+        Some(events) => {
+            if !core.scheduler().kv_cache().prefix_caching() {
+                return Err("KV cache events (--kv-events-config) need the prefix cache; \
+                            drop --no-enable-prefix-caching"
+                    .into());
+            }
+            let publisher = kv_events::KvEventPublisher::start(events, block_size)?;
+            tracing::info!("KV cache events published on {}", publisher.endpoint());
+            core.set_kv_event_sink(publisher.sink());
+            Some(publisher)
+        }
+        None => None,
+    };
     let name = config.served_model_names.first().map_or("kiln", String::as_str);
     let metrics =
         Arc::new(Metrics::with_prefix(&config.metrics_prefix, name, limits.max_model_len));
@@ -121,6 +137,8 @@ pub fn load(
         limits,
         grammar,
         created: routes::unix_now(),
+        block_size,
+        kv_events,
     })
 }
 
@@ -137,6 +155,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/version", get(routes::misc::version))
         .route("/metrics", get(routes::misc::render_metrics))
         .route("/tokenize", post(routes::misc::tokenize_endpoint))
+        .route("/get_server_info", get(routes::misc::server_info))
+        .route("/kv_event_sources", get(routes::misc::kv_event_sources))
         .route("/detokenize", post(routes::misc::detokenize_endpoint))
         .fallback(|| async { ApiError::not_found("No such endpoint.").into_response() })
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), request_limits::check_head))

@@ -33,6 +33,10 @@ pub struct Loaded {
     pub grammar: PendingCompiler,
     /// Unix seconds when the model became ready (`created` of `/v1/models`).
     pub created: u64,
+    /// Tokens per KV block (`kv_block_size` of `/get_server_info`).
+    pub block_size: usize,
+    /// The KV events publisher (`None`: events off).
+    pub kv_events: Option<crate::kv_events::KvEventPublisher>,
 }
 
 pub struct ServerState {

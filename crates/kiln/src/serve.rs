@@ -11,6 +11,7 @@ use kiln_core::TokenId;
 use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 use kiln_models::{Architecture, LoadedModel, load_tokenizer};
 use kiln_server::chat_template::{BuiltinTemplate, TemplateOverride};
+use kiln_server::kv_events::KvEventsConfig;
 use kiln_server::metrics::CacheConfigInfo;
 use kiln_server::state::Loaded;
 use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState, warmup};
@@ -59,6 +60,12 @@ pub struct ServeArgs {
     /// Most log-probabilities per token a request may ask for.
     #[arg(long, default_value_t = 20)]
     max_logprobs: usize,
+    /// Publish the prefix cache's events (blocks stored and removed) for cache-aware routers
+    /// such as `vllm-router --policy kv_aware`, as vLLM's JSON, e.g. `{"enable_kv_cache_events":
+    /// true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
+    /// "tcp://*:5558"}` (docs/DEPLOYMENT.md).
+    #[arg(long)]
+    kv_events_config: Option<String>,
     /// Seconds SIGTERM / SIGINT wait for in-flight requests before aborting them.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
@@ -231,6 +238,10 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
             ..ConnectionLimits::default()
         },
         metrics_prefix: args.vllm.metrics_prefix.clone(),
+        kv_events: match &args.kv_events_config {
+            Some(json) => KvEventsConfig::parse(json).map_err(anyhow::Error::msg)?,
+            None => None,
+        },
         tools: tool_settings(args)?,
     })
 }

@@ -271,3 +271,55 @@ fn replicas_killed_drained_and_restored_behind_the_router() {
     });
     drop((router, a, c));
 }
+
+/// A tiny replica that publishes its KV cache events on a free loopback port (with replay).
+fn tiny_replica_with_events() -> (Server, String) {
+    let tiny = tiny_model();
+    let events = r#"{"enable_kv_cache_events": true, "publisher": "zmq",
+                     "endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"}"#;
+    let args = ["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
+    let more = ["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"];
+    let mut all: Vec<&str> = args.iter().chain(&more).copied().collect();
+    all.extend(["--kv-events-config", events]);
+    let (server, url) = start_kiln_serve_on(0, &all);
+    (server, url.trim_start_matches("http://").to_owned())
+}
+
+#[test]
+fn kv_aware_routing_follows_the_published_kv_events() {
+    let (a, a_addr) = tiny_replica_with_events();
+    let (b, b_addr) = tiny_replica_with_events();
+    // What the router reads to subscribe.
+    let (status, info) = common::http(&a_addr, "GET", "/get_server_info", "");
+    assert_eq!(status, 200);
+    assert_eq!(json(&info)["kv_block_size"], 16);
+    let (status, sources) = common::http(&a_addr, "GET", "/kv_event_sources", "");
+    assert_eq!(status, 200, "{sources}");
+    let endpoint = json(&sources)["0"]["endpoint"].as_str().unwrap().to_owned();
+    assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+
+    let workers = [format!("http://{a_addr}"), format!("http://{b_addr}")];
+    let router = start_router(&workers, "kv_aware", "tiny");
+    // Two long prompts, each computed once on one replica only, directly: the router learns
+    // where they are from the replicas' events alone.
+    let prompt = |topic: &str| {
+        format!("{topic} {}", "the story goes on and on about this very topic ".repeat(6))
+    };
+    let body = |p: &str, suffix: &str| {
+        format!(r#"{{"model": "tiny", "prompt": "{p}{suffix}", "max_tokens": 2}}"#)
+    };
+    let (on_a, on_b) = (prompt("rivers"), prompt("mountains"));
+    assert_eq!(post(&a_addr, "/v1/completions", &body(&on_a, "")).0, 200);
+    assert_eq!(post(&b_addr, "/v1/completions", &body(&on_b, "")).0, 200);
+    std::thread::sleep(Duration::from_secs(1));
+    // Each request goes to the replica holding its prefix (by chance: 1 in 256).
+    for i in 0..4 {
+        for (p, holder) in [(&on_a, &a_addr), (&on_b, &b_addr)] {
+            let before = handled(holder, "/v1/completions");
+            let (status, text) = post(&router.addr, "/v1/completions", &body(p, &format!(" {i}")));
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(handled(holder, "/v1/completions"), before + 1.0, "request {i} misplaced");
+        }
+    }
+    drop((router, a, b));
+}

@@ -51,6 +51,31 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
     }
 }
 
+/// `GET /get_server_info`: what a router needs to know of this replica to read its KV events
+/// (vllm-router's worker discovery): the served model, this replica's id and the KV block size.
+pub async fn server_info(State(state): State<Arc<ServerState>>) -> Response {
+    let result = state.ready().map(|loaded| {
+        let model = state.config.served_model_names.first().cloned().unwrap_or_default();
+        Json(json!({
+            "model_id": model,
+            "kv_block_size": loaded.block_size,
+            "max_model_len": loaded.limits.max_model_len,
+            "version": env!("CARGO_PKG_VERSION"),
+        }))
+    });
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `GET /kv_event_sources`: where this replica publishes its KV cache events, by data-parallel
+/// rank (only rank 0); 404 when events are off.
+pub async fn kv_event_sources(State(state): State<Arc<ServerState>>) -> Response {
+    let result = state.ready().and_then(|loaded| match &loaded.kv_events {
+        Some(publisher) => Ok(Json(publisher.sources_json())),
+        None => Err(ApiError::not_found("KV cache events are off (see --kv-events-config).")),
+    });
+    result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
 pub async fn version() -> Response {
     Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
