@@ -119,9 +119,11 @@ impl KvEventsConfig {
                 ));
             }
         }
-        for (name, endpoint) in std::iter::once(("endpoint", Some(&config.endpoint)))
-            .chain([("replay_endpoint", config.replay_endpoint.as_ref())])
-        {
+        let endpoints = [
+            ("endpoint", Some(&config.endpoint)),
+            ("replay_endpoint", config.replay_endpoint.as_ref()),
+        ];
+        for (name, endpoint) in endpoints {
             if let Some(e) = endpoint
                 && !e.starts_with("tcp://")
             {

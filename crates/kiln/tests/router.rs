@@ -120,11 +120,16 @@ fn stream_text(body: &str, field: &str) -> (String, bool) {
 }
 
 fn tiny_replica() -> (Server, String) {
+    tiny_replica_with(&[])
+}
+
+/// A replica of the tiny fixture with more flags; returns it with its `host:port`.
+fn tiny_replica_with(extra: &[&str]) -> (Server, String) {
     let tiny = tiny_model();
-    let args = ["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
-    let more = ["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"];
-    let all: Vec<&str> = args.iter().chain(&more).copied().collect();
-    let (server, url) = start_kiln_serve_on(0, &all);
+    let mut args = vec!["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
+    args.extend(["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"]);
+    args.extend(extra);
+    let (server, url) = start_kiln_serve_on(0, &args);
     (server, url.trim_start_matches("http://").to_owned())
 }
 
@@ -274,15 +279,9 @@ fn replicas_killed_drained_and_restored_behind_the_router() {
 
 /// A tiny replica that publishes its KV cache events on a free loopback port (with replay).
 fn tiny_replica_with_events() -> (Server, String) {
-    let tiny = tiny_model();
     let events = r#"{"enable_kv_cache_events": true, "publisher": "zmq",
                      "endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"}"#;
-    let args = ["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
-    let more = ["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"];
-    let mut all: Vec<&str> = args.iter().chain(&more).copied().collect();
-    all.extend(["--kv-events-config", events]);
-    let (server, url) = start_kiln_serve_on(0, &all);
-    (server, url.trim_start_matches("http://").to_owned())
+    tiny_replica_with(&["--kv-events-config", events])
 }
 
 #[test]
