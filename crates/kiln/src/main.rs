@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod device;
 mod engine_args;
 mod generate;
 mod hub;

@@ -101,7 +101,6 @@ impl ModelArgs {
 
     /// [`ModelArgs::load`] from the path [`ModelArgs::resolve`] gave.
     pub fn load_path(&self, path: &Path, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
-        let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
         let backend = Arc::new(Cpu::new(threads));
         tracing::info!(
             "CPU backend: {} threads, {} kernels (best here: {})",
@@ -109,7 +108,17 @@ impl ModelArgs {
             kiln_kernels::CpuIsa::selected(),
             kiln_kernels::CpuIsa::best()
         );
-        load_model_with(path, &options, &backend)
+        self.load_path_on(path, &backend)
+    }
+
+    /// The model at `path` on `backend`, converted as `--quantization` says.
+    pub fn load_path_on<B: kiln_models::Backend>(
+        &self,
+        path: &Path,
+        backend: &Arc<B>,
+    ) -> anyhow::Result<LoadedModel<B>> {
+        let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
+        load_model_with(path, &options, backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }
 }

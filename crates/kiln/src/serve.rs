@@ -17,6 +17,7 @@ use kiln_server::state::Loaded;
 use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState, warmup};
 
 use crate::args::vllm::VllmServeArgs;
+use crate::device::{Device, DeviceArgs};
 use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, HumanCount, KvCacheArgs, available_memory};
 use crate::model_arg::ModelArgs;
@@ -32,6 +33,8 @@ const DEFAULT_KV_CACHE_CAP_BYTES: u64 = 4 << 30;
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -296,6 +299,7 @@ fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
 /// What the loader thread needs (the args are not `Send`-bound to the runtime).
 struct LoadArgs {
     model: ModelArgs,
+    device: DeviceArgs,
     /// `--tokenizer`, as a model to take the tokenizer of.
     tokenizer: Option<ModelArgs>,
     vllm: VllmServeArgs,
@@ -320,6 +324,7 @@ fn args_for_loading(
     });
     Ok(LoadArgs {
         model: args.model.clone(),
+        device: args.device.clone(),
         tokenizer,
         vllm: args.vllm.clone(),
         chat_template,
@@ -338,14 +343,57 @@ fn args_for_loading(
 /// makes the server ready.
 fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
     let model_path = args.model.resolve()?;
-    let loaded = args.model.load_path(&model_path, args.threads)?;
+    match args.device.device {
+        Device::Cpu => {
+            args.device.gpu_utilization()?; // a bad value is an error everywhere
+            args.device.warn_on_cpu();
+            let loaded = args.model.load_path(&model_path, args.threads)?;
+            let weight_bytes = loaded.model.weight_bytes() as u64;
+            let free = available_memory().map(|a| a.saturating_sub(weight_bytes));
+            let default_bytes = free
+                .map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
+            start(state, args, &model_path, loaded, free, default_bytes)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            let shape = crate::device::cuda::ProfileShape {
+                max_num_batched_tokens: args.scheduler.max_num_batched_tokens,
+                max_num_seqs: args.scheduler.max_num_seqs,
+                block_size: args.kv.block_size,
+                kv_cache_dtype: args.kv_cache_dtype,
+            };
+            let utilization = args.device.gpu_utilization()?;
+            let (loaded, kv_bytes) = crate::device::cuda::load(
+                &args.model,
+                &model_path,
+                ordinal,
+                utilization,
+                args.threads,
+                &shape,
+            )?;
+            start(state, args, &model_path, loaded, Some(kv_bytes), kv_bytes)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => anyhow::bail!(
+            "--device cuda: this kiln was built without CUDA; build it with \
+             `cargo build --release --features cuda`"
+        ),
+    }
+}
+
+/// Starts the engine on `loaded`: `free` is the memory the KV cache may take (for
+/// `--memory-utilization`), `default_bytes` its size when no flag says.
+fn start<B: kiln_models::Backend>(
+    state: &ServerState,
+    args: &LoadArgs,
+    model_path: &std::path::Path,
+    loaded: LoadedModel<B>,
+    free: Option<u64>,
+    default_bytes: u64,
+) -> anyhow::Result<Loaded> {
     let model = &loaded.model;
     let block_size = args.kv.block_size;
     let bytes_per_block = model.kv_layout().bytes_per_token(args.kv_cache_dtype) * block_size;
-    let weight_bytes = model.weight_bytes() as u64;
-    let free = available_memory().map(|a| a.saturating_sub(weight_bytes));
-    let default_bytes =
-        free.map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
     let default_blocks = usize::try_from(default_bytes / bytes_per_block.max(1) as u64)?;
     let model_max = model.config().max_position_embeddings;
     let max_model_len = args
@@ -394,7 +442,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         );
     }
     if let Some(dir) = &args.prefix_cache_dir {
-        crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, &model_path)?;
+        crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, model_path)?;
     }
     let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
     let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())

@@ -53,7 +53,12 @@ const LINES: &[(&str, Expect)] = &[
     ("kiln serve meta-llama/Llama-3.2-1B-Instruct --enforce-eager --max-num-seqs 16 --max-model-len 4096",
         Expect::Ok(1, |a| assert_eq!((a.engine.max_num_seqs, len(a)), (Some(16), Some(4096))))),
     ("kiln serve unsloth/gpt-oss-20b --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 8192",
-        Expect::Ok(2, |a| assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8000)))),
+        Expect::Ok(1, |a| {
+            assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8000));
+            assert_eq!(a.device.gpu_memory_utilization, Some(0.9));
+        })),
+    ("kiln serve Qwen/Qwen2.5-7B-Instruct --device cuda:1 --gpu-memory-utilization 0.8",
+        Expect::Ok(0, |a| assert_eq!(a.device.device, crate::device::Device::Cuda(1)))),
     ("kiln serve Qwen/Qwen2.5-7B-Instruct --enable-prefix-caching --enable-chunked-prefill --max-num-batched-tokens 2048",
         Expect::Ok(1, |a| assert!(!a.kv.no_enable_prefix_caching && a.engine.max_num_batched_tokens == Some(2048)))),
     ("kiln serve Qwen/Qwen2.5-7B-Instruct --no-enable-prefix-caching",

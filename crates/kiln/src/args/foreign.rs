@@ -43,27 +43,22 @@ const ALWAYS_ON_BATCHING: &str = "continuous batching is always on";
 /// (flag names, rule). Long names without `--`; short (single-dash) ones with their `-`.
 const TABLE: &[(&[&str], Rule)] = &[
     // ---- vllm serve: meaningless on this backend ----
-    (&["enforce-eager"], Rule::Ignore("there are no CUDA graphs on the CPU backend", NoValue)),
+    (
+        &["enforce-eager"],
+        Rule::Ignore("kiln runs every step eagerly (no CUDA graphs yet)", NoValue),
+    ),
     (&["trust-remote-code"], Rule::Ignore("kiln runs no model code from the Hub", NoValue)),
     (&["uvicorn-log-level"], Rule::Ignore("the log level comes from RUST_LOG", One)),
-    (
-        &["gpu-memory-utilization"],
-        Rule::Ignore(
-            "no GPU; size the KV cache with --kv-cache-memory-bytes or --memory-utilization",
-            One,
-        ),
-    ),
     (&["cpu-offload-gb"], Rule::Ignore("weights already live in CPU memory", One)),
     (&["disable-custom-all-reduce"], Rule::Ignore(CPU_ONLY, NoValue)),
     (&["distributed-executor-backend"], Rule::Ignore(CPU_ONLY, One)),
-    (&["device"], Rule::Ignore("the CPU backend is the only one", One)),
     (
         &["load-format"],
         Rule::Ignore("the format is read from the files (GGUF or safetensors)", One),
     ),
     (&["tokenizer-mode"], Rule::Ignore("the model's own tokenizer files decide", One)),
     (&["disable-frontend-multiprocessing"], Rule::Ignore("the server is one process", NoValue)),
-    (&["max-seq-len-to-capture"], Rule::Ignore("there are no CUDA graphs on the CPU backend", One)),
+    (&["max-seq-len-to-capture"], Rule::Ignore("kiln captures no CUDA graphs yet", One)),
     (&["enable-chunked-prefill"], Rule::Ignore("chunked prefill is always on in kiln", NoValue)),
     (
         &["no-enable-chunked-prefill"],

@@ -1,0 +1,205 @@
+//! The kernels of `kernels.cu`: compiled with NVRTC for the device's compute capability the
+//! first time a device is opened, cached on disk as PTX (keyed by a hash of the source, the
+//! architecture and the NVRTC version), loaded into the context, and launched with raw device
+//! addresses.
+
+use std::path::PathBuf;
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use crate::device::{CudaError, Device, expect_ok};
+
+/// The CUDA C source of every kernel.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// Largest head dimension the attention kernel takes (`MAX_HEAD_DIM` in the source).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Keys per split of the attention kernel (`SPLIT_KEYS`).
+pub const SPLIT_KEYS: usize = 512;
+/// Threads of an attention block (`32 * ATTN_WARPS`; `attention_prefill` too).
+pub const ATTN_THREADS: u32 = 128;
+/// Query rows per block of `attention_prefill` (`TQ`), and the head dimensions it takes.
+pub const PREFILL_ROWS: usize = 16;
+pub const PREFILL_MAX_HEAD_DIM: usize = 128;
+
+/// Compiles [`SOURCE`] to PTX for `compute_{major}{minor}` (no device needed, only NVRTC).
+pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "-default-device".into(),
+        ],
+        name: Some("kiln_kernels.cu".into()),
+        ..CompileOptions::default()
+    };
+    let compiled = crate::device::quietly(|| cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts))
+        .ok_or_else(|| {
+            CudaError("libnvrtc could not be loaded: add CUDA's lib64 to LD_LIBRARY_PATH".into())
+        })?
+        .map_err(|e| CudaError(format!("compiling the CUDA kernels: {e}")))?;
+    Ok(compiled.to_src())
+}
+
+/// FNV-1a over the bytes: a cache key, not a security boundary.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `$KILN_CUDA_CACHE`, else `$XDG_CACHE_HOME/kiln/cuda`, else `~/.cache/kiln/cuda`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("KILN_CUDA_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("kiln").join("cuda"))
+}
+
+/// NVRTC's "major.minor" (it decides the PTX it writes).
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters of plain ints.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&raw mut major, &raw mut minor) };
+    if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        format!("{major}.{minor}")
+    } else {
+        String::new()
+    }
+}
+
+/// The PTX for this device: from the disk cache, or compiled and cached (a cache that cannot
+/// be written only costs the next start a compile).
+fn ptx_for(device: &Device) -> Result<String, CudaError> {
+    let (major, minor) = device.compute_capability;
+    let nvrtc = crate::device::quietly(nvrtc_version).unwrap_or_default();
+    let key = fnv1a(&[SOURCE.as_bytes(), format!("{major}{minor}/{nvrtc}").as_bytes()]);
+    let path = cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key:016x}.ptx")));
+    if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(ptx);
+    }
+    let ptx = compile(major, minor)?;
+    if let Some(path) = path {
+        let written = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&path, &ptx).is_ok();
+        if !written {
+            eprintln!("kiln-cuda: could not cache kernels at {}", path.display());
+        }
+    }
+    Ok(ptx)
+}
+
+/// The name of every kernel in [`SOURCE`].
+pub const NAMES: [&str; 15] = [
+    "cast_f32_bf16",
+    "embed",
+    "add_bias",
+    "rms_norm",
+    "residual_norm",
+    "rope_table",
+    "rope_apply",
+    "gated_act",
+    "write_kv_f16",
+    "write_kv_f32",
+    "gather_rows",
+    "softcap",
+    "paged_attention",
+    "attention_combine",
+    "attention_prefill",
+];
+
+/// Every kernel of the source, loaded into one context.
+pub struct Kernels {
+    pub cast_f32_bf16: CudaFunction,
+    pub embed: CudaFunction,
+    pub add_bias: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub residual_norm: CudaFunction,
+    pub rope_table: CudaFunction,
+    pub rope_apply: CudaFunction,
+    pub gated_act: CudaFunction,
+    pub write_kv_f16: CudaFunction,
+    pub write_kv_f32: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub softcap: CudaFunction,
+    pub paged_attention: CudaFunction,
+    pub attention_combine: CudaFunction,
+    pub attention_prefill: CudaFunction,
+}
+
+impl Kernels {
+    pub fn load(device: &Device) -> Result<Self, CudaError> {
+        let module = device
+            .ctx
+            .load_module(Ptx::from_src(ptx_for(device)?))
+            .map_err(|e| CudaError::new("loading the kernels", e))?;
+        let f = |name: &str| {
+            module.load_function(name).map_err(|e| CudaError::new(&format!("kernel {name}"), e))
+        };
+        Ok(Self {
+            cast_f32_bf16: f("cast_f32_bf16")?,
+            embed: f("embed")?,
+            add_bias: f("add_bias")?,
+            rms_norm: f("rms_norm")?,
+            residual_norm: f("residual_norm")?,
+            rope_table: f("rope_table")?,
+            rope_apply: f("rope_apply")?,
+            gated_act: f("gated_act")?,
+            write_kv_f16: f("write_kv_f16")?,
+            write_kv_f32: f("write_kv_f32")?,
+            gather_rows: f("gather_rows")?,
+            softcap: f("softcap")?,
+            paged_attention: f("paged_attention")?,
+            attention_combine: f("attention_combine")?,
+            attention_prefill: f("attention_prefill")?,
+        })
+    }
+}
+
+/// One kernel argument: an address or a scalar, as the kernel's parameter list types it.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+/// Launches `func` on the device's stream with `args` in order.
+pub fn launch(
+    device: &Device,
+    func: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: &[Arg],
+) {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return;
+    }
+    let mut builder = device.stream.launch_builder(func);
+    // The builder keeps pointers to the values: they must outlive the launch.
+    let values: Vec<Arg> = args.to_vec();
+    for a in &values {
+        match a {
+            Arg::Ptr(p) | Arg::U64(p) => builder.arg(p),
+            Arg::I32(v) => builder.arg(v),
+            Arg::F32(v) => builder.arg(v),
+        };
+    }
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: every address argument is a live allocation covering what the kernel's launch
+    // shape (documented in kernels.cu) touches; the callers check the shapes.
+    let r = unsafe { builder.launch(cfg) };
+    expect_ok(r, "launching a kernel");
+}
+
+/// Blocks of `threads` covering `n` elements.
+pub fn blocks_for(n: usize, threads: usize) -> u32 {
+    u32::try_from(n.div_ceil(threads)).unwrap_or(u32::MAX)
+}

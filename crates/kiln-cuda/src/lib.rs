@@ -1,0 +1,112 @@
+//! The CUDA backend of kiln: every operation of [`kiln_backend::Backend`] on an NVIDIA GPU.
+//!
+//! - Libraries are opened at run time (`cudarc`'s dynamic loading): building needs no CUDA
+//!   toolkit, and a machine without a GPU fails only when [`Cuda::new`] is called, with an error
+//!   that says which library is missing.
+//! - Kernels (`kernels.cu`) are compiled by NVRTC for the device at start-up and cached on disk
+//!   ([`kernels`]); GEMMs go to cuBLAS (bf16 operands, f32 accumulation and output).
+//! - Weights are kept in bf16: float tensors are rounded to it, quantized GGUF tensors are
+//!   dequantized on load (so a Q4_K model takes bf16's memory on the GPU); activations are f32
+//!   as the seam requires, rounded to bf16 only as the input of a GEMM; the KV cache is f16 or
+//!   f32 (the 8-bit dtypes are refused).
+//! - Everything is queued on one stream in call order; [`Backend::logits`] synchronizes when
+//!   it copies the logits to the host. A device error inside an operation panics with the
+//!   failed call: a step that failed half-way has left the cache undefined.
+//! - Attention is a FlashDecoding-style split-K kernel: each query row's keys are cut into
+//!   splits of 512 that run as separate blocks, merged by a second kernel. Head dimensions up
+//!   to 256.
+//!
+//! Each output row depends only on its own input row and its sequence's cache, but cuBLAS may
+//! pick a different algorithm for a different number of rows, so batched == alone holds
+//! within rounding here, not bit for bit as on the CPU backend.
+
+mod backend;
+pub mod device;
+mod gemm;
+pub mod kernels;
+mod memory;
+mod scratch;
+
+use std::sync::Mutex;
+
+pub use device::{CudaError, Device};
+use kernels::Kernels;
+use kiln_kernels::ThreadPool;
+pub use memory::{
+    CudaBuffer, CudaKvStore, CudaRope, CudaVector, CudaView, CudaViewMut, CudaWeight,
+};
+use scratch::Scratch;
+
+/// The CUDA backend: one device, its kernels, scratch space and host threads for sampling.
+pub struct Cuda {
+    device: Device,
+    kernels: Kernels,
+    scratch: Mutex<Scratch>,
+    /// Host threads for [`kiln_backend::Backend::host_parallel`] (sampling).
+    pool: ThreadPool,
+}
+
+impl Cuda {
+    /// Opens GPU `ordinal` and loads the kernels; `host_threads` for sampling (0 = all cores).
+    pub fn new(ordinal: usize, host_threads: usize) -> Result<Self, CudaError> {
+        let device = Device::open(ordinal)?;
+        let kernels = Kernels::load(&device)?;
+        Ok(Self {
+            device,
+            kernels,
+            scratch: Mutex::new(Scratch::new()),
+            pool: ThreadPool::new(host_threads),
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// "NVIDIA H100 80GB HBM3 (cuda:0, sm_90)".
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.device.compute_capability;
+        format!("{} (cuda:{}, sm_{major}{minor})", self.device.name, self.device.ordinal)
+    }
+
+    /// A buffer holding `data` (tests and tools; the model path never copies activations).
+    pub fn buffer_from(&self, data: &[f32]) -> CudaBuffer {
+        let mut buf = kiln_backend::Backend::new_buffer(self);
+        kiln_backend::Backend::reserve(self, &mut buf, data.len());
+        self.device.upload(buf.mem.ptr, data);
+        buf
+    }
+
+    /// The first `len` values of `buf`, once every queued operation is done.
+    pub fn buffer_to_vec(&self, buf: &CudaBuffer, len: usize) -> Vec<f32> {
+        assert!(len <= buf.len, "{len} values of a buffer of {}", buf.len);
+        let mut out = vec![0.0; len];
+        self.device.download(&mut out, buf.mem.ptr);
+        out
+    }
+
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Parses a device name: `cuda` or `cuda:N` (the GPU's ordinal).
+pub fn parse_device(name: &str) -> Option<usize> {
+    match name.strip_prefix("cuda") {
+        Some("") => Some(0),
+        Some(rest) => rest.strip_prefix(':')?.parse().ok(),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn device_names() {
+        assert_eq!(super::parse_device("cuda"), Some(0));
+        assert_eq!(super::parse_device("cuda:3"), Some(3));
+        assert_eq!(super::parse_device("cuda:"), None);
+        assert_eq!(super::parse_device("cpu"), None);
+        assert_eq!(super::parse_device("cuda:x"), None);
+    }
+}
