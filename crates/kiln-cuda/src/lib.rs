@@ -12,13 +12,15 @@
 //! - Everything is queued on one stream in call order; [`Backend::logits`] synchronizes when
 //!   it copies the logits to the host. A device error inside an operation panics with the
 //!   failed call: a step that failed half-way has left the cache undefined.
-//! - Attention is a FlashDecoding-style split-K kernel: each query row's keys are cut into
-//!   splits of 512 that run as separate blocks, merged by a second kernel. Head dimensions up
-//!   to 256.
+//! - Attention: steps with prompt rows take a tiled kernel (16 query rows of a sequence share
+//!   each K/V tile staged in shared memory; head dimensions up to 128), decode-only steps a
+//!   FlashDecoding-style split-K kernel (each query row's keys cut into splits of 512 that run
+//!   as separate blocks, merged by a second kernel; head dimensions up to 256).
 //!
 //! Each output row depends only on its own input row and its sequence's cache, but cuBLAS may
-//! pick a different algorithm for a different number of rows, so batched == alone holds
-//! within rounding here, not bit for bit as on the CPU backend.
+//! pick a different algorithm for a different number of rows, so batched == alone is promised
+//! within rounding here, not bit for bit as on the CPU backend (on the tiny fixtures it held
+//! bit for bit on an H200).
 
 mod backend;
 pub mod device;

@@ -110,7 +110,7 @@ const TABLE: &[(&[&str], Rule)] = &[
     // ---- llama-server: meaningless here ----
     (
         &["-ngl", "gpu-layers", "n-gpu-layers"],
-        Rule::Ignore("no GPU: every layer runs on the CPU", One),
+        Rule::Ignore("every layer runs on --device (cpu, or cuda with a CUDA build)", One),
     ),
     (
         &["-fa", "flash-attn"],
@@ -135,7 +135,7 @@ const TABLE: &[(&[&str], Rule)] = &[
         &["log-disable", "verbose", "-v", "log-verbose"],
         Rule::Ignore("the log level comes from RUST_LOG", NoValue),
     ),
-    (&["-dev"], Rule::Ignore("the CPU backend is the only one", One)),
+    (&["-dev"], Rule::Ignore("kiln's --device cpu|cuda|cuda:N chooses the device", One)),
     (
         &["-kvu", "kv-unified"],
         Rule::Ignore("the paged KV cache is always shared by all requests", NoValue),
