@@ -91,24 +91,3 @@ impl Cuda {
         self.scratch.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
-
-/// Parses a device name: `cuda` or `cuda:N` (the GPU's ordinal).
-pub fn parse_device(name: &str) -> Option<usize> {
-    match name.strip_prefix("cuda") {
-        Some("") => Some(0),
-        Some(rest) => rest.strip_prefix(':')?.parse().ok(),
-        None => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn device_names() {
-        assert_eq!(super::parse_device("cuda"), Some(0));
-        assert_eq!(super::parse_device("cuda:3"), Some(3));
-        assert_eq!(super::parse_device("cuda:"), None);
-        assert_eq!(super::parse_device("cpu"), None);
-        assert_eq!(super::parse_device("cuda:x"), None);
-    }
-}
