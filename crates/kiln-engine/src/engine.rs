@@ -19,7 +19,7 @@ use kiln_sched::{
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
-use crate::spec::{SpecDecodeStats, SpeculativeConfig, Speculator};
+use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
@@ -43,7 +43,8 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<TokenId>,
     /// Element type of the KV cache (default f16, as the CLI).
     pub kv_cache_dtype: KvCacheDtype,
-    /// Speculative decoding (`None`: off).
+    /// Speculative decoding (`None`: off). Method `draft_model` needs the draft model
+    /// ([`EngineCore::with_draft_model`]).
     pub speculative: Option<SpeculativeConfig>,
     /// Latency targets, SLO classes and admission control (all off by default).
     pub slo: SloConfig,
@@ -136,6 +137,8 @@ pub struct EngineCore {
     first_scheduled: HashMap<RequestId, FirstTokenInfo>,
     /// Proposes draft tokens when speculative decoding is on.
     speculator: Option<Speculator>,
+    /// The draft model while speculation is switched off ([`EngineCore::set_speculative_config`]).
+    idle_draft_model: Option<DraftProposer>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
     grammar: Option<PendingCompiler>,
     /// Run once when the engine thread stops.
@@ -171,6 +174,17 @@ impl EngineCore {
     /// Validates `config` against the model and allocates the KV cache on the model's backend.
     pub fn new<B: Backend>(
         model: Box<dyn Model<B>>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        Self::with_draft_model(model, None, config)
+    }
+
+    /// [`EngineCore::new`] with the draft model that `config.speculative`'s method
+    /// `draft_model` names, on the same backend: it must have the target's vocabulary size, and
+    /// gets a KV cache of the target's blocks (plus scratch blocks for drafts).
+    pub fn with_draft_model<B: Backend>(
+        model: Box<dyn Model<B>>,
+        draft_model: Option<Box<dyn Model<B>>>,
         mut config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let block_size = config.block_size;
@@ -219,7 +233,19 @@ impl EngineCore {
         };
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
-        let speculator = config.speculative.clone().map(Speculator::new);
+        let draft = match draft_model {
+            None => None,
+            Some(draft) => Some(bind_draft_model(draft, runner.model().config(), &config)?),
+        };
+        let speculator = match config.speculative.clone() {
+            Some(spec) => Some(Speculator::new(spec, draft).map_err(EngineError::Config)?),
+            None if draft.is_some() => {
+                return Err(EngineError::Config(
+                    "a draft model was given without a speculative config".into(),
+                ));
+            }
+            None => None,
+        };
         let slo = &config.slo;
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
             .then(|| {
@@ -238,6 +264,7 @@ impl EngineCore {
             stats: EngineStats::default(),
             first_scheduled: HashMap::new(),
             speculator,
+            idle_draft_model: None,
             grammar: None,
             shutdown_hook: None,
             kv_event_sink: None,
@@ -500,7 +527,9 @@ impl EngineCore {
 
     /// Turns speculative decoding on (with `config`) or off between runs: only while no request
     /// is unfinished, so no draft of the old setting is left (benchmarks compare both on the same
-    /// weights and threads). The acceptance counters keep counting.
+    /// weights and threads). The acceptance counters keep counting. A draft model is kept while
+    /// speculation is off; a config naming another draft model, or more drafts than the first
+    /// config, is refused.
     pub fn set_speculative_config(
         &mut self,
         config: Option<SpeculativeConfig>,
@@ -511,7 +540,26 @@ impl EngineCore {
             ));
         }
         let stats = self.speculator.as_ref().map_or(self.stats.spec_decode, |s| *s.stats());
-        self.speculator = config.clone().map(|c| Speculator::new(c).with_stats(stats));
+        if let Some(draft) = self.speculator.take().and_then(Speculator::into_draft_model) {
+            self.idle_draft_model = Some(draft);
+        }
+        let mut draft = None;
+        if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
+            let Some(idle) = &self.idle_draft_model else {
+                return Err(EngineError::Config("this engine has no draft model".into()));
+            };
+            idle.check_serves(c).map_err(EngineError::Config)?;
+            draft = self.idle_draft_model.take();
+        }
+        if let Some(draft) = &mut draft {
+            draft.reset();
+        }
+        self.speculator = match config.clone() {
+            Some(c) => {
+                Some(Speculator::new(c, draft).map_err(EngineError::Config)?.with_stats(stats))
+            }
+            None => None,
+        };
         self.config.speculative = config;
         Ok(())
     }
@@ -566,7 +614,7 @@ impl EngineCore {
             })
             .collect();
         if let Some(spec) = &mut self.speculator {
-            spec.record_step(&sched_out, &self.runner_output);
+            spec.record_step(&sched_out, &self.runner_output, self.runner.timing().forward);
             for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
                 spec.forget(out.id);
             }
@@ -691,4 +739,42 @@ impl EngineCore {
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         self.stats.num_steps = num_steps;
     }
+}
+
+/// Binds the draft model to a KV cache of the target's blocks plus scratch blocks, after
+/// checking that it shares the target's vocabulary.
+fn bind_draft_model<B: Backend>(
+    draft: Box<dyn Model<B>>,
+    target: &kiln_models::ModelConfig,
+    config: &EngineConfig,
+) -> Result<DraftProposer, EngineError> {
+    let (draft_vocab, vocab) = (draft.config().vocab_size, target.vocab_size);
+    if draft_vocab != vocab {
+        return Err(EngineError::Config(format!(
+            "the draft model's vocabulary ({draft_vocab} tokens) differs from the target's \
+             ({vocab}); a draft model must share the target's tokenizer"
+        )));
+    }
+    let Some(spec) = &config.speculative else {
+        return Err(EngineError::Config(
+            "a draft model was given without a speculative config".into(),
+        ));
+    };
+    let max_drafting = spec.disable_by_batch_size.min(config.scheduler.max_num_seqs);
+    let scratch =
+        DraftProposer::scratch_blocks(max_drafting, spec.num_speculative_tokens, config.block_size);
+    let bound = BoundModel::new(
+        draft,
+        config.kv_cache_dtype,
+        config.num_kv_blocks + scratch,
+        config.block_size,
+    )
+    .map_err(|e| EngineError::Config(format!("the draft model's KV cache: {e}")))?;
+    Ok(DraftProposer::new(
+        Box::new(bound),
+        spec.draft_model_name().unwrap_or("(unnamed)"),
+        spec.num_speculative_tokens,
+        config.num_kv_blocks,
+        config.scheduler.max_num_batched_tokens,
+    ))
 }

@@ -1,8 +1,10 @@
-//! Speculative decoding (prompt lookup) on the tiny fixture models: every request yields exactly
-//! the tokens it yields without speculation (greedy and seeded sampling, with penalties, stop
-//! ids, `max_tokens` landing inside an accepted run, chunked prefill, prefix caching and
-//! preemption), drafts are really proposed and accepted (so the equality is not vacuous), and
-//! aborts mid-verification free every block.
+//! Speculative decoding (prompt lookup and draft models) on the tiny fixture models: every
+//! request yields exactly the tokens it yields without speculation (greedy and seeded sampling,
+//! with penalties, stop ids, `max_tokens` landing inside an accepted run, chunked prefill, prefix
+//! caching and preemption), drafts are really proposed and accepted (so the equality is not
+//! vacuous), and aborts mid-verification free every block. A fixture drafting for itself must
+//! have every greedy draft accepted: its draft KV cache (shared block tables, scratch blocks,
+//! catch-up after rejections and preemptions) must then hold exactly the target's keys.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -30,7 +32,19 @@ const ROOMY: Setup =
     Setup { num_kv_blocks: 512, max_num_batched_tokens: 2048, prefix_caching: true };
 
 fn engine(name: &str, setup: &Setup, spec: Option<SpeculativeConfig>) -> EngineCore {
-    let model = load_model(&fixture(name), &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
+    try_engine(name, None, setup, spec).unwrap()
+}
+
+/// An engine on fixture `name`, with fixture `draft` as its draft model when given.
+fn try_engine(
+    name: &str,
+    draft: Option<&str>,
+    setup: &Setup,
+    spec: Option<SpeculativeConfig>,
+) -> Result<EngineCore, kiln_engine::EngineError> {
+    let backend = std::sync::Arc::new(Cpu::new(2));
+    let model = load_model(&fixture(name), &backend).unwrap().model;
+    let draft = draft.map(|d| load_model(&fixture(d), &backend).unwrap().model);
     let config = EngineConfig {
         block_size: 4,
         num_kv_blocks: setup.num_kv_blocks,
@@ -43,7 +57,7 @@ fn engine(name: &str, setup: &Setup, spec: Option<SpeculativeConfig>) -> EngineC
         speculative: spec,
         ..EngineConfig::default()
     };
-    EngineCore::new(model, config).unwrap()
+    EngineCore::with_draft_model(model, draft, config)
 }
 
 fn ngram(k: usize) -> SpeculativeConfig {
@@ -196,9 +210,9 @@ fn logprobs_are_reported_for_every_accepted_token() {
     assert!(core.stats().spec_decode.num_accepted_tokens > 0);
 }
 
-#[test]
-fn aborts_during_speculation_free_every_block() {
-    let mut core = engine("llama3", &ROOMY, Some(ngram(4)));
+/// Six requests; once drafts are verified, three are aborted at once and the rest one per step:
+/// every block must come back.
+fn abort_while_speculating(core: &mut EngineCore) {
     let ids: Vec<_> = (0..6)
         .map(|i| core.add_request(repetitive_prompt(i + 1, 5, 512), greedy(60), 0).unwrap())
         .collect();
@@ -223,6 +237,11 @@ fn aborts_during_speculation_free_every_block() {
 }
 
 #[test]
+fn aborts_during_speculation_free_every_block() {
+    abort_while_speculating(&mut engine("llama3", &ROOMY, Some(ngram(4))));
+}
+
+#[test]
 fn no_drafts_at_or_above_disable_by_batch_size() {
     let mut config = SpeculativeConfig::ngram(4, 1, 3);
     config.disable_by_batch_size = 2;
@@ -237,4 +256,116 @@ fn no_drafts_at_or_above_disable_by_batch_size() {
     assert!(alone.stats().spec_decode.num_drafts > 0);
     let together = core.stats().spec_decode.num_drafts;
     assert_eq!(together, 0, "three running requests, threshold 2: {together} drafts");
+}
+
+fn draft_model(k: usize, name: &str) -> SpeculativeConfig {
+    let mut config = SpeculativeConfig::draft_model(k, name);
+    config.disable_by_batch_size = 64;
+    config
+}
+
+/// Greedy requests only: a model drafting for itself proposes exactly what it then samples.
+fn greedy_requests(vocab: u32) -> Vec<(Vec<TokenId>, SamplingParams)> {
+    (0..6u32)
+        .map(|i| (repetitive_prompt(i + 1, 3 + i as usize, vocab), greedy(20 + i as usize)))
+        .collect()
+}
+
+#[test]
+fn draft_model_speculation_equals_not() {
+    // A fixture drafting for itself (everything accepted), and a different model with the same
+    // vocabulary (mostly rejected: the verification is what keeps the tokens).
+    for (name, draft, vocab) in
+        [("llama3", "llama3", 512), ("llama3", "mistral", 512), ("qwen2", "qwen3", 503)]
+    {
+        let reqs = requests(vocab);
+        let expected = run(&mut engine(name, &ROOMY, None), &reqs);
+        for k in [1, 3] {
+            let mut core =
+                try_engine(name, Some(draft), &ROOMY, Some(draft_model(k, draft))).unwrap();
+            assert_eq!(run(&mut core, &reqs), expected, "{name} drafted by {draft}, k = {k}");
+            let spec = core.stats().spec_decode;
+            assert!(spec.num_drafts > 0, "{name} drafted by {draft}: nothing drafted");
+        }
+    }
+}
+
+#[test]
+fn a_model_drafting_for_itself_has_every_greedy_draft_accepted() {
+    let reqs = greedy_requests(512);
+    let expected = run(&mut engine("llama3", &ROOMY, None), &reqs);
+    let chunked = Setup { num_kv_blocks: 512, max_num_batched_tokens: 7, prefix_caching: true };
+    let tight = Setup { num_kv_blocks: 36, max_num_batched_tokens: 2048, prefix_caching: true };
+    let uncached = Setup { num_kv_blocks: 36, max_num_batched_tokens: 2048, prefix_caching: false };
+    for (what, setup) in [
+        ("roomy", &ROOMY),
+        ("chunked", &chunked),
+        ("preempted", &tight),
+        ("preempted, no prefix cache", &uncached),
+    ] {
+        for k in [1, 2, 5] {
+            let mut core =
+                try_engine("llama3", Some("llama3"), setup, Some(draft_model(k, "llama3")))
+                    .unwrap();
+            // Twice: the second run hits the prefix cache the first one filled.
+            for round in 0..2 {
+                assert_eq!(run(&mut core, &reqs), expected, "{what}, k = {k}, round {round}");
+            }
+            let stats = core.stats();
+            let spec = stats.spec_decode;
+            assert!(spec.num_draft_tokens > 0, "{what}, k = {k}: nothing drafted");
+            assert_eq!(
+                spec.num_accepted_tokens, spec.num_draft_tokens,
+                "{what}, k = {k}: a draft of the model itself was rejected: its KV is wrong"
+            );
+            if setup.num_kv_blocks < 100 {
+                assert!(stats.num_preemptions > 0, "{what}: nothing preempted");
+            }
+            core.scheduler().check_invariants().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let Err(e) = try_engine("llama3", Some("qwen2"), &ROOMY, Some(draft_model(3, "qwen2"))) else {
+        panic!("a draft with 503 tokens was accepted for a 512-token target");
+    };
+    let e = e.to_string();
+    assert!(e.contains("vocabulary (503 tokens) differs from the target's (512)"), "{e}");
+    // The method needs the model, and the model needs the method.
+    let e = try_engine("llama3", None, &ROOMY, Some(draft_model(3, "x"))).err().unwrap();
+    assert!(e.to_string().contains("draft model `x` was not loaded"), "{e}");
+    let e = try_engine("llama3", Some("llama3"), &ROOMY, Some(ngram(3))).err().unwrap();
+    assert!(e.to_string().contains("for method \"ngram\""), "{e}");
+    let e = try_engine("llama3", Some("llama3"), &ROOMY, None).err().unwrap();
+    assert!(e.to_string().contains("without a speculative config"), "{e}");
+}
+
+#[test]
+fn aborts_during_draft_model_speculation_free_every_block() {
+    let spec = Some(draft_model(4, "mistral"));
+    abort_while_speculating(&mut try_engine("llama3", Some("mistral"), &ROOMY, spec).unwrap());
+}
+
+#[test]
+fn switching_speculation_off_and_on_keeps_the_draft_model() {
+    let reqs = greedy_requests(512);
+    let expected = run(&mut engine("llama3", &ROOMY, None), &reqs);
+    let spec = draft_model(3, "llama3");
+    let mut core = try_engine("llama3", Some("llama3"), &ROOMY, Some(spec.clone())).unwrap();
+    core.set_speculative_config(None).unwrap();
+    assert_eq!(run(&mut core, &reqs), expected);
+    assert_eq!(core.stats().spec_decode.num_drafts, 0);
+    // Another draft model, or more drafts than its cache was sized for, needs a new engine.
+    let e = core.set_speculative_config(Some(draft_model(3, "mistral"))).unwrap_err();
+    assert!(e.to_string().contains("draft model is `llama3`, not `mistral`"), "{e}");
+    let e = core.set_speculative_config(Some(draft_model(4, "llama3"))).unwrap_err();
+    assert!(e.to_string().contains("sized for 3 drafts per request, not 4"), "{e}");
+    core.set_speculative_config(Some(draft_model(2, "llama3"))).unwrap();
+    core.set_speculative_config(Some(spec)).unwrap();
+    assert_eq!(run(&mut core, &reqs), expected);
+    let spec = core.stats().spec_decode;
+    assert!(spec.num_draft_tokens > 0);
+    assert_eq!(spec.num_accepted_tokens, spec.num_draft_tokens);
 }

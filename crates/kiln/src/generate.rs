@@ -76,7 +76,8 @@ struct RunStats {
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     kiln_models::check_block_size(args.block_size).map_err(|e| anyhow!("--block-size {e}"))?;
     let load_start = Instant::now();
-    let loaded = args.model.load(args.threads)?;
+    let (loaded, draft) =
+        args.model.load_with_draft(args.threads, args.speculative_config.as_ref())?;
     let num_threads = loaded.model.backend().pool().num_threads();
     let load_time = load_start.elapsed();
     let tokenizer = &loaded.tokenizer;
@@ -118,7 +119,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         speculative: args.speculative_config.clone(),
         ..EngineConfig::default()
     };
-    let mut core = EngineCore::new(loaded.model, config)?;
+    let mut core = EngineCore::with_draft_model(loaded.model, draft, config)?;
     let stats = stream(&mut core, tokenizer, prompt, params)?;
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     eprintln!(

@@ -7,11 +7,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use kiln_engine::SpeculativeConfig;
 use kiln_fetch::{DEFAULT_MODEL_NAME, FetchConfig, fetch_default_model};
 use kiln_kernels::{Cpu, GgmlType};
 use kiln_models::{LoadOptions, LoadedModel, load_model_with};
 
 use crate::hub::{self, HubConfig, HubId};
+
+/// A loaded draft model for `--speculative-config`'s method `draft_model`.
+pub type DraftModel<B> = Box<dyn kiln_models::Model<B>>;
+
+/// The CPU backend with `threads` kernel threads (0 = all cores), named in the log.
+pub fn cpu_backend(threads: usize) -> Arc<Cpu> {
+    let backend = Arc::new(Cpu::new(threads));
+    tracing::info!(
+        "CPU backend: {} threads, {} kernels (best here: {})",
+        backend.pool().num_threads(),
+        kiln_kernels::CpuIsa::selected(),
+        kiln_kernels::CpuIsa::best()
+    );
+    backend
+}
 
 /// Weight types `--quantization` offers for float checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -101,14 +117,43 @@ impl ModelArgs {
 
     /// [`ModelArgs::load`] from the path [`ModelArgs::resolve`] gave.
     pub fn load_path(&self, path: &Path, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
-        let backend = Arc::new(Cpu::new(threads));
+        self.load_path_on(path, &cpu_backend(threads))
+    }
+
+    /// [`ModelArgs::load`], and the draft model `speculative` names (method `draft_model`) on
+    /// the same backend.
+    pub fn load_with_draft(
+        &self,
+        threads: usize,
+        speculative: Option<&SpeculativeConfig>,
+    ) -> anyhow::Result<(LoadedModel<Cpu>, Option<DraftModel<Cpu>>)> {
+        let backend = cpu_backend(threads);
+        let loaded = self.load_path_on(&self.resolve()?, &backend)?;
+        Ok((loaded, self.load_draft_on(speculative, &backend)?))
+    }
+
+    /// The draft model `speculative` names (method `draft_model`; `None` otherwise), loaded
+    /// as `--model` would load it (local path, Hugging Face id or the default model's name;
+    /// this `--download-dir`, no `--quantization`) onto `backend`.
+    pub fn load_draft_on<B: kiln_models::Backend>(
+        &self,
+        speculative: Option<&SpeculativeConfig>,
+        backend: &Arc<B>,
+    ) -> anyhow::Result<Option<DraftModel<B>>> {
+        let Some(name) = speculative.and_then(SpeculativeConfig::draft_model_name) else {
+            return Ok(None);
+        };
+        let args = Self { download_dir: self.download_dir.clone(), ..Self::named(name) };
+        let path = args.resolve().context("--speculative-config: the draft `model`")?;
+        let draft = args.load_path_on(&path, backend).context("--speculative-config: the draft")?;
         tracing::info!(
-            "CPU backend: {} threads, {} kernels (best here: {})",
-            backend.pool().num_threads(),
-            kiln_kernels::CpuIsa::selected(),
-            kiln_kernels::CpuIsa::best()
+            "draft model: {} ({:?}, {} layers, {:.1} MiB of weights)",
+            path.display(),
+            draft.model.config().architecture,
+            draft.model.config().num_layers,
+            draft.model.weight_bytes() as f64 / f64::from(1 << 20)
         );
-        self.load_path_on(path, &backend)
+        Ok(Some(draft.model))
     }
 
     /// The model at `path` on `backend`, converted as `--quantization` says.

@@ -194,7 +194,7 @@ fn measure(args: &PlanArgs, model: Box<dyn kiln_models::Model<Cpu>>) -> anyhow::
         ..EngineArgs::default()
     };
     let block_size = EngineConfig::default().block_size;
-    let mut core = grid_engine(model, &engine, block_size, max_b, len, max_b * len, 0)?;
+    let mut core = grid_engine((model, None), &engine, block_size, max_b, len, max_b * len, 0)?;
     let mut rng = Rng::new(0);
     run_cell(&mut core, &mut rng, vocab, 1, 16, 4)?;
     let prefill = run_cell(&mut core, &mut rng, vocab, 1, args.prefill_len, 1)?.prefill_tps();

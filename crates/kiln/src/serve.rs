@@ -20,7 +20,7 @@ use crate::args::vllm::VllmServeArgs;
 use crate::device::{Device, DeviceArgs};
 use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, HumanCount, KvCacheArgs, available_memory};
-use crate::model_arg::ModelArgs;
+use crate::model_arg::{DraftModel, ModelArgs};
 
 #[cfg(test)]
 #[path = "args/command_lines.rs"]
@@ -347,12 +347,16 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         Device::Cpu => {
             args.device.gpu_utilization()?; // a bad value is an error everywhere
             args.device.warn_on_cpu();
-            let loaded = args.model.load_path(&model_path, args.threads)?;
-            let weight_bytes = loaded.model.weight_bytes() as u64;
+            let backend = crate::model_arg::cpu_backend(args.threads);
+            let loaded = args.model.load_path_on(&model_path, &backend)?;
+            let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend)?;
+            let weight_bytes = (loaded.model.weight_bytes()
+                + draft.as_ref().map_or(0, |d| d.weight_bytes()))
+                as u64;
             let free = available_memory().map(|a| a.saturating_sub(weight_bytes));
             let default_bytes = free
                 .map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
-            start(state, args, &model_path, loaded, free, default_bytes)
+            start(state, args, &model_path, (loaded, draft), free, default_bytes)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
@@ -362,6 +366,12 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 block_size: args.kv.block_size,
                 kv_cache_dtype: args.kv_cache_dtype,
             };
+            if args.speculative.as_ref().is_some_and(|s| s.draft_model_name().is_some()) {
+                anyhow::bail!(
+                    "--speculative-config: draft models run on the CPU only for now; with \
+                     --device cuda use method \"ngram\""
+                );
+            }
             let utilization = args.device.gpu_utilization()?;
             let (loaded, kv_bytes) = crate::device::cuda::load(
                 &args.model,
@@ -371,7 +381,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 args.threads,
                 &shape,
             )?;
-            start(state, args, &model_path, loaded, Some(kv_bytes), kv_bytes)
+            start(state, args, &model_path, (loaded, None), Some(kv_bytes), kv_bytes)
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => anyhow::bail!(
@@ -381,19 +391,24 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
     }
 }
 
-/// Starts the engine on `loaded`: `free` is the memory the KV cache may take (for
-/// `--memory-utilization`), `default_bytes` its size when no flag says.
+/// Starts the engine on `loaded` (and its draft model): `free` is the memory the KV cache may
+/// take (for `--memory-utilization`), `default_bytes` its size when no flag says. A draft
+/// model's cache has as many blocks as the target's, so a block costs both.
 fn start<B: kiln_models::Backend>(
     state: &ServerState,
     args: &LoadArgs,
     model_path: &std::path::Path,
-    loaded: LoadedModel<B>,
+    (loaded, draft): (LoadedModel<B>, Option<DraftModel<B>>),
     free: Option<u64>,
     default_bytes: u64,
 ) -> anyhow::Result<Loaded> {
     let model = &loaded.model;
     let block_size = args.kv.block_size;
-    let bytes_per_block = model.kv_layout().bytes_per_token(args.kv_cache_dtype) * block_size;
+    let draft_bytes_per_token =
+        draft.as_ref().map_or(0, |d| d.kv_layout().bytes_per_token(args.kv_cache_dtype));
+    let bytes_per_block = (model.kv_layout().bytes_per_token(args.kv_cache_dtype)
+        + draft_bytes_per_token)
+        * block_size;
     let default_blocks = usize::try_from(default_bytes / bytes_per_block.max(1) as u64)?;
     let model_max = model.config().max_position_embeddings;
     let max_model_len = args
@@ -429,7 +444,7 @@ fn start<B: kiln_models::Backend>(
     args.kv.apply_tier(&mut engine)?;
     let tier = engine.kv_tier.clone();
     let preemption_mode = engine.preemption_mode;
-    let mut core = EngineCore::new(model, engine)?;
+    let mut core = EngineCore::with_draft_model(model, draft, engine)?;
     if let Some(tier) = tier {
         let where_ = match &tier.location {
             kiln_engine::KvTierLocation::Memory => "host memory".to_owned(),

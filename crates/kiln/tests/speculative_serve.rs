@@ -1,6 +1,7 @@
 //! `kiln serve --speculative-config` end to end on the tiny fixture: completions are the same
-//! text as without speculation, drafts are verified (vLLM's `spec_decode_*` metrics count them),
-//! and an invalid configuration stops start-up with the field named.
+//! text as without speculation, with prompt lookup and with a draft model, drafts are verified
+//! (vLLM's `spec_decode_*` metrics count them), and an invalid configuration (a bad field, a
+//! draft model with another vocabulary) stops start-up with the reason named.
 
 #![allow(clippy::unwrap_used)]
 
@@ -43,6 +44,42 @@ fn serving_with_speculation_gives_the_same_completions() {
     let accepted = common::metric(addr, "kiln:spec_decode_num_accepted_tokens_total");
     assert!(drafts > 0.0 && accepted > 0.0, "drafts {drafts}, accepted {accepted}");
     assert!(accepted <= common::metric(addr, "kiln:spec_decode_num_draft_tokens_total"));
+}
+
+#[test]
+fn serving_with_a_draft_model_gives_the_same_completions() {
+    let (plain, url) = common::start_server();
+    let expected = completions(url.trim_start_matches("http://"));
+    drop(plain);
+    // The fixture drafting for itself: every greedy draft is accepted.
+    let spec = serde_json::json!({
+        "model": common::tiny_model(), "num_speculative_tokens": 3,
+    });
+    let (_spec, url) = common::start_server_with(&["--speculative-config", &spec.to_string()]);
+    let addr = url.trim_start_matches("http://");
+    assert_eq!(completions(addr), expected);
+    let drafted = common::metric(addr, "kiln:spec_decode_num_draft_tokens_total");
+    let accepted = common::metric(addr, "kiln:spec_decode_num_accepted_tokens_total");
+    assert!(drafted > 0.0 && accepted == drafted, "drafted {drafted}, accepted {accepted}");
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused_at_start_up() {
+    let other = common::tiny_model().with_file_name("qwen2");
+    let spec = serde_json::json!({"model": other, "num_speculative_tokens": 3});
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model"])
+        .arg(common::tiny_model())
+        .args(["--port", "0", "--speculative-config", &spec.to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr
+            .contains("the draft model's vocabulary (503 tokens) differs from the target's (512)"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! `--speculative-config`: vLLM's JSON spelling, validated once with errors naming the field.
 //!
-//! Accepted keys (vLLM's names): `method` (`"ngram"`; `"draft_model"` is recognised and refused
-//! until a draft-model proposer exists), `num_speculative_tokens` (1..=[`MAX_SPEC_TOKENS`],
-//! required), `prompt_lookup_min` / `prompt_lookup_max` (n-gram sizes; either alone sets both,
-//! neither means 5 and 5, as vLLM), `disable_by_batch_size` (no drafting in steps with at least
-//! this many running requests) and `model` (with `draft_model`). Any other key is refused, so a
+//! Accepted keys (vLLM's names): `method` (`"ngram"` or `"draft_model"`; a config with `model`
+//! and no `method` is a draft model, as in vLLM), `num_speculative_tokens`
+//! (1..=[`MAX_SPEC_TOKENS`], required), `prompt_lookup_min` / `prompt_lookup_max` (n-gram sizes;
+//! either alone sets both, neither means 5 and 5, as vLLM), `disable_by_batch_size` (no drafting
+//! in steps with at least this many running requests) and `model` (the draft: a path or a model
+//! name as `--model` takes it; required with `draft_model`). Any other key is refused, so a
 //! misspelled knob never passes silently.
 
 use serde_json::{Map, Value};
@@ -27,6 +28,9 @@ pub enum SpecMethod {
     /// Prompt lookup: the continuation of the latest earlier occurrence of the sequence's last
     /// `n` tokens, for the largest `n` in `min..=max` that occurs.
     Ngram { min: usize, max: usize },
+    /// A smaller model sharing the target's vocabulary proposes its greedy continuation
+    /// (`model` is what the caller loads it from; the engine is handed the loaded model).
+    DraftModel { model: String },
 }
 
 /// A validated speculative-decoding configuration.
@@ -68,6 +72,23 @@ impl SpeculativeConfig {
             method: SpecMethod::Ngram { min, max },
             num_speculative_tokens: k,
             disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+        }
+    }
+
+    /// A draft model (loaded by the caller from `model`) proposing `k` tokens.
+    pub fn draft_model(k: usize, model: &str) -> Self {
+        Self {
+            method: SpecMethod::DraftModel { model: model.to_owned() },
+            num_speculative_tokens: k,
+            disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+        }
+    }
+
+    /// The draft model's path or name, with method `draft_model`.
+    pub fn draft_model_name(&self) -> Option<&str> {
+        match &self.method {
+            SpecMethod::DraftModel { model } => Some(model),
+            SpecMethod::Ngram { .. } => None,
         }
     }
 
@@ -133,15 +154,23 @@ impl SpeculativeConfig {
                 SpecMethod::Ngram { min, max }
             }
             "draft_model" => {
-                return Err(err(
-                    "method",
-                    "\"draft_model\" is not supported yet; use \"ngram\" (prompt lookup)",
-                ));
+                for key in ["prompt_lookup_min", "prompt_lookup_max"] {
+                    if map.get(key).is_some_and(|v| !v.is_null()) {
+                        return Err(err(key, "is for method \"ngram\", not \"draft_model\""));
+                    }
+                }
+                match model {
+                    Some(m) if !m.trim().is_empty() => SpecMethod::DraftModel { model: m.into() },
+                    _ => return Err(err("model", "is required with \"draft_model\"")),
+                }
             }
             other => {
                 return Err(err(
                     "method",
-                    format!("\"{other}\" is not supported; kiln speculates with \"ngram\""),
+                    format!(
+                        "\"{other}\" is not supported; kiln speculates with \"ngram\" or \
+                         \"draft_model\""
+                    ),
                 ));
             }
         };
@@ -250,11 +279,30 @@ mod tests {
             field(r#"{"method": "ngram", "num_speculative_tokens": 3, "model": "x.gguf"}"#),
             "model"
         );
-        // A draft model is recognised (vLLM infers the method from `model`) but not run yet.
-        let e =
+        assert_eq!(field(r#"{"method": "draft_model", "num_speculative_tokens": 3}"#), "model");
+        assert_eq!(
+            field(r#"{"method": "draft_model", "model": " ", "num_speculative_tokens": 3}"#),
+            "model"
+        );
+        assert_eq!(
+            field(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "prompt_lookup_max": 2}"#),
+            "prompt_lookup_max"
+        );
+    }
+
+    #[test]
+    fn parses_vllm_draft_model_configs() {
+        // vLLM infers the method from `model`.
+        let c =
             SpeculativeConfig::from_json(r#"{"model": "draft.gguf", "num_speculative_tokens": 3}"#)
-                .unwrap_err();
-        assert_eq!(e.field, "method");
-        assert!(e.to_string().contains("not supported yet"), "{e}");
+                .unwrap();
+        assert_eq!(c.method, SpecMethod::DraftModel { model: "draft.gguf".into() });
+        assert_eq!(c.num_speculative_tokens, 3);
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "draft_model", "model": "org/small", "num_speculative_tokens": 5, "disable_by_batch_size": 4}"#,
+        )
+        .unwrap();
+        assert_eq!(c.method, SpecMethod::DraftModel { model: "org/small".into() });
+        assert_eq!(c.disable_by_batch_size, 4);
     }
 }

@@ -3,6 +3,8 @@
 //!
 //! - [`SpeculativeConfig`]: `--speculative-config`, vLLM's JSON.
 //! - [`ngram::propose`]: prompt-lookup drafting over the prompt and the output so far.
+//! - [`DraftProposer`]: a smaller draft model's greedy continuation, run over its own paged KV
+//!   cache that shares the target's block tables.
 //! - [`Speculator`]: after each step, records how the drafts fared and proposes the next ones
 //!   for every decoding request (through `Scheduler::update_draft_token_ids`), backing off per
 //!   request when its drafts are mostly rejected and for the whole step when the batch is large.
@@ -12,12 +14,13 @@
 //! the run stops at the first sampled token that differs from the draft. With bitwise
 //! batch-invariant kernels the logits of a draft row equal those of decoding that position
 //! alone, so greedy and seeded random requests produce exactly the tokens they produce without
-//! speculation. For a draft that is one token per position (a point mass, as prompt lookup
-//! proposes), this is rejection sampling: the draft token `x` is accepted with probability
-//! `p(x)`, and on rejection the token is drawn from `p` without `x`, renormalised, so the output
-//! distribution is the target's.
+//! speculation. For a draft that is one token per position (a point mass, as prompt lookup and
+//! a draft model's argmax propose), this is rejection sampling: the draft token `x` is accepted
+//! with probability `p(x)`, and on rejection the token is drawn from `p` without `x`,
+//! renormalised, so the output distribution is the target's.
 
 mod config;
+mod draft;
 pub mod ngram;
 mod speculator;
 mod stats;
@@ -26,5 +29,6 @@ pub use config::{
     DEFAULT_DISABLE_BY_BATCH_SIZE, MAX_PROMPT_LOOKUP, MAX_SPEC_TOKENS, SpecConfigError, SpecMethod,
     SpeculativeConfig,
 };
+pub use draft::DraftProposer;
 pub use speculator::Speculator;
 pub use stats::SpecDecodeStats;

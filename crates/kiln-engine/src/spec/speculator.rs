@@ -2,14 +2,27 @@
 //! propose drafts for the next step.
 //!
 //! Back-off, per request: drafts are judged over windows of [`WINDOW_DRAFT_TOKENS`] draft
-//! tokens; a window accepting less than [`MIN_ACCEPTANCE_RATE`] of them pauses drafting for the
+//! tokens; a window accepting less than the break-even rate of them pauses drafting for the
 //! request for `2^strikes` steps (at most [`MAX_PAUSE_STEPS`]), a good window clears the
 //! strikes. Globally: no drafting in a step that starts with `disable_by_batch_size` or more
 //! running requests (decode is then compute-bound, and verifying drafts costs what it saves).
 //!
+//! The break-even rate ([`break_even_acceptance`]) comes from measured costs: a step with `k`
+//! drafts yields `E(a) = (1 - a^(k+1)) / (1 - a)` tokens at acceptance `a`, and costs
+//! `(1 + VERIFY_ROW_COST · k) · (1 + propose / verify)` plain steps, where `propose / verify` is
+//! the ratio of the measured proposing time (moving averages over drafting steps) to the
+//! measured forward time of verification steps. Drafting pays when `E(a)` exceeds that cost;
+//! the rate never goes below [`MIN_ACCEPTANCE_RATE`]. Prompt lookup proposes in microseconds
+//! (the floor holds); a draft model's passes cost about as much as the verification itself, so
+//! it needs most of its drafts accepted.
+//!
 //! State is kept per request until it finishes or is aborted (`forget`); a preempted request
 //! keeps its back-off. Drafts are only proposed for a running request whose next step is a
 //! decode; the scheduler drops them if that changes (preemption).
+//!
+//! With a draft model ([`DraftProposer`]) the requests that draft are collected first and the
+//! draft runs once for all of them; a failed draft pass is logged, forgets the draft's state
+//! and proposes nothing in that step (the target's outputs never depend on drafts).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -18,13 +31,36 @@ use kiln_core::{RequestId, TokenId};
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
+use super::draft::DraftProposer;
 use super::ngram;
 use super::stats::SpecDecodeStats;
 
 /// Draft tokens per back-off window.
 const WINDOW_DRAFT_TOKENS: u32 = 32;
-/// Acceptance below which a window counts as a strike.
+/// Acceptance below which a window always counts as a strike.
 const MIN_ACCEPTANCE_RATE: f64 = 0.2;
+/// What each verified draft row adds to a step's forward time, in plain steps (at batch 1 the
+/// weights are read once per step: 6 rows measured 1.22× one row on the default model).
+const VERIFY_ROW_COST: f64 = 0.05;
+/// Weight of the newest measurement in the cost averages.
+const COST_SMOOTHING: f64 = 0.1;
+
+/// The acceptance rate above which `k` drafts per step pay, when proposing takes
+/// `propose_over_verify` times a verification step's forward time (module docs).
+pub fn break_even_acceptance(k: usize, propose_over_verify: f64) -> f64 {
+    let cost = (1.0 + VERIFY_ROW_COST * k as f64) * (1.0 + propose_over_verify.max(0.0));
+    let tokens = |a: f64| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
+    if tokens(1.0) <= cost {
+        return 1.0;
+    }
+    // `tokens` rises with `a`: bisect for `tokens(a) = cost`.
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if tokens(mid) < cost { lo = mid } else { hi = mid }
+    }
+    hi.max(MIN_ACCEPTANCE_RATE)
+}
 /// Longest pause, in steps.
 const MAX_PAUSE_STEPS: u32 = 64;
 
@@ -38,14 +74,14 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn observe(&mut self, num_draft: usize, num_accepted: usize) {
+    fn observe(&mut self, num_draft: usize, num_accepted: usize, min_rate: f64) {
         self.window_drafted += num_draft as u32;
         self.window_accepted += num_accepted as u32;
         if self.window_drafted < WINDOW_DRAFT_TOKENS {
             return;
         }
         let rate = f64::from(self.window_accepted) / f64::from(self.window_drafted);
-        if rate < MIN_ACCEPTANCE_RATE {
+        if rate < min_rate {
             self.strikes = (self.strikes + 1).min(MAX_PAUSE_STEPS.ilog2());
             self.pause = 1 << self.strikes;
         } else {
@@ -72,20 +108,51 @@ pub struct Speculator {
     config: SpeculativeConfig,
     backoff: HashMap<RequestId, Backoff>,
     stats: SpecDecodeStats,
-    /// Scratch: one request's drafts; the running ids.
+    /// The draft model, with method `draft_model`.
+    draft_model: Option<DraftProposer>,
+    /// Scratch: one request's drafts; the running ids; the requests asking the draft model for
+    /// `k` tokens.
     draft: Vec<TokenId>,
     running: Vec<RequestId>,
+    wanted: Vec<(RequestId, usize)>,
+    /// Moving averages of the proposing time of steps that drafted, and of the forward time of
+    /// steps that verified drafts, in seconds (`None` until measured).
+    propose_secs: Option<f64>,
+    verify_secs: Option<f64>,
 }
 
 impl Speculator {
-    pub fn new(config: SpeculativeConfig) -> Self {
-        Self {
+    /// A speculator for `config`; method `draft_model` needs the draft (`draft_model`).
+    pub fn new(
+        config: SpeculativeConfig,
+        draft_model: Option<DraftProposer>,
+    ) -> Result<Self, String> {
+        match (&config.method, &draft_model) {
+            (SpecMethod::DraftModel { model }, None) => {
+                return Err(format!("the draft model `{model}` was not loaded"));
+            }
+            (SpecMethod::Ngram { .. }, Some(_)) => {
+                return Err("a draft model was given for method \"ngram\"".into());
+            }
+            (SpecMethod::DraftModel { .. }, Some(draft)) => draft.check_serves(&config)?,
+            (SpecMethod::Ngram { .. }, None) => {}
+        }
+        Ok(Self {
             config,
             backoff: HashMap::new(),
             stats: SpecDecodeStats::default(),
+            draft_model,
             draft: Vec::new(),
             running: Vec::new(),
-        }
+            wanted: Vec::new(),
+            propose_secs: None,
+            verify_secs: None,
+        })
+    }
+
+    /// Gives the draft model back (to keep it while speculation is switched off).
+    pub fn into_draft_model(self) -> Option<DraftProposer> {
+        self.draft_model
     }
 
     /// Continues counting from `stats`.
@@ -106,14 +173,36 @@ impl Speculator {
     /// Drops what is known about a finished or aborted request.
     pub fn forget(&mut self, id: RequestId) {
         self.backoff.remove(&id);
+        if let Some(draft) = &mut self.draft_model {
+            draft.forget(id);
+        }
     }
 
-    /// Counts the verifications of a step: with `k` drafts scheduled and `g` tokens generated,
-    /// `g - 1` drafts were accepted. `model_output` is in `sched_out.scheduled()` order.
-    pub fn record_step(&mut self, sched_out: &SchedulerOutput, model_output: &ModelRunnerOutput) {
+    /// The acceptance rate a request's drafts need for drafting to pay, from the costs
+    /// measured so far (the floor until both are measured).
+    pub fn min_acceptance(&self) -> f64 {
+        match (self.propose_secs, self.verify_secs) {
+            (Some(p), Some(v)) if v > 0.0 => {
+                break_even_acceptance(self.config.num_speculative_tokens, p / v)
+            }
+            _ => MIN_ACCEPTANCE_RATE,
+        }
+    }
+
+    /// Counts the verifications of a step whose model forward took `forward`: with `k` drafts
+    /// scheduled and `g` tokens generated, `g - 1` drafts were accepted. `model_output` is in
+    /// `sched_out.scheduled()` order.
+    pub fn record_step(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        model_output: &ModelRunnerOutput,
+        forward: std::time::Duration,
+    ) {
         if sched_out.num_scheduled_spec_tokens == 0 {
             return;
         }
+        smooth(&mut self.verify_secs, forward.as_secs_f64());
+        let min_rate = self.min_acceptance();
         let first_cached = sched_out.new_requests.len();
         for (i, cached) in sched_out.cached_requests.iter().enumerate() {
             let num_draft = cached.spec_token_ids.len();
@@ -124,25 +213,31 @@ impl Speculator {
             debug_assert_eq!(id, cached.id);
             let num_accepted = generated.len().saturating_sub(1).min(num_draft);
             self.stats.record(num_draft, num_accepted);
-            self.backoff.entry(id).or_default().observe(num_draft, num_accepted);
+            self.backoff.entry(id).or_default().observe(num_draft, num_accepted, min_rate);
         }
     }
 
     /// Proposes drafts for the next step of every running request that decodes next.
     pub fn propose(&mut self, scheduler: &mut Scheduler) {
         let start = Instant::now();
-        self.propose_drafts(scheduler);
-        self.stats.propose_nanos += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let drafted = self.propose_drafts(scheduler);
+        let elapsed = start.elapsed();
+        self.stats.propose_nanos += u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        if drafted {
+            smooth(&mut self.propose_secs, elapsed.as_secs_f64());
+        }
     }
 
-    fn propose_drafts(&mut self, scheduler: &mut Scheduler) {
+    /// Proposes, and says whether any request was offered drafts.
+    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> bool {
         self.running.clear();
         self.running.extend_from_slice(scheduler.running_ids());
         if self.running.len() >= self.config.disable_by_batch_size {
-            return;
+            return false;
         }
+        let mut drafted = false;
         let max_model_len = scheduler.config().max_model_len;
-        let SpecMethod::Ngram { min, max } = self.config.method;
+        self.wanted.clear();
         for &id in &self.running {
             let Some(req) = scheduler.request(id) else { continue };
             if req.num_uncomputed_tokens() != 1 {
@@ -156,12 +251,34 @@ impl Speculator {
             if k == 0 || !self.backoff.entry(id).or_default().drafts() {
                 continue;
             }
-            ngram::propose(req.all_token_ids(), min, max, k, &mut self.draft);
-            if !self.draft.is_empty() {
-                scheduler.update_draft_token_ids(id, &self.draft);
+            match self.config.method {
+                SpecMethod::Ngram { min, max } => {
+                    ngram::propose(req.all_token_ids(), min, max, k, &mut self.draft);
+                    if !self.draft.is_empty() {
+                        drafted |= scheduler.update_draft_token_ids(id, &self.draft);
+                    }
+                }
+                SpecMethod::DraftModel { .. } => self.wanted.push((id, k)),
             }
         }
+        if let Some(draft) = &mut self.draft_model
+            && !self.wanted.is_empty()
+        {
+            match draft.propose(scheduler, &self.wanted) {
+                Ok(()) => drafted = true,
+                Err(e) => {
+                    tracing::warn!("draft model pass failed, no drafts in this step: {e}");
+                    draft.reset();
+                }
+            }
+        }
+        drafted
     }
+}
+
+/// Folds `sample` into the moving average `avg`.
+fn smooth(avg: &mut Option<f64>, sample: f64) {
+    *avg = Some(avg.map_or(sample, |a| a + COST_SMOOTHING * (sample - a)));
 }
 
 #[cfg(test)]
@@ -171,18 +288,39 @@ mod tests {
     #[test]
     fn backoff_pauses_after_bad_windows_and_clears_after_a_good_one() {
         let mut b = Backoff::default();
-        b.observe(32, 2); // 6 % accepted
+        let min = MIN_ACCEPTANCE_RATE;
+        b.observe(32, 2, min); // 6 % accepted
         assert_eq!(b.pause, 2);
         assert!(!b.drafts() && !b.drafts() && b.drafts());
-        b.observe(32, 0);
+        b.observe(32, 0, min);
         assert_eq!(b.pause, 4);
         for _ in 0..10 {
-            b.observe(32, 0);
+            b.observe(32, 0, min);
         }
         assert_eq!(b.pause, MAX_PAUSE_STEPS);
         b.pause = 0;
-        b.observe(16, 16);
-        b.observe(16, 0); // one window of 32, half accepted
+        b.observe(16, 16, min);
+        b.observe(16, 0, min); // one window of 32, half accepted
         assert_eq!((b.strikes, b.pause), (0, 0));
+        // The same window is a strike when drafting costs enough to need 60 %.
+        b.observe(16, 16, 0.6);
+        b.observe(16, 0, 0.6);
+        assert_eq!((b.strikes, b.pause), (1, 2));
+    }
+
+    #[test]
+    fn the_break_even_rate_follows_the_measured_cost() {
+        // Free proposals (prompt lookup): the floor, which is about the break-even at k = 5.
+        assert_eq!(break_even_acceptance(1, 0.0), MIN_ACCEPTANCE_RATE);
+        assert_eq!(break_even_acceptance(3, 0.0), MIN_ACCEPTANCE_RATE);
+        assert!((break_even_acceptance(5, 0.0) - MIN_ACCEPTANCE_RATE).abs() < 1e-3);
+        // A draft model whose 3 passes take 1.19× the verification (the default model's Q4_K_M
+        // drafting for its F16 copy): E(a) = 1 + a + a² + a³ must reach 1.15 · 2.19 = 2.52.
+        let a = break_even_acceptance(3, 1.19);
+        let tokens = 1.0 + a + a * a + a * a * a;
+        assert!((tokens - 1.15 * 2.19).abs() < 1e-6 && (0.65..0.75).contains(&a), "{a}");
+        // Dearer proposals need more; a cost above k + 1 tokens never pays.
+        assert!(break_even_acceptance(3, 2.0) > a);
+        assert_eq!(break_even_acceptance(3, 4.0), 1.0);
     }
 }

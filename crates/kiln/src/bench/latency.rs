@@ -75,11 +75,12 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     let max_len = grid.iter().map(|&(_, i, o)| i + o).max().unwrap_or(1);
     let max_tokens = grid.iter().map(|&(b, i, o)| b * (i + o)).max().unwrap_or(1);
     let max_batch = grid.iter().map(|&(b, _, _)| b).max().unwrap_or(1);
-    let loaded = args.model.load(args.engine.threads)?;
+    let (loaded, draft) =
+        args.model.load_with_draft(args.engine.threads, args.engine.speculative_config.as_ref())?;
     let num_threads = loaded.model.backend().pool().num_threads();
     let vocab = loaded.model.config().vocab_size as u64;
     let mut core = grid_engine(
-        loaded.model,
+        (loaded.model, draft),
         &args.engine,
         args.block_size,
         max_batch,
@@ -120,9 +121,13 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
 }
 
 /// An engine for cells of up to `max_batch` requests of `max_len` tokens, `max_tokens` in
-/// all; prefix caching off so every cell computes everything.
+/// all, with the draft model `engine`'s speculative config names; prefix caching off so every
+/// cell computes everything.
 pub fn grid_engine(
-    model: Box<dyn kiln_models::Model<kiln_kernels::Cpu>>,
+    (model, draft): (
+        Box<dyn kiln_models::Model<kiln_kernels::Cpu>>,
+        Option<crate::model_arg::DraftModel<kiln_kernels::Cpu>>,
+    ),
     engine: &EngineArgs,
     block_size: usize,
     max_batch: usize,
@@ -144,7 +149,7 @@ pub fn grid_engine(
         slo: engine.slo_config()?,
         ..EngineConfig::default() // no tier: latency runs never preempt
     };
-    EngineCore::new(model, config).context("building the engine")
+    EngineCore::with_draft_model(model, draft, config).context("building the engine")
 }
 
 /// Runs one cell: `batch` random prompts of `input_len` tokens, `output_len` tokens each.

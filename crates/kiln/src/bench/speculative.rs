@@ -84,7 +84,8 @@ pub fn run(args: &SpeculativeArgs) -> anyhow::Result<()> {
         args.rounds > 0 && args.output_len > 0 && args.batch_size > 0,
         "--rounds, --output-len and --batch-size must be at least 1"
     );
-    let loaded = args.model.load(args.threads)?;
+    let (loaded, draft) =
+        args.model.load_with_draft(args.threads, Some(&args.speculative_config))?;
     let num_threads = loaded.model.backend().pool().num_threads();
     let vocab = loaded.model.config().vocab_size as u64;
     let prompts: Vec<Vec<TokenId>> = match (&args.prompts, args.random) {
@@ -105,11 +106,13 @@ pub fn run(args: &SpeculativeArgs) -> anyhow::Result<()> {
         num_kv_blocks: (max_len.div_ceil(16) + 1) * args.batch_size,
         max_model_len: Some(max_len),
         scheduler: SchedulerConfig { enable_prefix_caching: false, ..SchedulerConfig::default() },
+        speculative: Some(args.speculative_config.clone()),
         ..EngineConfig::default()
     };
     // One engine, speculation switched between runs: both sides share weights, KV cache and
     // threads (two engines on two copies of the weights differ by several percent on their own).
-    let mut core = EngineCore::new(loaded.model, config).context("building the engine")?;
+    let mut core =
+        EngineCore::with_draft_model(loaded.model, draft, config).context("building the engine")?;
     let spec_config = Some(args.speculative_config.clone());
     eprintln!(
         "{} prompts, {} rounds, {num_threads} threads; warming up",

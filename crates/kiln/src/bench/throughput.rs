@@ -48,7 +48,8 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.prefix_len > args.input_len {
         bail!("--prefix-len ({}) exceeds --input-len ({})", args.prefix_len, args.input_len);
     }
-    let loaded = args.model.load(args.engine.threads)?;
+    let (loaded, draft) =
+        args.model.load_with_draft(args.engine.threads, args.engine.speculative_config.as_ref())?;
     let num_threads = loaded.model.backend().pool().num_threads();
     let model = loaded.model;
     let vocab = model.config().vocab_size as u64;
@@ -62,10 +63,14 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     }
     let block_size = args.kv.block_size;
     let dtype = args.engine.kv_cache_dtype;
-    let bytes_per_block = model.kv_layout().bytes_per_token(dtype) * block_size;
+    // A draft model's cache has as many blocks as the target's: a block costs both.
+    let draft_bytes_per_token = draft.as_ref().map_or(0, |d| d.kv_layout().bytes_per_token(dtype));
+    let bytes_per_block =
+        (model.kv_layout().bytes_per_token(dtype) + draft_bytes_per_token) * block_size;
     let wanted = (args.num_prompts * (args.input_len + args.output_len)).div_ceil(block_size);
     let cap = (DEFAULT_KV_CACHE_CAP_BYTES / bytes_per_block.max(1)).max(1);
-    let weight_bytes = model.weight_bytes() as u64;
+    let weight_bytes =
+        (model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())) as u64;
     let sizing = args.kv.resolve(
         bytes_per_block,
         max_model_len,
@@ -86,7 +91,8 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut config)?;
-    let mut core = EngineCore::new(model, config).context("building the engine")?;
+    let mut core =
+        EngineCore::with_draft_model(model, draft, config).context("building the engine")?;
     eprintln!(
         "{}; {} KV cache; {} threads",
         sizing.describe(block_size, max_model_len),

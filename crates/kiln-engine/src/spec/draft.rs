@@ -1,0 +1,291 @@
+//! The draft-model proposer: a smaller model with the target's vocabulary proposes its greedy
+//! continuation of each decoding request, run by the same engine over its own paged KV cache.
+//!
+//! **Its cache shares the target's block tables.** The draft's cache has the target's blocks
+//! (same ids, same block size) plus scratch blocks: a request's draft KV for position `p` lives
+//! in the draft's copy of the block the target's table holds for `p`, so the draft's blocks are
+//! allocated, freed and preempted with the target's, by the target's scheduler. Positions past
+//! the target's table (the last token and the drafts, before the scheduler allocated slots for
+//! them) go to scratch blocks lent for one round.
+//!
+//! Each round (after a step, for the next one), in the draft's own forward passes:
+//! 1. **catch-up**: every request asking for drafts brings the tokens whose draft KV is missing
+//!    (what the target computed since it last drafted, and its last token), at most
+//!    `max_catch_up` tokens in all; one that caught up fully gets its last row's logits, whose
+//!    argmax is draft 1. Requests that do not draft (prefilling, paused, or a batch too large)
+//!    cost the draft nothing: they catch up when they next draft, unless that backlog is too
+//!    long against the output they may still produce;
+//! 2. `k - 1` passes of one token per drafting request: draft `i` in, draft `i + 1` out.
+//!
+//! **Validity.** Positions `0..valid` of a request hold draft KV of its real tokens. Drafts
+//! written in a round become valid in the next one as far as they equal the request's tokens
+//! there (the target accepted them) and lie in the target's blocks (not scratch). A preemption
+//! (the request's counter moved) resets `valid` to 0, because its blocks may be new ones, and a
+//! new request starts at 0 even with a prefix-cache hit: the draft recomputes that KV, writing
+//! the same values into a shared block. Nothing here can change the target's output: drafts are
+//! proposals, verified exactly by the runner; stale draft KV would only lower acceptance.
+
+use std::collections::HashMap;
+
+use kiln_core::{RequestId, TokenId};
+use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
+use kiln_sched::Scheduler;
+
+use super::SpeculativeConfig;
+use crate::sampler::argmax;
+
+/// A request drafts only while the tokens its draft KV is missing are at most this many times
+/// the output tokens it may still produce: catching up costs a draft prefill token each, and
+/// drafting saves a fraction of each decode step (with the default model drafting for its F16
+/// copy, a decode step costs about 17 of the draft's prefill tokens and drafting saves about a
+/// third of it, so a remaining output token repays about 5 tokens of catch-up).
+const MAX_CATCH_UP_PER_OUTPUT_TOKEN: usize = 4;
+
+/// What the draft knows of one request.
+#[derive(Debug, Default)]
+struct DraftSeq {
+    /// The request's preemption count when `valid` was last set.
+    preemptions: u32,
+    /// Positions `0..valid` hold draft KV of the request's tokens.
+    valid: usize,
+    /// Drafts written last round at positions `pending_start..`; those below `pending_end` went
+    /// to the target's blocks.
+    pending: Vec<TokenId>,
+    pending_start: usize,
+    pending_end: usize,
+}
+
+impl DraftSeq {
+    /// Brings `valid` up to date with the request's tokens after a step.
+    fn refresh(&mut self, preemptions: u32, tokens: &[TokenId]) {
+        if self.preemptions != preemptions {
+            *self = Self { preemptions, ..Self::default() };
+            return;
+        }
+        if self.valid == self.pending_start {
+            for (i, draft) in self.pending.iter().enumerate() {
+                let p = self.pending_start + i;
+                if p >= self.pending_end || tokens.get(p) != Some(draft) {
+                    break;
+                }
+                self.valid = p + 1;
+            }
+        }
+        self.pending.clear();
+    }
+}
+
+/// One request drafting this round.
+#[derive(Debug)]
+struct Drafting {
+    id: RequestId,
+    /// Position of the request's last known token.
+    last: usize,
+    k: usize,
+    /// The target's block table, then scratch blocks.
+    table: Vec<u32>,
+    drafts: Vec<TokenId>,
+}
+
+/// Runs the draft model and keeps its per-request state.
+pub struct DraftProposer {
+    /// The draft bound to its cache: the target's blocks, then the scratch blocks.
+    model: Box<dyn StepModel>,
+    /// What the draft was loaded from, and the most drafts per request its scratch is sized for.
+    name: String,
+    max_k: usize,
+    num_target_blocks: usize,
+    num_scratch_blocks: usize,
+    block_size: usize,
+    /// Most catch-up tokens per round (the rest waits for the next).
+    max_catch_up: usize,
+    seqs: HashMap<RequestId, DraftSeq>,
+    batch: ForwardBatch,
+    logits: Logits,
+    drafting: Vec<Drafting>,
+    /// Scratch: one sequence's tokens as the batch takes them.
+    tokens: Vec<u32>,
+}
+
+impl std::fmt::Debug for DraftProposer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftProposer")
+            .field("model", &self.model.config().architecture)
+            .field("num_target_blocks", &self.num_target_blocks)
+            .field("num_scratch_blocks", &self.num_scratch_blocks)
+            .field("requests", &self.seqs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DraftProposer {
+    /// Scratch blocks a cache needs for `max_drafting` requests drafting `k` tokens each at
+    /// once: a request's positions past its table span at most `ceil(k / block_size) + 1`
+    /// blocks.
+    pub fn scratch_blocks(max_drafting: usize, k: usize, block_size: usize) -> usize {
+        max_drafting * (k.div_ceil(block_size) + 1)
+    }
+
+    /// A proposer over `model` (loaded from `name`), bound to a cache of `num_target_blocks`
+    /// (the target's) plus scratch blocks sized for up to `max_k` drafts per request.
+    pub fn new(
+        model: Box<dyn StepModel>,
+        name: &str,
+        max_k: usize,
+        num_target_blocks: usize,
+        max_catch_up: usize,
+    ) -> Self {
+        let spec = model.kv_spec();
+        Self {
+            name: name.to_owned(),
+            max_k,
+            num_scratch_blocks: spec.num_blocks.saturating_sub(num_target_blocks),
+            num_target_blocks,
+            block_size: spec.block_size,
+            max_catch_up: max_catch_up.max(1),
+            batch: ForwardBatch::new(spec.block_size),
+            model,
+            seqs: HashMap::new(),
+            logits: Logits::default(),
+            drafting: Vec::new(),
+            tokens: Vec::new(),
+        }
+    }
+
+    pub fn model(&self) -> &dyn StepModel {
+        &*self.model
+    }
+
+    /// Whether this draft serves `config`: the same draft model, at most the drafts per request
+    /// its scratch blocks were sized for.
+    pub fn check_serves(&self, config: &SpeculativeConfig) -> Result<(), String> {
+        let name = config.draft_model_name().unwrap_or("(none)");
+        if name != self.name {
+            return Err(format!(
+                "the engine's draft model is `{}`, not `{name}`: another draft needs a new engine",
+                self.name
+            ));
+        }
+        if config.num_speculative_tokens > self.max_k {
+            return Err(format!(
+                "the draft model's cache was sized for {} drafts per request, not {}",
+                self.max_k, config.num_speculative_tokens
+            ));
+        }
+        Ok(())
+    }
+
+    /// Drops what is known about a finished or aborted request.
+    pub fn forget(&mut self, id: RequestId) {
+        self.seqs.remove(&id);
+    }
+
+    /// Forgets every request (after a failed pass, whose KV writes are unknown).
+    pub fn reset(&mut self) {
+        self.seqs.clear();
+    }
+
+    /// Catches the requests of `wanted` up and proposes up to `k` drafts for each `(id, k)` of
+    /// `wanted` (requests that decode next), handing them to the scheduler.
+    pub fn propose(
+        &mut self,
+        scheduler: &mut Scheduler,
+        wanted: &[(RequestId, usize)],
+    ) -> Result<(), ForwardError> {
+        self.plan_first_pass(scheduler, wanted)?;
+        if self.batch.num_tokens() == 0 {
+            return Ok(());
+        }
+        self.model.forward(&self.batch, &mut self.logits)?;
+        for (row, d) in self.drafting.iter_mut().enumerate() {
+            d.drafts.push(TokenId(argmax(self.logits.row(row))));
+        }
+        let max_k = self.drafting.iter().map(|d| d.k).max().unwrap_or(0);
+        for step in 1..max_k {
+            self.batch.clear();
+            for d in self.drafting.iter().filter(|d| d.k > step) {
+                let token = d.drafts[step - 1].0;
+                self.batch.push_seq(&[token], d.last + step, &d.table, LogitsWanted::Last)?;
+            }
+            self.model.forward(&self.batch, &mut self.logits)?;
+            for (row, d) in self.drafting.iter_mut().filter(|d| d.k > step).enumerate() {
+                d.drafts.push(TokenId(argmax(self.logits.row(row))));
+            }
+        }
+        for d in &self.drafting {
+            let real_end = scheduler.kv_cache().block_table(d.id).len() * self.block_size;
+            if let Some(seq) = self.seqs.get_mut(&d.id) {
+                // Drafts 1..k-1 were written at the positions after the last token.
+                seq.pending.extend_from_slice(&d.drafts[..d.k - 1]);
+                seq.pending_start = d.last + 1;
+                seq.pending_end = real_end;
+            }
+            scheduler.update_draft_token_ids(d.id, &d.drafts);
+        }
+        Ok(())
+    }
+
+    /// Fills the batch with the catch-up of every request of `wanted`, a logit row for each
+    /// that drafts this round (in `self.drafting` order, which their rows follow), and lends
+    /// the scratch blocks. A request whose catch-up is long against the output it may still
+    /// produce ([`MAX_CATCH_UP_PER_OUTPUT_TOKEN`]) is left out: the draft's prefill would cost
+    /// more than its drafts can save.
+    fn plan_first_pass(
+        &mut self,
+        scheduler: &Scheduler,
+        wanted: &[(RequestId, usize)],
+    ) -> Result<(), ForwardError> {
+        self.batch.clear();
+        self.drafting.clear();
+        let bs = self.block_size;
+        let max_model_len = scheduler.config().max_model_len;
+        let scratch_end = self.num_target_blocks + self.num_scratch_blocks;
+        let mut next_scratch = self.num_target_blocks;
+        let mut budget = self.max_catch_up;
+        for &(id, k) in wanted {
+            let Some(req) = scheduler.request(id) else { continue };
+            if req.num_uncomputed_tokens() != 1 {
+                continue; // only a request that decodes next drafts
+            }
+            let seq = self.seqs.entry(id).or_default();
+            let tokens = req.all_token_ids();
+            seq.refresh(req.num_preemptions(), tokens);
+            // The last known token's position. A request not scheduled in the last step may
+            // have its draft KV already: writing it again writes the same values.
+            let last = req.num_computed_tokens();
+            seq.valid = seq.valid.min(last);
+            let missing = last + 1 - seq.valid;
+            let remaining = req.num_remaining_tokens(max_model_len);
+            if missing > MAX_CATCH_UP_PER_OUTPUT_TOKEN * remaining {
+                continue;
+            }
+            let table = scheduler.kv_cache().block_table(id);
+            let real_end = table.len() * bs;
+            let scratch = (last + k).div_ceil(bs).saturating_sub(table.len());
+            if missing <= budget && scratch <= scratch_end - next_scratch {
+                let mut ext: Vec<u32> = table.iter().map(|b| b.0).collect();
+                ext.extend((next_scratch..next_scratch + scratch).map(|b| b as u32));
+                next_scratch += scratch;
+                self.tokens.clear();
+                self.tokens.extend(tokens[seq.valid..=last].iter().map(|t| t.0));
+                self.batch.push_seq(&self.tokens, seq.valid, &ext, LogitsWanted::Last)?;
+                budget -= missing;
+                seq.valid = (last + 1).min(real_end);
+                self.drafting.push(Drafting { id, last, k, table: ext, drafts: Vec::new() });
+                continue;
+            }
+            // Catch-up only, within the target's blocks and the round's budget; the drafts
+            // come in a later round.
+            let end = (last + 1).min(real_end).min(seq.valid + budget);
+            if end > seq.valid {
+                self.tokens.clear();
+                self.tokens.extend(tokens[seq.valid..end].iter().map(|t| t.0));
+                let table: Vec<u32> = table.iter().map(|b| b.0).collect();
+                self.batch.push_seq(&self.tokens, seq.valid, &table, LogitsWanted::None)?;
+                budget -= end - seq.valid;
+                seq.valid = end;
+            }
+        }
+        Ok(())
+    }
+}
