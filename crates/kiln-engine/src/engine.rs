@@ -539,18 +539,20 @@ impl EngineCore {
                 "speculative decoding can only be switched while no request runs".into(),
             ));
         }
+        // Checked before anything changes: a refused config leaves the engine as it was.
+        if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
+            let held = self.speculator.as_ref().and_then(Speculator::draft_model);
+            let Some(draft) = held.or(self.idle_draft_model.as_ref()) else {
+                return Err(EngineError::Config("this engine has no draft model".into()));
+            };
+            draft.check_serves(c).map_err(EngineError::Config)?;
+        }
         let stats = self.speculator.as_ref().map_or(self.stats.spec_decode, |s| *s.stats());
         if let Some(draft) = self.speculator.take().and_then(Speculator::into_draft_model) {
             self.idle_draft_model = Some(draft);
         }
-        let mut draft = None;
-        if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
-            let Some(idle) = &self.idle_draft_model else {
-                return Err(EngineError::Config("this engine has no draft model".into()));
-            };
-            idle.check_serves(c).map_err(EngineError::Config)?;
-            draft = self.idle_draft_model.take();
-        }
+        let wants_draft = config.as_ref().is_some_and(|c| c.draft_model_name().is_some());
+        let mut draft = if wants_draft { self.idle_draft_model.take() } else { None };
         if let Some(draft) = &mut draft {
             draft.reset();
         }
@@ -760,9 +762,16 @@ fn bind_draft_model<B: Backend>(
             "a draft model was given without a speculative config".into(),
         ));
     };
-    let max_drafting = spec.disable_by_batch_size.min(config.scheduler.max_num_seqs);
-    let scratch =
-        DraftProposer::scratch_blocks(max_drafting, spec.num_speculative_tokens, config.block_size);
+    let draft_positions = draft.config().max_position_embeddings;
+    let max_model_len = config.scheduler.max_model_len;
+    if draft_positions < max_model_len {
+        return Err(EngineError::Config(format!(
+            "the draft model's maximum positions ({draft_positions}) are fewer than \
+             `max_model_len` ({max_model_len})"
+        )));
+    }
+    let max_num_seqs = config.scheduler.max_num_seqs;
+    let scratch = DraftProposer::scratch_blocks(spec, max_num_seqs, config.block_size);
     let bound = BoundModel::new(
         draft,
         config.kv_cache_dtype,
@@ -773,8 +782,7 @@ fn bind_draft_model<B: Backend>(
     Ok(DraftProposer::new(
         Box::new(bound),
         spec.draft_model_name().unwrap_or("(unnamed)"),
-        spec.num_speculative_tokens,
         config.num_kv_blocks,
-        config.scheduler.max_num_batched_tokens,
+        max_num_seqs,
     ))
 }

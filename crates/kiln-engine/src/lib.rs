@@ -5,7 +5,8 @@
 //!   model, samples.
 //! - [`EngineCore`]: scheduler + runner; `step()` = schedule → execute → update (→ propose
 //!   drafts, with speculative decoding on).
-//! - [`spec`]: speculative decoding (config, prompt-lookup proposer, acceptance counters).
+//! - [`spec`]: speculative decoding (config, prompt-lookup and draft-model proposers,
+//!   acceptance counters).
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, grammar) as token masks.
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
 //! - [`prefix_store`]: the prefix cache saved to a file and restored at start.

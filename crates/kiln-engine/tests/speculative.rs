@@ -357,13 +357,15 @@ fn switching_speculation_off_and_on_keeps_the_draft_model() {
     core.set_speculative_config(None).unwrap();
     assert_eq!(run(&mut core, &reqs), expected);
     assert_eq!(core.stats().spec_decode.num_drafts, 0);
-    // Another draft model, or more drafts than its cache was sized for, needs a new engine.
-    let e = core.set_speculative_config(Some(draft_model(3, "mistral"))).unwrap_err();
-    assert!(e.to_string().contains("draft model is `llama3`, not `mistral`"), "{e}");
-    let e = core.set_speculative_config(Some(draft_model(4, "llama3"))).unwrap_err();
-    assert!(e.to_string().contains("sized for 3 drafts per request, not 4"), "{e}");
     core.set_speculative_config(Some(draft_model(2, "llama3"))).unwrap();
     core.set_speculative_config(Some(spec)).unwrap();
+    // Another draft model, or more drafts than its scratch blocks were sized for (64 requests
+    // of 3 drafts in 4-token blocks: 64 blocks), needs a new engine; a refused switch changes
+    // nothing.
+    let e = core.set_speculative_config(Some(draft_model(3, "mistral"))).unwrap_err();
+    assert!(e.to_string().contains("draft model is `llama3`, not `mistral`"), "{e}");
+    let e = core.set_speculative_config(Some(draft_model(5, "llama3"))).unwrap_err();
+    assert!(e.to_string().contains("has 64 scratch blocks, and 5 drafts"), "{e}");
     assert_eq!(run(&mut core, &reqs), expected);
     let spec = core.stats().spec_decode;
     assert!(spec.num_draft_tokens > 0);

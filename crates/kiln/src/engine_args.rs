@@ -124,7 +124,9 @@ pub struct EngineArgs {
     pub kv_cache_dtype: KvCacheDtype,
     /// Speculative decoding, vLLM's JSON: `{"method": "ngram", "num_speculative_tokens": K,
     /// "prompt_lookup_min": A, "prompt_lookup_max": B, "disable_by_batch_size": N}` (prompt
-    /// lookup over the prompt and output so far; outputs are unchanged, see docs/OPERATIONS.md).
+    /// lookup over the prompt and output so far), or `{"model": M, "num_speculative_tokens":
+    /// K}` (method `draft_model`: a smaller model M with the same tokenizer, loaded as --model);
+    /// outputs are unchanged, see docs/OPERATIONS.md.
     #[arg(long, value_parser = parse_speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
 }

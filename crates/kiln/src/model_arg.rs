@@ -29,6 +29,33 @@ pub fn cpu_backend(threads: usize) -> Arc<Cpu> {
     backend
 }
 
+/// Refuses a draft whose vocabulary is not the target's: a different size, or a token id
+/// that stands for other bytes (drafts are token ids, verified as the target's tokens).
+fn check_same_vocabulary<B: kiln_models::Backend>(
+    target: &LoadedModel<B>,
+    draft: &LoadedModel<B>,
+) -> anyhow::Result<()> {
+    let (draft_size, size) = (draft.model.config().vocab_size, target.model.config().vocab_size);
+    if draft_size != size {
+        anyhow::bail!(
+            "the draft model's vocabulary ({draft_size} tokens) differs from the target's \
+             ({size}); a draft model must share the target's tokenizer"
+        );
+    }
+    let (draft_tokens, tokens) = (draft.tokenizer.token_bytes(), target.tokenizer.token_bytes());
+    if let Some(id) =
+        (0..tokens.len().max(draft_tokens.len())).find(|&i| tokens.get(i) != draft_tokens.get(i))
+    {
+        anyhow::bail!(
+            "the draft model's tokenizer differs from the target's (token {id} is {:?} in the \
+             draft, {:?} in the target); a draft model must share the target's tokenizer",
+            draft_tokens.get(id).map(|b| String::from_utf8_lossy(b).into_owned()),
+            tokens.get(id).map(|b| String::from_utf8_lossy(b).into_owned()),
+        );
+    }
+    Ok(())
+}
+
 /// Weight types `--quantization` offers for float checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Quantization {
@@ -129,16 +156,19 @@ impl ModelArgs {
     ) -> anyhow::Result<(LoadedModel<Cpu>, Option<DraftModel<Cpu>>)> {
         let backend = cpu_backend(threads);
         let loaded = self.load_path_on(&self.resolve()?, &backend)?;
-        Ok((loaded, self.load_draft_on(speculative, &backend)?))
+        let draft = self.load_draft_on(speculative, &backend, &loaded)?;
+        Ok((loaded, draft))
     }
 
     /// The draft model `speculative` names (method `draft_model`; `None` otherwise), loaded
     /// as `--model` would load it (local path, Hugging Face id or the default model's name;
-    /// this `--download-dir`, no `--quantization`) onto `backend`.
+    /// this `--download-dir`, no `--quantization`) onto `backend`, and refused unless it has
+    /// `target`'s vocabulary: the same size and the same bytes for every token.
     pub fn load_draft_on<B: kiln_models::Backend>(
         &self,
         speculative: Option<&SpeculativeConfig>,
         backend: &Arc<B>,
+        target: &LoadedModel<B>,
     ) -> anyhow::Result<Option<DraftModel<B>>> {
         let Some(name) = speculative.and_then(SpeculativeConfig::draft_model_name) else {
             return Ok(None);
@@ -146,6 +176,7 @@ impl ModelArgs {
         let args = Self { download_dir: self.download_dir.clone(), ..Self::named(name) };
         let path = args.resolve().context("--speculative-config: the draft `model`")?;
         let draft = args.load_path_on(&path, backend).context("--speculative-config: the draft")?;
+        check_same_vocabulary(target, &draft)?;
         tracing::info!(
             "draft model: {} ({:?}, {} layers, {:.1} MiB of weights)",
             path.display(),

@@ -349,7 +349,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
             args.device.warn_on_cpu();
             let backend = crate::model_arg::cpu_backend(args.threads);
             let loaded = args.model.load_path_on(&model_path, &backend)?;
-            let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend)?;
+            let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend, &loaded)?;
             let weight_bytes = (loaded.model.weight_bytes()
                 + draft.as_ref().map_or(0, |d| d.weight_bytes()))
                 as u64;

@@ -1,7 +1,8 @@
 //! `kiln serve --speculative-config` end to end on the tiny fixture: completions are the same
 //! text as without speculation, with prompt lookup and with a draft model, drafts are verified
 //! (vLLM's `spec_decode_*` metrics count them), and an invalid configuration (a bad field, a
-//! draft model with another vocabulary) stops start-up with the reason named.
+//! draft model with another vocabulary) stops start-up (`serve`, `generate`) with the reason
+//! named.
 
 #![allow(clippy::unwrap_used)]
 
@@ -65,21 +66,41 @@ fn serving_with_a_draft_model_gives_the_same_completions() {
 
 #[test]
 fn a_draft_model_with_another_vocabulary_is_refused_at_start_up() {
-    let other = common::tiny_model().with_file_name("qwen2");
-    let spec = serde_json::json!({"model": other, "num_speculative_tokens": 3});
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--model"])
-        .arg(common::tiny_model())
-        .args(["--port", "0", "--speculative-config", &spec.to_string()])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr
-            .contains("the draft model's vocabulary (503 tokens) differs from the target's (512)"),
-        "{stderr}"
-    );
+    // The same model with two tokens' ids swapped in its tokenizer: same size, other tokens.
+    let swapped = std::env::temp_dir().join(format!("kiln-swapped-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&swapped).unwrap();
+    for entry in std::fs::read_dir(common::tiny_model()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, swapped.join(path.file_name().unwrap())).unwrap();
+    }
+    let tokenizer_path = swapped.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tokenizer_path).unwrap()).unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["!"].clone(), vocab["\""].clone());
+    vocab.insert("!".into(), b);
+    vocab.insert("\"".into(), a);
+    std::fs::write(&tokenizer_path, tokenizer.to_string()).unwrap();
+    // Another size (qwen2: 503 tokens), and the same size with other tokens.
+    let qwen2 = common::tiny_model().with_file_name("qwen2");
+    for (draft, message) in [
+        (qwen2, "the draft model's vocabulary (503 tokens) differs from the target's (512)"),
+        (swapped.clone(), "the draft model's tokenizer differs from the target's (token 0 is"),
+    ] {
+        let spec = serde_json::json!({"model": draft, "num_speculative_tokens": 3});
+        // `generate` exits by itself even if the check were missing (a server would not).
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["generate", "--model"])
+            .arg(common::tiny_model())
+            .args(["--prompt", "hi", "--max-tokens", "2", "--speculative-config"])
+            .arg(spec.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(message), "{stderr}");
+    }
+    std::fs::remove_dir_all(&swapped).unwrap();
 }
 
 #[test]

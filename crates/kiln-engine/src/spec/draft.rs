@@ -10,8 +10,8 @@
 //!
 //! Each round (after a step, for the next one), in the draft's own forward passes:
 //! 1. **catch-up**: every request asking for drafts brings the tokens whose draft KV is missing
-//!    (what the target computed since it last drafted, and its last token), at most
-//!    `max_catch_up` tokens in all; one that caught up fully gets its last row's logits, whose
+//!    (what the target computed since it last drafted, and its last token), at most the
+//!    scheduler's step budget in all; one that caught up fully gets its last row's logits, whose
 //!    argmax is draft 1. Requests that do not draft (prefilling, paused, or a batch too large)
 //!    cost the draft nothing: they catch up when they next draft, unless that backlog is too
 //!    long against the output they may still produce;
@@ -75,6 +75,14 @@ impl DraftSeq {
     }
 }
 
+/// What a round did: whether any request got drafts, and whether it was a steady one (at most
+/// two catch-up tokens per drafting request), whose time is what drafting costs per step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftRound {
+    pub drafted: bool,
+    pub steady: bool,
+}
+
 /// One request drafting this round.
 #[derive(Debug)]
 struct Drafting {
@@ -91,14 +99,14 @@ struct Drafting {
 pub struct DraftProposer {
     /// The draft bound to its cache: the target's blocks, then the scratch blocks.
     model: Box<dyn StepModel>,
-    /// What the draft was loaded from, and the most drafts per request its scratch is sized for.
+    /// What the draft was loaded from.
     name: String,
-    max_k: usize,
     num_target_blocks: usize,
     num_scratch_blocks: usize,
     block_size: usize,
-    /// Most catch-up tokens per round (the rest waits for the next).
-    max_catch_up: usize,
+    /// The scheduler's running cap (with `disable_by_batch_size`, it bounds the requests that
+    /// draft at once).
+    max_num_seqs: usize,
     seqs: HashMap<RequestId, DraftSeq>,
     batch: ForwardBatch,
     logits: Logits,
@@ -119,30 +127,34 @@ impl std::fmt::Debug for DraftProposer {
 }
 
 impl DraftProposer {
-    /// Scratch blocks a cache needs for `max_drafting` requests drafting `k` tokens each at
-    /// once: a request's positions past its table span at most `ceil(k / block_size) + 1`
-    /// blocks.
-    pub fn scratch_blocks(max_drafting: usize, k: usize, block_size: usize) -> usize {
-        max_drafting * (k.div_ceil(block_size) + 1)
+    /// Scratch blocks a cache needs for `config` under a running cap of `max_num_seqs`: at
+    /// most `min(disable_by_batch_size, max_num_seqs)` requests draft at once, and a request's
+    /// positions past its table (`last..last + k`, with the table covering `0..last`) span at
+    /// most `ceil(k / block_size)` blocks.
+    pub fn scratch_blocks(
+        config: &SpeculativeConfig,
+        max_num_seqs: usize,
+        block_size: usize,
+    ) -> usize {
+        let max_drafting = config.disable_by_batch_size.min(max_num_seqs);
+        max_drafting * config.num_speculative_tokens.div_ceil(block_size)
     }
 
     /// A proposer over `model` (loaded from `name`), bound to a cache of `num_target_blocks`
-    /// (the target's) plus scratch blocks sized for up to `max_k` drafts per request.
+    /// (the target's) plus scratch blocks ([`DraftProposer::scratch_blocks`]).
     pub fn new(
         model: Box<dyn StepModel>,
         name: &str,
-        max_k: usize,
         num_target_blocks: usize,
-        max_catch_up: usize,
+        max_num_seqs: usize,
     ) -> Self {
         let spec = model.kv_spec();
         Self {
             name: name.to_owned(),
-            max_k,
             num_scratch_blocks: spec.num_blocks.saturating_sub(num_target_blocks),
             num_target_blocks,
             block_size: spec.block_size,
-            max_catch_up: max_catch_up.max(1),
+            max_num_seqs,
             batch: ForwardBatch::new(spec.block_size),
             model,
             seqs: HashMap::new(),
@@ -152,12 +164,13 @@ impl DraftProposer {
         }
     }
 
+    /// The draft model, bound to its cache.
     pub fn model(&self) -> &dyn StepModel {
         &*self.model
     }
 
-    /// Whether this draft serves `config`: the same draft model, at most the drafts per request
-    /// its scratch blocks were sized for.
+    /// Whether this draft serves `config`: the same draft model, and no more drafts at once
+    /// than its scratch blocks were sized for.
     pub fn check_serves(&self, config: &SpeculativeConfig) -> Result<(), String> {
         let name = config.draft_model_name().unwrap_or("(none)");
         if name != self.name {
@@ -166,10 +179,14 @@ impl DraftProposer {
                 self.name
             ));
         }
-        if config.num_speculative_tokens > self.max_k {
+        let needed = Self::scratch_blocks(config, self.max_num_seqs, self.block_size);
+        if needed > self.num_scratch_blocks {
             return Err(format!(
-                "the draft model's cache was sized for {} drafts per request, not {}",
-                self.max_k, config.num_speculative_tokens
+                "the draft model's cache has {} scratch blocks, and {} drafts per request with \
+                 disable_by_batch_size {} need {needed}: that needs a new engine",
+                self.num_scratch_blocks,
+                config.num_speculative_tokens,
+                config.disable_by_batch_size
             ));
         }
         Ok(())
@@ -191,10 +208,15 @@ impl DraftProposer {
         &mut self,
         scheduler: &mut Scheduler,
         wanted: &[(RequestId, usize)],
-    ) -> Result<(), ForwardError> {
+    ) -> Result<DraftRound, ForwardError> {
         self.plan_first_pass(scheduler, wanted)?;
+        let num_drafting = self.drafting.len();
+        let round = DraftRound {
+            drafted: num_drafting > 0,
+            steady: num_drafting > 0 && self.batch.num_tokens() <= 2 * num_drafting,
+        };
         if self.batch.num_tokens() == 0 {
-            return Ok(());
+            return Ok(round);
         }
         self.model.forward(&self.batch, &mut self.logits)?;
         for (row, d) in self.drafting.iter_mut().enumerate() {
@@ -222,7 +244,7 @@ impl DraftProposer {
             }
             scheduler.update_draft_token_ids(d.id, &d.drafts);
         }
-        Ok(())
+        Ok(round)
     }
 
     /// Fills the batch with the catch-up of every request of `wanted`, a logit row for each
@@ -241,10 +263,11 @@ impl DraftProposer {
         let max_model_len = scheduler.config().max_model_len;
         let scratch_end = self.num_target_blocks + self.num_scratch_blocks;
         let mut next_scratch = self.num_target_blocks;
-        let mut budget = self.max_catch_up;
+        // The step budget in force (a batch controller may have lowered it).
+        let mut budget = scheduler.limits().max_num_batched_tokens.max(1);
         for &(id, k) in wanted {
             let Some(req) = scheduler.request(id) else { continue };
-            if req.num_uncomputed_tokens() != 1 {
+            if k == 0 || req.num_uncomputed_tokens() != 1 {
                 continue; // only a request that decodes next drafts
             }
             let seq = self.seqs.entry(id).or_default();

@@ -31,7 +31,7 @@ use kiln_core::{RequestId, TokenId};
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
-use super::draft::DraftProposer;
+use super::draft::{DraftProposer, DraftRound};
 use super::ngram;
 use super::stats::SpecDecodeStats;
 
@@ -44,6 +44,8 @@ const MIN_ACCEPTANCE_RATE: f64 = 0.2;
 const VERIFY_ROW_COST: f64 = 0.05;
 /// Weight of the newest measurement in the cost averages.
 const COST_SMOOTHING: f64 = 0.1;
+/// Longest pause, in steps.
+const MAX_PAUSE_STEPS: u32 = 64;
 
 /// The acceptance rate above which `k` drafts per step pay, when proposing takes
 /// `propose_over_verify` times a verification step's forward time (module docs).
@@ -61,8 +63,6 @@ pub fn break_even_acceptance(k: usize, propose_over_verify: f64) -> f64 {
     }
     hi.max(MIN_ACCEPTANCE_RATE)
 }
-/// Longest pause, in steps.
-const MAX_PAUSE_STEPS: u32 = 64;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Backoff {
@@ -119,6 +119,8 @@ pub struct Speculator {
     /// steps that verified drafts, in seconds (`None` until measured).
     propose_secs: Option<f64>,
     verify_secs: Option<f64>,
+    /// Failed draft-model passes (logged at powers of two).
+    num_draft_failures: u64,
 }
 
 impl Speculator {
@@ -147,7 +149,13 @@ impl Speculator {
             wanted: Vec::new(),
             propose_secs: None,
             verify_secs: None,
+            num_draft_failures: 0,
         })
+    }
+
+    /// The draft model, with method `draft_model`.
+    pub fn draft_model(&self) -> Option<&DraftProposer> {
+        self.draft_model.as_ref()
     }
 
     /// Gives the draft model back (to keep it while speculation is switched off).
@@ -218,22 +226,25 @@ impl Speculator {
     }
 
     /// Proposes drafts for the next step of every running request that decodes next.
+    /// The proposing time of a round counts in the break-even rate only when the round was a
+    /// steady one ([`DraftRound`]): a new request's whole-prompt catch-up is not what drafting
+    /// costs per step.
     pub fn propose(&mut self, scheduler: &mut Scheduler) {
         let start = Instant::now();
-        let drafted = self.propose_drafts(scheduler);
+        let round = self.propose_drafts(scheduler);
         let elapsed = start.elapsed();
         self.stats.propose_nanos += u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        if drafted {
+        if round.steady {
             smooth(&mut self.propose_secs, elapsed.as_secs_f64());
         }
     }
 
-    /// Proposes, and says whether any request was offered drafts.
-    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> bool {
+    /// Proposes, and says what the round did.
+    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> DraftRound {
         self.running.clear();
         self.running.extend_from_slice(scheduler.running_ids());
         if self.running.len() >= self.config.disable_by_batch_size {
-            return false;
+            return DraftRound::default();
         }
         let mut drafted = false;
         let max_model_len = scheduler.config().max_model_len;
@@ -265,14 +276,21 @@ impl Speculator {
             && !self.wanted.is_empty()
         {
             match draft.propose(scheduler, &self.wanted) {
-                Ok(()) => drafted = true,
+                Ok(round) => return round,
                 Err(e) => {
-                    tracing::warn!("draft model pass failed, no drafts in this step: {e}");
+                    self.num_draft_failures += 1;
+                    if self.num_draft_failures.is_power_of_two() {
+                        tracing::warn!(
+                            "draft model pass failed ({} so far), no drafts in this step: {e}",
+                            self.num_draft_failures
+                        );
+                    }
                     draft.reset();
                 }
             }
         }
-        drafted
+        // Prompt lookup costs microseconds: every round is a steady one.
+        DraftRound { drafted, steady: drafted }
     }
 }
 
