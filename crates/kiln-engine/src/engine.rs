@@ -528,8 +528,8 @@ impl EngineCore {
     /// Turns speculative decoding on (with `config`) or off between runs: only while no request
     /// is unfinished, so no draft of the old setting is left (benchmarks compare both on the same
     /// weights and threads). The acceptance counters keep counting. A draft model is kept while
-    /// speculation is off; a config naming another draft model, or more drafts than the first
-    /// config, is refused.
+    /// speculation is off; a config naming another draft model, or more drafts at once than its
+    /// scratch blocks fit, is refused.
     pub fn set_speculative_config(
         &mut self,
         config: Option<SpeculativeConfig>,

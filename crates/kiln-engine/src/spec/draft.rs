@@ -75,14 +75,6 @@ impl DraftSeq {
     }
 }
 
-/// What a round did: whether any request got drafts, and whether it was a steady one (at most
-/// two catch-up tokens per drafting request), whose time is what drafting costs per step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DraftRound {
-    pub drafted: bool,
-    pub steady: bool,
-}
-
 /// One request drafting this round.
 #[derive(Debug)]
 struct Drafting {
@@ -203,20 +195,19 @@ impl DraftProposer {
     }
 
     /// Catches the requests of `wanted` up and proposes up to `k` drafts for each `(id, k)` of
-    /// `wanted` (requests that decode next), handing them to the scheduler.
+    /// `wanted` (requests that decode next), handing them to the scheduler. Returns whether the
+    /// round was a steady one: some request drafted, with at most two catch-up tokens per
+    /// drafting request, so its time is what drafting costs per step.
     pub fn propose(
         &mut self,
         scheduler: &mut Scheduler,
         wanted: &[(RequestId, usize)],
-    ) -> Result<DraftRound, ForwardError> {
+    ) -> Result<bool, ForwardError> {
         self.plan_first_pass(scheduler, wanted)?;
         let num_drafting = self.drafting.len();
-        let round = DraftRound {
-            drafted: num_drafting > 0,
-            steady: num_drafting > 0 && self.batch.num_tokens() <= 2 * num_drafting,
-        };
+        let steady = num_drafting > 0 && self.batch.num_tokens() <= 2 * num_drafting;
         if self.batch.num_tokens() == 0 {
-            return Ok(round);
+            return Ok(steady);
         }
         self.model.forward(&self.batch, &mut self.logits)?;
         for (row, d) in self.drafting.iter_mut().enumerate() {
@@ -244,7 +235,7 @@ impl DraftProposer {
             }
             scheduler.update_draft_token_ids(d.id, &d.drafts);
         }
-        Ok(round)
+        Ok(steady)
     }
 
     /// Fills the batch with the catch-up of every request of `wanted`, a logit row for each

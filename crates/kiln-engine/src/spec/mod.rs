@@ -29,6 +29,6 @@ pub use config::{
     DEFAULT_DISABLE_BY_BATCH_SIZE, MAX_PROMPT_LOOKUP, MAX_SPEC_TOKENS, SpecConfigError, SpecMethod,
     SpeculativeConfig,
 };
-pub use draft::{DraftProposer, DraftRound};
+pub use draft::DraftProposer;
 pub use speculator::Speculator;
 pub use stats::SpecDecodeStats;

@@ -10,8 +10,8 @@
 //! The break-even rate ([`break_even_acceptance`]) comes from measured costs: a step with `k`
 //! drafts yields `E(a) = (1 - a^(k+1)) / (1 - a)` tokens at acceptance `a`, and costs
 //! `(1 + VERIFY_ROW_COST · k) · (1 + propose / verify)` plain steps, where `propose / verify` is
-//! the ratio of the measured proposing time (moving averages over drafting steps) to the
-//! measured forward time of verification steps. Drafting pays when `E(a)` exceeds that cost;
+//! the ratio of the measured proposing time (moving averages over steady rounds: drafting
+//! without a long catch-up) to the measured forward time of verification steps. Drafting pays when `E(a)` exceeds that cost;
 //! the rate never goes below [`MIN_ACCEPTANCE_RATE`]. Prompt lookup proposes in microseconds
 //! (the floor holds); a draft model's passes cost about as much as the verification itself, so
 //! it needs most of its drafts accepted.
@@ -31,7 +31,7 @@ use kiln_core::{RequestId, TokenId};
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
-use super::draft::{DraftProposer, DraftRound};
+use super::draft::DraftProposer;
 use super::ngram;
 use super::stats::SpecDecodeStats;
 
@@ -227,24 +227,24 @@ impl Speculator {
 
     /// Proposes drafts for the next step of every running request that decodes next.
     /// The proposing time of a round counts in the break-even rate only when the round was a
-    /// steady one ([`DraftRound`]): a new request's whole-prompt catch-up is not what drafting
+    /// steady one ([`DraftProposer::propose`]): a new request's whole-prompt catch-up is not what drafting
     /// costs per step.
     pub fn propose(&mut self, scheduler: &mut Scheduler) {
         let start = Instant::now();
-        let round = self.propose_drafts(scheduler);
+        let steady = self.propose_drafts(scheduler);
         let elapsed = start.elapsed();
         self.stats.propose_nanos += u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        if round.steady {
+        if steady {
             smooth(&mut self.propose_secs, elapsed.as_secs_f64());
         }
     }
 
-    /// Proposes, and says what the round did.
-    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> DraftRound {
+    /// Proposes, and says whether the round was a steady one (its time counts as the cost).
+    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> bool {
         self.running.clear();
         self.running.extend_from_slice(scheduler.running_ids());
         if self.running.len() >= self.config.disable_by_batch_size {
-            return DraftRound::default();
+            return false;
         }
         let mut drafted = false;
         let max_model_len = scheduler.config().max_model_len;
@@ -276,7 +276,7 @@ impl Speculator {
             && !self.wanted.is_empty()
         {
             match draft.propose(scheduler, &self.wanted) {
-                Ok(round) => return round,
+                Ok(steady) => return steady,
                 Err(e) => {
                     self.num_draft_failures += 1;
                     if self.num_draft_failures.is_power_of_two() {
@@ -289,8 +289,8 @@ impl Speculator {
                 }
             }
         }
-        // Prompt lookup costs microseconds: every round is a steady one.
-        DraftRound { drafted, steady: drafted }
+        // Prompt lookup costs microseconds: every round that drafted is a steady one.
+        drafted
     }
 }
 
