@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use crate::{
     AttentionShape, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
-    LoadTensorError, Logits, RopeConfig, SeqSpan,
+    LoadTensorError, Logits, RopeConfig, SeqSpan, TreeKeys, TreeMask,
 };
 
 /// One matrix of a [`Backend::linear`] call: `out[m, n] = x[m, k] · weightᵀ + bias`.
@@ -142,7 +142,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
         slot_mapping: &[u32],
     );
     /// `out[rows, num_heads * head_dim]` = attention of the queries `q` (rows of `seqs`) over
-    /// `layer` of the cache, causal (and windowed when the shape says so).
+    /// `layer` of the cache, causal (and windowed when the shape says so). With `tree`, a row
+    /// `r` with `tree.rows[r].len > 0` is a token-tree node and sees the keys [`crate::TreeKeys`]
+    /// describes; only backends that [`Backend::supports_token_trees`] are given one.
+    #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
         kv: &Self::KvStore,
@@ -150,9 +153,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
         q: Self::View<'_>,
         seqs: &[SeqSpan],
         block_tables: &[u32],
+        tree: Option<TreeMask<'_>>,
         shape: &AttentionShape,
         out: Self::ViewMut<'_>,
     );
+    /// Whether [`Backend::paged_attention`] takes token trees and [`Backend::copy_kv_slots`]
+    /// works (speculative decoding with token trees needs both).
+    fn supports_token_trees(&self) -> bool {
+        false
+    }
+    /// Copies the K/V of cache slot `src` to slot `dst` in every layer, for each pair in order
+    /// (a verified token-tree path moved to the slots of its positions). Only called on a
+    /// backend that [`Backend::supports_token_trees`].
+    fn copy_kv_slots(&self, kv: &mut Self::KvStore, pairs: &[(u32, u32)]) {
+        let _ = (kv, pairs);
+        unreachable!("{} does not support token trees", self.name());
+    }
     /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
     fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);
     /// `dst[i] = src[rows[i]]` over rows of `width`.
@@ -185,11 +201,13 @@ pub struct Workspace<B: Backend> {
     buffers: Vec<B::Buffer>,
     /// Host-side sequence spans a step builds (the last layer's single-query sequences).
     pub row_seqs: Vec<SeqSpan>,
+    /// The tree keys of those rows, when the step holds a token tree.
+    pub row_trees: Vec<TreeKeys>,
 }
 
 impl<B: Backend> Default for Workspace<B> {
     fn default() -> Self {
-        Self { buffers: Vec::new(), row_seqs: Vec::new() }
+        Self { buffers: Vec::new(), row_seqs: Vec::new(), row_trees: Vec::new() }
     }
 }
 

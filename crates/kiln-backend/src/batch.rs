@@ -5,6 +5,13 @@
 //! Invariants (checked in [`ForwardBatch::push_seq`]): the block table of each sequence covers
 //! all of its `context_len` tokens; `slot_mapping[t]` is the cache slot of token `t`;
 //! `positions[t]` is its position in its sequence. Buffers are reused across steps.
+//!
+//! A token tree ([`ForwardBatch::push_tree`], speculative verification of several candidate
+//! continuations) is one sequence whose first new token is the root, at position `p` in slot
+//! `p`, followed by the tree's nodes in topological order (parents first), node `i` in slot
+//! `p + 1 + i` but at position `p + depth(i)`. A node row sees the keys up to the root through
+//! the block table, then its ancestors' and its own keys ([`TreeKeys`]): exactly the keys the
+//! same tokens decoded one by one would see, in position order.
 
 use crate::ForwardError;
 
@@ -33,6 +40,29 @@ pub struct SeqSpan {
     pub block_table_start: usize,
 }
 
+/// The keys a token-tree row sees past its sequence's shared prefix: positions
+/// `pos + 1 - len ..= pos` are the cache slots `tree_slots[start..start + len]` (its ancestors'
+/// then its own), and positions up to `pos - len` come from the sequence's block table as for
+/// any row. `len == 0`: not a tree node (its position follows from its sequence).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeKeys {
+    pub pos: u32,
+    pub start: u32,
+    pub len: u32,
+}
+
+/// The tree keys of a batch's query rows, for attention: `rows[r]` is row `r`'s
+/// ([`TreeKeys`]), with ranges into `slots`.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeMask<'a> {
+    /// `[rows]`
+    pub rows: &'a [TreeKeys],
+    pub slots: &'a [u32],
+}
+
+/// The parent of a tree node that hangs off the root (the sequence's last known token).
+pub const TREE_ROOT: u32 = u32::MAX;
+
 /// One step's inputs on the host. A device backend uploads the id, position, slot and block-table
 /// buffers once per step; they are the same for every layer.
 #[derive(Clone, Debug)]
@@ -49,6 +79,10 @@ pub struct ForwardBatch {
     block_tables: Vec<u32>,
     /// Token rows whose logits are computed, in order.
     logits_rows: Vec<usize>,
+    /// `[num_tokens]` tree keys of each token (all `len == 0` unless a tree was pushed).
+    tree_rows: Vec<TreeKeys>,
+    /// The slots [`TreeKeys`] ranges point into.
+    tree_slots: Vec<u32>,
 }
 
 impl ForwardBatch {
@@ -61,6 +95,8 @@ impl ForwardBatch {
             seqs: Vec::new(),
             block_tables: Vec::new(),
             logits_rows: Vec::new(),
+            tree_rows: Vec::new(),
+            tree_slots: Vec::new(),
         }
     }
 
@@ -71,6 +107,8 @@ impl ForwardBatch {
         self.seqs.clear();
         self.block_tables.clear();
         self.logits_rows.clear();
+        self.tree_rows.clear();
+        self.tree_slots.clear();
     }
 
     pub fn block_size(&self) -> usize {
@@ -110,6 +148,13 @@ impl ForwardBatch {
         &self.logits_rows
     }
 
+    /// The tree keys of every token (`[num_tokens]`), or `None` when no tree was pushed (every
+    /// row is a plain causal row).
+    pub fn tree_mask(&self) -> Option<TreeMask<'_>> {
+        (!self.tree_slots.is_empty())
+            .then_some(TreeMask { rows: &self.tree_rows, slots: &self.tree_slots })
+    }
+
     /// Adds a sequence whose first `num_cached` tokens are already in the cache and whose
     /// `new_tokens` follow. `block_table` must cover `num_cached + new_tokens.len()` tokens.
     pub fn push_seq(
@@ -145,6 +190,7 @@ impl ForwardBatch {
         let num_table_blocks = context_len.div_ceil(self.block_size);
         self.block_tables.extend_from_slice(&block_table[..num_table_blocks]);
         self.token_ids.extend_from_slice(new_tokens);
+        self.tree_rows.resize(self.token_ids.len(), TreeKeys::default());
         for pos in num_cached..context_len {
             self.positions.push(pos as u32);
             let block = block_table[pos / self.block_size] as usize;
@@ -156,6 +202,56 @@ impl ForwardBatch {
             LogitsWanted::All => {
                 self.logits_rows.extend(query_start..query_start + new_tokens.len());
             }
+        }
+        Ok(())
+    }
+
+    /// Adds a token tree (module docs): `tokens[0]` is the root, the sequence's last known
+    /// token, at position `num_cached`; `tokens[1 + i]` is node `i`, whose parent is node
+    /// `parents[i]` (an earlier node) or the root ([`TREE_ROOT`]). `block_table` must cover
+    /// `num_cached + tokens.len()` slots. Every row gets logits.
+    pub fn push_tree(
+        &mut self,
+        tokens: &[u32],
+        parents: &[u32],
+        num_cached: usize,
+        block_table: &[u32],
+    ) -> Result<(), ForwardError> {
+        if tokens.len() != parents.len() + 1 {
+            return Err(ForwardError::Batch(format!(
+                "a tree of {} nodes needs {} tokens (the root first), got {}",
+                parents.len(),
+                parents.len() + 1,
+                tokens.len()
+            )));
+        }
+        if let Some(i) =
+            parents.iter().enumerate().position(|(i, &p)| p != TREE_ROOT && p as usize >= i)
+        {
+            return Err(ForwardError::Batch(format!(
+                "tree node {i} has parent {} (parents must come first)",
+                parents[i]
+            )));
+        }
+        let first = self.token_ids.len();
+        self.push_seq(tokens, num_cached, block_table, LogitsWanted::All)?;
+        // Depth of node `i` (the root's children are at depth 1) and its path of rows.
+        let mut depth = Vec::with_capacity(parents.len());
+        for (i, &parent) in parents.iter().enumerate() {
+            let d = if parent == TREE_ROOT { 1 } else { depth[parent as usize] + 1 };
+            depth.push(d);
+            let row = first + 1 + i;
+            let pos = (num_cached + d) as u32;
+            self.positions[row] = pos;
+            let start = self.tree_slots.len();
+            self.tree_slots.resize(start + d, 0);
+            // Walk up from the node, filling its path from the deepest key backwards.
+            let mut node = i as u32;
+            for k in (0..d).rev() {
+                self.tree_slots[start + k] = self.slot_mapping[first + 1 + node as usize];
+                node = parents[node as usize];
+            }
+            self.tree_rows[row] = TreeKeys { pos, start: start as u32, len: d as u32 };
         }
         Ok(())
     }
@@ -192,5 +288,30 @@ mod tests {
         assert!(b.validate(10, 8).is_ok());
         assert!(matches!(b.validate(5, 8), Err(ForwardError::TokenOutOfVocab { token: 9, .. })));
         assert!(matches!(b.validate(10, 3), Err(ForwardError::BlockOutOfRange { block: 7, .. })));
+        assert!(b.tree_mask().is_none());
+    }
+
+    #[test]
+    fn a_tree_gets_positions_by_depth_and_its_ancestors_slots() {
+        let mut b = ForwardBatch::new(4);
+        b.push_seq(&[5], 2, &[3], LogitsWanted::Last).unwrap();
+        // Root 10 at position 3 (slot 3 of block 0 → 3); nodes: a(root) b(a) c(root) d(b).
+        b.push_tree(&[10, 11, 12, 13, 14], &[TREE_ROOT, 0, TREE_ROOT, 1], 3, &[0, 1]).unwrap();
+        assert_eq!(b.positions(), &[2, 3, 4, 5, 4, 6]);
+        assert_eq!(b.slot_mapping(), &[14, 3, 4, 5, 6, 7]);
+        assert_eq!(b.logits_rows(), &[0, 1, 2, 3, 4, 5]);
+        let mask = b.tree_mask().unwrap();
+        let keys = |row: usize| {
+            let t = mask.rows[row];
+            (t.pos, mask.slots[t.start as usize..][..t.len as usize].to_vec())
+        };
+        assert_eq!(mask.rows[0].len, 0);
+        assert_eq!(mask.rows[1].len, 0, "the root is a plain row");
+        assert_eq!(keys(2), (4, vec![4]));
+        assert_eq!(keys(3), (5, vec![4, 5]));
+        assert_eq!(keys(4), (4, vec![6]));
+        assert_eq!(keys(5), (6, vec![4, 5, 7]));
+        assert!(b.push_tree(&[1, 2], &[1], 0, &[0]).is_err(), "a node must follow its parent");
+        assert!(b.push_tree(&[1, 2], &[], 0, &[0]).is_err(), "one token per node plus the root");
     }
 }

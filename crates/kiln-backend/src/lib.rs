@@ -26,7 +26,7 @@ mod storage;
 mod tensor;
 
 pub use backend::{Backend, LinearJob, MAX_LINEAR_JOBS, Workspace};
-pub use batch::{ForwardBatch, LogitsWanted, SeqSpan};
+pub use batch::{ForwardBatch, LogitsWanted, SeqSpan, TREE_ROOT, TreeKeys, TreeMask};
 pub use error::{ForwardError, LoadTensorError};
 pub use ggml_type::GgmlType;
 pub use kv::{KvCacheDtype, KvCacheSpec, KvLayout, MAX_BLOCK_SIZE, check_block_size};

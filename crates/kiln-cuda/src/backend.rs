@@ -362,7 +362,9 @@ impl Backend for Cuda {
 
     /// Paged attention (see `kernels.cu`): steps with prompt rows take the tiled prefill kernel
     /// (head dimensions up to 128), decode-only steps the split-K kernel and the merge of its
-    /// splits.
+    /// splits. No token trees (`supports_token_trees` is false: the engine never builds one
+    /// for this backend).
+    #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
         kv: &CudaKvStore,
@@ -370,9 +372,11 @@ impl Backend for Cuda {
         q: CudaView<'_>,
         seqs: &[SeqSpan],
         block_tables: &[u32],
+        tree: Option<kiln_backend::TreeMask<'_>>,
         shape: &AttentionShape,
         out: CudaViewMut<'_>,
     ) {
+        assert!(tree.is_none(), "token trees on the CUDA backend");
         let (hd, nh) = (shape.head_dim, shape.num_heads);
         let num_rows: usize = seqs.iter().map(|s| s.query_len).sum();
         assert!(q.len == num_rows * nh * hd && out.len == q.len, "attention rows");

@@ -201,6 +201,7 @@ fn attention_case<B: HostIo>(
         B::view(&q, 0..n),
         &seqs,
         &tables,
+        None,
         &shape,
         B::view_mut(&mut out, 0..n),
     );

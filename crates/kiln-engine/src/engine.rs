@@ -238,7 +238,10 @@ impl EngineCore {
             Some(draft) => Some(bind_draft_model(draft, runner.model().config(), &config)?),
         };
         let speculator = match config.speculative.clone() {
-            Some(spec) => Some(Speculator::new(spec, draft).map_err(EngineError::Config)?),
+            Some(spec) => {
+                let trees = runner.model().supports_token_trees();
+                Some(Speculator::new(spec, draft, trees).map_err(EngineError::Config)?)
+            }
             None if draft.is_some() => {
                 return Err(EngineError::Config(
                     "a draft model was given without a speculative config".into(),
@@ -556,10 +559,11 @@ impl EngineCore {
         if let Some(draft) = &mut draft {
             draft.reset();
         }
+        let trees = self.runner.model().supports_token_trees();
         self.speculator = match config.clone() {
-            Some(c) => {
-                Some(Speculator::new(c, draft).map_err(EngineError::Config)?.with_stats(stats))
-            }
+            Some(c) => Some(
+                Speculator::new(c, draft, trees).map_err(EngineError::Config)?.with_stats(stats),
+            ),
             None => None,
         };
         self.config.speculative = config;

@@ -44,4 +44,4 @@ pub use output::{EngineOutput, FirstTokenInfo};
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};
 pub use sampler::Sampler;
 pub use slo::{SloAdmission, SloClass, SloConfig};
-pub use spec::{SpecDecodeStats, SpeculativeConfig};
+pub use spec::{SpecDecodeStats, SpeculativeConfig, TokenTree};

@@ -16,8 +16,13 @@
 //! token it yields), and verification stops at the first sampled token that differs from draft
 //! `i`. The request yields the accepted drafts plus that sampled token (`1..=k + 1` tokens),
 //! each with its own log-probabilities; the KV written for rejected drafts is rolled back by the
-//! scheduler. Samplers survive preemption (a resumed request keeps its
-//! random stream); they are dropped when the request finishes or is aborted.
+//! scheduler. Drafts forming a token tree (`spec_parents`) are one tree sequence of the batch
+//! ([`ForwardBatch::push_tree`]); sampling walks down from the root, row by row, into the child
+//! holding the sampled token, and stops where no child does. The accepted path's K/V is then
+//! copied from its nodes' slots to the slots of its positions, so the scheduler's count of
+//! accepted tokens describes the cache as it does for a chain. Samplers survive preemption (a
+//! resumed request keeps its random stream); they are dropped when the request finishes or is
+//! aborted.
 //!
 //! Requests asking for prompt log-probabilities get logits for every prompt position (their
 //! prompt chunks are computed with `LogitsWanted::All`); those are gathered across chunks and
@@ -34,7 +39,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
-use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
+use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel, TREE_ROOT};
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
 use crate::structured::Constraint;
@@ -61,12 +66,15 @@ struct PromptLogprobState {
 }
 
 /// One request's rows being sampled: its sampler, its logit rows (`[rows, vocab]`: one, or one
-/// per draft plus one), its drafts, and the tokens sampled (each with its log-probabilities).
+/// per draft plus one), its drafts and their parents, the tokens sampled (each with its
+/// log-probabilities) and the drafts accepted.
 struct SampleJob<'a> {
     sampler: &'a mut Sampler,
     logits: &'a mut [f32],
     drafts: &'a [u32],
+    parents: &'a [u32],
     sampled: SampledTokens,
+    path: Vec<usize>,
 }
 
 /// A request's generated tokens of one step, each with its log-probabilities.
@@ -88,6 +96,8 @@ struct StepRow {
     samples: bool,
     /// The request's drafts in `ModelRunner::step_drafts` (empty without).
     drafts: std::ops::Range<usize>,
+    /// Whether the drafts form a tree (pushed with [`ForwardBatch::push_tree`]).
+    tree: bool,
 }
 
 /// One scheduled request as the scheduler's diffs describe it.
@@ -116,6 +126,10 @@ pub struct ModelRunner {
     step_rows: Vec<StepRow>,
     /// This step's draft tokens, back to back (`StepRow::drafts` indexes them).
     step_drafts: Vec<u32>,
+    /// The parent of each of `step_drafts` (a chain's are `TREE_ROOT, 0, 1, ...`).
+    step_parents: Vec<u32>,
+    /// Scratch: the KV slot copies moving accepted tree paths into place.
+    slot_copies: Vec<(u32, u32)>,
     /// Scratch: one request's known tokens then drafts, as pushed to the batch.
     spec_tokens: Vec<u32>,
     /// This step's log-probabilities, by request, one entry per generated token in order.
@@ -148,6 +162,8 @@ impl ModelRunner {
             eos_token_ids: Vec::new(),
             step_rows: Vec::new(),
             step_drafts: Vec::new(),
+            step_parents: Vec::new(),
+            slot_copies: Vec::new(),
             spec_tokens: Vec::new(),
             extras: HashMap::new(),
             timing: StepTiming::default(),
@@ -219,6 +235,7 @@ impl ModelRunner {
         self.batch.clear();
         self.step_rows.clear();
         self.step_drafts.clear();
+        self.step_parents.clear();
         for new in &sched_out.new_requests {
             let mut r = self.requests.remove(&new.id).unwrap_or_default();
             r.tokens.clear();
@@ -261,7 +278,7 @@ impl ModelRunner {
                 Self::push_with_drafts(
                     &mut self.batch,
                     &mut self.step_rows,
-                    (&mut self.step_drafts, &mut self.spec_tokens),
+                    (&mut self.step_drafts, &mut self.step_parents, &mut self.spec_tokens),
                     cached,
                     r,
                 )?;
@@ -280,7 +297,7 @@ impl ModelRunner {
         let mut row = 0;
         let mut to_sample = Vec::with_capacity(self.step_rows.len());
         for i in 0..self.step_rows.len() {
-            let StepRow { id, start, num_rows, samples, ref drafts } = self.step_rows[i];
+            let StepRow { id, start, num_rows, samples, ref drafts, .. } = self.step_rows[i];
             let drafts = drafts.clone();
             self.gather_prompt_logprobs(id, start, row, num_rows);
             row += num_rows;
@@ -290,30 +307,43 @@ impl ModelRunner {
         }
         let mut sampled = self.sample_rows(&to_sample)?.into_iter();
         self.timing.sample = sample_start.elapsed();
-        for &StepRow { id, samples, .. } in &self.step_rows {
+        self.slot_copies.clear();
+        let rows = mem::take(&mut self.step_rows);
+        for &StepRow { id, start, samples, tree, .. } in &rows {
             if !samples {
                 out.push(id, &[]);
                 continue;
             }
-            let Some(tokens) = sampled.next().filter(|t| !t.is_empty()) else {
+            let Some((tokens, path)) = sampled.next().filter(|(t, _)| !t.is_empty()) else {
                 return Err(ForwardError::Batch(format!(
                     "{id} was to be sampled but got no token"
                 )));
             };
+            if let Some(r) = self.requests.get(&id).filter(|_| tree) {
+                path_moves(&path, start, &r.block_table, &self.batch, &mut self.slot_copies);
+            }
             // The scheduler hands accepted tokens back in the next diff (`new_token_ids`).
             let ids: Vec<TokenId> = tokens.iter().map(|(t, _)| *t).collect();
             out.push(id, &ids);
-            let mut prompt_logprobs =
-                self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
-            for (_, lp) in tokens {
-                if lp.is_some() || prompt_logprobs.is_some() {
-                    let extras =
-                        SampleExtras { logprobs: lp, prompt_logprobs: prompt_logprobs.take() };
-                    self.extras.entry(id).or_default().push_back(extras);
-                }
-            }
+            self.keep_extras(id, tokens);
+        }
+        self.step_rows = rows;
+        if !self.slot_copies.is_empty() {
+            self.model.copy_kv_slots(&self.slot_copies)?;
         }
         Ok(())
+    }
+
+    /// Keeps the log-probabilities of `id`'s generated tokens (its prompt's with the first) for
+    /// [`ModelRunner::take_extras`].
+    fn keep_extras(&mut self, id: RequestId, tokens: SampledTokens) {
+        let mut prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
+        for (_, lp) in tokens {
+            if lp.is_some() || prompt_logprobs.is_some() {
+                let extras = SampleExtras { logprobs: lp, prompt_logprobs: prompt_logprobs.take() };
+                self.extras.entry(id).or_default().push_back(extras);
+            }
+        }
     }
 
     /// Samples each request of `rows` (increasing rows) from its first logit row on, with its
@@ -321,7 +351,10 @@ impl ModelRunner {
     /// host threads: each request's sampler owns its random state and touches only its own
     /// rows, so the tokens are those of sampling the requests one by one (a greedy row of a 262k
     /// vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
-    fn sample_rows(&mut self, rows: &[SampleRow]) -> Result<Vec<SampledTokens>, ForwardError> {
+    fn sample_rows(
+        &mut self,
+        rows: &[SampleRow],
+    ) -> Result<Vec<(SampledTokens, Vec<usize>)>, ForwardError> {
         let mut samplers = Vec::with_capacity(rows.len());
         for (id, _, _) in rows {
             let Some(sampler) = self.samplers.remove(id) else {
@@ -347,17 +380,22 @@ impl ModelRunner {
                 sampler,
                 logits: mine,
                 drafts: &self.step_drafts[drafts.clone()],
+                parents: &self.step_parents[drafts.clone()],
                 sampled: Vec::with_capacity(num_rows),
+                path: Vec::new(),
             }));
         }
         self.model.host_parallel(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
-            let SampleJob { sampler, logits, drafts, sampled } = &mut *job;
-            sampler.verify(logits, drafts, sampled);
+            let SampleJob { sampler, logits, drafts, parents, sampled, path } = &mut *job;
+            sampler.verify(logits, drafts, parents, sampled, path);
         });
         let results = jobs
             .into_iter()
-            .map(|job| job.into_inner().unwrap_or_else(PoisonError::into_inner).sampled)
+            .map(|job| {
+                let job = job.into_inner().unwrap_or_else(PoisonError::into_inner);
+                (job.sampled, job.path)
+            })
             .collect();
         for ((id, _, _), sampler) in rows.iter().zip(samplers) {
             self.samplers.insert(*id, sampler);
@@ -410,16 +448,23 @@ impl ModelRunner {
             (false, false) => (LogitsWanted::None, 0),
         };
         batch.push_seq(&r.tokens[num_computed..end], num_computed, &r.block_table, logits)?;
-        rows.push(StepRow { id, start: num_computed, num_rows, samples, drafts: 0..0 });
+        rows.push(StepRow {
+            id,
+            start: num_computed,
+            num_rows,
+            samples,
+            drafts: 0..0,
+            tree: false,
+        });
         Ok(())
     }
 
-    /// Adds a decoding request's last known token and its drafts to the batch, with a logit row
-    /// for each; its drafts go to `drafts`.
+    /// Adds a decoding request's last known token and its drafts (a chain, or a tree) to the
+    /// batch, with a logit row for each; its drafts go to `drafts`, their parents to `parents`.
     fn push_with_drafts(
         batch: &mut ForwardBatch,
         rows: &mut Vec<StepRow>,
-        (drafts, scratch): (&mut Vec<u32>, &mut Vec<u32>),
+        (drafts, parents, scratch): (&mut Vec<u32>, &mut Vec<u32>, &mut Vec<u32>),
         cached: &CachedRequestData,
         r: &RunnerRequest,
     ) -> Result<(), ForwardError> {
@@ -436,7 +481,21 @@ impl ModelRunner {
         scratch.clear();
         scratch.extend_from_slice(&r.tokens[num_computed..]);
         scratch.extend(cached.spec_token_ids.iter().map(|t| t.0));
-        batch.push_seq(scratch, num_computed, &r.block_table, LogitsWanted::All)?;
+        let tree = !cached.spec_parents.is_empty();
+        if tree {
+            if cached.spec_parents.len() != num_spec {
+                return Err(ForwardError::Batch(format!(
+                    "{id}: {} tree parents for {num_spec} drafts",
+                    cached.spec_parents.len()
+                )));
+            }
+            batch.push_tree(scratch, &cached.spec_parents, num_computed, &r.block_table)?;
+            parents.extend_from_slice(&cached.spec_parents);
+        } else {
+            batch.push_seq(scratch, num_computed, &r.block_table, LogitsWanted::All)?;
+            parents.push(TREE_ROOT);
+            parents.extend(0..num_spec as u32 - 1);
+        }
         let start = drafts.len();
         drafts.extend(cached.spec_token_ids.iter().map(|t| t.0));
         rows.push(StepRow {
@@ -445,8 +504,27 @@ impl ModelRunner {
             num_rows: scratch.len(),
             samples: true,
             drafts: start..drafts.len(),
+            tree,
         });
         Ok(())
+    }
+}
+
+/// The KV slot copies that put an accepted tree path (`path`: node indices, root's child first)
+/// of a request whose root sits at position `start` into the slots of its positions: node `n`
+/// at depth `d + 1` moves from the slot of `start + 1 + n` to that of `start + 1 + d`. In path
+/// order no copy overwrites a later one's source (nodes come after their parents: `n >= d`).
+fn path_moves(
+    path: &[usize],
+    start: usize,
+    table: &[u32],
+    batch: &ForwardBatch,
+    out: &mut Vec<(u32, u32)>,
+) {
+    let bs = batch.block_size();
+    let slot = |p: usize| table[p / bs] * bs as u32 + (p % bs) as u32;
+    for (d, &n) in path.iter().enumerate().filter(|&(d, &n)| n != d) {
+        out.push((slot(start + 1 + n), slot(start + 1 + d)));
     }
 }
 

@@ -132,27 +132,36 @@ impl Sampler {
         (TokenId(token), lp)
     }
 
-    /// Verifies `drafts` against `logits` (`[drafts.len() + 1, vocab]`, row `i` predicting the
-    /// token after draft `i - 1`): samples row by row, as decoding one token at a time would,
-    /// and stops after the first token that is not the draft at its position (a rejection, or
-    /// the token after the last draft). Appends the sampled tokens to `out`: the accepted drafts
-    /// then one more. For a point-mass draft this is rejection sampling (draft `x` accepted with
-    /// probability `p(x)`, else a token from `p` without `x`), so the tokens follow the
-    /// target's distribution; with the same random state they are the tokens of decoding alone.
+    /// Verifies `drafts` against `logits` (`[drafts.len() + 1, vocab]`: row 0 predicting the
+    /// token after the last known one, row `1 + i` the token after draft `i`), drafts forming a
+    /// tree by `parents` (draft `i` follows draft `parents[i]`, or the last known token for
+    /// `u32::MAX`; a chain is `MAX, 0, 1, ...`). Samples row by row from row 0, as decoding one
+    /// token at a time would, moving to the child draft holding the sampled token, and stops at
+    /// the first sampled token no child holds. Appends the sampled tokens to `out` (the
+    /// accepted drafts then one more) and the accepted drafts' indices to `path`. For drafts
+    /// that are one token per position (a point mass per branch) this is rejection sampling:
+    /// the tokens follow the target's distribution, and with the same random state they are
+    /// the tokens of decoding alone.
     pub fn verify(
         &mut self,
         logits: &mut [f32],
         drafts: &[u32],
+        parents: &[u32],
         out: &mut Vec<(TokenId, Option<Logprobs>)>,
+        path: &mut Vec<usize>,
     ) {
         let vocab = logits.len() / (drafts.len() + 1);
         debug_assert_eq!(vocab * (drafts.len() + 1), logits.len(), "one row per draft plus one");
-        for (row, logits) in logits.chunks_exact_mut(vocab).enumerate() {
-            let (token, lp) = self.sample_with_logprobs(logits);
+        debug_assert_eq!(drafts.len(), parents.len(), "one parent per draft");
+        let mut node = u32::MAX;
+        loop {
+            let row = if node == u32::MAX { 0 } else { node as usize + 1 };
+            let (token, lp) = self.sample_with_logprobs(&mut logits[row * vocab..][..vocab]);
             out.push((token, lp));
-            if drafts.get(row) != Some(&token.0) {
-                break;
-            }
+            let child = (0..drafts.len()).find(|&i| parents[i] == node && drafts[i] == token.0);
+            let Some(child) = child else { break };
+            path.push(child);
+            node = child as u32;
         }
     }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
-use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig};
+use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig, TokenTree};
 use kiln_kernels::Cpu;
 use kiln_models::load_model;
 
@@ -62,6 +62,15 @@ fn try_engine(
 
 fn ngram(k: usize) -> SpeculativeConfig {
     let mut config = SpeculativeConfig::ngram(k, 1, 3);
+    config.disable_by_batch_size = 64;
+    config
+}
+
+/// Prompt lookup drafting a token tree: three candidates at the root, two after the best, and
+/// paths three deep.
+fn ngram_tree() -> SpeculativeConfig {
+    let shape = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0)]";
+    let mut config = SpeculativeConfig::ngram_tree(TokenTree::parse(shape, 32).unwrap(), 1, 3);
     config.disable_by_batch_size = 64;
     config
 }
@@ -171,6 +180,39 @@ fn speculated_equals_not_with_chunks_prefix_cache_and_preemption() {
     assert!(core.stats().prefix_cache.num_hit_tokens > 0);
 }
 
+/// Token trees: every request yields the tokens it yields without speculation, on every fixture
+/// and through chunked prefill, preemption and prefix-cache hits. Verifications accepting two
+/// or more tokens move the accepted path's K/V from its nodes' slots to its positions' (the
+/// second node of a path is never the second slot with three root candidates), so the later
+/// tokens being equal proves the move.
+#[test]
+fn token_trees_equal_not_speculating() {
+    let (mut accepted, mut deep) = (0, 0);
+    for name in FIXTURES {
+        let vocab = engine(name, &ROOMY, None).model().config().vocab_size as u32;
+        let reqs = requests(vocab);
+        let expected = run(&mut engine(name, &ROOMY, None), &reqs);
+        let mut core = engine(name, &ROOMY, Some(ngram_tree()));
+        assert_eq!(run(&mut core, &reqs), expected, "{name}");
+        let spec = core.stats().spec_decode;
+        assert!(spec.num_drafts > 0, "{name}: nothing drafted");
+        accepted += spec.num_accepted_tokens;
+        deep += spec.num_accepted_tokens_per_pos[1];
+    }
+    assert!(accepted > deep && deep > 0, "{accepted} accepted, {deep} at depth 2: no path moved");
+    let reqs = requests(512);
+    let expected = run(&mut engine("llama3", &ROOMY, None), &reqs);
+    let chunked = Setup { num_kv_blocks: 512, max_num_batched_tokens: 6, prefix_caching: true };
+    let tight = Setup { num_kv_blocks: 40, max_num_batched_tokens: 2048, prefix_caching: true };
+    for setup in [chunked, tight] {
+        let mut core = engine("llama3", &setup, Some(ngram_tree()));
+        assert_eq!(run(&mut core, &reqs), expected);
+        assert_eq!(run(&mut core, &reqs), expected, "over a warm prefix cache");
+        core.scheduler().check_invariants().unwrap();
+    }
+    abort_while_speculating(&mut engine("llama3", &ROOMY, Some(ngram_tree())));
+}
+
 #[test]
 fn stop_ids_inside_an_accepted_run_end_the_request_there() {
     let name = "qwen3";
@@ -186,28 +228,38 @@ fn stop_ids_inside_an_accepted_run_end_the_request_there() {
     assert_eq!(expected[0].last(), Some(&stop));
 }
 
+/// Tokens with the bits of their log-probabilities: a wrong K/V anywhere shows here even where
+/// it leaves the argmax alone.
+fn with_logprobs(core: &mut EngineCore, prompt: &[TokenId]) -> Vec<(TokenId, u32, usize)> {
+    let params = SamplingParams { logprobs: Some(2), ..greedy(40) };
+    core.add_request(prompt.to_vec(), params, 0).unwrap();
+    let mut out = Vec::new();
+    while core.has_unfinished() {
+        for o in core.step().unwrap() {
+            let lp = o.logprobs.unwrap();
+            out.push((o.new_token, lp.chosen.logprob.to_bits(), lp.top.len()));
+        }
+    }
+    out
+}
+
+/// Every accepted token has its log-probabilities, bitwise those of decoding alone; with token
+/// trees (on the fixtures whose outputs repeat enough to accept paths two deep), this also
+/// proves each accepted path's K/V was moved to its positions.
 #[test]
 fn logprobs_are_reported_for_every_accepted_token() {
-    let name = "llama3";
-    let params = SamplingParams { logprobs: Some(2), ..greedy(40) };
-    let collect = |core: &mut EngineCore, prompt: &[TokenId]| {
-        core.add_request(prompt.to_vec(), params.clone(), 0).unwrap();
-        let mut out = Vec::new();
-        while core.has_unfinished() {
-            for o in core.step().unwrap() {
-                let lp = o.logprobs.unwrap();
-                out.push((o.new_token, lp.chosen.logprob.to_bits(), lp.top.len()));
-            }
+    for (name, spec) in [("llama3", ngram(4)), ("qwen3", ngram_tree()), ("gemma3", ngram_tree())] {
+        let mut core = engine(name, &ROOMY, Some(spec));
+        let vocab = core.model().config().vocab_size as u32;
+        for seed in 1..=8 {
+            let prompt = repetitive_prompt(seed, 5, vocab);
+            let expected = with_logprobs(&mut engine(name, &ROOMY, None), &prompt);
+            assert_eq!(with_logprobs(&mut core, &prompt), expected, "{name}, prompt {seed}");
         }
-        out
-    };
-    let mut core = engine(name, &ROOMY, Some(ngram(4)));
-    for seed in 1..=8 {
-        let prompt = repetitive_prompt(seed, 5, 512);
-        let expected = collect(&mut engine(name, &ROOMY, None), &prompt);
-        assert_eq!(collect(&mut core, &prompt), expected);
+        let spec = core.stats().spec_decode;
+        let deep = spec.num_accepted_tokens_per_pos[usize::from(name != "llama3")];
+        assert!(deep > 0, "{name}: {spec:?}");
     }
-    assert!(core.stats().spec_decode.num_accepted_tokens > 0);
 }
 
 /// Six requests; once drafts are verified, three are aborted at once and the rest one per step:

@@ -58,7 +58,7 @@ fn main() {
                 junk[i] = sum;
             }
             let start = Instant::now();
-            paged_attention(&pool, &q, &k, &v, &seqs, &tables, &shape, &mut out);
+            paged_attention(&pool, &q, &k, &v, &seqs, &tables, None, &shape, &mut out);
             total += start.elapsed().as_secs_f64();
         }
         best = best.min(total / reps as f64);

@@ -34,6 +34,7 @@ use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool, vmath};
 
 mod micro;
+mod tree;
 
 mod sealed {
     pub trait Sealed {}
@@ -92,6 +93,7 @@ impl KvElem for half::f16 {
 
 pub use kiln_backend::MAX_BLOCK_SIZE;
 pub use kiln_backend::SeqSpan as AttentionSeq;
+pub use kiln_backend::TreeMask;
 pub use kiln_backend::ops::{AttentionShape, MAX_GROUP};
 
 /// Writes this step's `k, v` (`[num_tokens, num_kv_heads, head_dim]`) into the cache slots
@@ -170,7 +172,8 @@ fn tile_tokens(group: usize, rows: usize) -> usize {
 ///
 /// Tasks are (sequence, tile of query tokens, KV head). Each output row is computed by the same
 /// sequence of operations whatever tile, batch or chunk it belongs to, so batching and chunked
-/// prefill never change a bit of it.
+/// prefill never change a bit of it. Rows `tree` marks as token-tree nodes see their tree's keys
+/// ([`kiln_backend::TreeKeys`]), with the bits of the same tokens decoded one at a time.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<E: KvElem>(
     pool: &ThreadPool,
@@ -179,11 +182,12 @@ pub fn paged_attention<E: KvElem>(
     v_cache: &[E],
     seqs: &[AttentionSeq],
     block_tables: &[u32],
+    tree: Option<TreeMask<'_>>,
     shape: &AttentionShape,
     out: &mut [f32],
 ) {
     let source = PlainKv { k: k_cache, v: v_cache };
-    run_attention(pool, q, &source, seqs, block_tables, shape, out);
+    run_attention(pool, q, &source, seqs, block_tables, tree, shape, out);
 }
 
 /// [`paged_attention`] over an 8-bit cache: bitwise the result over an f32 cache holding each
@@ -195,18 +199,21 @@ pub fn paged_attention_quant(
     kv: QuantKv<'_>,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
+    tree: Option<TreeMask<'_>>,
     shape: &AttentionShape,
     out: &mut [f32],
 ) {
-    run_attention(pool, q, &kv, seqs, block_tables, shape, out);
+    run_attention(pool, q, &kv, seqs, block_tables, tree, shape, out);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_attention<S: KvSource>(
     pool: &ThreadPool,
     q: &[f32],
     source: &S,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
+    tree: Option<TreeMask<'_>>,
     shape: &AttentionShape,
     out: &mut [f32],
 ) {
@@ -230,20 +237,26 @@ fn run_attention<S: KvSource>(
         let first = t * tile;
         let tokens = first..(first + tile).min(seq.query_len);
         let block_table = &block_tables[seq.block_table_start..];
+        let rows = seq.query_start + tokens.start..seq.query_start + tokens.end;
+        let tree = tree.filter(|t| t.rows[rows].iter().any(|k| k.len > 0));
         let tile_job = Tile { seq, tokens, kv_head, block_table };
         SCRATCH.with_borrow_mut(|scratch| {
             // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint
             // from every other task's rows).
-            unsafe { attend_tile(level, q, source, &tile_job, shape, scratch, out_ptr) };
+            unsafe { attend_tile(level, q, source, &tile_job, tree, shape, scratch, out_ptr) };
         });
     });
 }
 
 thread_local! {
-    /// Per-thread buffers of 8-bit caches (unused by f32/f16 caches; they grow to the largest
+    /// Per-thread buffers of 8-bit caches and of token-tree rows (they grow to the largest
     /// block and tile seen).
     static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch { q: Vec::new(), kv: KvScratch { k: Vec::new(), v: Vec::new() } })
+        RefCell::new(Scratch {
+            q: Vec::new(),
+            kv: KvScratch { k: Vec::new(), v: Vec::new() },
+            gather: KvScratch { k: Vec::new(), v: Vec::new() },
+        })
     };
 }
 
@@ -252,6 +265,8 @@ struct Scratch {
     /// A tile's query rows, rotated: `[rows, head_dim]`.
     q: Vec<f32>,
     kv: KvScratch,
+    /// The keys and values of a block a token-tree row sees, gathered (`tree`).
+    gather: KvScratch,
 }
 
 /// K and V rows dequantized from an 8-bit cache, `[block_size, head_dim]` each.
@@ -392,11 +407,13 @@ struct Tile<'a> {
 ///
 /// # Safety
 /// No other thread may access the tile's rows of `out` meanwhile.
+#[allow(clippy::too_many_arguments)]
 unsafe fn attend_tile<S: KvSource>(
     level: SimdLevel,
     q: &[f32],
     source: &S,
     tile: &Tile<'_>,
+    tree: Option<TreeMask<'_>>,
     shape: &AttentionShape,
     scratch: &mut Scratch,
     out: SharedMut<f32>,
@@ -405,15 +422,7 @@ unsafe fn attend_tile<S: KvSource>(
     let q_row = shape.num_heads * hd;
     let seq = tile.seq;
     let num_rows = tile.tokens.len() * group;
-    let mut st = RowState {
-        pos: [0; MAX_GROUP],
-        lo: [0; MAX_GROUP],
-        max: [f32::NEG_INFINITY; MAX_GROUP],
-        sum: [0.0; MAX_GROUP],
-        offset: [0; MAX_GROUP],
-        q_offset: [0; MAX_GROUP],
-        scores: [[0.0; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
-    };
+    let mut st = RowState::new();
     let rotated = source.rotated();
     if rotated && scratch.q.len() < num_rows * hd {
         scratch.q.resize(num_rows * hd, 0.0);
@@ -430,14 +439,19 @@ unsafe fn attend_tile<S: KvSource>(
             st.q_offset[r] = r * hd;
         }
         st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
+        st.end[r] = st.pos[r] + 1;
+        if let Some(keys) = tree_keys(tree, token) {
+            st.pos[r] = keys.pos as usize;
+            st.end[r] = tree::shared_end(keys, bs);
+        }
         st.lo[r] = shape.sliding_window.map_or(0, |w| (st.pos[r] + 1).saturating_sub(w));
         // SAFETY: the caller grants this tile's rows.
         unsafe { out.slice(st.offset[r], hd) }.fill(0.0);
     }
     let first_block = st.lo[..num_rows].iter().min().copied().unwrap_or(0) / bs;
-    let last_block = st.pos[..num_rows].iter().max().copied().unwrap_or(0) / bs;
+    let last_block = st.end[..num_rows].iter().max().map_or(0, |e| e.saturating_sub(1)) / bs;
     let range = |st: &RowState, r: usize, block: usize| {
-        ((block * bs).max(st.lo[r]), ((block + 1) * bs).min(st.pos[r] + 1))
+        ((block * bs).max(st.lo[r]), ((block + 1) * bs).min(st.end[r]))
     };
     let prefetch_block = |block: usize| {
         source.prefetch(tile.block_table[block] as usize, tile.kv_head, shape);
@@ -493,6 +507,12 @@ unsafe fn attend_tile<S: KvSource>(
             r += n;
         }
     }
+    if let Some(tree) = tree {
+        // SAFETY: the caller grants this tile's rows.
+        unsafe {
+            tree::attend_tree_rows(level, q, source, tile, tree, shape, &mut st, scratch, out);
+        }
+    }
     for (r, total) in st.sum[..num_rows].iter().enumerate() {
         let inv = 1.0 / total;
         // SAFETY: the caller grants this tile's rows.
@@ -505,6 +525,11 @@ unsafe fn attend_tile<S: KvSource>(
             kv_quant::hadamard_scaled(row);
         }
     }
+}
+
+/// The tree keys of query row `token`, if it is a token-tree node.
+fn tree_keys(tree: Option<TreeMask<'_>>, token: usize) -> Option<kiln_backend::TreeKeys> {
+    tree.map(|t| t.rows[token]).filter(|k| k.len > 0)
 }
 
 /// KV blocks requested ahead of the one being attended ([`prefetch_rows`]).
@@ -531,17 +556,37 @@ fn prefetch_rows<T>(cache: &[T], start: usize, rows: usize, stride: usize, bytes
     let _ = (cache, start, rows, stride, bytes);
 }
 
-/// Per row `r` = (token, head) of a tile: position, first visible key, running max and sum,
+/// Per row `r` = (token, head) of a tile: position, first visible key, end of the keys read in
+/// place, running max and sum,
 /// offset of its output row (and of its query row in `q`, or in the rotated queries); and the
 /// scores of the rows being processed.
 struct RowState {
     pos: [usize; MAX_GROUP],
     lo: [usize; MAX_GROUP],
+    /// End (exclusive) of the positions read in place with the tile: `pos + 1`, or for a
+    /// token-tree row the start of the block holding its first tree key (`tree`).
+    end: [usize; MAX_GROUP],
     max: [f32; MAX_GROUP],
     sum: [f32; MAX_GROUP],
     offset: [usize; MAX_GROUP],
     q_offset: [usize; MAX_GROUP],
     scores: [[f32; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
+}
+
+impl RowState {
+    /// No row set up yet: every running max at -inf, every sum at 0.
+    fn new() -> Self {
+        Self {
+            pos: [0; MAX_GROUP],
+            lo: [0; MAX_GROUP],
+            end: [0; MAX_GROUP],
+            max: [f32::NEG_INFINITY; MAX_GROUP],
+            sum: [0.0; MAX_GROUP],
+            offset: [0; MAX_GROUP],
+            q_offset: [0; MAX_GROUP],
+            scores: [[0.0; MAX_BLOCK_SIZE]; micro::MAX_ROWS],
+        }
+    }
 }
 
 /// Rows `first..first + R` of a tile against the same `keys` consecutive keys of one block,

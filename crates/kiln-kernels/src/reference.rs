@@ -17,7 +17,7 @@ use std::ops::Range;
 use half::f16;
 use kiln_backend::{
     AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheDtype,
-    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan, TreeMask,
 };
 
 use crate::le_bytes::{get_all, put_all};
@@ -341,6 +341,7 @@ impl Backend for Reference {
         q: &[f32],
         seqs: &[SeqSpan],
         block_tables: &[u32],
+        tree: Option<TreeMask<'_>>,
         shape: &AttentionShape,
         out: &mut [f32],
     ) {
@@ -350,17 +351,30 @@ impl Backend for Reference {
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         for seq in seqs {
             let table = &block_tables[seq.block_table_start..];
-            let slot = |j: usize| table[j / bs] as usize * bs + j % bs;
             for i in 0..seq.query_len {
-                let p = seq.context_len - seq.query_len + i;
-                let lo = shape.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w));
                 let row = seq.query_start + i;
+                // The slot of every key the row sees, in position order: through the block
+                // table, then (a token-tree node) its tree keys.
+                let keys = tree.map(|t| t.rows[row]).filter(|k| k.len > 0);
+                let p = keys.map_or(seq.context_len - seq.query_len + i, |k| k.pos as usize);
+                let lo = shape.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let shared_end = keys.map_or(p, |k| p - k.len as usize);
+                let mut slots: Vec<usize> =
+                    (lo..=shared_end).map(|j| table[j / bs] as usize * bs + j % bs).collect();
+                if let (Some(k), Some(tree)) = (keys, tree) {
+                    let tree_slots = &tree.slots[k.start as usize..][..k.len as usize];
+                    let first = shared_end + 1;
+                    slots.extend(
+                        (first..=p).filter(|&j| j >= lo).map(|j| tree_slots[j - first] as usize),
+                    );
+                }
                 for h in 0..shape.num_heads {
                     let kvh = h / shape.group();
                     let qh = &q[row * q_row + h * hd..][..hd];
-                    let mut scores: Vec<f32> = (lo..=p)
-                        .map(|j| {
-                            let s = dot(qh, &kc[slot(j) * kv_row + kvh * hd..][..hd]) * shape.scale;
+                    let mut scores: Vec<f32> = slots
+                        .iter()
+                        .map(|&slot| {
+                            let s = dot(qh, &kc[slot * kv_row + kvh * hd..][..hd]) * shape.scale;
                             shape.softcap.map_or(s, |cap| cap * (s / cap).tanh())
                         })
                         .collect();
@@ -371,8 +385,8 @@ impl Backend for Reference {
                         sum += f64::from(*s);
                     }
                     let mut acc = vec![0.0f64; hd];
-                    for (j, s) in (lo..=p).zip(&scores) {
-                        let vr = &vc[slot(j) * kv_row + kvh * hd..][..hd];
+                    for (&slot, s) in slots.iter().zip(&scores) {
+                        let vr = &vc[slot * kv_row + kvh * hd..][..hd];
                         for (a, b) in acc.iter_mut().zip(vr) {
                             *a += f64::from(*s) * f64::from(*b);
                         }
@@ -382,6 +396,20 @@ impl Backend for Reference {
                         *o = (a / sum) as f32;
                     }
                 }
+            }
+        }
+    }
+
+    fn supports_token_trees(&self) -> bool {
+        true
+    }
+
+    fn copy_kv_slots(&self, kv: &mut RefKvStore, pairs: &[(u32, u32)]) {
+        let row = kv.spec.layout.num_kv_heads * kv.spec.layout.head_dim;
+        for &(src, dst) in pairs {
+            let (src, dst) = (src as usize * row, dst as usize * row);
+            for buf in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+                buf.copy_within(src..src + row, dst);
             }
         }
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use kiln_backend::{
     AttentionShape, Backend, ForwardBatch, ForwardError, KvLayout, LinearJob, Logits, RopeConfig,
-    RopeScaling, SeqSpan, Workspace,
+    RopeScaling, SeqSpan, TreeMask, Workspace,
 };
 
 use crate::model::Model;
@@ -187,6 +187,12 @@ impl<B: Backend> DecoderModel<B> {
             )));
         }
         batch.validate(c.vocab_size, spec.num_blocks)?;
+        if batch.tree_mask().is_some() && !self.backend.supports_token_trees() {
+            return Err(ForwardError::Batch(format!(
+                "the {} backend does not run token trees",
+                self.backend.name()
+            )));
+        }
         for l in 0..c.num_layers {
             self.attention_shape(batch.block_size(), l)
                 .validate()
@@ -393,23 +399,33 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
     ) -> Result<(), ForwardError> {
         self.check_batch(batch, kv)?;
         let mut row_seqs = std::mem::take(&mut workspace.row_seqs);
+        let mut row_trees = std::mem::take(&mut workspace.row_trees);
         let mut b = self.step_buffers(workspace, batch);
         self.embed_and_angles(batch, &mut b);
         // Whether the last layer carries only the logits rows (compacted to rows 0..num_rows
         // of `q` and `hidden`) past its K/V.
         let (t, num_rows) = (batch.num_tokens(), batch.logits_rows().len());
         let prune = num_rows < t;
+        let tree = batch.tree_mask();
         if prune {
             single_query_seqs(batch, &mut row_seqs);
+            row_trees.clear();
+            if let Some(tree) = tree {
+                row_trees.extend(batch.logits_rows().iter().map(|&r| tree.rows[r]));
+            }
         }
         for l in 0..self.layers.len() {
             let last_pruned = prune && l + 1 == self.layers.len();
-            let pruned = last_pruned.then_some(&row_seqs[..]);
+            let pruned = last_pruned.then(|| {
+                let tree = tree.map(|t| TreeMask { rows: &row_trees, slots: t.slots });
+                (&row_seqs[..], tree)
+            });
             self.layer(l, batch, kv, &mut b, pruned);
         }
         let gather = (!prune).then_some(batch.logits_rows());
         self.logits(&mut b, t, gather, num_rows, logits);
         workspace.row_seqs = row_seqs;
+        workspace.row_trees = row_trees;
         Ok(())
     }
 }
@@ -483,14 +499,14 @@ impl<B: Backend> DecoderModel<B> {
     /// Layer `l` over the step: q/k/v per slice, the K/V write, attention over the whole step,
     /// then per slice the rest. With `pruned` (the last layer, when not every row needs
     /// logits), attention and everything after it run for the logits rows only, compacted to
-    /// the first rows, as single-query sequences `pruned`.
+    /// the first rows, as single-query sequences `pruned` (with their tree keys, if any).
     fn layer(
         &self,
         l: usize,
         batch: &ForwardBatch,
         kv: &mut B::KvStore,
         b: &mut StepBuffers<'_, B>,
-        pruned: Option<&[SeqSpan]>,
+        pruned: Option<(&[SeqSpan], Option<TreeMask<'_>>)>,
     ) {
         let c = &self.config;
         let be = &*self.backend;
@@ -507,20 +523,20 @@ impl<B: Backend> DecoderModel<B> {
         }
         let (k, v) = (B::view(b.k, 0..t * kv_dim), B::view(b.v, 0..t * kv_dim));
         be.write_kv(kv, l, k, v, batch.slot_mapping());
-        let (seqs, rows_on) = match pruned {
-            Some(row_seqs) => {
+        let (seqs, tree, rows_on) = match pruned {
+            Some((row_seqs, row_tree)) => {
                 let rows = batch.logits_rows();
                 be.compact_rows(B::view_mut(b.q, 0..t * q_dim), q_dim, rows);
                 be.compact_rows(B::view_mut(b.hidden, 0..t * h), h, rows);
-                (row_seqs, rows.len())
+                (row_seqs, row_tree, rows.len())
             }
-            None => (batch.seqs(), t),
+            None => (batch.seqs(), batch.tree_mask(), t),
         };
         if !seqs.is_empty() {
             let shape = self.attention_shape(batch.block_size(), l);
             let q = B::view(b.q, 0..rows_on * q_dim);
             let out = B::view_mut(b.attn, 0..rows_on * q_dim);
-            be.paged_attention(kv, l, q, seqs, batch.block_tables(), &shape, out);
+            be.paged_attention(kv, l, q, seqs, batch.block_tables(), tree, &shape, out);
         }
         for r in token_slices(rows_on) {
             self.attn_out_and_mlp(l, b, &r);

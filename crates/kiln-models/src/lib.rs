@@ -27,7 +27,7 @@ pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{
     Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, LogitsWanted,
-    SeqSpan, Workspace, check_block_size,
+    SeqSpan, TREE_ROOT, Workspace, check_block_size,
 };
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};

@@ -51,6 +51,11 @@ pub trait StepModel: Send {
     fn read_kv_block(&self, block: usize, out: &mut [u8]);
     /// Overwrites a KV block of the bound cache ([`Backend::write_kv_block`]).
     fn write_kv_block(&mut self, block: usize, data: &[u8]);
+    /// Whether the backend runs token trees ([`Backend::supports_token_trees`]).
+    fn supports_token_trees(&self) -> bool;
+    /// Copies cache slots in every layer, in order ([`Backend::copy_kv_slots`]); an error on a
+    /// backend without token trees.
+    fn copy_kv_slots(&mut self, pairs: &[(u32, u32)]) -> Result<(), ForwardError>;
 }
 
 /// A model with its own KV cache and workspace on its backend.
@@ -117,5 +122,29 @@ impl<B: Backend> StepModel for BoundModel<B> {
 
     fn write_kv_block(&mut self, block: usize, data: &[u8]) {
         self.model.backend().write_kv_block(&mut self.kv, block, data);
+    }
+
+    fn supports_token_trees(&self) -> bool {
+        self.model.backend().supports_token_trees()
+    }
+
+    fn copy_kv_slots(&mut self, pairs: &[(u32, u32)]) -> Result<(), ForwardError> {
+        let backend = self.model.backend();
+        if !backend.supports_token_trees() {
+            return Err(ForwardError::Batch(format!(
+                "the {} backend does not run token trees",
+                backend.name()
+            )));
+        }
+        let num_slots = self.kv_spec().num_blocks * self.kv_spec().block_size;
+        if let Some(&(src, dst)) =
+            pairs.iter().find(|&&(s, d)| s as usize >= num_slots || d as usize >= num_slots)
+        {
+            return Err(ForwardError::Batch(format!(
+                "KV slot copy {src} -> {dst} outside the cache's {num_slots} slots"
+            )));
+        }
+        backend.copy_kv_slots(&mut self.kv, pairs);
+        Ok(())
     }
 }

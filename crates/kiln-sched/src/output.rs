@@ -46,6 +46,9 @@ pub struct CachedRequestData {
     /// Draft tokens to verify this step (vLLM's `scheduled_spec_decode_tokens`), placed after
     /// the request's last known token; their KV slots are lookahead slots.
     pub spec_token_ids: Vec<TokenId>,
+    /// Empty for a chain of drafts; for a token tree, the parent of each draft: an earlier
+    /// draft's index, or `u32::MAX` for the request's last known token (the tree's root).
+    pub spec_parents: Vec<u32>,
     /// Blocks appended to the block table.
     pub new_block_ids: Vec<BlockId>,
 }

@@ -66,6 +66,9 @@ pub struct Request {
     /// Draft tokens proposed for the next step (vLLM's `spec_token_ids`); only a decoding
     /// running request has them.
     pub(crate) spec_token_ids: Vec<TokenId>,
+    /// Empty, or the parent of each draft of a token tree (see
+    /// [`crate::CachedRequestData::spec_parents`]).
+    pub(crate) spec_parents: Vec<u32>,
     /// Leading tokens the runner was sent (in `NewRequestData` or as `new_token_ids`).
     pub(crate) num_sent_tokens: usize,
     /// The scheduler step at `add` (aging is counted from here).
@@ -94,6 +97,7 @@ impl Request {
             num_in_flight_tokens: 0,
             num_in_flight_spec_tokens: 0,
             spec_token_ids: Vec::new(),
+            spec_parents: Vec::new(),
             num_sent_tokens: 0,
             added_step: 0,
             queue_seq: 0,

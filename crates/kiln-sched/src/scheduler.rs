@@ -135,6 +135,7 @@ struct Scheduled {
     /// Known tokens plus drafts.
     num_tokens: usize,
     spec_token_ids: Vec<TokenId>,
+    spec_parents: Vec<u32>,
     new_blocks: Vec<BlockId>,
 }
 
@@ -336,16 +337,34 @@ impl Scheduler {
     /// slots; at most `remaining outputs - 1` of them are scheduled (a step yields at most one
     /// token more than it verifies), and those the budget cuts off are dropped.
     pub fn update_draft_token_ids(&mut self, id: RequestId, draft_token_ids: &[TokenId]) -> bool {
+        self.update_draft_tree(id, draft_token_ids, &[])
+    }
+
+    /// [`Scheduler::update_draft_token_ids`] for a token tree: draft `i` follows draft
+    /// `parents[i]` (an earlier one) or, for `u32::MAX`, the request's last known token. Empty
+    /// `parents` is a chain. A tree is cut to the budget like a chain, keeping its first drafts
+    /// (still a tree: parents come first). Returns false, changing nothing, for a malformed tree.
+    pub fn update_draft_tree(
+        &mut self,
+        id: RequestId,
+        draft_token_ids: &[TokenId],
+        parents: &[u32],
+    ) -> bool {
+        let well_formed = parents.is_empty()
+            || (parents.len() == draft_token_ids.len()
+                && parents.iter().enumerate().all(|(i, &p)| p == u32::MAX || (p as usize) < i));
         let Some(req) = self.requests.get_mut(&id) else { return false };
         let decoding = req.status == RequestStatus::Running
             && req.num_uncomputed_tokens() == 1
             && req.num_in_flight_tokens == 0
             && req.num_in_flight_spec_tokens == 0;
-        if decoding {
+        if decoding && well_formed {
             req.spec_token_ids.clear();
             req.spec_token_ids.extend_from_slice(draft_token_ids);
+            req.spec_parents.clear();
+            req.spec_parents.extend_from_slice(parents);
         }
-        decoding
+        decoding && well_formed
     }
 
     /// Tokens to give a request with `num_uncomputed` tokens left under `budget`.
@@ -393,6 +412,7 @@ impl Scheduler {
                 num_computed_tokens: req.num_computed_tokens,
                 num_scheduled_tokens: s.num_tokens,
                 spec_token_ids: s.spec_token_ids,
+                spec_parents: s.spec_parents,
                 new_block_ids: s.new_blocks,
             });
         }
@@ -476,12 +496,20 @@ impl Scheduler {
                 if let Some(new_blocks) = allocated {
                     *budget -= num_tokens;
                     // Drafts are used once: those past the budget are dropped.
-                    let mut spec_token_ids = Vec::new();
+                    let (mut spec_token_ids, mut spec_parents) = (Vec::new(), Vec::new());
                     if has_drafts && let Some(req) = self.requests.get_mut(&id) {
                         spec_token_ids = mem::take(&mut req.spec_token_ids);
                         spec_token_ids.truncate(num_spec);
+                        spec_parents = mem::take(&mut req.spec_parents);
+                        spec_parents.truncate(num_spec);
                     }
-                    scheduled.push(Scheduled { id, num_tokens, spec_token_ids, new_blocks });
+                    scheduled.push(Scheduled {
+                        id,
+                        num_tokens,
+                        spec_token_ids,
+                        spec_parents,
+                        new_blocks,
+                    });
                     break;
                 }
                 let victim = self.pick_victim();
@@ -530,6 +558,7 @@ impl Scheduler {
         req.num_in_flight_tokens = 0;
         req.num_in_flight_spec_tokens = 0;
         req.spec_token_ids.clear();
+        req.spec_parents.clear();
         req.status = RequestStatus::Preempted;
         req.num_preemptions += 1;
         req.queue_seq = self.next_front_seq;

@@ -175,6 +175,37 @@ fn the_budget_and_the_remaining_outputs_cap_the_drafts_scheduled() {
     assert_eq!(run.outputs[&RequestId(1)].len(), 4);
 }
 
+/// A token tree travels with its parents; a malformed one is refused whole; the budget cuts a
+/// tree to its first drafts (parents first, so still a tree); a chain clears the parents.
+#[test]
+fn token_trees_carry_their_parents_and_are_cut_to_the_budget() {
+    let mut s = scheduler(config(4, 4), 4, 64);
+    let mut runner = FakeRunner::new(4, 64);
+    let id = RequestId(1);
+    s.add(req(1, toks(0..6), 20)).unwrap();
+    step(&mut s, &mut runner); // a prefill chunk of 4
+    step(&mut s, &mut runner); // the last 2 prompt tokens, one output
+    let tree = toks(100..105);
+    let root = u32::MAX;
+    for bad in [&[root, 0, 3, 1, 1][..], &[root, 0][..], &[0, 0, 0, 0, 0][..]] {
+        assert!(!s.update_draft_tree(id, &tree, bad), "{bad:?}");
+        assert!(s.request(id).unwrap().spec_token_ids().is_empty());
+    }
+    assert!(s.update_draft_tree(id, &tree, &[root, root, 0, 1, 2]));
+    // A budget of 4: the last known token and the first three drafts.
+    let out = s.schedule();
+    let c = &out.cached_requests[0];
+    assert_eq!(
+        (c.spec_token_ids.as_slice(), c.spec_parents.as_slice()),
+        (&tree[..3], &[root, root, 0][..])
+    );
+    s.update(&out, &runner.execute(&out));
+    s.check_invariants().unwrap();
+    assert!(s.update_draft_token_ids(id, &tree[..2]));
+    let out = s.schedule();
+    assert!(out.cached_requests[0].spec_parents.is_empty(), "a chain has no parents");
+}
+
 #[test]
 fn a_stop_inside_the_accepted_tokens_drops_the_rest() {
     let strict = SamplingParams::greedy(20);

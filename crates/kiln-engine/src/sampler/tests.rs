@@ -153,7 +153,7 @@ fn verifying_drafts_keeps_the_target_distribution() {
         let p = params(|p| p.seed = Some(seed));
         let mut s = Sampler::new(p.clone(), &[], 0);
         out.clear();
-        s.verify(&mut rows.clone(), &drafts, &mut out);
+        s.verify(&mut rows.clone(), &drafts, &[u32::MAX], &mut out, &mut Vec::new());
         let tokens: Vec<u32> = out.iter().map(|(t, _)| t.0).collect();
         // Without drafts: one row at a time, as long as the drafts held.
         let mut alone = Sampler::new(p, &[], 0);
@@ -182,12 +182,64 @@ fn all_drafts_accepted_yields_one_more_token() {
     // Rows: argmax 2, then 0, then 1.
     let mut rows = vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
     let mut out = Vec::new();
-    s.verify(&mut rows, &[2, 0], &mut out);
+    let mut path = Vec::new();
+    s.verify(&mut rows, &[2, 0], &[u32::MAX, 0], &mut out, &mut path);
     assert_eq!(out.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), [2, 0, 1]);
+    assert_eq!(path, [0, 1]);
     let mut rows = vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
     out.clear();
-    s.verify(&mut rows, &[1, 0], &mut out);
+    path.clear();
+    s.verify(&mut rows, &[1, 0], &[u32::MAX, 0], &mut out, &mut path);
     assert_eq!(out.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), [2]);
+    assert!(path.is_empty());
+}
+
+/// A token tree is walked from the root into the child holding each sampled token: with two
+/// branches at the root, over 20k seeds the first token follows the root's distribution and the
+/// second the distribution of the branch it chose, each seed yielding the tokens of sampling
+/// those rows alone; greedy, the second branch's path is accepted whole.
+#[test]
+fn verifying_a_tree_follows_the_sampled_branch() {
+    let p0 = [0.3, 0.25, 0.2, 0.1, 0.1, 0.05];
+    let pa = [0.05, 0.1, 0.4, 0.15, 0.2, 0.1];
+    let pb = [0.4, 0.1, 0.1, 0.1, 0.2, 0.1];
+    let rows: Vec<f32> = p0.iter().chain(&pa).chain(&pb).map(|&p: &f64| p.ln() as f32).collect();
+    // Node 0 (token 1) and node 1 (token 2) both follow the root.
+    let (drafts, parents) = ([1u32, 2], [u32::MAX, u32::MAX]);
+    let (mut first, mut after_a, mut after_b) = (vec![0; 6], vec![0; 6], vec![0; 6]);
+    for seed in 0..20_000u64 {
+        let p = params(|p| p.seed = Some(seed));
+        let mut s = Sampler::new(p.clone(), &[], 0);
+        let (mut out, mut path) = (Vec::new(), Vec::new());
+        s.verify(&mut rows.clone(), &drafts, &parents, &mut out, &mut path);
+        let tokens: Vec<u32> = out.iter().map(|(t, _)| t.0).collect();
+        let mut alone = Sampler::new(p, &[], 0);
+        let mut expected = vec![alone.sample(&mut rows[..6].to_vec()).0];
+        match expected[0] {
+            1 => expected.push(alone.sample(&mut rows[6..12].to_vec()).0),
+            2 => expected.push(alone.sample(&mut rows[12..].to_vec()).0),
+            _ => {}
+        }
+        assert_eq!(tokens, expected, "seed {seed}");
+        first[tokens[0] as usize] += 1;
+        match tokens[0] {
+            1 => after_a[tokens[1] as usize] += 1,
+            2 => after_b[tokens[1] as usize] += 1,
+            _ => assert!(path.is_empty()),
+        }
+    }
+    assert!(chi_square(&first, &p0) < 20.5, "{first:?}");
+    assert!(chi_square(&after_a, &pa) < 20.5, "{after_a:?}");
+    assert!(chi_square(&after_b, &pb) < 20.5, "{after_b:?}");
+    // Greedy: argmax 2 at the root takes node 1; its child (node 2, token 0) is the argmax
+    // there too; the deeper row yields one more token.
+    let mut s = Sampler::new(SamplingParams::greedy(8), &[], 0);
+    let one_hot = |i: usize| (0..3).map(move |j| if i == j { 1.0 } else { 0.0 });
+    let mut rows: Vec<f32> = [2, 1, 0, 1].into_iter().flat_map(one_hot).collect();
+    let (mut out, mut path) = (Vec::new(), Vec::new());
+    s.verify(&mut rows, &[1, 2, 0], &[u32::MAX, u32::MAX, 1], &mut out, &mut path);
+    assert_eq!(out.iter().map(|(t, _)| t.0).collect::<Vec<_>>(), [2, 0, 1]);
+    assert_eq!(path, [1, 2]);
 }
 
 /// Extreme values of every parameter the API accepts, and hostile logit rows: sampling never

@@ -5,10 +5,15 @@
 //! (1..=[`MAX_SPEC_TOKENS`], required), `prompt_lookup_min` / `prompt_lookup_max` (n-gram sizes;
 //! either alone sets both, neither means 5 and 5, as vLLM), `disable_by_batch_size` (no drafting
 //! in steps with at least this many running requests) and `model` (the draft: a path or a model
-//! name as `--model` takes it; required with `draft_model`). Any other key is refused, so a
-//! misspelled knob never passes silently.
+//! name as `--model` takes it; required with `draft_model`) and `speculative_token_tree` (with
+//! `ngram`: the shape of a token tree of candidates verified together, see [`TokenTree`];
+//! `num_speculative_tokens` may then be left out, and must equal its node count if given; a
+//! chain-shaped tree is plain drafting). Any other key is refused, so a misspelled knob never
+//! passes silently.
 
 use serde_json::{Map, Value};
+
+use super::tree::TokenTree;
 
 /// Most draft tokens per request and step (the per-position acceptance counters have this many
 /// slots).
@@ -42,6 +47,9 @@ pub struct SpeculativeConfig {
     pub num_speculative_tokens: usize,
     /// No drafting in a step that starts with at least this many running requests.
     pub disable_by_batch_size: usize,
+    /// With `ngram`: drafts are a token tree of this shape (`num_speculative_tokens` is its node
+    /// count); `None`: a chain.
+    pub token_tree: Option<TokenTree>,
 }
 
 /// An invalid `--speculative-config`, naming the field.
@@ -56,13 +64,14 @@ fn err(field: &str, message: impl Into<String>) -> SpecConfigError {
     SpecConfigError { field: field.to_owned(), message: message.into() }
 }
 
-const KNOWN_KEYS: [&str; 6] = [
+const KNOWN_KEYS: [&str; 7] = [
     "method",
     "num_speculative_tokens",
     "prompt_lookup_min",
     "prompt_lookup_max",
     "disable_by_batch_size",
     "model",
+    "speculative_token_tree",
 ];
 
 impl SpeculativeConfig {
@@ -72,7 +81,14 @@ impl SpeculativeConfig {
             method: SpecMethod::Ngram { min, max },
             num_speculative_tokens: k,
             disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+            token_tree: None,
         }
+    }
+
+    /// Prompt lookup drafting token trees of shape `tree` (whose node count is `k`).
+    pub fn ngram_tree(tree: TokenTree, min: usize, max: usize) -> Self {
+        let k = tree.num_nodes();
+        Self { token_tree: Some(tree), ..Self::ngram(k, min, max) }
     }
 
     /// A draft model (loaded by the caller from `model`) proposing `k` tokens.
@@ -81,6 +97,7 @@ impl SpeculativeConfig {
             method: SpecMethod::DraftModel { model: model.to_owned() },
             num_speculative_tokens: k,
             disable_by_batch_size: DEFAULT_DISABLE_BY_BATCH_SIZE,
+            token_tree: None,
         }
     }
 
@@ -111,8 +128,7 @@ impl SpeculativeConfig {
             None if model.is_some() => "draft_model",
             None => return Err(err("method", "is required (\"ngram\")")),
         };
-        let k = optional_count(&map, "num_speculative_tokens")?
-            .ok_or_else(|| err("num_speculative_tokens", "is required"))?;
+        let (k, token_tree) = count_and_tree(&map, method)?;
         if !(1..=MAX_SPEC_TOKENS).contains(&k) {
             return Err(err(
                 "num_speculative_tokens",
@@ -174,8 +190,52 @@ impl SpeculativeConfig {
                 ));
             }
         };
-        Ok(Self { method, num_speculative_tokens: k, disable_by_batch_size })
+        Ok(Self { method, num_speculative_tokens: k, disable_by_batch_size, token_tree })
     }
+}
+
+/// `num_speculative_tokens` and `speculative_token_tree` (module docs).
+fn count_and_tree(
+    map: &Map<String, Value>,
+    method: &str,
+) -> Result<(usize, Option<TokenTree>), SpecConfigError> {
+    let token_tree = parse_tree(map)?;
+    let k = match (optional_count(map, "num_speculative_tokens")?, &token_tree) {
+        (Some(k), Some(tree)) if k != tree.num_nodes() => {
+            return Err(err(
+                "num_speculative_tokens",
+                format!(
+                    "({k}) must equal the node count of speculative_token_tree ({})",
+                    tree.num_nodes()
+                ),
+            ));
+        }
+        (Some(k), _) => k,
+        (None, Some(tree)) => tree.num_nodes(),
+        (None, None) => return Err(err("num_speculative_tokens", "is required")),
+    };
+    if token_tree.is_some() && method != "ngram" && method != "[ngram]" {
+        return Err(err(
+            "speculative_token_tree",
+            "is drafted by method \"ngram\" only (kiln's draft models propose chains)",
+        ));
+    }
+    // A chain-shaped tree is plain drafting.
+    Ok((k, token_tree.filter(|t| !t.is_chain())))
+}
+
+/// `speculative_token_tree`: a string as vLLM takes it, or the same list as a JSON array.
+fn parse_tree(map: &Map<String, Value>) -> Result<Option<TokenTree>, SpecConfigError> {
+    const KEY: &str = "speculative_token_tree";
+    let text = match map.get(KEY) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ Value::Array(_)) => v.to_string(),
+        Some(other) => {
+            return Err(err(KEY, format!("must be a string like \"[(0,), (1,)]\", got {other}")));
+        }
+    };
+    TokenTree::parse(&text, MAX_SPEC_TOKENS).map(Some).map_err(|e| err(KEY, e))
 }
 
 fn optional_str<'a>(
@@ -287,6 +347,42 @@ mod tests {
         assert_eq!(
             field(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "prompt_lookup_max": 2}"#),
             "prompt_lookup_max"
+        );
+    }
+
+    #[test]
+    fn parses_token_trees() {
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "speculative_token_tree": "[(0,), (1,), (0, 0)]", "prompt_lookup_min": 2, "prompt_lookup_max": 4}"#,
+        )
+        .unwrap();
+        assert_eq!(c.num_speculative_tokens, 3);
+        assert_eq!(c.token_tree.as_ref().unwrap().parents, [u32::MAX, u32::MAX, 0]);
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 2, "speculative_token_tree": [[0], [1]]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.token_tree.unwrap().ranks, [0, 1]);
+        // A chain is plain drafting.
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "speculative_token_tree": "[(0,), (0, 0)]"}"#,
+        )
+        .unwrap();
+        assert_eq!((c.num_speculative_tokens, c.token_tree), (2, None));
+        let tree =
+            |extra: &str| format!(r#"{{"speculative_token_tree": "[(0,), (1,)]", {extra}}}"#);
+        assert_eq!(
+            field(&tree(r#""method": "ngram", "num_speculative_tokens": 3"#)),
+            "num_speculative_tokens"
+        );
+        assert_eq!(field(&tree(r#""model": "d.gguf""#)), "speculative_token_tree");
+        assert_eq!(
+            field(r#"{"method": "ngram", "speculative_token_tree": "[(1, 0)]"}"#),
+            "speculative_token_tree"
+        );
+        assert_eq!(
+            field(r#"{"method": "ngram", "speculative_token_tree": 3}"#),
+            "speculative_token_tree"
         );
     }
 

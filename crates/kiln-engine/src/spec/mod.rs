@@ -2,7 +2,9 @@
 //! pass, keep the longest verified prefix plus the token sampled after it.
 //!
 //! - [`SpeculativeConfig`]: `--speculative-config`, vLLM's JSON.
-//! - [`ngram::propose`]: prompt-lookup drafting over the prompt and the output so far.
+//! - [`ngram::propose`]: prompt-lookup drafting over the prompt and the output so far;
+//!   [`ngram::propose_tree`] fills a [`TokenTree`] shape with the ranked candidates of each
+//!   node, verified together in one pass (a tree sequence of the batch).
 //! - [`DraftProposer`]: a smaller draft model's greedy continuation, run over its own paged KV
 //!   cache that shares the target's block tables.
 //! - [`Speculator`]: after each step, records how the drafts fared and proposes the next ones
@@ -11,7 +13,8 @@
 //!
 //! Verification is the runner's (`ModelRunner::execute`): the drafts' logit rows are sampled in
 //! order with the request's own sampler, exactly as if each token had been decoded alone, and
-//! the run stops at the first sampled token that differs from the draft. With bitwise
+//! the run stops at the first sampled token that differs from the draft (for a token tree: that
+//! no child of the current node holds; the accepted path's K/V then moves to its positions). With bitwise
 //! batch-invariant kernels the logits of a draft row equal those of decoding that position
 //! alone, so greedy and seeded random requests produce exactly the tokens they produce without
 //! speculation. For a draft that is one token per position (a point mass, as prompt lookup and
@@ -24,6 +27,7 @@ mod draft;
 pub mod ngram;
 mod speculator;
 mod stats;
+mod tree;
 
 pub use config::{
     DEFAULT_DISABLE_BY_BATCH_SIZE, MAX_PROMPT_LOOKUP, MAX_SPEC_TOKENS, SpecConfigError, SpecMethod,
@@ -32,3 +36,4 @@ pub use config::{
 pub use draft::DraftProposer;
 pub use speculator::Speculator;
 pub use stats::SpecDecodeStats;
+pub use tree::{MAX_TREE_RANK, TokenTree};

@@ -12,6 +12,8 @@
 
 use kiln_core::TokenId;
 
+use super::tree::TokenTree;
+
 /// Appends to `out` (cleared first) up to `k` tokens predicted to follow `tokens`, from the
 /// longest (up to `max`, at least `min`) suffix of `tokens` that occurred earlier, taking its
 /// latest occurrence. Proposes nothing when no such suffix occurs.
@@ -40,6 +42,102 @@ pub fn propose(tokens: &[TokenId], min: usize, max: usize, k: usize, out: &mut V
         let token = if i < len { tokens[i] } else { out[i - len] };
         out.push(token);
     }
+}
+
+/// Fills `tree`'s shape (see [`TokenTree`]) for the tokens after `tokens`: a node of rank `r`
+/// is the `r`-th candidate after its parent's path, candidates being the distinct tokens that
+/// followed earlier occurrences of a suffix (of `min..=max` tokens) of the sequence extended by
+/// that path, longest match first, then latest. A node without a candidate of its rank is left
+/// out with its subtree. Appends the drafts to `drafts` and their parents (indices into
+/// `drafts`, `u32::MAX` for the root) to `parents`, both cleared first.
+///
+/// Cost: one scan of the sequence per node with children, as [`propose`]'s.
+pub fn propose_tree(
+    tokens: &[TokenId],
+    (min, max): (usize, usize),
+    tree: &TokenTree,
+    scratch: &mut Vec<TokenId>,
+    drafts: &mut Vec<TokenId>,
+    parents: &mut Vec<u32>,
+) {
+    drafts.clear();
+    parents.clear();
+    if min == 0 {
+        return;
+    }
+    // Per shape node: its draft index (if it was filled), and its ranked candidates once
+    // computed. The root's candidates are computed first.
+    let n = tree.num_nodes();
+    let mut placed: Vec<Option<u32>> = vec![None; n];
+    let mut ranked: Vec<Option<Vec<TokenId>>> = vec![None; n];
+    let mut root: Option<Vec<TokenId>> = None;
+    for i in 0..n {
+        let shape_parent = tree.parents[i];
+        let parent = if shape_parent == u32::MAX {
+            u32::MAX
+        } else {
+            match placed[shape_parent as usize] {
+                Some(p) => p,
+                None => continue, // its parent was left out
+            }
+        };
+        let candidates = if shape_parent == u32::MAX {
+            root.get_or_insert_with(|| ranked_candidates(tokens, min, max))
+        } else {
+            let p = shape_parent as usize;
+            if ranked[p].is_none() {
+                // The sequence extended by the parent's path.
+                scratch.clear();
+                scratch.extend_from_slice(tokens);
+                let start = scratch.len();
+                let mut node = parent;
+                while node != u32::MAX {
+                    scratch.push(drafts[node as usize]);
+                    node = parents[node as usize];
+                }
+                scratch[start..].reverse();
+                ranked[p] = Some(ranked_candidates(scratch, min, max));
+            }
+            ranked[p].as_ref().expect("just computed")
+        };
+        if let Some(&token) = candidates.get(tree.ranks[i]) {
+            placed[i] = Some(drafts.len() as u32);
+            drafts.push(token);
+            parents.push(parent);
+        }
+    }
+}
+
+/// The distinct tokens that followed earlier occurrences of suffixes of `tokens` at least `min`
+/// (at most `max`) long, longest match first, then latest; as many as a rank can ask for.
+fn ranked_candidates(tokens: &[TokenId], min: usize, max: usize) -> Vec<TokenId> {
+    let len = tokens.len();
+    if len < min + 1 {
+        return Vec::new();
+    }
+    let last = len - 1;
+    // (match length, end of the earlier occurrence)
+    let mut matches: Vec<(usize, usize)> = Vec::new();
+    for end in (0..last).rev() {
+        let limit = max.min(end + 1);
+        let matched = (0..limit).take_while(|&t| tokens[end - t] == tokens[last - t]).count();
+        if matched >= min {
+            matches.push((matched, end));
+        }
+    }
+    // Longest first; the scan found later ends first, and the sort is stable.
+    matches.sort_by_key(|&(m, _)| std::cmp::Reverse(m));
+    let mut out: Vec<TokenId> = Vec::new();
+    for (_, end) in matches {
+        let next = tokens[end + 1];
+        if !out.contains(&next) {
+            out.push(next);
+            if out.len() > super::tree::MAX_TREE_RANK {
+                break;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -73,6 +171,25 @@ mod tests {
         assert_eq!(run(&[], 1, 3, 2), Vec::<u32>::new());
         assert_eq!(run(&[5], 1, 3, 2), Vec::<u32>::new());
         assert_eq!(run(&[1, 2, 1, 2], 1, 3, 0), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_tree_ranks_the_candidates_of_each_path() {
+        // After [1, 2]: 3 followed it latest with the longest match ([0, 1, 2]), 4 earlier with
+        // a shorter one, 5 earliest.
+        let tokens = ids(&[1, 2, 5, 0, 1, 2, 3, 9, 1, 2, 4, 0, 1, 2]);
+        let tree =
+            TokenTree::parse("[(0,), (1,), (2,), (3,), (0, 0), (1, 0), (3, 0)]", 32).unwrap();
+        let (mut scratch, mut drafts, mut parents) = (Vec::new(), Vec::new(), Vec::new());
+        propose_tree(&tokens, (1, 3), &tree, &mut scratch, &mut drafts, &mut parents);
+        let drafted: Vec<u32> = drafts.iter().map(|t| t.0).collect();
+        // Root: 3, 4, 5 (no fourth: (3,) and (3, 0) are left out). After 3: 9 (from [2, 3]);
+        // after 4: 0 (from [2, 4]).
+        assert_eq!(drafted, [3, 4, 5, 9, 0]);
+        assert_eq!(parents, [u32::MAX, u32::MAX, u32::MAX, 0, 1]);
+        // Nothing matches: nothing drafted.
+        propose_tree(&ids(&[1, 2, 3]), (1, 3), &tree, &mut scratch, &mut drafts, &mut parents);
+        assert!(drafts.is_empty() && parents.is_empty());
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! (the floor holds); a draft model's passes cost about as much as the verification itself, so
 //! it needs most of its drafts accepted.
 //!
+//! With a token tree of `n` nodes and `depth` levels the rate is that of drafted nodes accepted,
+//! and its break-even ([`tree_break_even_acceptance`]) weighs `1 + a · n` tokens against the
+//! cost of `n` verified rows; its floor is the chain's scaled by `depth / n`.
+//!
 //! State is kept per request until it finishes or is aborted (`forget`); a preempted request
 //! keeps its back-off. Drafts are only proposed for a running request whose next step is a
 //! decode; the scheduler drops them if that changes (preemption).
@@ -64,6 +68,17 @@ pub fn break_even_acceptance(k: usize, propose_over_verify: f64) -> f64 {
     hi.max(MIN_ACCEPTANCE_RATE)
 }
 
+/// [`break_even_acceptance`] for a token tree of `nodes` nodes and `depth` levels: a step
+/// verifying them yields `1 + a · nodes` tokens when `a` of the drafted tokens are accepted, and
+/// costs `(1 + VERIFY_ROW_COST · nodes) · (1 + propose / verify)` plain steps. The floor is the
+/// chain's, scaled to the share of the nodes one path can accept.
+pub fn tree_break_even_acceptance(nodes: usize, depth: usize, propose_over_verify: f64) -> f64 {
+    let n = nodes.max(1) as f64;
+    let cost = (1.0 + VERIFY_ROW_COST * n) * (1.0 + propose_over_verify.max(0.0));
+    let floor = MIN_ACCEPTANCE_RATE * depth as f64 / n;
+    ((cost - 1.0) / n).max(floor).min(1.0)
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Backoff {
     window_drafted: u32,
@@ -110,9 +125,11 @@ pub struct Speculator {
     stats: SpecDecodeStats,
     /// The draft model, with method `draft_model`.
     draft_model: Option<DraftProposer>,
-    /// Scratch: one request's drafts; the running ids; the requests asking the draft model for
-    /// `k` tokens.
+    /// Scratch: one request's drafts (and their parents in a tree, and a tree's context); the
+    /// running ids; the requests asking the draft model for `k` tokens.
     draft: Vec<TokenId>,
+    parents: Vec<u32>,
+    context: Vec<TokenId>,
     running: Vec<RequestId>,
     wanted: Vec<(RequestId, usize)>,
     /// Moving averages of the proposing time of steps that drafted, and of the forward time of
@@ -124,11 +141,18 @@ pub struct Speculator {
 }
 
 impl Speculator {
-    /// A speculator for `config`; method `draft_model` needs the draft (`draft_model`).
+    /// A speculator for `config`; method `draft_model` needs the draft (`draft_model`), a token
+    /// tree a backend that runs them (`supports_token_trees`).
     pub fn new(
         config: SpeculativeConfig,
         draft_model: Option<DraftProposer>,
+        supports_token_trees: bool,
     ) -> Result<Self, String> {
+        if config.token_tree.is_some() && !supports_token_trees {
+            return Err("speculative_token_tree: this backend does not run token trees (the \
+                        CPU backend does)"
+                .into());
+        }
         match (&config.method, &draft_model) {
             (SpecMethod::DraftModel { model }, None) => {
                 return Err(format!("the draft model `{model}` was not loaded"));
@@ -145,6 +169,8 @@ impl Speculator {
             stats: SpecDecodeStats::default(),
             draft_model,
             draft: Vec::new(),
+            parents: Vec::new(),
+            context: Vec::new(),
             running: Vec::new(),
             wanted: Vec::new(),
             propose_secs: None,
@@ -189,11 +215,16 @@ impl Speculator {
     /// The acceptance rate a request's drafts need for drafting to pay, from the costs
     /// measured so far (the floor until both are measured).
     pub fn min_acceptance(&self) -> f64 {
-        match (self.propose_secs, self.verify_secs) {
-            (Some(p), Some(v)) if v > 0.0 => {
-                break_even_acceptance(self.config.num_speculative_tokens, p / v)
+        let ratio = match (self.propose_secs, self.verify_secs) {
+            (Some(p), Some(v)) if v > 0.0 => Some(p / v),
+            _ => None,
+        };
+        match (&self.config.token_tree, ratio) {
+            (Some(tree), r) => {
+                tree_break_even_acceptance(tree.num_nodes(), tree.depth, r.unwrap_or(0.0))
             }
-            _ => MIN_ACCEPTANCE_RATE,
+            (None, Some(r)) => break_even_acceptance(self.config.num_speculative_tokens, r),
+            (None, None) => MIN_ACCEPTANCE_RATE,
         }
     }
 
@@ -262,14 +293,32 @@ impl Speculator {
             if k == 0 || !self.backoff.entry(id).or_default().drafts() {
                 continue;
             }
-            match self.config.method {
-                SpecMethod::Ngram { min, max } => {
+            match (&self.config.method, &self.config.token_tree) {
+                (&SpecMethod::Ngram { min, max }, Some(tree)) => {
+                    let (context, draft, parents) =
+                        (&mut self.context, &mut self.draft, &mut self.parents);
+                    ngram::propose_tree(
+                        req.all_token_ids(),
+                        (min, max),
+                        tree,
+                        context,
+                        draft,
+                        parents,
+                    );
+                    // The first `k` drafts are still a tree (parents come first).
+                    self.draft.truncate(k);
+                    self.parents.truncate(k);
+                    if !self.draft.is_empty() {
+                        drafted |= scheduler.update_draft_tree(id, &self.draft, &self.parents);
+                    }
+                }
+                (&SpecMethod::Ngram { min, max }, None) => {
                     ngram::propose(req.all_token_ids(), min, max, k, &mut self.draft);
                     if !self.draft.is_empty() {
                         drafted |= scheduler.update_draft_token_ids(id, &self.draft);
                     }
                 }
-                SpecMethod::DraftModel { .. } => self.wanted.push((id, k)),
+                (SpecMethod::DraftModel { .. }, _) => self.wanted.push((id, k)),
             }
         }
         if let Some(draft) = &mut self.draft_model

@@ -89,7 +89,7 @@ fn paged_varlen_batch_matches_naive_attention() {
         }
         let q = values(start * q_row, 99);
         let mut out = vec![f32::NAN; start * q_row];
-        paged_attention(&pool, &q, &k_cache, &v_cache, &seqs, &flat_tables, &shape, &mut out);
+        paged_attention(&pool, &q, &k_cache, &v_cache, &seqs, &flat_tables, None, &shape, &mut out);
         for (s, seq) in seqs.iter().enumerate() {
             for i in 0..seq.query_len {
                 let t = seq.query_start + i;
@@ -152,9 +152,9 @@ fn f16_cache_equals_f32_cache_of_the_rounded_values() {
     let table: Vec<u32> = (0..num_blocks as u32).collect();
     let q = values(qlen * shape.num_heads * shape.head_dim, 3);
     let mut want = vec![0.0; q.len()];
-    paged_attention(&pool, &q, &k32, &v32, &seqs, &table, &shape, &mut want);
+    paged_attention(&pool, &q, &k32, &v32, &seqs, &table, None, &shape, &mut want);
     let mut got = vec![0.0; q.len()];
-    paged_attention(&pool, &q, &k16, &v16, &seqs, &table, &shape, &mut got);
+    paged_attention(&pool, &q, &k16, &v16, &seqs, &table, None, &shape, &mut got);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&got), bits(&want));
 }
@@ -249,13 +249,13 @@ fn quant_cache_equals_f32_cache_of_the_dequantized_values() {
                 q_in.chunks_mut(hd).for_each(hadamard_scaled);
             }
             let mut want = vec![0.0; q.len()];
-            paged_attention(&pool, &q_in, &k32, &v32, &seqs, &table, &shape, &mut want);
+            paged_attention(&pool, &q_in, &k32, &v32, &seqs, &table, None, &shape, &mut want);
             if codec.rotate {
                 want.chunks_mut(hd).for_each(hadamard_scaled);
             }
             let mut got = vec![0.0; q.len()];
             let kv = QuantKv { codec, k: (&kc.0, &kc.1), v: (&vc.0, &vc.1) };
-            paged_attention_quant(&pool, &q, kv, &seqs, &table, &shape, &mut got);
+            paged_attention_quant(&pool, &q, kv, &seqs, &table, None, &shape, &mut got);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{} window {window:?} hd {hd}", dtype.name());
             // And close to attention over the exact values.
@@ -263,7 +263,7 @@ fn quant_cache_equals_f32_cache_of_the_dequantized_values() {
             let mut kx = vec![0.0; slots_total * kv_row];
             let mut vx = kx.clone();
             write_kv(&k, &v, &slots, &mut kx, &mut vx);
-            paged_attention(&pool, &q, &kx, &vx, &seqs, &table, &shape, &mut exact);
+            paged_attention(&pool, &q, &kx, &vx, &seqs, &table, None, &shape, &mut exact);
             let err = got.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             let tol = match dtype {
                 KvCacheDtype::Int8 => 0.05,
@@ -271,6 +271,150 @@ fn quant_cache_equals_f32_cache_of_the_dequantized_values() {
                 _ => 0.6,
             };
             assert!(err < tol, "{}: max error {err}", dtype.name());
+        }
+    }
+}
+
+/// A cache of one kind with rows written at given slots, attended.
+#[derive(Clone, Copy, Debug)]
+enum CacheKind {
+    F32,
+    F16,
+    Quant(kiln_backend::KvCacheDtype),
+}
+
+/// Attention over a fresh cache of `kind` and `num_slots` slots holding each `(k, v, slots)`
+/// group of `writes`.
+#[allow(clippy::too_many_arguments)]
+fn attend_over(
+    kind: CacheKind,
+    shape: &AttentionShape,
+    num_slots: usize,
+    writes: &[(&[f32], &[f32], &[u32])],
+    q: &[f32],
+    seqs: &[AttentionSeq],
+    table: &[u32],
+    tree: Option<TreeMask<'_>>,
+) -> Vec<f32> {
+    let pool = ThreadPool::new(2);
+    let kv_row = shape.num_kv_heads * shape.head_dim;
+    let mut out = vec![f32::NAN; q.len()];
+    match kind {
+        CacheKind::F32 | CacheKind::F16 => {
+            let mut k32 = vec![0.0f32; num_slots * kv_row];
+            let mut v32 = k32.clone();
+            let mut k16 = vec![half::f16::ZERO; num_slots * kv_row];
+            let mut v16 = k16.clone();
+            for (k, v, slots) in writes {
+                write_kv(k, v, slots, &mut k32, &mut v32);
+                write_kv(k, v, slots, &mut k16, &mut v16);
+            }
+            if let CacheKind::F32 = kind {
+                paged_attention(&pool, q, &k32, &v32, seqs, table, tree, shape, &mut out);
+            } else {
+                paged_attention(&pool, q, &k16, &v16, seqs, table, tree, shape, &mut out);
+            }
+        }
+        CacheKind::Quant(dtype) => {
+            let codec = crate::kv_quant::RowCodec::new(dtype, shape.head_dim).unwrap();
+            let rows = num_slots * shape.num_kv_heads;
+            let spr = codec.scales_per_row();
+            let mut kc = (vec![0u8; rows * shape.head_dim], vec![0.0f32; rows * spr]);
+            let mut vc = kc.clone();
+            for (k, v, slots) in writes {
+                let (kc, vc) = ((&mut kc.0[..], &mut kc.1[..]), (&mut vc.0[..], &mut vc.1[..]));
+                write_kv_quant(codec, k, v, slots, kc, vc);
+            }
+            let kv = QuantKv { codec, k: (&kc.0, &kc.1), v: (&vc.0, &vc.1) };
+            paged_attention_quant(&pool, q, kv, seqs, table, tree, shape, &mut out);
+        }
+    }
+    out
+}
+
+/// Every row of a token tree equals, bitwise, the row of the same tokens decoded one at a time
+/// (the node's path written at its positions), over f32, f16 and 8-bit caches, with a sliding
+/// window, a softcap, and trees inside one block or across block boundaries.
+#[test]
+fn tree_rows_equal_their_paths_decoded_one_by_one() {
+    use kiln_backend::{ForwardBatch, KvCacheDtype, TREE_ROOT};
+    // Node parents: a chain of three off the root, a second branch of two, a third branch off
+    // the first node.
+    let parents = [TREE_ROOT, 0, 1, TREE_ROOT, 3, 0];
+    let n = parents.len() + 1; // tree tokens: the root, then the nodes
+    let kinds = [
+        CacheKind::F32,
+        CacheKind::F16,
+        CacheKind::Quant(KvCacheDtype::Int8),
+        CacheKind::Quant(KvCacheDtype::Fp8E4M3),
+    ];
+    for (num_cached, window, softcap) in [(5, None, None), (2, Some(4), None), (9, None, Some(4.0))]
+    {
+        let shape = AttentionShape {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 32,
+            block_size: 4,
+            scale: 0.25,
+            sliding_window: window,
+            softcap,
+        };
+        let (bs, kv_row) = (shape.block_size, shape.num_kv_heads * shape.head_dim);
+        let q_row = shape.num_heads * shape.head_dim;
+        let table: Vec<u32> = vec![5, 1, 4, 0, 2, 3];
+        let num_slots = table.len() * bs;
+        let slot = |p: usize| table[p / bs] * bs as u32 + (p % bs) as u32;
+        let mut batch = ForwardBatch::new(bs);
+        batch.push_tree(&vec![0; n], &parents, num_cached, &table).unwrap();
+        let (prefix_k, prefix_v) = (values(num_cached * kv_row, 1), values(num_cached * kv_row, 2));
+        let prefix_slots: Vec<u32> = (0..num_cached).map(slot).collect();
+        let (tree_k, tree_v) = (values(n * kv_row, 3), values(n * kv_row, 4));
+        let q = values(n * q_row, 5);
+        // The tree tokens (0: the root, 1 + i: node i) from the root down to token `t`.
+        let path = |t: usize| {
+            let mut path = vec![t];
+            while let Some(&node) = path.last().filter(|&&node| node > 0) {
+                let parent = parents[node - 1];
+                path.push(if parent == TREE_ROOT { 0 } else { parent as usize + 1 });
+            }
+            path.reverse();
+            path
+        };
+        for kind in kinds {
+            let writes = [
+                (&prefix_k[..], &prefix_v[..], &prefix_slots[..]),
+                (&tree_k[..], &tree_v[..], batch.slot_mapping()),
+            ];
+            let (seqs, tables) = (batch.seqs(), batch.block_tables());
+            let got =
+                attend_over(kind, &shape, num_slots, &writes, &q, seqs, tables, batch.tree_mask());
+            for t in 0..n {
+                let path = path(t);
+                let rows = |src: &[f32]| -> Vec<f32> {
+                    path.iter().flat_map(|&i| src[i * kv_row..][..kv_row].to_vec()).collect()
+                };
+                let (k, v) = (rows(&tree_k), rows(&tree_v));
+                let slots: Vec<u32> = (0..path.len()).map(|j| slot(num_cached + j)).collect();
+                let writes = [
+                    (&prefix_k[..], &prefix_v[..], &prefix_slots[..]),
+                    (&k[..], &v[..], &slots[..]),
+                ];
+                let context_len = num_cached + path.len();
+                let seq = [AttentionSeq {
+                    query_start: 0,
+                    query_len: 1,
+                    context_len,
+                    block_table_start: 0,
+                }];
+                let q_t = &q[t * q_row..][..q_row];
+                let want = attend_over(kind, &shape, num_slots, &writes, q_t, &seq, &table, None);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[t * q_row..][..q_row]),
+                    bits(&want),
+                    "{kind:?}, {num_cached} cached, window {window:?}, token {t} (path {path:?})"
+                );
+            }
         }
     }
 }

@@ -164,6 +164,40 @@ impl CpuKvStore {
             };
         }
     }
+
+    /// Copies the K/V (and scales) of slot `src` to slot `dst` in every layer, for each pair in
+    /// order.
+    pub fn copy_slots(&mut self, pairs: &[(u32, u32)]) {
+        fn copy<T: Copy>(buf: &mut [T], width: usize, src: usize, dst: usize) {
+            buf.copy_within(src * width..(src + 1) * width, dst * width);
+        }
+        let num_slots = self.spec.num_blocks * self.spec.block_size;
+        let row = self.spec.layout.num_kv_heads * self.spec.layout.head_dim;
+        let srow = self.spec.layout.num_kv_heads
+            * self.spec.dtype.scales_per_row(self.spec.layout.head_dim);
+        for &(src, dst) in pairs {
+            let (src, dst) = (src as usize, dst as usize);
+            assert!(src < num_slots && dst < num_slots, "slot {src} or {dst} of {num_slots}");
+            for layer in 0..self.spec.layout.num_layers {
+                match self.layer_mut(layer) {
+                    KvLayerMut::F32(k, v) => {
+                        copy(k, row, src, dst);
+                        copy(v, row, src, dst);
+                    }
+                    KvLayerMut::F16(k, v) => {
+                        copy(k, row, src, dst);
+                        copy(v, row, src, dst);
+                    }
+                    KvLayerMut::Q8(_, (kc, ks), (vc, vs)) => {
+                        copy(kc, row, src, dst);
+                        copy(vc, row, src, dst);
+                        copy(ks, srow, src, dst);
+                        copy(vs, srow, src, dst);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +223,44 @@ mod tests {
                 kv.read_block(other, &mut out);
                 assert!(out.iter().all(|&b| b == 0), "{dtype:?}: block {other} was touched");
             }
+        }
+    }
+
+    #[test]
+    fn copied_slots_read_back_as_their_sources() {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 32 };
+        for dtype in KvCacheDtype::ALL {
+            let spec = KvCacheSpec { layout, dtype, num_blocks: 2, block_size: 4 };
+            let mut kv = CpuKvStore::new(spec);
+            let pattern: Vec<u8> = (0..kv.block_bytes()).map(|i| (i * 13 % 251) as u8).collect();
+            kv.write_block(0, &pattern);
+            // Slots 1 and 2 of block 0 to slots 5 and 4 (block 1), then slot 5 to slot 7.
+            kv.copy_slots(&[(1, 5), (2, 4), (5, 7)]);
+            let (mut a, mut b) = (vec![0u8; kv.block_bytes()], vec![0u8; kv.block_bytes()]);
+            kv.read_block(0, &mut a);
+            kv.read_block(1, &mut b);
+            assert_eq!(a, pattern, "{dtype:?}: the sources are unchanged");
+            // Block bytes hold per layer K's then V's elements, then (8-bit) K's then V's
+            // scales, each `[slots, ...]`; block 1's slots take block 0's slots 2, 1, -, 1.
+            let sources = [Some(2), Some(1), None, Some(1)];
+            let elems = layout.num_kv_heads * layout.head_dim * dtype.bytes();
+            let scales = layout.num_kv_heads * dtype.scales_per_row(layout.head_dim) * 4;
+            let parts: &[usize] =
+                if dtype.is_8bit() { &[elems, elems, scales, scales] } else { &[elems, elems] };
+            let mut want = vec![0u8; pattern.len()];
+            let mut at = 0;
+            for _ in 0..layout.num_layers {
+                for &width in parts {
+                    for (dst, src) in sources.iter().enumerate() {
+                        if let Some(src) = src {
+                            let from = &pattern[at + src * width..][..width];
+                            want[at + dst * width..][..width].copy_from_slice(from);
+                        }
+                    }
+                    at += spec.block_size * width;
+                }
+            }
+            assert_eq!(b, want, "{dtype:?}");
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kiln_backend::{
     AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
-    LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan,
+    LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan, TreeMask,
 };
 
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
@@ -230,6 +230,7 @@ impl Backend for Cpu {
         q: &[f32],
         seqs: &[SeqSpan],
         block_tables: &[u32],
+        tree: Option<TreeMask<'_>>,
         shape: &AttentionShape,
         out: &mut [f32],
     ) {
@@ -239,16 +240,24 @@ impl Backend for Cpu {
         let pool = &self.pool;
         match kv.layer(layer) {
             KvLayer::F32(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out);
+                paged_attention(pool, q, kc, vc, seqs, block_tables, tree, shape, out);
             }
             KvLayer::F16(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, shape, out);
+                paged_attention(pool, q, kc, vc, seqs, block_tables, tree, shape, out);
             }
             KvLayer::Q8(codec, k, v) => {
                 let kv = QuantKv { codec, k, v };
-                paged_attention_quant(pool, q, kv, seqs, block_tables, shape, out);
+                paged_attention_quant(pool, q, kv, seqs, block_tables, tree, shape, out);
             }
         }
+    }
+
+    fn supports_token_trees(&self) -> bool {
+        true
+    }
+
+    fn copy_kv_slots(&self, kv: &mut CpuKvStore, pairs: &[(u32, u32)]) {
+        kv.copy_slots(pairs);
     }
 
     fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
