@@ -543,6 +543,10 @@ impl EngineCore {
             ));
         }
         // Checked before anything changes: a refused config leaves the engine as it was.
+        let trees = self.runner.model().supports_token_trees();
+        if let Some(c) = &config {
+            crate::spec::check_token_tree(c, trees).map_err(EngineError::Config)?;
+        }
         if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
             let held = self.speculator.as_ref().and_then(Speculator::draft_model);
             let Some(draft) = held.or(self.idle_draft_model.as_ref()) else {
@@ -559,7 +563,6 @@ impl EngineCore {
         if let Some(draft) = &mut draft {
             draft.reset();
         }
-        let trees = self.runner.model().supports_token_trees();
         self.speculator = match config.clone() {
             Some(c) => Some(
                 Speculator::new(c, draft, trees).map_err(EngineError::Config)?.with_stats(stats),

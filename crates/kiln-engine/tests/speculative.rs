@@ -211,6 +211,13 @@ fn token_trees_equal_not_speculating() {
         core.scheduler().check_invariants().unwrap();
     }
     abort_while_speculating(&mut engine("llama3", &ROOMY, Some(ngram_tree())));
+    // A tree its method cannot draft is refused before anything changes.
+    let mut core = engine("llama3", &ROOMY, Some(ngram(4)));
+    let mut bad = SpeculativeConfig::draft_model(3, "llama3");
+    bad.token_tree = ngram_tree().token_tree;
+    assert!(core.set_speculative_config(Some(bad)).is_err());
+    assert_eq!(run(&mut core, &reqs), expected);
+    assert!(core.stats().spec_decode.num_drafts > 0, "still speculating as before");
 }
 
 #[test]

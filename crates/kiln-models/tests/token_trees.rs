@@ -1,8 +1,9 @@
 //! Token trees through whole models: the logits of a tree's rows equal, bitwise, those of the
-//! same tokens in one causal sequence, on every fixture, on the CPU backend (f32 and f16 caches)
-//! and on the reference backend, with another sequence's prefill chunk in the batch (so the last
-//! layer runs on the logits rows only); and once the accepted path's K/V is copied from its
-//! nodes' slots to its positions' slots, the next decode equals the causal one.
+//! same tokens in one causal sequence, on every fixture, on the CPU backend (f32, f16 and int8
+//! caches, int8 rows Hadamard-rotated where the head size allows) and on the reference backend,
+//! with another sequence's prefill chunk in the batch (so the last layer runs on the logits rows
+//! only); and once the accepted path's K/V is copied from its nodes' slots to its positions'
+//! slots, the next decode equals the causal one.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -66,7 +67,7 @@ fn check<B: Backend>(name: &str, tree: &mut Runner<B>, causal: &mut Runner<B>) {
 #[test]
 fn tree_rows_and_the_moved_path_equal_a_causal_sequence() {
     for name in MODELS {
-        for dtype in [KvCacheDtype::F32, KvCacheDtype::F16] {
+        for dtype in [KvCacheDtype::F32, KvCacheDtype::F16, KvCacheDtype::Int8] {
             let runner = || Runner::with_dtype(load_model(&fixture(name), &cpu()).unwrap(), dtype);
             check(name, &mut runner(), &mut runner());
         }

@@ -51,7 +51,8 @@ fn bench_throughput_reports_rates_hits_and_preemptions() {
 }
 
 /// The default model, greedy, 8 input-grounded prompts: speculative decoding yields exactly the
-/// plain outputs (the bench fails otherwise) and accepts drafts, with two n-gram settings.
+/// plain outputs (the bench fails otherwise) and accepts drafts, with two n-gram chains and a
+/// token tree.
 #[test]
 fn bench_speculative_keeps_every_output_of_the_default_model() {
     let prompts =
@@ -64,6 +65,7 @@ fn bench_speculative_keeps_every_output_of_the_default_model() {
     for config in [
         r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#,
         r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 1}"#,
+        r#"{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5, "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"}"#,
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["bench", "speculative", "--prompts", eight.to_str().unwrap()])

@@ -214,7 +214,8 @@ fn count_and_tree(
         (None, Some(tree)) => tree.num_nodes(),
         (None, None) => return Err(err("num_speculative_tokens", "is required")),
     };
-    if token_tree.is_some() && method != "ngram" && method != "[ngram]" {
+    // (Other methods are refused with `method` named.)
+    if token_tree.is_some() && method == "draft_model" {
         return Err(err(
             "speculative_token_tree",
             "is drafted by method \"ngram\" only (kiln's draft models propose chains)",
@@ -376,6 +377,7 @@ mod tests {
             "num_speculative_tokens"
         );
         assert_eq!(field(&tree(r#""model": "d.gguf""#)), "speculative_token_tree");
+        assert_eq!(field(&tree(r#""method": "eagle""#)), "method");
         assert_eq!(
             field(r#"{"method": "ngram", "speculative_token_tree": "[(1, 0)]"}"#),
             "speculative_token_tree"

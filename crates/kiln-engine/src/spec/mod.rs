@@ -34,6 +34,6 @@ pub use config::{
     SpeculativeConfig,
 };
 pub use draft::DraftProposer;
-pub use speculator::Speculator;
+pub use speculator::{Speculator, check_token_tree};
 pub use stats::SpecDecodeStats;
 pub use tree::{MAX_TREE_RANK, TokenTree};

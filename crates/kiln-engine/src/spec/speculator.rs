@@ -68,6 +68,27 @@ pub fn break_even_acceptance(k: usize, propose_over_verify: f64) -> f64 {
     hi.max(MIN_ACCEPTANCE_RATE)
 }
 
+/// Refuses a token tree that `config`'s method does not draft (only `ngram` does) or that the
+/// backend cannot run.
+pub fn check_token_tree(
+    config: &SpeculativeConfig,
+    supports_token_trees: bool,
+) -> Result<(), String> {
+    if config.token_tree.is_none() {
+        return Ok(());
+    }
+    if matches!(config.method, SpecMethod::DraftModel { .. }) {
+        return Err("speculative_token_tree: only method \"ngram\" drafts token trees".into());
+    }
+    if !supports_token_trees {
+        return Err(
+            "speculative_token_tree: this backend does not run token trees (the CPU backend does)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// [`break_even_acceptance`] for a token tree of `nodes` nodes and `depth` levels: a step
 /// verifying them yields `1 + a · nodes` tokens when `a` of the drafted tokens are accepted, and
 /// costs `(1 + VERIFY_ROW_COST · nodes) · (1 + propose / verify)` plain steps. The floor is the
@@ -148,11 +169,7 @@ impl Speculator {
         draft_model: Option<DraftProposer>,
         supports_token_trees: bool,
     ) -> Result<Self, String> {
-        if config.token_tree.is_some() && !supports_token_trees {
-            return Err("speculative_token_tree: this backend does not run token trees (the \
-                        CPU backend does)"
-                .into());
-        }
+        check_token_tree(&config, supports_token_trees)?;
         match (&config.method, &draft_model) {
             (SpecMethod::DraftModel { model }, None) => {
                 return Err(format!("the draft model `{model}` was not loaded"));

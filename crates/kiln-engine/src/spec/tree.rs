@@ -81,51 +81,64 @@ fn show(path: &[usize]) -> String {
     }
 }
 
-/// `[(a, b), (c,)]` or `[[a, b], [c]]`: paths of non-negative integers.
+/// `[(a, b), (c,)]` or `[[a, b], [c]]`: paths of non-negative integers (a one-rank path in
+/// parentheses needs its comma, `(0,)`, as in Python). Whitespace may sit between tokens only.
 fn parse_paths(text: &str) -> Result<Vec<Vec<usize>>, String> {
-    let mut chars = text.chars().filter(|c| !c.is_whitespace()).peekable();
     let bad = |what: &str| {
         format!("is not a list of tuples of ranks ({what}), e.g. \"[(0,), (1,), (0, 0)]\"")
     };
-    if chars.next() != Some('[') {
+    let mut chars = text.chars().peekable();
+    if next(&mut chars) != Some('[') {
         return Err(bad("no opening ["));
     }
     let mut paths = Vec::new();
     loop {
-        match chars.next() {
+        let (open, close) = match next(&mut chars) {
             Some(']') => break,
-            Some(open @ ('(' | '[')) => {
-                let close = if open == '(' { ')' } else { ']' };
-                let mut path = Vec::new();
-                loop {
-                    let mut digits = String::new();
-                    while let Some(c) = chars.peek().filter(|c| c.is_ascii_digit()) {
-                        digits.push(*c);
-                        chars.next();
-                    }
-                    if !digits.is_empty() {
-                        path.push(digits.parse::<usize>().map_err(|_| bad("a rank too large"))?);
-                    }
-                    match chars.next() {
-                        Some(',') if !digits.is_empty() => {}
-                        Some(c) if c == close => break,
-                        _ => return Err(bad("expected a rank, a comma or the tuple's end")),
-                    }
-                }
-                paths.push(path);
-                match chars.next() {
-                    Some(',') => {}
-                    Some(']') => break,
-                    _ => return Err(bad("expected a comma or ]")),
-                }
-            }
+            Some('(') => ('(', ')'),
+            Some('[') => ('[', ']'),
             _ => return Err(bad("expected a tuple")),
+        };
+        let (mut path, mut trailing_comma) = (Vec::new(), false);
+        loop {
+            skip_whitespace(&mut chars);
+            let mut digits = String::new();
+            while let Some(c) = chars.next_if(char::is_ascii_digit) {
+                digits.push(c);
+            }
+            if !digits.is_empty() {
+                path.push(digits.parse::<usize>().map_err(|_| bad("a rank too large"))?);
+            }
+            match next(&mut chars) {
+                Some(',') if !digits.is_empty() => trailing_comma = true,
+                Some(c) if c == close => break,
+                _ => return Err(bad("expected a rank, a comma or the tuple's end")),
+            }
+        }
+        if open == '(' && path.len() == 1 && !trailing_comma {
+            return Err(bad("(r) is a number in Python; a one-rank path is (r,)"));
+        }
+        paths.push(path);
+        match next(&mut chars) {
+            Some(',') => {}
+            Some(']') => break,
+            _ => return Err(bad("expected a comma or ]")),
         }
     }
-    if chars.next().is_some() {
+    if next(&mut chars).is_some() {
         return Err(bad("text after the closing ]"));
     }
     Ok(paths)
+}
+
+/// The next character that is not whitespace.
+fn next(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<char> {
+    skip_whitespace(chars);
+    chars.next()
+}
+
+fn skip_whitespace(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while chars.next_if(|c| c.is_whitespace()).is_some() {}
 }
 
 #[cfg(test)]
@@ -140,7 +153,7 @@ mod tests {
         assert_eq!(t.parents, [u32::MAX, u32::MAX, 0, 0, 1, 2]);
         assert_eq!(t.depth, 3);
         assert!(!t.is_chain());
-        let json = TokenTree::parse("[[0], [1], [0, 0]]", 32).unwrap();
+        let json = TokenTree::parse(" [ [0] , [1], [ 0,0 ] ] ", 32).unwrap();
         assert_eq!(json.parents, [u32::MAX, u32::MAX, 0]);
         assert!(TokenTree::parse("[(0,), (0,0), (0,0,0)]", 32).unwrap().is_chain());
     }
@@ -154,7 +167,18 @@ mod tests {
         assert!(err("[(0,), (1,), (2,), (3,), (4,)]").contains("at most 4"));
         assert!(err("[(16,)]").contains("rank 16"));
         assert!(err("[()]").contains("empty path"));
-        for bad in ["(0,)", "[(0,)", "[(0,) (1,)]", "[(-1,)]", "[(0,),]x", "[(a,)]", "[(0,,)]"] {
+        let bad_texts = [
+            "(0,)",
+            "[(0,)",
+            "[(0,) (1,)]",
+            "[(-1,)]",
+            "[(0,),]x",
+            "[(a,)]",
+            "[(0,,)]",
+            "[(1 0,)]",
+            "[(0)]",
+        ];
+        for bad in bad_texts {
             assert!(err(bad).contains("list of tuples"), "{bad}: {}", err(bad));
         }
     }
