@@ -6,7 +6,9 @@
 //! are the last `query_len` of its `context_len` cached tokens (their K/V must already be
 //! written, see [`write_kv`]). Query token `i` of a sequence sits at position
 //! `p = context_len - query_len + i` and attends to keys `j` with `lo <= j <= p`, where
-//! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask).
+//! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask). A token-tree
+//! row ([`kiln_backend::TreeKeys`]) has its own position and sees the keys of its path instead
+//! (`tree`).
 //!
 //! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, up to
 //! 16 rows sharing each K/V block while it is hot; 64 over an 8-bit cache): per row, the scores of a block are
@@ -557,9 +559,8 @@ fn prefetch_rows<T>(cache: &[T], start: usize, rows: usize, stride: usize, bytes
 }
 
 /// Per row `r` = (token, head) of a tile: position, first visible key, end of the keys read in
-/// place, running max and sum,
-/// offset of its output row (and of its query row in `q`, or in the rotated queries); and the
-/// scores of the rows being processed.
+/// place, running max and sum, offset of its output row (and of its query row in `q`, or in the
+/// rotated queries); and the scores of the rows being processed.
 struct RowState {
     pos: [usize; MAX_GROUP],
     lo: [usize; MAX_GROUP],
