@@ -235,23 +235,20 @@ impl ForwardBatch {
         }
         let first = self.token_ids.len();
         self.push_seq(tokens, num_cached, block_table, LogitsWanted::All)?;
-        // Depth of node `i` (the root's children are at depth 1) and its path of rows.
-        let mut depth = Vec::with_capacity(parents.len());
+        // A node's keys are its parent's then its own (the root's children have only their own);
+        // its depth is their count.
         for (i, &parent) in parents.iter().enumerate() {
-            let d = if parent == TREE_ROOT { 1 } else { depth[parent as usize] + 1 };
-            depth.push(d);
             let row = first + 1 + i;
-            let pos = (num_cached + d) as u32;
-            self.positions[row] = pos;
             let start = self.tree_slots.len();
-            self.tree_slots.resize(start + d, 0);
-            // Walk up from the node, filling its path from the deepest key backwards.
-            let mut node = i as u32;
-            for k in (0..d).rev() {
-                self.tree_slots[start + k] = self.slot_mapping[first + 1 + node as usize];
-                node = parents[node as usize];
+            if parent != TREE_ROOT {
+                let p = self.tree_rows[first + 1 + parent as usize];
+                self.tree_slots.extend_from_within(p.start as usize..(p.start + p.len) as usize);
             }
-            self.tree_rows[row] = TreeKeys { pos, start: start as u32, len: d as u32 };
+            self.tree_slots.push(self.slot_mapping[row]);
+            let depth = self.tree_slots.len() - start;
+            let pos = (num_cached + depth) as u32;
+            self.positions[row] = pos;
+            self.tree_rows[row] = TreeKeys { pos, start: start as u32, len: depth as u32 };
         }
         Ok(())
     }
