@@ -35,6 +35,8 @@ use crate::kv_quant::{self, RowCodec};
 use crate::thread_pool::SharedMut;
 use crate::{SimdLevel, ThreadPool, vmath};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod micro;
 mod tree;
 

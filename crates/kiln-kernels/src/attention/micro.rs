@@ -5,9 +5,9 @@
 //! - [`accumulate`]: `acc[d] = fma(p[j], v_j[d], acc[d])` for keys `j` in order.
 //!
 //! [`scores_rows`] and [`accumulate_rows`] do the same for up to [`MAX_ROWS`] rows against the
-//! same keys; on AVX-512 every K/V load then serves all of them (scores: 4 rows × 4 keys of
-//! lane sums per pass over the head; accumulation: 4 rows × 64 elements per pass over the
-//! keys). Each row still gets exactly its lone-row operations, so the row count of a call never
+//! same keys; on AVX-512 and AVX2 every K/V load then serves all of them (AVX-512 scores:
+//! 4 rows × 4 keys of lane sums per pass over the head; accumulation: 4 rows × 64 elements per
+//! pass over the keys; AVX2 in `super::avx2`). Each row still gets exactly its lone-row operations, so the row count of a call never
 //! changes a bit (tested).
 //!
 //! K and V elements are f32 or f16 ([`KvElem`]); f16 ones are widened to f32 exactly as they
@@ -22,6 +22,8 @@
 //! independent of batching and chunking.
 
 use super::KvElem;
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
 use crate::SimdLevel;
 
 /// `out[j] = q · k_j` where `k_j = keys[j * stride..][..q.len()]`, for `j < out.len()`.
@@ -47,8 +49,9 @@ pub(crate) fn scores<E: KvElem>(
             };
         }
         if level == SimdLevel::Avx2 {
+            let (q, o) = ([q.as_ptr()], [out.as_mut_ptr()]);
             // SAFETY: as above.
-            return unsafe { x86::scores_avx2(q, keys, stride, out) };
+            return unsafe { avx2::scores::<E, 1>(q, hd, keys.as_ptr(), stride, out.len(), o) };
         }
     }
     scores_scalar(q, keys, stride, out);
@@ -95,8 +98,10 @@ pub(crate) fn accumulate<E: KvElem>(
             return unsafe { x86::accumulate_avx512::<E, 1>(a, hd, p, n, rows.as_ptr(), stride) };
         }
         if level == SimdLevel::Avx2 {
+            let (hd, n) = (acc.len(), p.len());
+            let (a, p) = ([acc.as_mut_ptr()], [p.as_ptr()]);
             // SAFETY: as above.
-            return unsafe { x86::accumulate_avx2(acc, p, rows, stride) };
+            return unsafe { avx2::accumulate::<E, 1>(a, hd, p, n, rows.as_ptr(), stride) };
         }
     }
     accumulate_scalar(acc, p, rows, stride);
@@ -114,7 +119,8 @@ pub(crate) fn accumulate_scalar<E: KvElem>(acc: &mut [f32], p: &[f32], rows: &[E
 pub(crate) const MAX_ROWS: usize = 4;
 
 /// [`scores`] for `R` query rows against the same keys: `out[r][j] = q[r] · k_j`. Each result
-/// is computed exactly as by [`scores`]; AVX-512 loads every K row once for all `R` rows.
+/// is computed exactly as by [`scores`]; AVX-512 and AVX2 load every K row once for all `R`
+/// rows.
 #[inline]
 pub(crate) fn scores_rows<E: KvElem, const R: usize>(
     level: SimdLevel,
@@ -129,11 +135,17 @@ pub(crate) fn scores_rows<E: KvElem, const R: usize>(
         assert!(keys.len() >= last * stride + hd, "keys out of bounds");
     }
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512 {
+    if level >= SimdLevel::Avx2 {
         let q = q.map(<[f32]>::as_ptr);
         let out = out.map(<[f32]>::as_mut_ptr);
         // SAFETY: `level` is at most the detected level; bounds checked above.
-        return unsafe { x86::scores_avx512::<E, R>(q, hd, keys.as_ptr(), stride, n, out) };
+        return unsafe {
+            if level == SimdLevel::Avx512 {
+                x86::scores_avx512::<E, R>(q, hd, keys.as_ptr(), stride, n, out);
+            } else {
+                avx2::scores::<E, R>(q, hd, keys.as_ptr(), stride, n, out);
+            }
+        };
     }
     for (qr, o) in q.into_iter().zip(out) {
         scores(level, qr, keys, stride, o);
@@ -141,8 +153,8 @@ pub(crate) fn scores_rows<E: KvElem, const R: usize>(
 }
 
 /// [`accumulate`] for `R` output rows over the same V rows (`acc[r]` with weights `p[r]`).
-/// Each result is computed exactly as by [`accumulate`]; AVX-512 loads every V row once for
-/// all `R` rows.
+/// Each result is computed exactly as by [`accumulate`]; AVX-512 and AVX2 load every V row once
+/// for all `R` rows.
 #[inline]
 pub(crate) fn accumulate_rows<E: KvElem, const R: usize>(
     level: SimdLevel,
@@ -157,11 +169,17 @@ pub(crate) fn accumulate_rows<E: KvElem, const R: usize>(
         assert!(rows.len() >= last * stride + hd, "rows out of bounds");
     }
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512 {
+    if level >= SimdLevel::Avx2 {
         let acc = acc.map(<[f32]>::as_mut_ptr);
         let p = p.map(<[f32]>::as_ptr);
         // SAFETY: `level` is at most the detected level; bounds checked above.
-        return unsafe { x86::accumulate_avx512::<E, R>(acc, hd, p, n, rows.as_ptr(), stride) };
+        return unsafe {
+            if level == SimdLevel::Avx512 {
+                x86::accumulate_avx512::<E, R>(acc, hd, p, n, rows.as_ptr(), stride);
+            } else {
+                avx2::accumulate::<E, R>(acc, hd, p, n, rows.as_ptr(), stride);
+            }
+        };
     }
     for (a, pr) in acc.into_iter().zip(p) {
         accumulate(level, a, pr, rows, stride);
@@ -172,7 +190,7 @@ pub(crate) fn accumulate_rows<E: KvElem, const R: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{KvElem, reduce16};
+    use super::KvElem;
 
     /// 16 elements at `p` widened to f32 (lanes outside `mask` are zero and read nothing).
     ///
@@ -187,23 +205,6 @@ mod x86 {
                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast()))
             } else {
                 _mm512_maskz_loadu_ps(mask, p.cast())
-            }
-        }
-    }
-
-    /// 8 elements at `p` widened to f32.
-    ///
-    /// # Safety
-    /// 8 elements readable at `p`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            if E::IS_F16 {
-                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
-            } else {
-                _mm256_loadu_ps(p.cast())
             }
         }
     }
@@ -336,42 +337,6 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores_avx2<E: KvElem>(q: &[f32], keys: &[E], stride: usize, out: &mut [f32]) {
-        let n = q.len();
-        for (j, o) in out.iter_mut().enumerate() {
-            let k = &keys[j * stride..][..n];
-            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut i = 0;
-            while i + 16 <= n {
-                // SAFETY: `i + 16 <= n` for both slices.
-                unsafe {
-                    lo = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(q.as_ptr().add(i)),
-                        load8(k.as_ptr().add(i)),
-                        lo,
-                    );
-                    hi = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(q.as_ptr().add(i + 8)),
-                        load8(k.as_ptr().add(i + 8)),
-                        hi,
-                    );
-                }
-                i += 16;
-            }
-            let mut lanes = [0.0f32; 16];
-            // SAFETY: 8 + 8 floats.
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
-            }
-            for (l, (a, b)) in q[i..].iter().zip(&k[i..]).enumerate() {
-                lanes[l] = a.mul_add(b.to_f32(), lanes[l]);
-            }
-            *o = reduce16(&lanes);
-        }
-    }
-
     /// Vectors of 16 accumulators per row one pass over the V rows updates.
     const CHUNKS: usize = 4;
 
@@ -432,35 +397,6 @@ mod x86 {
             d += 16 * CHUNKS;
         }
     }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate_avx2<E: KvElem>(
-        acc: &mut [f32],
-        p: &[f32],
-        rows: &[E],
-        stride: usize,
-    ) {
-        let n = acc.len();
-        let full = n / 8 * 8;
-        let mut d = 0;
-        while d < full {
-            // SAFETY: `d + 8 <= n` for `acc` and every row (bounds checked by the caller).
-            unsafe {
-                let mut a = _mm256_loadu_ps(acc.as_ptr().add(d));
-                for (j, &pj) in p.iter().enumerate() {
-                    let v = load8(rows.as_ptr().add(j * stride + d));
-                    a = _mm256_fmadd_ps(_mm256_set1_ps(pj), v, a);
-                }
-                _mm256_storeu_ps(acc.as_mut_ptr().add(d), a);
-            }
-            d += 8;
-        }
-        for (j, &pj) in p.iter().enumerate() {
-            for (a, v) in acc[full..].iter_mut().zip(&rows[j * stride + full..]) {
-                *a = pj.mul_add(v.to_f32(), *a);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -470,7 +406,7 @@ mod tests {
 
     #[test]
     fn simd_equals_scalar_bitwise() {
-        for hd in [1, 5, 16, 20, 33, 64, 256] {
+        for hd in [1, 5, 16, 20, 33, 48, 64, 100, 256] {
             for n_keys in [1, 7, 15, 16, 17, 32, 40] {
                 let stride = hd + 3;
                 let q = values(hd, 1, 2.0);
