@@ -59,7 +59,7 @@ const MAX_KEYS: usize = 4;
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `hd` floats readable at every `q[r]` and every key row; `n`
-/// floats writable at every `out[r]`; `1 <= R <= 4`.
+/// floats writable at every `out[r]`. `R` is 1 to 4 (checked at compile time).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn scores<E: KvElem, const R: usize>(
     q: [*const f32; R],
@@ -69,6 +69,7 @@ pub(super) unsafe fn scores<E: KvElem, const R: usize>(
     n: usize,
     out: [*mut f32; R],
 ) {
+    const { assert!(R >= 1 && R <= 4, "1 to 4 rows") };
     let per_pass = (MAX_KEYS / R).max(1);
     let full = hd / 16 * 16;
     let mut j = 0;
@@ -127,7 +128,8 @@ pub(super) unsafe fn scores<E: KvElem, const R: usize>(
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `hd` floats readable and writable at every `acc[r]` and
-/// readable at every V row; `n` floats readable at every `p[r]`; `1 <= R <= 4`.
+/// readable at every V row; `n` floats readable at every `p[r]`. `R` is 1 to 4 (checked at
+/// compile time).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn accumulate<E: KvElem, const R: usize>(
     acc: [*mut f32; R],
@@ -137,6 +139,7 @@ pub(super) unsafe fn accumulate<E: KvElem, const R: usize>(
     rows: *const E,
     stride: usize,
 ) {
+    const { assert!(R >= 1 && R <= 4, "1 to 4 rows") };
     let full = hd / 8 * 8;
     let mut d = 0;
     // SAFETY (all passes): elements `d..d + 8·C` are below `full <= hd`.

@@ -7,8 +7,8 @@
 //! [`scores_rows`] and [`accumulate_rows`] do the same for up to [`MAX_ROWS`] rows against the
 //! same keys; on AVX-512 and AVX2 every K/V load then serves all of them (AVX-512 scores:
 //! 4 rows × 4 keys of lane sums per pass over the head; accumulation: 4 rows × 64 elements per
-//! pass over the keys; AVX2 in `super::avx2`). Each row still gets exactly its lone-row operations, so the row count of a call never
-//! changes a bit (tested).
+//! pass over the keys; AVX2 in `super::avx2`). Each row still gets exactly its lone-row
+//! operations, so the row count of a call never changes a bit (tested).
 //!
 //! K and V elements are f32 or f16 ([`KvElem`]); f16 ones are widened to f32 exactly as they
 //! are loaded, so a kernel over an f16 cache gives bitwise the result of the f32 kernel over
