@@ -141,21 +141,14 @@ pub(super) unsafe fn accumulate<E: KvElem, const R: usize>(
 ) {
     const { assert!(R >= 1 && R <= 4, "1 to 4 rows") };
     let full = hd / 8 * 8;
-    let mut d = 0;
-    // SAFETY (all passes): elements `d..d + 8·C` are below `full <= hd`.
+    // SAFETY: the passes stay below `full <= hd`; the rest is the caller's.
     unsafe {
-        while d + 8 * (8 / R) <= full {
-            match R {
-                1 => pass::<E, R, 8>(acc, d, p, n, rows, stride),
-                2 => pass::<E, R, 4>(acc, d, p, n, rows, stride),
-                _ => pass::<E, R, 2>(acc, d, p, n, rows, stride),
-            }
-            d += 8 * (8 / R);
-        }
-        while d < full {
-            pass::<E, R, 1>(acc, d, p, n, rows, stride);
-            d += 8;
-        }
+        let d = match R {
+            1 => passes::<E, R, 8>(acc, 0, full, p, n, rows, stride),
+            2 => passes::<E, R, 4>(acc, 0, full, p, n, rows, stride),
+            _ => passes::<E, R, 2>(acc, 0, full, p, n, rows, stride),
+        };
+        passes::<E, R, 1>(acc, d, full, p, n, rows, stride);
     }
     for r in 0..R {
         for e in full..hd {
@@ -170,41 +163,47 @@ pub(super) unsafe fn accumulate<E: KvElem, const R: usize>(
     }
 }
 
-/// [`accumulate`] of elements `d..d + 8·C` of every row: `C·R` independent accumulators, each
-/// V vector loaded once for the `R` rows.
+/// [`accumulate`] of elements `d..d + 8·C` of every row, then of the next `8·C`, while they
+/// end by `full`; returns where it stopped. `C·R` independent accumulators, each V vector loaded
+/// once for the `R` rows.
 ///
 /// # Safety
-/// As [`accumulate`], with `d + 8·C <= hd`.
+/// As [`accumulate`], with `full <= hd`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always, clippy::needless_range_loop)] // element chunk `c` of every row
-unsafe fn pass<E: KvElem, const R: usize, const C: usize>(
+unsafe fn passes<E: KvElem, const R: usize, const C: usize>(
     acc: [*mut f32; R],
-    d: usize,
+    mut d: usize,
+    full: usize,
     p: [*const f32; R],
     n: usize,
     rows: *const E,
     stride: usize,
-) {
-    // SAFETY (all loads and stores): elements `d..d + 8·C` of the accumulators and V rows,
-    // keys `j < n`, as the caller guarantees.
-    unsafe {
-        let mut a: [[__m256; C]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|c| _mm256_loadu_ps(acc[r].add(d + 8 * c)))
-        });
-        for j in 0..n {
-            let pj: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(*p[r].add(j)));
-            let v = rows.add(j * stride + d);
-            for c in 0..C {
-                let vc = load8(v.add(8 * c));
-                for r in 0..R {
-                    a[r][c] = _mm256_fmadd_ps(pj[r], vc, a[r][c]);
+) -> usize {
+    while d + 8 * C <= full {
+        // SAFETY (all loads and stores): elements `d..d + 8·C` of the accumulators and V rows,
+        // keys `j < n`, as the caller guarantees.
+        unsafe {
+            let mut a: [[__m256; C]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|c| _mm256_loadu_ps(acc[r].add(d + 8 * c)))
+            });
+            for j in 0..n {
+                let pj: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(*p[r].add(j)));
+                let v = rows.add(j * stride + d);
+                for c in 0..C {
+                    let vc = load8(v.add(8 * c));
+                    for r in 0..R {
+                        a[r][c] = _mm256_fmadd_ps(pj[r], vc, a[r][c]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    _mm256_storeu_ps(acc[r].add(d + 8 * c), a[r][c]);
                 }
             }
         }
-        for r in 0..R {
-            for c in 0..C {
-                _mm256_storeu_ps(acc[r].add(d + 8 * c), a[r][c]);
-            }
-        }
+        d += 8 * C;
     }
+    d
 }
