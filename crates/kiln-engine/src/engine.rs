@@ -20,7 +20,7 @@ use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
 use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
-use crate::structured::{GrammarCompiler, PendingCompiler};
+use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
@@ -124,6 +124,8 @@ pub struct EngineStats {
     pub num_slo_demoted: u64,
     /// The second KV tier: slots, blocks swapped out and in, preemptions by mode.
     pub swap: SwapStats,
+    /// Structured outputs: tokens constrained, masks computed, single tokens checked.
+    pub structured: ConstraintStats,
 }
 
 pub struct EngineCore {
@@ -737,6 +739,7 @@ impl EngineCore {
             swap,
         } = self.scheduler.stats();
         self.stats.swap = swap;
+        self.stats.structured = self.runner.constraint_stats();
         self.stats.limits = self.scheduler.limits();
         self.stats.controller = self.controller.as_ref().map(BatchController::stats);
         self.stats.num_slo_demoted = num_demoted + self.num_admission_demoted;

@@ -42,7 +42,7 @@ use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel, TREE_ROOT};
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
-use crate::structured::Constraint;
+use crate::structured::{Constraint, ConstraintStats};
 use crate::{Logprobs, Sampler, logprobs};
 
 /// Log-probabilities of one prompt: entry `p` is for prompt token `p` (`None` for the first).
@@ -136,6 +136,8 @@ pub struct ModelRunner {
     extras: HashMap<RequestId, VecDeque<SampleExtras>>,
     /// Where the last `execute` spent its time.
     timing: StepTiming,
+    /// Structured-output work since start (every constraint's, summed after each step).
+    constraint_stats: ConstraintStats,
 }
 
 /// Wall time of the last step's model forward and sampling (the rest of an engine step is host
@@ -167,6 +169,7 @@ impl ModelRunner {
             spec_tokens: Vec::new(),
             extras: HashMap::new(),
             timing: StepTiming::default(),
+            constraint_stats: ConstraintStats::default(),
         }
     }
 
@@ -209,6 +212,11 @@ impl ModelRunner {
     /// Where the last [`ModelRunner::execute`] spent its time.
     pub fn timing(&self) -> StepTiming {
         self.timing
+    }
+
+    /// Structured-output work since start.
+    pub fn constraint_stats(&self) -> ConstraintStats {
+        self.constraint_stats
     }
 
     /// Drops the state of requests preempted (they come back as new requests) or finished.
@@ -397,7 +405,10 @@ impl ModelRunner {
                 (job.sampled, job.path)
             })
             .collect();
-        for ((id, _, _), sampler) in rows.iter().zip(samplers) {
+        for ((id, _, _), mut sampler) in rows.iter().zip(samplers) {
+            if let Some(stats) = sampler.take_constraint_stats() {
+                self.constraint_stats += stats;
+            }
             self.samplers.insert(*id, sampler);
         }
         Ok(results)

@@ -5,7 +5,9 @@
 //! the structured-output mask ([`Constraint`]: every token the grammar does not allow next goes
 //! to `-inf`), and (unless greedy) temperature, top-k, top-p, min-p, and a draw from the
 //! request's own seeded [`Rng`]. Greedy picks the lowest index among equal maxima. A
-//! constraint consumes each token the sampler returns, and only those.
+//! constraint consumes each token the sampler returns, and only those. The mask is skipped
+//! where that is exact: a greedy or unfiltered pick the constraint admits stands
+//! ([`Sampler::pick_allowed`]); every token returned is one the mask allows.
 //!
 //! Numerics: no allowed parameter value overflows or yields NaN. A temperature below
 //! [`GREEDY_TEMPERATURE`] samples greedily (vLLM's `_SAMPLING_EPS`): `1 / 1e-38` is not
@@ -25,7 +27,7 @@ use kiln_core::{SamplingParams, TokenId};
 
 use crate::Rng;
 use crate::logprobs::{Logprobs, logprobs};
-use crate::structured::Constraint;
+use crate::structured::{Constraint, ConstraintStats};
 
 /// Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`).
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
@@ -119,14 +121,15 @@ impl Sampler {
             self.raw.extend_from_slice(logits);
         }
         self.apply_bias_and_penalties(logits);
-        if let Some(constraint) = &mut self.constraint {
-            constraint.mask(logits);
-        }
-        let greedy = self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE;
-        let token = if greedy { argmax(logits) } else { self.sample_random(logits) };
-        if let Some(constraint) = &mut self.constraint {
-            constraint.accept(token);
-        }
+        let token = match self.constraint.take() {
+            Some(mut constraint) => {
+                let token = self.pick_allowed(&mut constraint, logits);
+                constraint.accept(token);
+                self.constraint = Some(constraint);
+                token
+            }
+            None => self.pick(logits),
+        };
         self.observe(token);
         let lp = wants_logprobs.map(|k| logprobs(&self.raw, TokenId(token), k));
         (TokenId(token), lp)
@@ -163,6 +166,41 @@ impl Sampler {
             path.push(child);
             node = child as u32;
         }
+    }
+
+    /// Greedy or random, as the params say.
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        let greedy = self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE;
+        if greedy { argmax(logits) } else { self.sample_random(logits) }
+    }
+
+    /// What [`Sampler::pick`] returns from `logits` masked by `constraint`, mostly without
+    /// computing the mask (a walk of the whole vocabulary, milliseconds for some grammar
+    /// states): the unmasked pick is kept when the constraint admits it and keeping it is
+    /// exact. Greedy: masking only removes tokens, so an admitted argmax is the masked
+    /// argmax. Random without top-k, top-p or min-p: a draw from the whole distribution kept
+    /// when allowed, else a draw from the masked one, is a draw from the masked distribution
+    /// (allowed mass `A`: `p(t) + (1 - A) * p(t) / A = p(t) / A`); the second draw advances
+    /// the request's random state, so a seed still fixes the output. Those filters keep
+    /// tokens by rank or mass among what the mask leaves, so with them the mask comes first,
+    /// as it does whenever the constraint cannot answer for the token.
+    fn pick_allowed(&mut self, constraint: &mut Constraint, logits: &mut [f32]) -> u32 {
+        let p = &self.params;
+        let greedy = p.is_greedy() || p.temperature < GREEDY_TEMPERATURE;
+        if greedy || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0) {
+            let token = self.pick(logits);
+            let finite = logits.get(token as usize).is_some_and(|&l| l > f32::NEG_INFINITY);
+            if finite && constraint.admits(token) {
+                return token;
+            }
+        }
+        constraint.mask(logits);
+        self.pick(logits)
+    }
+
+    /// Hands over the structured-output work done since the last call.
+    pub fn take_constraint_stats(&mut self) -> Option<ConstraintStats> {
+        self.constraint.as_mut().map(Constraint::take_stats)
     }
 
     fn apply_bias_and_penalties(&self, logits: &mut [f32]) {

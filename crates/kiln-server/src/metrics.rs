@@ -17,6 +17,7 @@
 //!   - the batch-control and SLO series `kiln:scheduler_*` and `kiln:slo_*` (module `slo`);
 //!   - the second KV tier's `kiln:kv_swapped_*_blocks_total`, `kiln:kv_tier_usage_perc` and
 //!     `kiln:num_preemptions_by_mode_total{mode}` (module `swap`);
+//!   - the structured-output counters `kiln:structured_output_*` (module `structured`);
 //!   - `kiln:engine_busy_seconds_total` and `kiln:engine_forward_seconds_total` (module `busy`);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
@@ -67,6 +68,7 @@ pub mod http;
 mod process;
 mod slo;
 mod spec;
+mod structured;
 mod swap;
 #[cfg(test)]
 mod tests;
@@ -213,6 +215,7 @@ struct LastTotals {
     spec_decode: SpecDecodeStats,
     slo: SloTotals,
     swap: kiln_engine::SwapStats,
+    structured: kiln_engine::structured::ConstraintStats,
     busy: busy::BusyTotals,
 }
 
@@ -247,6 +250,7 @@ pub struct Metrics {
     spec_decode: SpecMetrics,
     slo: SloMetrics,
     swap: swap::SwapMetrics,
+    structured: structured::StructuredMetrics,
     busy: busy::BusyMetrics,
     request_inference_time: Histogram,
     request_time_per_output_token: Histogram,
@@ -294,6 +298,7 @@ impl Metrics {
             spec_decode: SpecMetrics::default(),
             slo: SloMetrics::default(),
             swap: swap::SwapMetrics::default(),
+            structured: structured::StructuredMetrics::default(),
             busy: busy::BusyMetrics::default(),
             request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_time_per_output_token: Histogram::new(ITL_BUCKETS),
@@ -404,6 +409,7 @@ impl Metrics {
         self.spec_decode.register(r, &p);
         self.slo.register(r, &p);
         self.swap.register(r, &p);
+        self.structured.register(r, &p);
         self.busy.register(r, &p);
         self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
@@ -486,6 +492,7 @@ impl Metrics {
             self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
             self.slo.update(&mut last.slo, stats);
             self.swap.update(&mut last.swap, &stats.swap);
+            self.structured.update(&mut last.structured, &stats.structured);
             self.busy.update(&mut last.busy, stats.total_step_time, stats.total_forward_time);
             let new_step = stats.num_steps > last.num_steps;
             last.num_steps = last.num_steps.max(stats.num_steps);

@@ -1,4 +1,5 @@
 use super::*;
+use crate::structured::ConstraintStats;
 
 fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
     let mut p = SamplingParams { temperature: 1.0, max_tokens: 100, ..Default::default() };
@@ -307,4 +308,85 @@ fn tiny_temperature_is_greedy() {
     // Just above the greedy threshold, the shifted logits stay finite and the best still wins.
     let p = params(|p| p.temperature = 2e-5);
     assert_eq!(Sampler::new(p, &[], 0).sample(&mut logits.clone()), TokenId(1));
+}
+
+/// Greedy under a constraint picks what masking every row first picks (the argmax of the
+/// masked logits), on random logits over every kind of grammar, with both the one-token check
+/// and the mask exercised.
+#[test]
+fn constrained_greedy_picks_the_masked_argmax() {
+    use crate::structured::test_vocab::{TOKENS, constraint, specs};
+    let (vocab, eos) = (TOKENS.len() + 1, TOKENS.len() as u32);
+    let mut rng = crate::Rng::new(3);
+    let mut work = ConstraintStats::default();
+    for spec in specs() {
+        let mut s = Sampler::new(SamplingParams::greedy(64), &[], 0)
+            .with_constraint(Some(constraint(&spec)));
+        let mut reference = constraint(&spec);
+        for step in 0..40 {
+            let logits: Vec<f32> = (0..vocab).map(|_| rng.next_f64() as f32 * 4.0).collect();
+            let mut masked = logits.clone();
+            reference.mask(&mut masked);
+            let expected = argmax(&masked);
+            assert_eq!(s.sample(&mut logits.clone()).0, expected, "{spec:?}, step {step}");
+            if expected == eos {
+                break;
+            }
+            reference.accept(expected);
+        }
+        work += s.take_constraint_stats().unwrap();
+    }
+    assert!(work.checks > 20 && work.masks > 20 && work.masks < work.tokens, "{work:?}");
+}
+
+/// Sampling under a constraint without filters keeps an unmasked draw the grammar allows and
+/// draws again from the masked logits otherwise: over 20k seeds the tokens follow the masked
+/// distribution (`p(t) / A` over the allowed tokens), and a seed fixes the token. With top-k
+/// the mask comes first: the support is the best allowed tokens, not the best tokens.
+#[test]
+fn constrained_sampling_follows_the_masked_distribution() {
+    use crate::structured::test_vocab::{TOKENS, constraint};
+    let spec = kiln_core::StructuredOutput::Regex("(0|1|2|a|b)x?".into());
+    let base = constraint(&spec);
+    let allowed: Vec<u32> = ["0", "1", "2", "a", "b"]
+        .iter()
+        .map(|a| TOKENS.iter().position(|t| t == a).unwrap() as u32)
+        .collect();
+    // Uneven logits; the allowed ones raised so that about 40 % of the mass is allowed.
+    let plain: Vec<f32> = (0..=TOKENS.len()).map(|t| ((t * 7) % 11) as f32 * 0.3).collect();
+    let mut logits = plain.clone();
+    for &t in &allowed {
+        logits[t as usize] += 2.0;
+    }
+    let weights: Vec<f64> = allowed.iter().map(|&t| f64::from(logits[t as usize]).exp()).collect();
+    let mass: f64 = weights.iter().sum();
+    let expected: Vec<f64> = weights.iter().map(|w| w / mass).collect();
+    let sample = |seed: u64, p: SamplingParams, logits: &[f32]| {
+        let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..p }, &[], 0)
+            .with_constraint(Some(base.clone()));
+        (s.sample(&mut logits.to_vec()).0, s.take_constraint_stats().unwrap())
+    };
+    let mut counts = vec![0; allowed.len()];
+    let mut work = ConstraintStats::default();
+    for seed in 0..20_000 {
+        let (token, w) = sample(seed, params(|_| {}), &logits);
+        assert_eq!(sample(seed, params(|_| {}), &logits).0, token, "seed {seed}");
+        let i = allowed.iter().position(|&t| t == token).expect("an allowed token");
+        counts[i] += 1;
+        work += w;
+    }
+    // 4 degrees of freedom: P(chi2 > 18.5) = 0.001.
+    assert!(chi_square(&counts, &expected) < 18.5, "{counts:?} against {expected:?}");
+    assert!(work.masks > 5000 && work.masks < 15_000, "both paths taken: {work:?}");
+    // Top-k 2 on the plain logits: their two best (`5`, `12`) are not allowed, the two best
+    // allowed (`a`, `1`) are the support.
+    let best: Vec<u32> = {
+        let mut a = allowed.clone();
+        a.sort_by(|x, y| plain[*y as usize].total_cmp(&plain[*x as usize]));
+        a[..2].to_vec()
+    };
+    for seed in 0..200 {
+        let (token, _) = sample(seed, params(|p| p.top_k = 2), &plain);
+        assert!(best.contains(&token), "{token} outside the best allowed {best:?}");
+    }
 }

@@ -53,12 +53,17 @@ impl NumberCap {
         }
     }
 
+    /// Whether [`NumberCap::cap`] may narrow the next mask.
+    fn is_capping(&self) -> bool {
+        !self.in_string && self.digits >= MAX_NUMBER_DIGITS
+    }
+
     /// `mask` without digit-starting tokens once a number part is long. When the grammar
     /// needs another digit (the number still equals an exclusive bound: `0.000…` for `> 0`),
     /// without zero-starting ones, since only a non-zero digit moves it past the bound; the
     /// grammar wins when nothing else would be left.
     fn cap(&self, mask: SimpleVob) -> SimpleVob {
-        if self.in_string || self.digits < MAX_NUMBER_DIGITS {
+        if !self.is_capping() {
             return mask;
         }
         for ban in [&self.digit_start, &self.zero_start] {
@@ -77,18 +82,38 @@ pub struct Constraint {
     matcher: Matcher,
     /// JSON outputs: the digit cap of numbers.
     number_cap: Option<NumberCap>,
-    /// Time spent computing masks, and how many (benchmarks report the mean and percentiles).
-    mask_time: Duration,
-    num_masks: u64,
-    /// The last mask's computation time.
+    /// Work since the last [`Constraint::take_stats`].
+    stats: ConstraintStats,
+    /// The last mask's computation time (benchmarks report percentiles).
     last_mask_time: Duration,
+}
+
+/// What constraints cost: tokens they consumed, masks computed (the rest were admitted by
+/// checking the one token, [`Constraint::admits`]), and the time of each kind of work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConstraintStats {
+    pub tokens: u64,
+    pub masks: u64,
+    pub mask_time: Duration,
+    pub checks: u64,
+    pub check_time: Duration,
+}
+
+impl std::ops::AddAssign for ConstraintStats {
+    fn add_assign(&mut self, o: Self) {
+        self.tokens += o.tokens;
+        self.masks += o.masks;
+        self.mask_time += o.mask_time;
+        self.checks += o.checks;
+        self.check_time += o.check_time;
+    }
 }
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Constraint")
             .field("stopped", &self.matcher.is_stopped())
-            .field("num_masks", &self.num_masks)
+            .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
@@ -98,8 +123,8 @@ impl Clone for Constraint {
         Self {
             matcher: self.matcher.deep_clone(),
             number_cap: self.number_cap.clone(),
-            mask_time: self.mask_time,
-            num_masks: self.num_masks,
+            // A copy has done no work yet (totals summed over constraints count work once).
+            stats: ConstraintStats::default(),
             last_mask_time: self.last_mask_time,
         }
     }
@@ -116,8 +141,7 @@ impl Constraint {
         Ok(Self {
             matcher,
             number_cap,
-            mask_time: Duration::ZERO,
-            num_masks: 0,
+            stats: ConstraintStats::default(),
             last_mask_time: Duration::ZERO,
         })
     }
@@ -137,8 +161,8 @@ impl Constraint {
             None => mask,
         };
         self.last_mask_time = start.elapsed();
-        self.mask_time += self.last_mask_time;
-        self.num_masks += 1;
+        self.stats.mask_time += self.last_mask_time;
+        self.stats.masks += 1;
         if !apply_mask(&mask, logits) {
             let eos = self.eos_mask();
             let allowed = if mask.is_zero() { &eos } else { &mask };
@@ -150,8 +174,40 @@ impl Constraint {
         }
     }
 
-    /// Consumes the sampled `token` (one the last [`Constraint::mask`] allowed).
+    /// Whether the next [`Constraint::mask`] would allow `token`, found without computing
+    /// the mask: `true` only when it certainly would. The token's bytes are run through
+    /// llguidance's own recognizer (`validate_tokens`, the byte-by-byte walk the mask's trie
+    /// walk does for every token at once), so this costs one token's bytes instead of the
+    /// whole vocabulary's. Answers `false`, leaving the question to the mask, where the two
+    /// could differ: end-of-sequence and empty (padding) tokens, ids outside the vocabulary,
+    /// a stopped or failed parser, and numbers past the digit cap (the cap narrows the mask).
+    /// The parser state is unchanged.
+    pub fn admits(&mut self, token: u32) -> bool {
+        if self.number_cap.as_ref().is_some_and(NumberCap::is_capping)
+            || self.matcher.is_stopped()
+            || self.matcher.is_error()
+        {
+            return false;
+        }
+        let Ok(env) = self.matcher.tok_env() else { return false };
+        let trie = env.tok_trie();
+        if token as usize >= trie.vocab_size()
+            || trie.token_len(token) == 0
+            || trie.eos_tokens().contains(&token)
+        {
+            return false;
+        }
+        let start = Instant::now();
+        let admitted = matches!(self.matcher.validate_tokens(&[token]), Ok(1));
+        self.stats.check_time += start.elapsed();
+        self.stats.checks += 1;
+        admitted
+    }
+
+    /// Consumes the sampled `token` (one the last [`Constraint::mask`] allowed, or that
+    /// [`Constraint::admits`]).
     pub fn accept(&mut self, token: u32) {
+        self.stats.tokens += 1;
         // A token the mask allowed is always consumable; should llguidance still refuse it,
         // the matcher enters its error state and the next mask allows only EOS.
         let _ = self.matcher.consume_token(token);
@@ -167,9 +223,14 @@ impl Constraint {
         self.matcher.is_stopped()
     }
 
-    /// Masks computed, their total time, and the last one's time.
-    pub fn mask_stats(&self) -> (u64, Duration, Duration) {
-        (self.num_masks, self.mask_time, self.last_mask_time)
+    /// The work done since the last call (the counters restart at zero).
+    pub fn take_stats(&mut self) -> ConstraintStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// The last mask's computation time.
+    pub fn last_mask_time(&self) -> Duration {
+        self.last_mask_time
     }
 
     fn eos_mask(&self) -> SimpleVob {
@@ -204,6 +265,53 @@ fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::structured::test_vocab::{TOKENS, constraint, specs};
+
+    /// `admits` answers for the mask: on random walks through every kind of grammar, at every
+    /// state it admits exactly the tokens the mask allows, except those it leaves to the mask
+    /// (end of sequence, the padding row, numbers past the digit cap), and asking changes
+    /// nothing (the mask after all the questions is the mask before).
+    #[test]
+    fn admits_exactly_what_the_mask_allows() {
+        let vocab = TOKENS.len() + 1;
+        let eos = TOKENS.len() as u32;
+        let mut rng = kiln_core::Rng::new(7);
+        let (mut admitted, mut refused, mut states) = (0, 0, 0);
+        for spec in specs() {
+            for _walk in 0..6 {
+                let mut c = constraint(&spec);
+                for _step in 0..40 {
+                    let mut before = vec![0.0f32; vocab];
+                    c.mask(&mut before);
+                    let capping = c.number_cap.as_ref().is_some_and(NumberCap::is_capping);
+                    for t in 0..eos {
+                        let answer = c.admits(t);
+                        let allowed = before[t as usize] == 0.0;
+                        if TOKENS[t as usize].is_empty() || capping {
+                            assert!(!answer, "{spec:?}: token {t} left to the mask");
+                        } else {
+                            assert_eq!(answer, allowed, "{spec:?}: {:?}", TOKENS[t as usize]);
+                        }
+                        admitted += usize::from(answer);
+                        refused += usize::from(!allowed);
+                    }
+                    assert!(!c.admits(eos), "end of sequence is left to the mask");
+                    let mut after = vec![0.0f32; vocab];
+                    c.mask(&mut after);
+                    assert_eq!(before, after, "{spec:?}: asking moved the parser");
+                    let allowed: Vec<u32> =
+                        (0..eos).filter(|&t| before[t as usize] == 0.0).collect();
+                    if allowed.is_empty() {
+                        break;
+                    }
+                    let next = allowed[(rng.next_u64() % allowed.len() as u64) as usize];
+                    c.accept(next);
+                    states += 1;
+                }
+            }
+        }
+        assert!(admitted > 1000 && refused > 1000 && states > 200, "{admitted} {refused} {states}");
+    }
 
     #[test]
     fn apply_mask_keeps_exactly_the_set_bits() {

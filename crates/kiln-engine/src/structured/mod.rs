@@ -9,8 +9,9 @@
 //!   clone instead of a compilation. Shared (`Arc`) by the server, which compiles once to refuse
 //!   a bad grammar with a 400 before queueing, and the engine, which then hits the cache.
 //!   A server builds it in the background ([`PendingCompiler`]) so that it starts at once.
-//! - [`Constraint`]: one request's parser state; the sampler masks each row with it and hands
-//!   it each token it returns.
+//! - [`Constraint`]: one request's parser state; the sampler masks each row with it, or asks
+//!   it whether it admits the one token picked without the mask, and hands it each token it
+//!   returns.
 //!
 //! Invariants:
 //! - a constraint has consumed exactly the request's output tokens, in order: the sampler
@@ -34,8 +35,10 @@
 mod compiler;
 mod constraint;
 mod pending;
+#[cfg(test)]
+pub(crate) mod test_vocab;
 
 pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
-pub use constraint::{Constraint, MAX_NUMBER_DIGITS};
+pub use constraint::{Constraint, ConstraintStats, MAX_NUMBER_DIGITS};
 pub use kiln_core::StructuredOutput;
 pub use pending::PendingCompiler;

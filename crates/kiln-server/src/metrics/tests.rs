@@ -577,9 +577,12 @@ const VLLM_NAMES: [&str; 28] = [
     "vllm:cache_config_info",
 ];
 
-/// Series vLLM does not have (modules `slo`, `swap` and `busy`), exposed under the configured
-/// prefix too.
-const KILN_ONLY_NAMES: [&str; 13] = [
+/// Series vLLM does not have (modules `slo`, `swap`, `structured` and `busy`), exposed under
+/// the configured prefix too.
+const KILN_ONLY_NAMES: [&str; 16] = [
+    "vllm:structured_output_tokens_total",
+    "vllm:structured_output_masks_total",
+    "vllm:structured_output_mask_seconds_total",
     "vllm:engine_busy_seconds_total",
     "vllm:engine_forward_seconds_total",
     "vllm:kv_tier_spilled_blocks_total",
@@ -736,4 +739,27 @@ fn busy_seconds_follow_the_engine_time_totals() {
     let s = render(&m);
     assert!((value(&s, "kiln:engine_busy_seconds_total", &[]) - 2.5).abs() < 1e-9);
     assert!((value(&s, "kiln:engine_forward_seconds_total", &[]) - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn structured_output_series_follow_the_engine_totals() {
+    let m = Metrics::new(MODEL, 4096);
+    let mut st = stats(0, 0, 3, 1, 0);
+    st.structured = kiln_engine::structured::ConstraintStats {
+        tokens: 40,
+        masks: 6,
+        mask_time: Duration::from_millis(12),
+        checks: 34,
+        check_time: Duration::from_millis(1),
+    };
+    m.on_step(&st);
+    m.on_step(&st);
+    st.structured.tokens = 50;
+    st.structured.masks = 7;
+    st.structured.mask_time = Duration::from_millis(15);
+    m.on_step(&st);
+    let s = render(&m);
+    assert_eq!(value(&s, "kiln:structured_output_tokens_total", &[]), 50.0);
+    assert_eq!(value(&s, "kiln:structured_output_masks_total", &[]), 7.0);
+    assert!((value(&s, "kiln:structured_output_mask_seconds_total", &[]) - 0.015).abs() < 1e-9);
 }
