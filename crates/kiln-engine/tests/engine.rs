@@ -166,9 +166,9 @@ fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
     }
 }
 
-/// The tier is large enough for every preempted request, in memory and in a file.
-fn tiers() -> [KvTierConfig; 2] {
-    let dir = std::env::temp_dir().join(format!("kiln-engine-swap-{}", std::process::id()));
+/// The tier is large enough for every preempted request, in memory and in a file under `dir`.
+fn tiers(dir: &std::path::Path) -> [KvTierConfig; 2] {
+    let dir = dir.to_path_buf();
     [
         KvTierConfig { location: KvTierLocation::Memory, bytes: 1 << 20 },
         KvTierConfig { location: KvTierLocation::Directory(dir), bytes: 1 << 20 },
@@ -177,13 +177,14 @@ fn tiers() -> [KvTierConfig; 2] {
 
 #[test]
 fn a_run_forced_to_swap_equals_one_with_plenty_of_blocks_and_recomputes_less() {
+    let scratch = tempfile::tempdir().unwrap();
     for dtype in DTYPES {
         let requests = preempting_requests();
         let expected = run(&mut engine_of(dtype, true, 512, 2048), &requests);
         for prefix_caching in [false, true] {
             let mut recompute = engine_of(dtype, prefix_caching, 24, 2048);
             assert_eq!(run(&mut recompute, &requests), expected);
-            for tier in tiers() {
+            for tier in tiers(scratch.path()) {
                 let mut swapping = engine_with(dtype, prefix_caching, 24, 2048, Some(tier.clone()));
                 assert_eq!(run(&mut swapping, &requests), expected, "{dtype:?} {tier:?}");
                 let stats = swapping.stats();
@@ -201,7 +202,8 @@ fn a_run_forced_to_swap_equals_one_with_plenty_of_blocks_and_recomputes_less() {
 
 #[test]
 fn aborting_swapped_requests_frees_their_tier_slots() {
-    for tier in tiers() {
+    let scratch = tempfile::tempdir().unwrap();
+    for tier in tiers(scratch.path()) {
         let mut core = engine_with(KvCacheDtype::F16, true, 24, 2048, Some(tier));
         let ids: Vec<_> = (0..8)
             .map(|i| core.add_request(prompt(i, 14 + i as usize), greedy(24), 0).unwrap())
@@ -230,12 +232,13 @@ fn aborting_swapped_requests_frees_their_tier_slots() {
 
 #[test]
 fn a_prefix_evicted_to_the_tier_and_hit_again_gives_the_same_tokens_and_skips_its_prefill() {
+    let scratch = tempfile::tempdir().unwrap();
     for dtype in [KvCacheDtype::F16, KvCacheDtype::Int8] {
         let shared = (prompt(3, 41), greedy(8));
         let other = (prompt(9, 41), greedy(8));
         let mut plain = engine_of(dtype, true, 16, 2048);
         let expected = run(&mut plain, std::slice::from_ref(&shared));
-        for tier in tiers() {
+        for tier in tiers(scratch.path()) {
             // 16 blocks of 4: the second request evicts most of the first one's blocks.
             let mut core = engine_with(dtype, true, 16, 2048, Some(tier.clone()));
             assert_eq!(run(&mut core, std::slice::from_ref(&shared)), expected);

@@ -13,16 +13,24 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
 }
 
-/// A private copy of a fixture directory to damage.
-fn copy_fixture(name: &str, tag: &str) -> PathBuf {
-    let dst = std::env::temp_dir().join(format!("kiln-bad-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    std::fs::create_dir_all(&dst).unwrap();
+/// A private copy of a fixture directory to damage, removed when dropped.
+struct Scratch(tempfile::TempDir);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn copy_fixture(name: &str, tag: &str) -> Scratch {
+    let dst = tempfile::Builder::new().prefix(&format!("kiln-bad-{tag}-")).tempdir().unwrap();
     for entry in std::fs::read_dir(fixture(name)).unwrap() {
         let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+        std::fs::copy(entry.path(), dst.path().join(entry.file_name())).unwrap();
     }
-    dst
+    Scratch(dst)
 }
 
 fn load_error(dir: &Path) -> String {

@@ -51,7 +51,8 @@ fn preempted_requests_swapped_to_memory_or_a_file_complete_as_without_pressure()
     let (plenty, url) = common::start_server();
     let expected = completions(url.trim_start_matches("http://"));
     drop(plenty);
-    let dir = std::env::temp_dir().join(format!("kiln-swap-serve-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let dir_arg = dir.to_str().unwrap().to_owned();
     // In memory with prefix caching (evicted cached blocks spill to the tier too), and in a
     // file without (the tier then holds only preempted requests: empty at the end).

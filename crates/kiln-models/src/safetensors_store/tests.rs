@@ -11,10 +11,9 @@ fn write_file(dir: &Path, name: &str, header: &str, data: &[u8]) -> PathBuf {
     path
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-st-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory, removed when dropped.
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("kiln-st-{tag}-")).tempdir().unwrap()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -23,7 +22,8 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 #[test]
 fn reads_matrices_and_vectors_aligned_or_not() {
-    let dir = temp_dir("ok");
+    let scratch = temp_dir("ok");
+    let dir = scratch.path();
     let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.5, -0.5]);
     // Header lengths 8-aligned and odd: tensors at aligned and unaligned offsets.
     for pad in ["", " "] {
@@ -40,7 +40,8 @@ fn reads_matrices_and_vectors_aligned_or_not() {
 
 #[test]
 fn hostile_headers_give_errors_naming_file_and_tensor() {
-    let dir = temp_dir("bad");
+    let scratch = temp_dir("bad");
+    let dir = scratch.path();
     let data = f32_bytes(&[0.0; 6]);
     let cases = [
         (r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,4000]}}"#, "outside"),
@@ -77,7 +78,8 @@ fn hostile_headers_give_errors_naming_file_and_tensor() {
 
 #[test]
 fn truncation_at_every_byte_is_an_error_not_a_panic() {
-    let dir = temp_dir("trunc");
+    let scratch = temp_dir("trunc");
+    let dir = scratch.path();
     let header = r#"{"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}}"#;
     let full = write_file(&dir, "full.safetensors", header, &[7u8; 12]);
     let bytes = std::fs::read(&full).unwrap();
@@ -90,7 +92,8 @@ fn truncation_at_every_byte_is_an_error_not_a_panic() {
 
 #[test]
 fn wrong_shape_dtype_and_missing_tensors_are_named() {
-    let dir = temp_dir("shape");
+    let scratch = temp_dir("shape");
+    let dir = scratch.path();
     let header = r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"i":{"dtype":"I32","shape":[2],"data_offsets":[24,32]}}"#;
     let path = write_file(&dir, "m.safetensors", header, &[0u8; 32]);
     let store = WeightStore::open_files(&[path]).unwrap();
@@ -104,7 +107,8 @@ fn wrong_shape_dtype_and_missing_tensors_are_named() {
 
 #[test]
 fn index_with_path_traversal_or_duplicates_is_rejected() {
-    let dir = temp_dir("index");
+    let scratch = temp_dir("index");
+    let dir = scratch.path();
     std::fs::write(
         dir.join("model.safetensors.index.json"),
         r#"{"weight_map":{"w":"../../etc/passwd"}}"#,
