@@ -64,7 +64,7 @@ fn preempted_requests_swapped_to_memory_or_a_file_complete_as_without_pressure()
         let addr = url.trim_start_matches("http://");
         if tier[0] == "--kv-offload-dir" {
             // The file is unlinked as soon as it is made: nothing outlives the process.
-            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+            assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
         }
         assert_eq!(completions(addr), expected, "{tier:?}");
         let swaps =

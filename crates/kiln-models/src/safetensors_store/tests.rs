@@ -30,7 +30,7 @@ fn reads_matrices_and_vectors_aligned_or_not() {
         let header = format!(
             r#"{{"w":{{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}},"b":{{"dtype":"F32","shape":[2],"data_offsets":[24,32]}}}}{pad}"#
         );
-        let path = write_file(&dir, "model.safetensors", &header, &data);
+        let path = write_file(dir, "model.safetensors", &header, &data);
         let store = WeightStore::open_files(&[path]).unwrap();
         let w = store.matrix("w", 2, 3).unwrap().to_f32_vec().unwrap();
         assert_eq!(w[3..], [4.0, 5.0, 6.0]);
@@ -66,7 +66,7 @@ fn hostile_headers_give_errors_naming_file_and_tensor() {
         ),
     ];
     for (header, needle) in cases {
-        let path = write_file(&dir, "bad.safetensors", header, &data);
+        let path = write_file(dir, "bad.safetensors", header, &data);
         let msg = WeightStore::open_files(&[path]).err().unwrap().to_string();
         assert!(msg.contains(needle) && msg.contains("bad.safetensors"), "{header}: {msg}");
     }
@@ -81,7 +81,7 @@ fn truncation_at_every_byte_is_an_error_not_a_panic() {
     let scratch = temp_dir("trunc");
     let dir = scratch.path();
     let header = r#"{"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}}"#;
-    let full = write_file(&dir, "full.safetensors", header, &[7u8; 12]);
+    let full = write_file(dir, "full.safetensors", header, &[7u8; 12]);
     let bytes = std::fs::read(&full).unwrap();
     for cut in 0..bytes.len() {
         let path = dir.join("cut.safetensors");
@@ -95,7 +95,7 @@ fn wrong_shape_dtype_and_missing_tensors_are_named() {
     let scratch = temp_dir("shape");
     let dir = scratch.path();
     let header = r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"i":{"dtype":"I32","shape":[2],"data_offsets":[24,32]}}"#;
-    let path = write_file(&dir, "m.safetensors", header, &[0u8; 32]);
+    let path = write_file(dir, "m.safetensors", header, &[0u8; 32]);
     let store = WeightStore::open_files(&[path]).unwrap();
     let msg = store.matrix("w", 3, 2).err().unwrap().to_string();
     assert!(msg.contains("`w`") && msg.contains("[2, 3]") && msg.contains("[3, 2]"), "{msg}");
@@ -114,16 +114,16 @@ fn index_with_path_traversal_or_duplicates_is_rejected() {
         r#"{"weight_map":{"w":"../../etc/passwd"}}"#,
     )
     .unwrap();
-    let msg = WeightStore::open_dir(&dir).err().unwrap().to_string();
+    let msg = WeightStore::open_dir(dir).err().unwrap().to_string();
     assert!(msg.contains("not a plain file name"), "{msg}");
     let header = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
-    write_file(&dir, "a.safetensors", header, &[0; 4]);
-    write_file(&dir, "b.safetensors", header, &[0; 4]);
+    write_file(dir, "a.safetensors", header, &[0; 4]);
+    write_file(dir, "b.safetensors", header, &[0; 4]);
     std::fs::write(
         dir.join("model.safetensors.index.json"),
         r#"{"weight_map":{"w":"a.safetensors","x":"b.safetensors"}}"#,
     )
     .unwrap();
-    let msg = WeightStore::open_dir(&dir).err().unwrap().to_string();
+    let msg = WeightStore::open_dir(dir).err().unwrap().to_string();
     assert!(msg.contains("more than one shard"), "{msg}");
 }
