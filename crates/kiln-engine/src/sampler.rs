@@ -5,9 +5,10 @@
 //! the structured-output mask ([`Constraint`]: every token the grammar does not allow next goes
 //! to `-inf`), and (unless greedy) temperature, top-k, top-p, min-p, and a draw from the
 //! request's own seeded [`Rng`]. Greedy picks the lowest index among equal maxima. A
-//! constraint consumes each token the sampler returns, and only those. The mask is skipped
-//! where that is exact: a greedy or unfiltered pick the constraint admits stands
-//! ([`Sampler::pick_allowed`]); every token returned is one the mask allows.
+//! constraint consumes each token the sampler returns, and only those. Every token returned
+//! is one the mask allows; greedy and unfiltered picks skip computing the mask when the
+//! constraint admits the token picked without it, where that is exact
+//! ([`Sampler::pick_allowed`]).
 //!
 //! Numerics: no allowed parameter value overflows or yields NaN. A temperature below
 //! [`GREEDY_TEMPERATURE`] samples greedily (vLLM's `_SAMPLING_EPS`): `1 / 1e-38` is not
@@ -176,25 +177,36 @@ impl Sampler {
 
     /// What [`Sampler::pick`] returns from `logits` masked by `constraint`, mostly without
     /// computing the mask (a walk of the whole vocabulary, milliseconds for some grammar
-    /// states): the unmasked pick is kept when the constraint admits it and keeping it is
-    /// exact. Greedy: masking only removes tokens, so an admitted argmax is the masked
-    /// argmax. Random without top-k, top-p or min-p: a draw from the whole distribution kept
-    /// when allowed, else a draw from the masked one, is a draw from the masked distribution
-    /// (allowed mass `A`: `p(t) + (1 - A) * p(t) / A = p(t) / A`); the second draw advances
-    /// the request's random state, so a seed still fixes the output. Those filters keep
-    /// tokens by rank or mass among what the mask leaves, so with them the mask comes first,
-    /// as it does whenever the constraint cannot answer for the token.
+    /// states). Greedy, and random without top-k, top-p or min-p, pick from the unmasked
+    /// logits first; the pick stands if the grammar allows it (the constraint admits it, or
+    /// else the mask, now computed, keeps it), and otherwise the masked logits are picked
+    /// from again. Greedy: masking only removes tokens, so an allowed argmax is the masked
+    /// argmax. Random: a draw from the whole distribution kept exactly when allowed, else a
+    /// draw from the masked one, is a draw from the masked distribution (allowed mass `A`:
+    /// `p(t) + (1 - A) * p(t) / A = p(t) / A`); the second draw advances the request's random
+    /// state, so a seed still fixes the output. The filters keep tokens by rank or mass among
+    /// what the mask leaves, so with them the mask comes first.
     fn pick_allowed(&mut self, constraint: &mut Constraint, logits: &mut [f32]) -> u32 {
         let p = &self.params;
         let greedy = p.is_greedy() || p.temperature < GREEDY_TEMPERATURE;
-        if greedy || (p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0) {
-            let token = self.pick(logits);
-            let finite = logits.get(token as usize).is_some_and(|&l| l > f32::NEG_INFINITY);
-            if finite && constraint.admits(token) {
+        if !greedy && (p.top_k != 0 || p.top_p < 1.0 || p.min_p > 0.0) {
+            constraint.mask(logits);
+            return self.pick(logits);
+        }
+        let token = self.pick(logits);
+        let finite = |l: &[f32]| l.get(token as usize).is_some_and(|&l| l > f32::NEG_INFINITY);
+        if finite(logits) {
+            if constraint.admits(token) {
                 return token;
             }
+            constraint.mask(logits);
+            if finite(logits) {
+                return token;
+            }
+        } else {
+            // No finite pick (a fallback, not a draw): the masked logits decide.
+            constraint.mask(logits);
         }
-        constraint.mask(logits);
         self.pick(logits)
     }
 

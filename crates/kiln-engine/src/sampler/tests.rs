@@ -341,8 +341,8 @@ fn constrained_greedy_picks_the_masked_argmax() {
 
 /// Sampling under a constraint without filters keeps an unmasked draw the grammar allows and
 /// draws again from the masked logits otherwise: over 20k seeds the tokens follow the masked
-/// distribution (`p(t) / A` over the allowed tokens), and a seed fixes the token. With top-k
-/// the mask comes first: the support is the best allowed tokens, not the best tokens.
+/// distribution (`p(t) / A` over the allowed tokens), and a seed fixes the token; also where
+/// end of sequence, which the constraint leaves to the mask, is one of the allowed tokens.
 #[test]
 fn constrained_sampling_follows_the_masked_distribution() {
     use crate::structured::test_vocab::{TOKENS, constraint};
@@ -378,15 +378,72 @@ fn constrained_sampling_follows_the_masked_distribution() {
     // 4 degrees of freedom: P(chi2 > 18.5) = 0.001.
     assert!(chi_square(&counts, &expected) < 18.5, "{counts:?} against {expected:?}");
     assert!(work.masks > 5000 && work.masks < 15_000, "both paths taken: {work:?}");
-    // Top-k 2 on the plain logits: their two best (`5`, `12`) are not allowed, the two best
-    // allowed (`a`, `1`) are the support.
-    let best: Vec<u32> = {
-        let mut a = allowed.clone();
-        a.sort_by(|x, y| plain[*y as usize].total_cmp(&plain[*x as usize]));
-        a[..2].to_vec()
-    };
-    for seed in 0..200 {
-        let (token, _) = sample(seed, params(|p| p.top_k = 2), &plain);
-        assert!(best.contains(&token), "{token} outside the best allowed {best:?}");
+    // Where the grammar may end, end of sequence (which the constraint leaves to the mask)
+    // competes with `x`: the same masked distribution.
+    let mut after_a = base.clone();
+    after_a.accept(allowed[3]);
+    let (x, eos) = (TOKENS.iter().position(|t| *t == "x").unwrap(), TOKENS.len());
+    // Unmasked, `x` has 12 % of the mass and is admitted when drawn; end of sequence has
+    // 20 %, and is kept only through the mask (redrawing it instead would give 0.546).
+    let mut ending = vec![0.0f32; TOKENS.len() + 1];
+    (ending[x], ending[eos]) = (2.0, 2.5);
+    let mut counts = [0usize; 2];
+    for seed in 0..20_000 {
+        let mut s = Sampler::new(params(|p| p.seed = Some(seed)), &[], 0)
+            .with_constraint(Some(after_a.clone()));
+        let token = s.sample(&mut ending.clone()).0 as usize;
+        counts[usize::from(token == eos)] += 1;
+        assert!(token == x || token == eos, "{token}");
     }
+    let p_eos = 1.0 / (1.0 + (-0.5f64).exp());
+    // 1 degree of freedom: P(chi2 > 10.8) = 0.001.
+    assert!(chi_square(&counts, &[1.0 - p_eos, p_eos]) < 10.8, "{counts:?}");
+}
+
+/// With top-k the mask comes first: top-2 of the allowed tokens, not an unmasked draw kept
+/// when allowed. Here the unmasked top 2 are `5` (refused) and `a`; the masked top 2 are `a`
+/// and `1`, drawn 0.599 : 0.401 (keeping allowed unmasked draws would give `a` 0.79).
+#[test]
+fn constrained_top_k_ranks_the_allowed_tokens() {
+    use crate::structured::test_vocab::{TOKENS, constraint};
+    let id = |text: &str| TOKENS.iter().position(|t| *t == text).unwrap();
+    let base = constraint(&kiln_core::StructuredOutput::Regex("(0|1|2|a|b)x?".into()));
+    let mut logits = vec![-5.0f32; TOKENS.len() + 1];
+    (logits[id("5")], logits[id("a")], logits[id("1")]) = (3.0, 2.9, 2.5);
+    let mut counts = [0usize; 2];
+    for seed in 0..4000 {
+        let p = params(|p| (p.seed, p.top_k) = (Some(seed), 2));
+        let mut s = Sampler::new(p, &[], 0).with_constraint(Some(base.clone()));
+        let token = s.sample(&mut logits.clone()).0 as usize;
+        assert!(token == id("a") || token == id("1"), "{token}");
+        counts[usize::from(token == id("1"))] += 1;
+    }
+    let p_a = 1.0 / (1.0 + (-0.4f64).exp());
+    assert!(chi_square(&counts, &[p_a, 1.0 - p_a]) < 10.8, "{counts:?}");
+}
+
+/// Thousands of tokens the constraint admits in a row (a long bounded string) leave the
+/// parser healthy: the masks it computes at least every `MASK_AT_LEAST_EVERY` tokens renew
+/// llguidance's lexer budget, and the output completes its language.
+#[test]
+fn a_long_run_of_admitted_tokens_completes_its_language() {
+    use crate::structured::test_vocab::{TOKENS, constraint};
+    let id = |text: &str| TOKENS.iter().position(|t| *t == text).unwrap() as u32;
+    let spec = kiln_core::StructuredOutput::Regex("[a-c]{0,3000}x".into());
+    let mut s =
+        Sampler::new(SamplingParams::greedy(4000), &[], 0).with_constraint(Some(constraint(&spec)));
+    let mut logits = vec![0.0f32; TOKENS.len() + 1];
+    (logits[id("abc") as usize], logits[id("a") as usize], logits[id("x") as usize]) =
+        (3.0, 2.0, 1.0);
+    let mut text = String::new();
+    for _ in 0..4000 {
+        let token = s.sample(&mut logits.clone()).0;
+        if token as usize == TOKENS.len() {
+            break;
+        }
+        text.push_str(TOKENS[token as usize]);
+    }
+    assert_eq!(text, format!("{}x", "abc".repeat(1000)));
+    let work = s.take_constraint_stats().unwrap();
+    assert!(work.masks >= 1000 / crate::structured::MASK_AT_LEAST_EVERY as u64, "{work:?}");
 }

@@ -1,10 +1,11 @@
-//! One request's structured-output state: masks logit rows and consumes sampled tokens.
+//! One request's structured-output state: masks logit rows, or admits one token without the
+//! mask (`admits(t)` only when the mask would allow `t`), and consumes sampled tokens.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::Matcher;
-use llguidance::toktrie::SimpleVob;
+use llguidance::toktrie::{SimpleVob, TokTrie};
 
 use super::GrammarError;
 
@@ -12,6 +13,13 @@ use super::GrammarError;
 /// that start with a digit are masked while the grammar allows anything else, as llama.cpp's
 /// JSON grammars cap number parts at 16 digits.
 pub const MAX_NUMBER_DIGITS: usize = 16;
+
+/// Most tokens a constraint consumes between masks ([`Constraint::admits`] then leaves the
+/// next one to the mask).
+/// llguidance renews its lexer's budget of work (`step_lexer_fuel`, spent on building lexer
+/// states, shared by every request of one compiled grammar) only when it computes a mask;
+/// checks and consumed tokens draw on it too, and an empty budget fails the parser for good.
+pub const MASK_AT_LEAST_EVERY: usize = 32;
 
 /// The digit cap of JSON outputs: the tokens that start with a digit (with a zero), and
 /// where the output stands (inside a string or not, the digits in a row outside strings).
@@ -86,6 +94,8 @@ pub struct Constraint {
     stats: ConstraintStats,
     /// The last mask's computation time (benchmarks report percentiles).
     last_mask_time: Duration,
+    /// Tokens consumed since the last mask.
+    consumed_since_mask: usize,
 }
 
 /// What constraints cost: tokens they consumed, masks computed (the rest were admitted by
@@ -126,6 +136,7 @@ impl Clone for Constraint {
             // A copy has done no work yet (totals summed over constraints count work once).
             stats: ConstraintStats::default(),
             last_mask_time: self.last_mask_time,
+            consumed_since_mask: self.consumed_since_mask,
         }
     }
 }
@@ -143,6 +154,7 @@ impl Constraint {
             number_cap,
             stats: ConstraintStats::default(),
             last_mask_time: Duration::ZERO,
+            consumed_since_mask: 0,
         })
     }
 
@@ -163,6 +175,7 @@ impl Constraint {
         self.last_mask_time = start.elapsed();
         self.stats.mask_time += self.last_mask_time;
         self.stats.masks += 1;
+        self.consumed_since_mask = 0;
         if !apply_mask(&mask, logits) {
             let eos = self.eos_mask();
             let allowed = if mask.is_zero() { &eos } else { &mask };
@@ -175,15 +188,18 @@ impl Constraint {
     }
 
     /// Whether the next [`Constraint::mask`] would allow `token`, found without computing
-    /// the mask: `true` only when it certainly would. The token's bytes are run through
-    /// llguidance's own recognizer (`validate_tokens`, the byte-by-byte walk the mask's trie
-    /// walk does for every token at once), so this costs one token's bytes instead of the
-    /// whole vocabulary's. Answers `false`, leaving the question to the mask, where the two
-    /// could differ: end-of-sequence and empty (padding) tokens, ids outside the vocabulary,
-    /// a stopped or failed parser, and numbers past the digit cap (the cap narrows the mask).
-    /// The parser state is unchanged.
+    /// the mask: `true` only when it certainly would (`false` leaves the question to the
+    /// mask). The token's bytes are run through llguidance's own recognizer
+    /// (`validate_tokens`, the byte-by-byte walk the mask's trie walk does for every token at
+    /// once), so this costs one token's bytes instead of the whole vocabulary's. Left to the
+    /// mask, where the two could differ: end-of-sequence, empty (padding) and special
+    /// (`0xFF`-marked) tokens, ids outside the vocabulary, a stopped or failed parser, and
+    /// numbers past the digit cap (the cap narrows the mask); and any token once
+    /// [`MASK_AT_LEAST_EVERY`] were consumed since the last mask, so that llguidance's lexer
+    /// budget is renewed at least that often. The parser state is unchanged.
     pub fn admits(&mut self, token: u32) -> bool {
-        if self.number_cap.as_ref().is_some_and(NumberCap::is_capping)
+        if self.consumed_since_mask >= MASK_AT_LEAST_EVERY
+            || self.number_cap.as_ref().is_some_and(NumberCap::is_capping)
             || self.matcher.is_stopped()
             || self.matcher.is_error()
         {
@@ -191,10 +207,8 @@ impl Constraint {
         }
         let Ok(env) = self.matcher.tok_env() else { return false };
         let trie = env.tok_trie();
-        if token as usize >= trie.vocab_size()
-            || trie.token_len(token) == 0
-            || trie.eos_tokens().contains(&token)
-        {
+        let plain = trie.token(token).first().is_some_and(|&b| b != TokTrie::SPECIAL_TOKEN_MARKER);
+        if token as usize >= trie.vocab_size() || !plain || trie.eos_tokens().contains(&token) {
             return false;
         }
         let start = Instant::now();
@@ -208,6 +222,7 @@ impl Constraint {
     /// [`Constraint::admits`]).
     pub fn accept(&mut self, token: u32) {
         self.stats.tokens += 1;
+        self.consumed_since_mask += 1;
         // A token the mask allowed is always consumable; should llguidance still refuse it,
         // the matcher enters its error state and the next mask allows only EOS.
         let _ = self.matcher.consume_token(token);

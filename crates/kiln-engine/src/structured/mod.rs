@@ -29,8 +29,12 @@
 //!   masked while the grammar allows anything else (and zero-starting ones while it needs a
 //!   digit): a model cannot fill `max_tokens` with whitespace or `0.000…` (llguidance alone
 //!   allows both, as vLLM does). Both only narrow what the grammar allows;
+//! - every token the sampler returns is one the mask allows: [`Constraint::admits`] says yes
+//!   only to tokens the mask would allow, and the sampler keeps an unmasked pick only when
+//!   that is exact (see `Sampler::pick_allowed`);
 //! - compilation is bounded by llguidance's parser limits (grammar size, lexer states, fuel per
-//!   mask), so a hostile schema or grammar is an error, not a hang.
+//!   mask), so a hostile schema or grammar is an error, not a hang; a constraint computes a
+//!   mask at least every [`MASK_AT_LEAST_EVERY`] tokens, which renews the lexer's fuel.
 
 mod compiler;
 mod constraint;
@@ -39,6 +43,6 @@ mod pending;
 pub(crate) mod test_vocab;
 
 pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
-pub use constraint::{Constraint, ConstraintStats, MAX_NUMBER_DIGITS};
+pub use constraint::{Constraint, ConstraintStats, MASK_AT_LEAST_EVERY, MAX_NUMBER_DIGITS};
 pub use kiln_core::StructuredOutput;
 pub use pending::PendingCompiler;

@@ -3,8 +3,11 @@
 //! `kiln:structured_output_masks_total` (of those, the ones that needed the vocabulary-wide
 //! mask; the rest were admitted by checking the one token picked) and
 //! `kiln:structured_output_mask_seconds_total` (time spent computing those masks), advanced by
-//! the delta of the engine's totals like the other counters. Masks per token near 1 mean the
-//! model keeps picking tokens the grammar refuses; mask seconds per mask is the grammar's cost.
+//! the delta of the engine's totals like the other counters. A mask is computed when the token
+//! picked without it is refused or is end of sequence, at least every 32 tokens, and for every
+//! token of requests sampled with top-k, top-p or min-p (a model's generation-config defaults
+//! count); masks per token near 1 with greedy requests mean the model keeps picking tokens the
+//! grammar refuses. Mask seconds per mask is the grammar's cost.
 
 use std::sync::atomic::AtomicU64;
 
