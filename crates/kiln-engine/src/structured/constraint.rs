@@ -16,6 +16,7 @@ pub const MAX_NUMBER_DIGITS: usize = 16;
 
 /// Most tokens a constraint consumes between masks ([`Constraint::admits`] then leaves the
 /// next one to the mask).
+///
 /// llguidance renews its lexer's budget of work (`step_lexer_fuel`, spent on building lexer
 /// states, shared by every request of one compiled grammar) only when it computes a mask;
 /// checks and consumed tokens draw on it too, and an empty budget fails the parser for good.
