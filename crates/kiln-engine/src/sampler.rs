@@ -169,10 +169,14 @@ impl Sampler {
         }
     }
 
+    /// Whether this request picks the argmax (temperature 0 or below [`GREEDY_TEMPERATURE`]).
+    fn is_greedy(&self) -> bool {
+        self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE
+    }
+
     /// Greedy or random, as the params say.
     fn pick(&mut self, logits: &[f32]) -> u32 {
-        let greedy = self.params.is_greedy() || self.params.temperature < GREEDY_TEMPERATURE;
-        if greedy { argmax(logits) } else { self.sample_random(logits) }
+        if self.is_greedy() { argmax(logits) } else { self.sample_random(logits) }
     }
 
     /// What [`Sampler::pick`] returns from `logits` masked by `constraint`, mostly without
@@ -188,8 +192,7 @@ impl Sampler {
     /// what the mask leaves, so with them the mask comes first.
     fn pick_allowed(&mut self, constraint: &mut Constraint, logits: &mut [f32]) -> u32 {
         let p = &self.params;
-        let greedy = p.is_greedy() || p.temperature < GREEDY_TEMPERATURE;
-        if !greedy && (p.top_k != 0 || p.top_p < 1.0 || p.min_p > 0.0) {
+        if !self.is_greedy() && (p.top_k != 0 || p.top_p < 1.0 || p.min_p > 0.0) {
             constraint.mask(logits);
             return self.pick(logits);
         }

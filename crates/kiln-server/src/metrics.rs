@@ -615,6 +615,17 @@ impl Metrics {
 }
 
 /// Adds `total - last` to `counter` if the total grew; a smaller total is ignored.
+/// A counter of seconds.
+type SecondsCounter = Counter<f64, AtomicU64>;
+
+/// Advances `counter` by `total - last` seconds when the total grew.
+fn advance_seconds(counter: &SecondsCounter, last: &mut Duration, total: Duration) {
+    if let Some(delta) = total.checked_sub(*last).filter(|d| !d.is_zero()) {
+        counter.inc_by(delta.as_secs_f64());
+        *last = total;
+    }
+}
+
 fn advance(counter: &Counter, last: &mut u64, total: u64) {
     if total > *last {
         counter.inc_by(total - *last);

@@ -6,13 +6,11 @@
 //! worked, 0..=1: below 1 while requests wait means capacity is left unused (the deployment's
 //! alert rules watch it).
 
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
-type SecondsCounter = Counter<f64, AtomicU64>;
+use super::{SecondsCounter, advance_seconds};
 
 #[derive(Debug, Default)]
 pub(super) struct BusyMetrics {
@@ -46,12 +44,5 @@ impl BusyMetrics {
     pub(super) fn update(&self, last: &mut BusyTotals, step: Duration, forward: Duration) {
         advance_seconds(&self.busy, &mut last.step, step);
         advance_seconds(&self.forward, &mut last.forward, forward);
-    }
-}
-
-fn advance_seconds(counter: &SecondsCounter, last: &mut Duration, total: Duration) {
-    if let Some(delta) = total.checked_sub(*last).filter(|d| !d.is_zero()) {
-        counter.inc_by(delta.as_secs_f64());
-        *last = total;
     }
 }

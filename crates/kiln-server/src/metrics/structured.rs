@@ -9,8 +9,6 @@
 //! count); masks per token near 1 with greedy requests mean the model keeps picking tokens the
 //! grammar refuses. Mask seconds per mask is the grammar's cost.
 
-use std::sync::atomic::AtomicU64;
-
 use kiln_engine::structured::ConstraintStats;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -19,7 +17,7 @@ use prometheus_client::registry::Registry;
 pub(super) struct StructuredMetrics {
     tokens: Counter,
     masks: Counter,
-    mask_seconds: Counter<f64, AtomicU64>,
+    mask_seconds: super::SecondsCounter,
 }
 
 impl StructuredMetrics {
@@ -46,9 +44,6 @@ impl StructuredMetrics {
     pub(super) fn update(&self, last: &mut ConstraintStats, now: &ConstraintStats) {
         super::advance(&self.tokens, &mut last.tokens, now.tokens);
         super::advance(&self.masks, &mut last.masks, now.masks);
-        if let Some(delta) = now.mask_time.checked_sub(last.mask_time).filter(|d| !d.is_zero()) {
-            self.mask_seconds.inc_by(delta.as_secs_f64());
-            last.mask_time = now.mask_time;
-        }
+        super::advance_seconds(&self.mask_seconds, &mut last.mask_time, now.mask_time);
     }
 }
