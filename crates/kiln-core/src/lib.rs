@@ -10,6 +10,6 @@ mod sampling;
 mod structured;
 
 pub use ids::{BlockId, RequestId, TokenId};
-pub use rng::Rng;
+pub use rng::{Rng, keyed_uniform};
 pub use sampling::{FinishReason, SamplingError, SamplingParams};
 pub use structured::StructuredOutput;

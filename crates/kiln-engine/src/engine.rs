@@ -21,7 +21,7 @@ use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
 use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
-use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
+use crate::{EngineOutput, FirstTokenInfo, ModelRunner, Sampler};
 
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
 /// (a small model on a few CPU cores; measured values replace it after the first prefills).
@@ -629,7 +629,8 @@ impl EngineCore {
             for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
                 spec.forget(out.id);
             }
-            spec.propose(&mut self.scheduler);
+            let runner = &self.runner;
+            spec.propose(&mut self.scheduler, &|id| runner.sampler(id).map(Sampler::for_drafting));
             self.stats.spec_decode = *spec.stats();
         }
         if cfg!(debug_assertions)

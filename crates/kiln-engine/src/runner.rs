@@ -209,6 +209,11 @@ impl ModelRunner {
         self.prompt_logprobs.remove(&id);
     }
 
+    /// `id`'s sampler as of the last step (`None` before its first sampled token's step).
+    pub fn sampler(&self, id: RequestId) -> Option<&Sampler> {
+        self.samplers.get(&id)
+    }
+
     /// Where the last [`ModelRunner::execute`] spent its time.
     pub fn timing(&self) -> StepTiming {
         self.timing

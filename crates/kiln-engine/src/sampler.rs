@@ -3,8 +3,11 @@
 //! Order of operations (vLLM's): log-probabilities (when asked) on the raw logits; then logit
 //! bias, the `min_tokens` mask of stop tokens, repetition / presence / frequency penalties, and
 //! the structured-output mask ([`Constraint`]: every token the grammar does not allow next goes
-//! to `-inf`), and (unless greedy) temperature, top-k, top-p, min-p, and a draw from the
-//! request's own seeded [`Rng`]. Greedy picks the lowest index among equal maxima. A
+//! to `-inf`), and (unless greedy) temperature, top-k, top-p, min-p, and a draw: an
+//! exponential race over the candidates, keyed by one number from the request's own seeded
+//! [`Rng`] (`race`: exact, independent of the candidates' order, and stable under small changes
+//! of the distribution, which a draft model's drafts rely on). Greedy picks the lowest index
+//! among equal maxima. A
 //! constraint consumes each token the sampler returns, and only those. Every token returned
 //! is one the mask allows; greedy and unfiltered picks skip computing the mask when the
 //! constraint admits the token picked without it, where that is exact
@@ -18,7 +21,8 @@
 //! `<= 0` and its `exp` is in `[0, 1]`; `+inf` logits win outright and a row with no finite
 //! candidate falls back to the greedy choice.
 //!
-//! Cost: greedy and penalties are `O(vocab)`; top-k/top-p select candidates with
+//! Cost: greedy, penalties and the race are `O(vocab)` (the race hashes every candidate and
+//! takes `exp` of about half of them); top-k/top-p select candidates with
 //! `select_nth_unstable` and sort only those, so a step never sorts the whole vocabulary unless
 //! top-p needs more than the best [`TOP_P_FIRST_GUESS`] tokens to reach its mass.
 
@@ -94,6 +98,33 @@ impl Sampler {
             self.stop_ids.extend_from_slice(eos);
         }
         self
+    }
+
+    /// A copy that draws a draft model's tokens for this request: the same params, random
+    /// state, penalty counts and `min_tokens` progress, without the structured-output state and
+    /// log-probabilities. Drawing draft `i` from the draft's row with it races the tokens under
+    /// the key this sampler will use for the token after draft `i - 1` (when the drafts before
+    /// it are accepted), so where the draft's distribution is close to the target's the two
+    /// races have the same winner, and verification (which samples the target as decoding
+    /// alone would) accepts the draft. It only proposes: the target's tokens never depend on it.
+    #[must_use]
+    pub fn for_drafting(&self) -> Self {
+        Self {
+            params: SamplingParams {
+                logprobs: None,
+                prompt_logprobs: None,
+                structured: None,
+                ..self.params.clone()
+            },
+            rng: self.rng.clone(),
+            output_counts: self.output_counts.clone(),
+            seen: self.seen.clone(),
+            candidates: Vec::new(),
+            stop_ids: self.stop_ids.clone(),
+            num_generated: self.num_generated,
+            raw: Vec::new(),
+            constraint: None,
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -254,6 +285,8 @@ impl Sampler {
         }
     }
 
+    /// A draw from the tempered, filtered distribution of `logits`: an exponential race
+    /// ([`race`]) keyed by one draw of the request's random state.
     fn sample_random(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
@@ -263,28 +296,28 @@ impl Sampler {
             // +inf wins outright; no finite candidate or no finite scale: greedy.
             return argmax(logits);
         }
+        let key = self.rng.next_u64();
+        // Shifted before scaling: every value is <= 0, the best is exactly 0.
+        let scaled = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, &l)| (i as u32, (l - raw_max) * inv_t));
+        let filtered = (p.top_k > 0 && p.top_k < logits.len()) || p.top_p < 1.0 || p.min_p > 0.0;
+        if !filtered {
+            return race(scaled, key).unwrap_or(0);
+        }
         let cands = &mut self.candidates;
         cands.clear();
-        // Shifted before scaling: every value is <= 0, the best is exactly 0.
-        cands.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (i as u32, (l - raw_max) * inv_t)),
-        );
-        if cands.is_empty() {
-            return 0;
-        }
+        cands.extend(scaled);
         let by_logit_desc =
             |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             cands.truncate(p.top_k);
         }
-        let max = 0.0f32;
-        let total: f64 = cands.iter().map(|c| f64::from((c.1 - max).exp())).sum();
-        if p.top_p < 1.0 {
+        if p.top_p < 1.0 && !cands.is_empty() {
+            let total: f64 = cands.iter().map(|c| f64::from(c.1.exp())).sum();
             let target = f64::from(p.top_p) * total;
             let mut guess = TOP_P_FIRST_GUESS.min(cands.len());
             loop {
@@ -294,7 +327,7 @@ impl Sampler {
                 cands[..guess].sort_unstable_by(by_logit_desc);
                 let mut mass = 0.0f64;
                 let keep = cands[..guess].iter().position(|c| {
-                    mass += f64::from((c.1 - max).exp());
+                    mass += f64::from(c.1.exp());
                     mass >= target
                 });
                 match keep {
@@ -308,19 +341,54 @@ impl Sampler {
             }
         }
         if p.min_p > 0.0 {
-            let threshold = max + p.min_p.ln();
+            let threshold = p.min_p.ln();
             cands.retain(|c| c.1 >= threshold);
         }
-        let kept: f64 = cands.iter().map(|c| f64::from((c.1 - max).exp())).sum();
-        let mut u = self.rng.next_f64() * kept;
-        for &(token, logit) in cands.iter() {
-            u -= f64::from((logit - max).exp());
-            if u < 0.0 {
-                return token;
-            }
-        }
-        cands.last().map_or(0, |c| c.0)
+        race(cands.iter().copied(), key).unwrap_or(0)
     }
+}
+
+/// Relative slack in [`race`]'s shortcuts, far above `f64` rounding near 1 (`1.1e-16`), so a
+/// token they skip could not have won.
+const RACE_SLACK: f64 = 1e-12;
+
+/// The winner of an exponential race over `cands` (`(token, scaled logit <= 0)`, the best
+/// exactly 0): token `t` of weight `w = exp(scaled)` finishes at `E_t / w`, with
+/// `E_t = -ln(U_t)` exponential and `U_t = keyed_uniform(key, t)`, and the first to finish
+/// wins (ties: the lower id). That is a draw with probability `w / sum(w)` (the Gumbel-max
+/// trick), decided per token, so it does not depend on the candidates' order, and two nearby
+/// distributions raced under the same key usually pick the same token: at least
+/// `(1 - d) / (1 + d)` of the time, `d` their total-variation distance. A draft model draws its
+/// drafts this way with the request's key (`Sampler::for_drafting`), which is what makes its
+/// sampled drafts acceptable. `None` when no candidate has a weight (empty, or all `-inf`).
+///
+/// Cost: one hash per candidate; `exp` only where `U_t` is high enough to finish before the
+/// leader even at weight 1, and `ln` only where it can also finish before the leader at its
+/// weight (`-ln(u) >= x` whenever `u <= 1 - x`).
+fn race(cands: impl Iterator<Item = (u32, f32)>, key: u64) -> Option<u32> {
+    let (mut best, mut winner) = (f64::INFINITY, None::<u32>);
+    // `U_t` at or below this cannot finish first even at weight 1.
+    let mut no_chance = 0.0f64;
+    for (token, scaled) in cands {
+        let u = kiln_core::keyed_uniform(key, u64::from(token));
+        if u <= no_chance {
+            continue;
+        }
+        let w = f64::from(scaled.exp());
+        if w == 0.0 {
+            continue;
+        }
+        let x = best * w;
+        if x.is_finite() && u <= 1.0 - x * (1.0 + RACE_SLACK) - RACE_SLACK {
+            continue;
+        }
+        let time = -u.ln() / w;
+        if time < best || (time == best && winner.is_some_and(|w| token < w)) {
+            (best, winner) = (time, Some(token));
+            no_chance = (-best).exp() * (1.0 - RACE_SLACK);
+        }
+    }
+    winner
 }
 
 /// Index of the largest value (lowest index among ties; NaN never wins).

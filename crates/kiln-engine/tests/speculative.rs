@@ -3,8 +3,9 @@
 //! with penalties, stop ids, `max_tokens` landing inside an accepted run, chunked prefill, prefix
 //! caching and preemption), drafts are really proposed and accepted (so the equality is not
 //! vacuous), and aborts mid-verification free every block. A fixture drafting for itself must
-//! have every greedy draft accepted: its draft KV cache (shared block tables, scratch blocks,
-//! catch-up after rejections and preemptions) must then hold exactly the target's keys.
+//! have every draft accepted, greedy or sampled: its draft KV cache (shared block tables, scratch
+//! blocks, catch-up after rejections and preemptions) must then hold exactly the target's keys,
+//! and its drafts must be drawn with the request's own sampler and random numbers.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -349,9 +350,30 @@ fn draft_model_speculation_equals_not() {
     }
 }
 
+/// Greedy and sampled requests of every kind the sampler has (temperature alone, top-k, top-p,
+/// min-p, penalties, bias, `min_tokens`; seeded, so every run draws the same): a model drafting for
+/// itself draws each draft as the request then samples it.
+fn self_draft_requests(vocab: u32) -> Vec<(Vec<TokenId>, SamplingParams)> {
+    let hot = |seed| SamplingParams { temperature: 1.0, top_p: 1.0, ..sampled(seed, 22) };
+    let kinds = [
+        greedy(20),
+        sampled(11, 24),
+        hot(12),
+        SamplingParams { top_k: 8, presence_penalty: 0.5, ..hot(13) },
+        SamplingParams { min_p: 0.05, repetition_penalty: 1.3, ..hot(14) },
+        SamplingParams { logit_bias: vec![(TokenId(7), 2.0)], min_tokens: 10, ..hot(15) },
+        SamplingParams { repetition_penalty: 1.2, frequency_penalty: 0.3, ..greedy(21) },
+    ];
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, params)| (repetitive_prompt(i as u32 + 1, 3 + i, vocab), params))
+        .collect()
+}
+
 #[test]
-fn a_model_drafting_for_itself_has_every_greedy_draft_accepted() {
-    let reqs = greedy_requests(512);
+fn a_model_drafting_for_itself_has_every_draft_accepted() {
+    let reqs = self_draft_requests(512);
     let expected = run(&mut engine("llama3", &ROOMY, None), &reqs);
     let chunked = Setup { num_kv_blocks: 512, max_num_batched_tokens: 7, prefix_caching: true };
     let tight = Setup { num_kv_blocks: 36, max_num_batched_tokens: 2048, prefix_caching: true };

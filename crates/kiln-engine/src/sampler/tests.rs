@@ -195,6 +195,70 @@ fn all_drafts_accepted_yields_one_more_token() {
     assert!(path.is_empty());
 }
 
+/// `[vocab]` logits for a step, deterministic, with `noise` of a second pattern added.
+fn wavy_row(step: usize, vocab: usize, noise: f32) -> Vec<f32> {
+    (0..vocab)
+        .map(|i| {
+            let base = ((i * 7 + step * 13) as f32 * 0.61).sin() * 2.0;
+            base + noise * ((i * 3 + step * 5) as f32 * 1.7).cos()
+        })
+        .collect()
+}
+
+/// A drafting copy draws, from the rows its sampler then verifies, exactly the tokens the
+/// sampler yields: every draft is accepted, whatever the params (filters, penalties, bias,
+/// `min_tokens`, greedy), round after round as the sampler moves on.
+#[test]
+fn a_drafting_copy_draws_what_the_sampler_samples() {
+    let vocab = 64;
+    let kinds = [
+        params(|_| {}),
+        params(|p| (p.top_k, p.presence_penalty) = (5, 0.4)),
+        params(|p| (p.top_p, p.repetition_penalty, p.temperature) = (0.8, 1.3, 0.7)),
+        params(|p| {
+            (p.min_p, p.min_tokens, p.logprobs) = (0.1, 30, Some(2));
+            p.stop_token_ids = vec![TokenId(1)];
+            p.logit_bias = vec![(TokenId(9), 1.5)];
+        }),
+        SamplingParams { frequency_penalty: 0.5, ..SamplingParams::greedy(100) },
+    ];
+    let (mut out, mut path) = (Vec::new(), Vec::new());
+    for (i, p) in kinds.iter().enumerate() {
+        let mut s = Sampler::new(p.clone(), &[3, 4, 5], i as u64).with_eos_token_ids(&[0]);
+        for round in 0..20 {
+            let rows: Vec<f32> = (0..5).flat_map(|j| wavy_row(round * 5 + j, vocab, 0.0)).collect();
+            let mut drafter = s.for_drafting();
+            let drafts: Vec<u32> =
+                rows.chunks(vocab).take(4).map(|r| drafter.sample(&mut r.to_vec()).0).collect();
+            out.clear();
+            path.clear();
+            s.verify(&mut rows.clone(), &drafts, &[u32::MAX, 0, 1, 2], &mut out, &mut path);
+            assert_eq!(path, [0, 1, 2, 3], "params {i}, round {round}: a draft was rejected");
+            assert_eq!(out.len(), 5);
+        }
+    }
+}
+
+/// From a nearby distribution (the draft's logits off by up to 0.1), a draft drawn with the
+/// sampler's random numbers is accepted far more often than the draft's argmax, which is
+/// accepted with the target's probability of that token.
+#[test]
+fn drafts_drawn_with_the_samplers_random_numbers_are_mostly_accepted() {
+    let (vocab, n) = (64, 2000);
+    let target = wavy_row(0, vocab, 0.0);
+    let draft = wavy_row(0, vocab, 0.1);
+    let (mut drawn, mut argmaxed) = (0, 0);
+    for seed in 0..n {
+        let s = Sampler::new(params(|_| {}), &[], seed);
+        let drafted = s.for_drafting().sample(&mut draft.clone()).0;
+        let sampled = s.clone().sample(&mut target.clone()).0;
+        drawn += usize::from(sampled == drafted);
+        argmaxed += usize::from(sampled == argmax(&draft));
+    }
+    let (drawn, argmaxed) = (drawn as f64 / n as f64, argmaxed as f64 / n as f64);
+    assert!(drawn > 0.9 && argmaxed < 0.3, "drawn {drawn}, argmax {argmaxed}");
+}
+
 /// A token tree is walked from the root into the child holding each sampled token: with two
 /// branches at the root, over 20k seeds the first token follows the root's distribution and the
 /// second the distribution of the branch it chose, each seed yielding the tokens of sampling
@@ -446,4 +510,37 @@ fn a_long_run_of_admitted_tokens_completes_its_language() {
     assert_eq!(text, format!("{}x", "abc".repeat(1000)));
     let work = s.take_constraint_stats().unwrap();
     assert!(work.masks >= 1000 / crate::structured::MASK_AT_LEAST_EVERY as u64, "{work:?}");
+}
+
+/// The race's shortcuts never skip a winner: over many keys it picks exactly the argmin of
+/// `-ln(U) / w` computed for every candidate, in any candidate order, and its draws follow
+/// `w / sum(w)` (chi-square, 15 degrees of freedom: 99.9 % quantile 37.7).
+#[test]
+fn the_race_is_the_exact_argmin_in_any_order_and_follows_the_weights() {
+    let scaled: Vec<(u32, f32)> =
+        (0..16u32).map(|t| (t, -(t as f32) * 0.4 - if t % 5 == 0 { 3.0 } else { 0.0 })).collect();
+    let mut reversed = scaled.clone();
+    reversed.reverse();
+    let mut counts = [0usize; 16];
+    let n = 40_000u64;
+    for key in 0..n {
+        let brute = scaled
+            .iter()
+            .map(|&(t, l)| {
+                (-kiln_core::keyed_uniform(key, u64::from(t)).ln() / f64::from(l.exp()), t)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, t)| t);
+        let won = race(scaled.iter().copied(), key);
+        assert_eq!(won, brute, "key {key}");
+        assert_eq!(race(reversed.iter().copied(), key), won, "key {key}: order mattered");
+        counts[won.unwrap() as usize] += 1;
+    }
+    let total: f64 = scaled.iter().map(|&(_, l)| f64::from(l.exp())).sum();
+    let p: Vec<f64> = scaled.iter().map(|&(_, l)| f64::from(l.exp()) / total).collect();
+    let chi = chi_square(&counts, &p);
+    assert!(chi < 37.7, "chi-square {chi}: {counts:?}");
+    // No candidate with a weight: no winner.
+    assert_eq!(race([(3, f32::NEG_INFINITY)].into_iter(), 1), None);
+    assert_eq!(race(std::iter::empty(), 1), None);
 }

@@ -33,8 +33,9 @@ pub enum SpecMethod {
     /// Prompt lookup: the continuation of the latest earlier occurrence of the sequence's last
     /// `n` tokens, for the largest `n` in `min..=max` that occurs.
     Ngram { min: usize, max: usize },
-    /// A smaller model sharing the target's vocabulary proposes its greedy continuation
-    /// (`model` is what the caller loads it from; the engine is handed the loaded model).
+    /// A smaller model sharing the target's vocabulary proposes a continuation, drawn as each
+    /// request samples (`model` is what the caller loads it from; the engine is handed the
+    /// loaded model).
     DraftModel { model: String },
 }
 

@@ -1,5 +1,15 @@
-//! The draft-model proposer: a smaller model with the target's vocabulary proposes its greedy
+//! The draft-model proposer: a smaller model with the target's vocabulary proposes a
 //! continuation of each decoding request, run by the same engine over its own paged KV cache.
+//!
+//! **Drafts are drawn as the request samples.** Each drafting request's drafts come from a copy
+//! of its own sampler ([`crate::Sampler::for_drafting`]): the same penalties, bias, temperature
+//! and filters, and the same random numbers the target's sampler will draw at those positions.
+//! Greedy requests get the draft's argmax (after penalties and bias); a sampled request's draft
+//! `i` is the draw the target's sampler would make from the draft's distribution (the same
+//! keyed race), so it is accepted whenever the two races have the same winner: at least
+//! `(1 - d) / (1 + d)` of the time for distributions `d` apart in total variation, where the
+//! draft's argmax is accepted only with the target's probability of that token. Verification is unchanged (the target samples as decoding alone
+//! would), so what the request yields never depends on the drafts.
 //!
 //! **Its cache shares the target's block tables.** The draft's cache has the target's blocks
 //! (same ids, same block size) plus scratch blocks: a request's draft KV for position `p` lives
@@ -11,8 +21,8 @@
 //! Each round (after a step, for the next one), in the draft's own forward passes:
 //! 1. **catch-up**: every request asking for drafts brings the tokens whose draft KV is missing
 //!    (what the target computed since it last drafted, and its last token), at most the
-//!    scheduler's step budget in all; one that caught up fully gets its last row's logits, whose
-//!    argmax is draft 1. Requests that do not draft (prefilling, paused, or a batch too large)
+//!    scheduler's step budget in all; one that caught up fully gets its last row's logits, from
+//!    which draft 1 is drawn. Requests that do not draft (prefilling, paused, or a batch too large)
 //!    cost the draft nothing: they catch up when they next draft, unless that backlog is too
 //!    long against the output they may still produce;
 //! 2. `k - 1` passes of one token per drafting request: draft `i` in, draft `i + 1` out.
@@ -26,13 +36,19 @@
 //! proposals, verified exactly by the runner; stale draft KV would only lower acceptance.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
 use kiln_sched::Scheduler;
 
 use super::SpeculativeConfig;
+use crate::Sampler;
 use crate::sampler::argmax;
+
+/// Gives the copy of a request's sampler that draws its drafts ([`Sampler::for_drafting`];
+/// `None`: the draft's argmax).
+pub type DraftSamplers<'a> = &'a dyn Fn(RequestId) -> Option<Sampler>;
 
 /// A request drafts only while the tokens its draft KV is missing are at most this many times
 /// the output tokens it may still produce: catching up costs a draft prefill token each, and
@@ -85,6 +101,19 @@ struct Drafting {
     /// The target's block table, then scratch blocks.
     table: Vec<u32>,
     drafts: Vec<TokenId>,
+    /// Draws the drafts as the request samples (`None`: argmax).
+    sampler: Option<Sampler>,
+}
+
+impl Drafting {
+    /// Draws the next draft from `logits` (`[vocab]`, changed in place by the sampler).
+    fn draw(&mut self, logits: &mut [f32]) {
+        let token = match &mut self.sampler {
+            Some(sampler) => sampler.sample(logits),
+            None => TokenId(argmax(logits)),
+        };
+        self.drafts.push(token);
+    }
 }
 
 /// Runs the draft model and keeps its per-request state.
@@ -202,17 +231,16 @@ impl DraftProposer {
         &mut self,
         scheduler: &mut Scheduler,
         wanted: &[(RequestId, usize)],
+        samplers: DraftSamplers<'_>,
     ) -> Result<bool, ForwardError> {
-        self.plan_first_pass(scheduler, wanted)?;
+        self.plan_first_pass(scheduler, wanted, samplers)?;
         let num_drafting = self.drafting.len();
         let steady = num_drafting > 0 && self.batch.num_tokens() <= 2 * num_drafting;
         if self.batch.num_tokens() == 0 {
             return Ok(steady);
         }
         self.model.forward(&self.batch, &mut self.logits)?;
-        for (row, d) in self.drafting.iter_mut().enumerate() {
-            d.drafts.push(TokenId(argmax(self.logits.row(row))));
-        }
+        self.draw_drafts(0);
         let max_k = self.drafting.iter().map(|d| d.k).max().unwrap_or(0);
         for step in 1..max_k {
             self.batch.clear();
@@ -221,9 +249,7 @@ impl DraftProposer {
                 self.batch.push_seq(&[token], d.last + step, &d.table, LogitsWanted::Last)?;
             }
             self.model.forward(&self.batch, &mut self.logits)?;
-            for (row, d) in self.drafting.iter_mut().filter(|d| d.k > step).enumerate() {
-                d.drafts.push(TokenId(argmax(self.logits.row(row))));
-            }
+            self.draw_drafts(step);
         }
         for d in &self.drafting {
             let real_end = scheduler.kv_cache().block_table(d.id).len() * self.block_size;
@@ -238,6 +264,26 @@ impl DraftProposer {
         Ok(steady)
     }
 
+    /// Draws draft `step` (0-based) of every request drafting more than `step` tokens from
+    /// this pass's logit rows (one per such request, in `self.drafting` order), the requests in
+    /// parallel on the backend's host threads: each draws from its own row with its own
+    /// sampler (a sampled row of a 262k vocabulary is about a millisecond of one core).
+    fn draw_drafts(&mut self, step: usize) {
+        let vocab = self.logits.vocab_size();
+        let mut rows = self.logits.as_mut_slice().chunks_exact_mut(vocab);
+        let jobs: Vec<Mutex<(&mut Drafting, &mut [f32])>> = self
+            .drafting
+            .iter_mut()
+            .filter(|d| d.k > step)
+            .map_while(|d| rows.next().map(|row| Mutex::new((d, row))))
+            .collect();
+        self.model.host_parallel(jobs.len(), &|i| {
+            let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
+            let (drafting, row) = &mut *job;
+            drafting.draw(row);
+        });
+    }
+
     /// Fills the batch with the catch-up of every request of `wanted`, a logit row for each
     /// that drafts this round (in `self.drafting` order, which their rows follow), and lends
     /// the scratch blocks. A request whose catch-up is long against the output it may still
@@ -247,6 +293,7 @@ impl DraftProposer {
         &mut self,
         scheduler: &Scheduler,
         wanted: &[(RequestId, usize)],
+        samplers: DraftSamplers<'_>,
     ) -> Result<(), ForwardError> {
         self.batch.clear();
         self.drafting.clear();
@@ -285,7 +332,9 @@ impl DraftProposer {
                 self.batch.push_seq(&self.tokens, seq.valid, &ext, LogitsWanted::Last)?;
                 budget -= missing;
                 seq.valid = (last + 1).min(real_end);
-                self.drafting.push(Drafting { id, last, k, table: ext, drafts: Vec::new() });
+                let sampler = samplers(id);
+                let drafts = Vec::with_capacity(k);
+                self.drafting.push(Drafting { id, last, k, table: ext, drafts, sampler });
                 continue;
             }
             // Catch-up only, within the target's blocks and the round's budget; the drafts

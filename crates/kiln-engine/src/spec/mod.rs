@@ -5,8 +5,9 @@
 //! - [`ngram::propose`]: prompt-lookup drafting over the prompt and the output so far;
 //!   [`ngram::propose_tree`] fills a [`TokenTree`] shape with the ranked candidates of each
 //!   node, verified together in one pass (a tree sequence of the batch).
-//! - [`DraftProposer`]: a smaller draft model's greedy continuation, run over its own paged KV
-//!   cache that shares the target's block tables.
+//! - [`DraftProposer`]: a smaller draft model's continuation, drawn with a copy of each
+//!   request's sampler (its random numbers included), run over its own paged KV cache that
+//!   shares the target's block tables.
 //! - [`Speculator`]: after each step, records how the drafts fared and proposes the next ones
 //!   for every decoding request (through `Scheduler::update_draft_token_ids`), backing off per
 //!   request when its drafts are mostly rejected and for the whole step when the batch is large.
@@ -17,10 +18,12 @@
 //! no child of the current node holds; the accepted path's K/V then moves to its positions). With bitwise
 //! batch-invariant kernels the logits of a draft row equal those of decoding that position
 //! alone, so greedy and seeded random requests produce exactly the tokens they produce without
-//! speculation. For a draft that is one token per position (a point mass, as prompt lookup and
-//! a draft model's argmax propose), this is rejection sampling: the draft token `x` is accepted
-//! with probability `p(x)`, and on rejection the token is drawn from `p` without `x`,
-//! renormalised, so the output distribution is the target's.
+//! speculation, whatever the drafts are: the output distribution is the target's because the
+//! tokens are. Drafts only decide how far a step gets. A prompt-lookup draft `x` is accepted
+//! with the target's probability `p(x)`; a draft model draws its drafts with the keys the
+//! request's sampler will race its tokens with at those positions, so a sampled draft is
+//! accepted whenever the draft's race and the target's have the same winner (for nearby
+//! distributions, far more often than `p` of the draft's argmax).
 
 mod config;
 mod draft;

@@ -35,7 +35,7 @@ use kiln_core::{RequestId, TokenId};
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
-use super::draft::DraftProposer;
+use super::draft::{DraftProposer, DraftSamplers};
 use super::ngram;
 use super::stats::SpecDecodeStats;
 
@@ -277,9 +277,11 @@ impl Speculator {
     /// The proposing time of a round counts in the break-even rate only when the round was a
     /// steady one ([`DraftProposer::propose`]): a new request's whole-prompt catch-up is not what drafting
     /// costs per step.
-    pub fn propose(&mut self, scheduler: &mut Scheduler) {
+    /// `samplers` gives a request's [`crate::Sampler::for_drafting`] copy, with which a draft
+    /// model draws its drafts.
+    pub fn propose(&mut self, scheduler: &mut Scheduler, samplers: DraftSamplers<'_>) {
         let start = Instant::now();
-        let steady = self.propose_drafts(scheduler);
+        let steady = self.propose_drafts(scheduler, samplers);
         let elapsed = start.elapsed();
         self.stats.propose_nanos += u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         if steady {
@@ -288,7 +290,7 @@ impl Speculator {
     }
 
     /// Proposes, and says whether the round was a steady one (its time counts as the cost).
-    fn propose_drafts(&mut self, scheduler: &mut Scheduler) -> bool {
+    fn propose_drafts(&mut self, scheduler: &mut Scheduler, samplers: DraftSamplers<'_>) -> bool {
         self.running.clear();
         self.running.extend_from_slice(scheduler.running_ids());
         if self.running.len() >= self.config.disable_by_batch_size {
@@ -341,7 +343,7 @@ impl Speculator {
         if let Some(draft) = &mut self.draft_model
             && !self.wanted.is_empty()
         {
-            match draft.propose(scheduler, &self.wanted) {
+            match draft.propose(scheduler, &self.wanted, samplers) {
                 Ok(steady) => return steady,
                 Err(e) => {
                     self.num_draft_failures += 1;
