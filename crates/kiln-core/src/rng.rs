@@ -38,12 +38,13 @@ impl Rng {
     }
 }
 
-/// A uniform in `(0, 1]` with 53 bits of precision for `index` under `key`: a counter-based
-/// stream (splitmix64 of the two), so any index is drawn in O(1) and the same `(key, index)`
-/// always gives the same value.
+/// A uniform in the open `(0, 1)` (53 random bits, at the midpoints of a `2^-53` grid) for
+/// `index` under `key`: a counter-based stream (splitmix64 of the two), so any index is drawn
+/// in O(1) and the same `(key, index)` always gives the same value. Never 0 or 1, so its
+/// `-ln` is finite and positive.
 pub fn keyed_uniform(key: u64, index: u64) -> f64 {
     let mut x = key ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    ((splitmix64(&mut x) >> 11) + 1) as f64 / (1u64 << 53) as f64
+    ((splitmix64(&mut x) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -70,7 +71,7 @@ mod tests {
         // Neighbouring indices and keys are uncorrelated: mean and lag-one correlation.
         let n = 100_000u64;
         let u: Vec<f64> = (0..n).map(|i| keyed_uniform(i / 100, i % 100)).collect();
-        assert!(u.iter().all(|&u| u > 0.0 && u <= 1.0));
+        assert!(u.iter().all(|&u| u > 0.0 && u < 1.0));
         let mean = u.iter().sum::<f64>() / n as f64;
         assert!((mean - 0.5).abs() < 0.005, "{mean}");
         let lag: f64 = u.windows(2).map(|w| (w[0] - 0.5) * (w[1] - 0.5)).sum::<f64>() / n as f64;

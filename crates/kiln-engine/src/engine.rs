@@ -19,7 +19,9 @@ use kiln_sched::{
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
-use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
+use crate::spec::{
+    DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator, bind_draft_model,
+};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, FirstTokenInfo, ModelRunner, Sampler};
 
@@ -237,7 +239,10 @@ impl EngineCore {
             .with_eos_token_ids(&config.eos_token_ids);
         let draft = match draft_model {
             None => None,
-            Some(draft) => Some(bind_draft_model(draft, runner.model().config(), &config)?),
+            Some(draft) => Some(
+                bind_draft_model(draft, runner.model().config(), &config)
+                    .map_err(EngineError::Config)?,
+            ),
         };
         let speculator = match config.speculative.clone() {
             Some(spec) => {
@@ -752,48 +757,4 @@ impl EngineCore {
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         self.stats.num_steps = num_steps;
     }
-}
-
-/// Binds the draft model to a KV cache of the target's blocks plus scratch blocks, after
-/// checking that it shares the target's vocabulary.
-fn bind_draft_model<B: Backend>(
-    draft: Box<dyn Model<B>>,
-    target: &kiln_models::ModelConfig,
-    config: &EngineConfig,
-) -> Result<DraftProposer, EngineError> {
-    let (draft_vocab, vocab) = (draft.config().vocab_size, target.vocab_size);
-    if draft_vocab != vocab {
-        return Err(EngineError::Config(format!(
-            "the draft model's vocabulary ({draft_vocab} tokens) differs from the target's \
-             ({vocab}); a draft model must share the target's tokenizer"
-        )));
-    }
-    let Some(spec) = &config.speculative else {
-        return Err(EngineError::Config(
-            "a draft model was given without a speculative config".into(),
-        ));
-    };
-    let draft_positions = draft.config().max_position_embeddings;
-    let max_model_len = config.scheduler.max_model_len;
-    if draft_positions < max_model_len {
-        return Err(EngineError::Config(format!(
-            "the draft model's maximum positions ({draft_positions}) are fewer than \
-             `max_model_len` ({max_model_len})"
-        )));
-    }
-    let max_num_seqs = config.scheduler.max_num_seqs;
-    let scratch = DraftProposer::scratch_blocks(spec, max_num_seqs, config.block_size);
-    let bound = BoundModel::new(
-        draft,
-        config.kv_cache_dtype,
-        config.num_kv_blocks + scratch,
-        config.block_size,
-    )
-    .map_err(|e| EngineError::Config(format!("the draft model's KV cache: {e}")))?;
-    Ok(DraftProposer::new(
-        Box::new(bound),
-        spec.draft_model_name().unwrap_or("(unnamed)"),
-        config.num_kv_blocks,
-        max_num_seqs,
-    ))
 }

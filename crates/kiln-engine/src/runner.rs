@@ -209,7 +209,7 @@ impl ModelRunner {
         self.prompt_logprobs.remove(&id);
     }
 
-    /// `id`'s sampler as of the last step (`None` before its first sampled token's step).
+    /// `id`'s sampler as of the last step (`None` before the request was first scheduled).
     pub fn sampler(&self, id: RequestId) -> Option<&Sampler> {
         self.samplers.get(&id)
     }

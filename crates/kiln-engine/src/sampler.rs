@@ -22,7 +22,8 @@
 //! candidate falls back to the greedy choice.
 //!
 //! Cost: greedy, penalties and the race are `O(vocab)` (the race hashes every candidate and
-//! takes `exp` of about half of them); top-k/top-p select candidates with
+//! takes `exp` only of those whose noise could still beat the leader: few on a flat row, up to
+//! about half on a peaked one); top-k/top-p select candidates with
 //! `select_nth_unstable` and sort only those, so a step never sorts the whole vocabulary unless
 //! top-p needs more than the best [`TOP_P_FIRST_GUESS`] tokens to reach its mass.
 
@@ -173,10 +174,10 @@ impl Sampler {
     /// `u32::MAX`; a chain is `MAX, 0, 1, ...`). Samples row by row from row 0, as decoding one
     /// token at a time would, moving to the child draft holding the sampled token, and stops at
     /// the first sampled token no child holds. Appends the sampled tokens to `out` (the
-    /// accepted drafts then one more) and the accepted drafts' indices to `path`. For drafts
-    /// that are one token per position (a point mass per branch) this is rejection sampling:
-    /// the tokens follow the target's distribution, and with the same random state they are
-    /// the tokens of decoding alone.
+    /// accepted drafts then one more) and the accepted drafts' indices to `path`. Each row is
+    /// sampled as decoding alone would sample it (same penalties, same random state), so the
+    /// tokens are those of decoding alone whatever the drafts are, and follow the target's
+    /// distribution; the drafts only decide how many rows are used.
     pub fn verify(
         &mut self,
         logits: &mut [f32],
@@ -383,7 +384,7 @@ fn race(cands: impl Iterator<Item = (u32, f32)>, key: u64) -> Option<u32> {
             continue;
         }
         let time = -u.ln() / w;
-        if time < best || (time == best && winner.is_some_and(|w| token < w)) {
+        if time < best || (time == best && winner.is_some_and(|leader| token < leader)) {
             (best, winner) = (time, Some(token));
             no_chance = (-best).exp() * (1.0 - RACE_SLACK);
         }

@@ -540,6 +540,25 @@ fn the_race_is_the_exact_argmin_in_any_order_and_follows_the_weights() {
     let p: Vec<f64> = scaled.iter().map(|&(_, l)| f64::from(l.exp()) / total).collect();
     let chi = chi_square(&counts, &p);
     assert!(chi < 37.7, "chi-square {chi}: {counts:?}");
+    // Edge weights: several of exactly 1 (one of them from -0.0), the smallest normal and
+    // subnormal ones, one that underflows to 0 (never wins), and tiny differences from 1.
+    let edges: Vec<(u32, f32)> = [0.0, -0.0, 0.0, -87.0, -103.0, -200.0, -1e-30, -1e-7]
+        .into_iter()
+        .enumerate()
+        .map(|(t, l)| (t as u32, l))
+        .collect();
+    for key in 0..n {
+        let brute = edges
+            .iter()
+            .filter(|&&(_, l)| l.exp() > 0.0)
+            .map(|&(t, l)| {
+                (-kiln_core::keyed_uniform(key, u64::from(t)).ln() / f64::from(l.exp()), t)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, t)| t);
+        assert_eq!(race(edges.iter().copied(), key), brute, "edge weights, key {key}");
+        assert_ne!(brute, Some(5), "a weight of 0 won");
+    }
     // No candidate with a weight: no winner.
     assert_eq!(race([(3, f32::NEG_INFINITY)].into_iter(), 1), None);
     assert_eq!(race(std::iter::empty(), 1), None);

@@ -8,8 +8,9 @@
 //! `i` is the draw the target's sampler would make from the draft's distribution (the same
 //! keyed race), so it is accepted whenever the two races have the same winner: at least
 //! `(1 - d) / (1 + d)` of the time for distributions `d` apart in total variation, where the
-//! draft's argmax is accepted only with the target's probability of that token. Verification is unchanged (the target samples as decoding alone
-//! would), so what the request yields never depends on the drafts.
+//! draft's argmax is accepted only with the target's probability of that token. Verification
+//! is unchanged (the target samples as decoding alone would), so what the request yields never
+//! depends on the drafts.
 //!
 //! **Its cache shares the target's block tables.** The draft's cache has the target's blocks
 //! (same ids, same block size) plus scratch blocks: a request's draft KV for position `p` lives
@@ -39,12 +40,15 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
-use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel};
+use kiln_models::{
+    Backend, BoundModel, ForwardBatch, ForwardError, Logits, LogitsWanted, Model, ModelConfig,
+    StepModel,
+};
 use kiln_sched::Scheduler;
 
 use super::SpeculativeConfig;
-use crate::Sampler;
 use crate::sampler::argmax;
+use crate::{EngineConfig, Sampler};
 
 /// Gives the copy of a request's sampler that draws its drafts ([`Sampler::for_drafting`];
 /// `None`: the draft's argmax).
@@ -114,6 +118,48 @@ impl Drafting {
         };
         self.drafts.push(token);
     }
+}
+
+/// Binds the draft model to a KV cache of the target's blocks plus scratch blocks, after
+/// checking that it shares the target's vocabulary.
+pub fn bind_draft_model<B: Backend>(
+    draft: Box<dyn Model<B>>,
+    target: &ModelConfig,
+    config: &EngineConfig,
+) -> Result<DraftProposer, String> {
+    let (draft_vocab, vocab) = (draft.config().vocab_size, target.vocab_size);
+    if draft_vocab != vocab {
+        return Err(format!(
+            "the draft model's vocabulary ({draft_vocab} tokens) differs from the target's \
+             ({vocab}); a draft model must share the target's tokenizer"
+        ));
+    }
+    let Some(spec) = &config.speculative else {
+        return Err("a draft model was given without a speculative config".into());
+    };
+    let draft_positions = draft.config().max_position_embeddings;
+    let max_model_len = config.scheduler.max_model_len;
+    if draft_positions < max_model_len {
+        return Err(format!(
+            "the draft model's maximum positions ({draft_positions}) are fewer than \
+             `max_model_len` ({max_model_len})"
+        ));
+    }
+    let max_num_seqs = config.scheduler.max_num_seqs;
+    let scratch = DraftProposer::scratch_blocks(spec, max_num_seqs, config.block_size);
+    let bound = BoundModel::new(
+        draft,
+        config.kv_cache_dtype,
+        config.num_kv_blocks + scratch,
+        config.block_size,
+    )
+    .map_err(|e| format!("the draft model's KV cache: {e}"))?;
+    Ok(DraftProposer::new(
+        Box::new(bound),
+        spec.draft_model_name().unwrap_or("(unnamed)"),
+        config.num_kv_blocks,
+        max_num_seqs,
+    ))
 }
 
 /// Runs the draft model and keeps its per-request state.
@@ -240,7 +286,7 @@ impl DraftProposer {
             return Ok(steady);
         }
         self.model.forward(&self.batch, &mut self.logits)?;
-        self.draw_drafts(0);
+        self.draw_drafts(0)?;
         let max_k = self.drafting.iter().map(|d| d.k).max().unwrap_or(0);
         for step in 1..max_k {
             self.batch.clear();
@@ -249,7 +295,7 @@ impl DraftProposer {
                 self.batch.push_seq(&[token], d.last + step, &d.table, LogitsWanted::Last)?;
             }
             self.model.forward(&self.batch, &mut self.logits)?;
-            self.draw_drafts(step);
+            self.draw_drafts(step)?;
         }
         for d in &self.drafting {
             let real_end = scheduler.kv_cache().block_table(d.id).len() * self.block_size;
@@ -268,20 +314,24 @@ impl DraftProposer {
     /// this pass's logit rows (one per such request, in `self.drafting` order), the requests in
     /// parallel on the backend's host threads: each draws from its own row with its own
     /// sampler (a sampled row of a 262k vocabulary is about a millisecond of one core).
-    fn draw_drafts(&mut self, step: usize) {
+    fn draw_drafts(&mut self, step: usize) -> Result<(), ForwardError> {
         let vocab = self.logits.vocab_size();
-        let mut rows = self.logits.as_mut_slice().chunks_exact_mut(vocab);
-        let jobs: Vec<Mutex<(&mut Drafting, &mut [f32])>> = self
-            .drafting
-            .iter_mut()
-            .filter(|d| d.k > step)
-            .map_while(|d| rows.next().map(|row| Mutex::new((d, row))))
-            .collect();
+        let rows = self.logits.as_mut_slice().chunks_exact_mut(vocab);
+        let num_rows = rows.len();
+        let wanted = self.drafting.iter().filter(|d| d.k > step).count();
+        let jobs: Vec<Mutex<(&mut Drafting, &mut [f32])>> =
+            self.drafting.iter_mut().filter(|d| d.k > step).zip(rows).map(Mutex::new).collect();
+        if num_rows != wanted {
+            return Err(ForwardError::Batch(format!(
+                "the draft pass returned {num_rows} logit rows for {wanted} drafting requests"
+            )));
+        }
         self.model.host_parallel(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
             let (drafting, row) = &mut *job;
             drafting.draw(row);
         });
+        Ok(())
     }
 
     /// Fills the batch with the catch-up of every request of `wanted`, a logit row for each

@@ -36,7 +36,7 @@ pub use config::{
     DEFAULT_DISABLE_BY_BATCH_SIZE, MAX_PROMPT_LOOKUP, MAX_SPEC_TOKENS, SpecConfigError, SpecMethod,
     SpeculativeConfig,
 };
-pub use draft::DraftProposer;
+pub use draft::{DraftProposer, bind_draft_model};
 pub use speculator::{Speculator, check_token_tree};
 pub use stats::SpecDecodeStats;
 pub use tree::{MAX_TREE_RANK, TokenTree};

@@ -11,10 +11,10 @@
 //! drafts yields `E(a) = (1 - a^(k+1)) / (1 - a)` tokens at acceptance `a`, and costs
 //! `(1 + VERIFY_ROW_COST · k) · (1 + propose / verify)` plain steps, where `propose / verify` is
 //! the ratio of the measured proposing time (moving averages over steady rounds: drafting
-//! without a long catch-up) to the measured forward time of verification steps. Drafting pays when `E(a)` exceeds that cost;
-//! the rate never goes below [`MIN_ACCEPTANCE_RATE`]. Prompt lookup proposes in microseconds
-//! (the floor holds); a draft model's passes cost about as much as the verification itself, so
-//! it needs most of its drafts accepted.
+//! without a long catch-up) to the measured forward time of verification steps. Drafting pays
+//! when `E(a)` exceeds that cost; the rate never goes below [`MIN_ACCEPTANCE_RATE`]. Prompt
+//! lookup proposes in microseconds (the floor holds); a draft model's passes cost about as much
+//! as the verification itself, so it needs most of its drafts accepted.
 //!
 //! With a token tree of `n` nodes and `depth` levels the rate is that of drafted nodes accepted,
 //! and its break-even ([`tree_break_even_acceptance`]) weighs `1 + a · n` tokens against the
@@ -273,12 +273,11 @@ impl Speculator {
         }
     }
 
-    /// Proposes drafts for the next step of every running request that decodes next.
-    /// The proposing time of a round counts in the break-even rate only when the round was a
-    /// steady one ([`DraftProposer::propose`]): a new request's whole-prompt catch-up is not what drafting
-    /// costs per step.
+    /// Proposes drafts for the next step of every running request that decodes next;
     /// `samplers` gives a request's [`crate::Sampler::for_drafting`] copy, with which a draft
-    /// model draws its drafts.
+    /// model draws its drafts. The proposing time of a round counts in the break-even rate only
+    /// when the round was a steady one ([`DraftProposer::propose`]): a new request's
+    /// whole-prompt catch-up is not what drafting costs per step.
     pub fn propose(&mut self, scheduler: &mut Scheduler, samplers: DraftSamplers<'_>) {
         let start = Instant::now();
         let steady = self.propose_drafts(scheduler, samplers);
