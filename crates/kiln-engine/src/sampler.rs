@@ -7,10 +7,9 @@
 //! exponential race over the candidates, keyed by one number from the request's own seeded
 //! [`Rng`] (`race`: exact, independent of the candidates' order, and stable under small changes
 //! of the distribution, which a draft model's drafts rely on). Greedy picks the lowest index
-//! among equal maxima. A
-//! constraint consumes each token the sampler returns, and only those. Every token returned
-//! is one the mask allows; greedy and unfiltered picks skip computing the mask when the
-//! constraint admits the token picked without it, where that is exact
+//! among equal maxima. A constraint consumes each token the sampler returns, and only those.
+//! Every token returned is one the mask allows; greedy and unfiltered picks skip computing the
+//! mask when the constraint admits the token picked without it, where that is exact
 //! ([`Sampler::pick_allowed`]).
 //!
 //! Numerics: no allowed parameter value overflows or yields NaN. A temperature below

@@ -614,7 +614,6 @@ impl Metrics {
     }
 }
 
-/// Adds `total - last` to `counter` if the total grew; a smaller total is ignored.
 /// A counter of seconds.
 type SecondsCounter = Counter<f64, AtomicU64>;
 
@@ -626,6 +625,7 @@ fn advance_seconds(counter: &SecondsCounter, last: &mut Duration, total: Duratio
     }
 }
 
+/// Adds `total - last` to `counter` if the total grew; a smaller total is ignored.
 fn advance(counter: &Counter, last: &mut u64, total: u64) {
     if total > *last {
         counter.inc_by(total - *last);
