@@ -2,11 +2,13 @@
 # The CUDA backend's checks on a machine with an NVIDIA GPU, in one command:
 #   1. every operation against the scalar reference backend;
 #   2. the tiny fixtures against transformers, Q8_0/Q4_K weights against the CPU backend, the
-#      engine invariants (batched, chunked, cached prefix) within rounding;
+#      engine invariants (batched, chunked, cached prefix) within rounding, CUDA graph replays
+#      equal to eager steps bit for bit;
 #   3. random bf16 models of Qwen2.5-0.5B's and Llama-3.2-1B's shapes against transformers'
 #      f32 run of the same weights (made here by make_models.py: torch + transformers needed);
-#   4. with --bench, decode and prefill speed of a Llama-3.1-8B-shaped model (cuda_bench), and
-#      `kiln serve --device cuda` at concurrency 64 against transformers' generate.
+#   4. with --bench, decode (eager and graphs) and prefill speed of a Llama-3.1-8B-shaped model
+#      (cuda_bench), and `kiln serve --device cuda` at concurrency 64, with graphs and with
+#      --enforce-eager, against transformers' generate.
 #
 # Usage: scripts/gpu/check.sh [--bench] [--bin DIR]
 #   --bin DIR  take prebuilt binaries gpu_ops, gpu_models, cuda_bench, kiln from DIR (built where

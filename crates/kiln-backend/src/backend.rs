@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 use crate::{
-    AttentionShape, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
+    AttentionShape, ForwardBatch, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
     LoadTensorError, Logits, RopeConfig, SeqSpan, TreeKeys, TreeMask,
 };
 
@@ -193,6 +193,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Runs `task(0..num_tasks)` on the backend's host threads (sampling and other host work
     /// of the engine); tasks must be independent.
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
+
+    /// Runs one forward step: `forward` issues the step's ops for `batch` and fills `logits`.
+    /// The default runs it once. A backend may call `forward` more than once in modes of its
+    /// own (to record the step, or to check it against a recording) and replay a recording
+    /// instead of running it, provided the step's effects, the KV cache and `logits`, are
+    /// exactly those of one run (the CUDA backend's graphs).
+    fn run_step(
+        &self,
+        batch: &ForwardBatch,
+        logits: &mut Logits,
+        forward: &mut dyn FnMut(&mut Logits) -> Result<(), ForwardError>,
+    ) -> Result<(), ForwardError> {
+        let _ = batch;
+        forward(logits)
+    }
 }
 
 /// Activation buffers of a forward pass on backend `B`: they grow to the largest step seen and

@@ -1,7 +1,7 @@
 //! Times the forward pass on the GPU: decode steps at several batch sizes (each sequence with
-//! `CONTEXT` tokens already cached) and one prefill of `PREFILL` tokens, and relates them to
-//! the device's limits: weight bytes read per second against HBM bandwidth, FLOP/s against the
-//! bf16 tensor-core peak.
+//! `CONTEXT` tokens already cached), eagerly and replayed from CUDA graphs, and one prefill of
+//! `PREFILL` tokens, and relates them to the device's limits: weight bytes read per second
+//! against HBM bandwidth, FLOP/s against the bf16 tensor-core peak.
 //!
 //! `cargo run --release -p kiln-cuda --example cuda_bench -- MODEL_DIR [HBM_GBPS] [PEAK_TFLOPS]`
 //! (defaults: an H100 SXM's 3,350 GB/s and 989 TFLOP/s dense bf16).
@@ -14,7 +14,7 @@ use kiln_backend::{
     Backend, ForwardBatch, KvCacheDtype, KvCacheSpec, Logits, LogitsWanted, Workspace,
 };
 use kiln_cuda::Cuda;
-use kiln_models::load_model;
+use kiln_models::{ModelConfig, load_model};
 
 const BLOCK: usize = 16;
 const CONTEXT: usize = 128;
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c.hidden_size
     );
     let max_batch = *BATCHES.iter().max().unwrap_or(&1);
-    let per_seq = (CONTEXT + DECODE_STEPS + 1).div_ceil(BLOCK);
+    let per_seq = (CONTEXT + DECODE_STEPS + 2).div_ceil(BLOCK);
     let num_blocks = (max_batch * per_seq).max(PREFILL.div_ceil(BLOCK)) + 1;
     let spec = KvCacheSpec {
         layout: model.kv_layout(),
@@ -59,40 +59,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token = |i: usize| (i as u32).wrapping_mul(7919).wrapping_add(13) % vocab;
     let mut batch = ForwardBatch::new(BLOCK);
 
-    println!("decode (context {CONTEXT}, {DECODE_STEPS} steps, f16 KV cache):");
-    println!("| batch | ms/step | tokens/s | weight GB/s | of HBM | TFLOP/s |");
+    println!(
+        "decode (context {CONTEXT}, {DECODE_STEPS} steps, f16 KV cache), eager vs CUDA graphs:"
+    );
+    println!(
+        "| batch | eager ms/step | graphs ms/step | graphs/eager | tokens/s | weight GB/s | of HBM | TFLOP/s |"
+    );
     for &b in &BATCHES {
         let tables: Vec<Vec<u32>> =
             (0..b).map(|s| (0..per_seq).map(|j| (s * per_seq + j) as u32).collect()).collect();
-        batch.clear();
-        for table in &tables {
-            let prompt: Vec<u32> = (0..CONTEXT).map(token).collect();
-            batch.push_seq(&prompt, 0, table, LogitsWanted::Last)?;
-        }
-        model.forward(&batch, &mut kv, &mut ws, &mut logits)?;
-        let mut step = |pos: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let mut ms = [0.0f64; 2];
+        for (graphs, ms) in [false, true].into_iter().zip(&mut ms) {
+            cuda.set_graphs(graphs);
             batch.clear();
             for table in &tables {
-                batch.push_seq(&[token(pos)], pos, table, LogitsWanted::Last)?;
+                let prompt: Vec<u32> = (0..CONTEXT).map(token).collect();
+                batch.push_seq(&prompt, 0, table, LogitsWanted::Last)?;
             }
             model.forward(&batch, &mut kv, &mut ws, &mut logits)?;
-            Ok(())
-        };
-        step(CONTEXT)?; // warm-up: buffers grow, cuBLAS picks its kernels
-        let t = Instant::now();
-        for pos in CONTEXT + 1..=CONTEXT + DECODE_STEPS {
-            step(pos)?;
+            let mut step = |pos: usize| -> Result<(), Box<dyn std::error::Error>> {
+                batch.clear();
+                for table in &tables {
+                    batch.push_seq(&[token(pos)], pos, table, LogitsWanted::Last)?;
+                }
+                cuda.run_step(&batch, &mut logits, &mut |l| {
+                    model.forward(&batch, &mut kv, &mut ws, l)
+                })?;
+                Ok(())
+            };
+            // Warm-up: buffers grow, cuBLAS picks its kernels, the graph is captured.
+            step(CONTEXT)?;
+            step(CONTEXT + 1)?;
+            let t = Instant::now();
+            for pos in CONTEXT + 2..CONTEXT + 2 + DECODE_STEPS {
+                step(pos)?;
+            }
+            *ms = t.elapsed().as_secs_f64() / DECODE_STEPS as f64;
         }
-        let secs = t.elapsed().as_secs_f64() / DECODE_STEPS as f64;
+        let secs = ms[1];
         let gbps = weight_bytes / secs / 1e9;
         let tflops = 2.0 * params * b as f64 / secs / 1e12;
         println!(
-            "| {b} | {:.2} | {:.0} | {gbps:.0} | {:.1} % | {tflops:.1} |",
+            "| {b} | {:.2} | {:.2} | {:.2}x | {:.0} | {gbps:.0} | {:.1} % | {tflops:.1} |",
+            ms[0] * 1e3,
             secs * 1e3,
+            ms[0] / secs,
             b as f64 / secs,
             100.0 * gbps / hbm_gbps
         );
     }
+    println!("graph steps: {:?}", cuda.graph_stats());
 
     let table: Vec<u32> = (0..PREFILL.div_ceil(BLOCK) as u32).collect();
     let prompt: Vec<u32> = (0..PREFILL).map(token).collect();
@@ -105,6 +121,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.forward(&batch, &mut kv, &mut ws, &mut logits)?;
     }
     let secs = t.elapsed().as_secs_f64() / f64::from(runs);
+    report_prefill(c, params, secs, peak_tflops);
+    Ok(())
+}
+
+/// Prints a prefill's time against the bf16 tensor-core peak.
+fn report_prefill(c: &ModelConfig, params: f64, secs: f64, peak_tflops: f64) {
     // Matmul FLOPs plus causal attention's QKᵀ and PV (2 · 2 · T² / 2 · q_dim per layer).
     let q_dim = (c.num_heads * c.head_dim) as f64;
     let t2 = (PREFILL * PREFILL) as f64;
@@ -116,5 +138,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flops / secs / 1e12,
         100.0 * flops / secs / 1e12 / peak_tflops
     );
-    Ok(())
 }

@@ -186,6 +186,10 @@ impl Backend for Cuda {
         if buf.len >= len {
             return;
         }
+        if self.device.capturing() {
+            self.device.recorder().poison("an allocation during a capture");
+            return;
+        }
         let len = len + len / 4;
         buf.mem = self.device.alloc_or_panic(0); // free the old one first
         buf.mem = self.device.alloc_or_panic(4 * len);
@@ -511,11 +515,23 @@ impl Backend for Cuda {
             let args = [Arg::Ptr(dev), Arg::U64((m * n) as u64), Arg::F32(cap)];
             launch(&self.device, &self.kernels.softcap, (blocks_for(m * n, 256), 1, 1), 256, &args);
         }
-        self.device.download(out.as_mut_slice(), dev);
+        if !self.device.recorder().defer_download(dev, m * n) {
+            self.device.download(out.as_mut_slice(), dev);
+        }
     }
 
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         self.pool.run(num_tasks, task);
+    }
+
+    /// Decode and verification steps replay CUDA graphs ([`crate::graphs`]).
+    fn run_step(
+        &self,
+        batch: &kiln_backend::ForwardBatch,
+        logits: &mut Logits,
+        forward: &mut dyn FnMut(&mut Logits) -> Result<(), ForwardError>,
+    ) -> Result<(), ForwardError> {
+        self.run_step_graphed(batch, logits, forward)
     }
 }
 

@@ -7,12 +7,16 @@
 //! - host reads of device memory ([`Device::download`]) synchronize the stream first, so they
 //!   see every operation queued before them;
 //! - the context is made current on the calling thread before any driver call (the engine
-//!   runs steps on its own thread, not the one that loaded the model).
+//!   runs steps on its own thread, not the one that loaded the model);
+//! - while a step is traced or captured for a graph ([`crate::graphs`]), operations go through
+//!   the device's [`Recorder`]; an upload during a capture poisons it instead of running.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+
+use crate::graphs::{Mode, Recorder};
 
 /// A device failure: the driver, NVRTC or cuBLAS said no.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +64,9 @@ pub struct Device {
     pub(crate) ordinal: usize,
     /// (major, minor)
     pub(crate) compute_capability: (i32, i32),
+    /// cuBLAS's workspace, set once so that no GEMM allocates (a graph capture must not).
+    _blas_workspace: DevMem,
+    recorder: Mutex<Recorder>,
 }
 
 impl Device {
@@ -87,7 +94,41 @@ impl Device {
         let name = ctx.name().map_err(|e| CudaError::new("reading the device name", e))?;
         let compute_capability =
             ctx.compute_capability().map_err(|e| CudaError::new("reading the device", e))?;
-        Ok(Self { ctx, stream, blas, name, ordinal, compute_capability })
+        ctx.bind_to_thread().map_err(|e| CudaError::new("binding the context", e))?;
+        let workspace = alloc_in(&ctx, BLAS_WORKSPACE_BYTES)?;
+        // SAFETY: the workspace is a live allocation of that size, kept as long as the handle
+        // (both are fields of the device, the workspace dropped after the handle).
+        let r = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                workspace.ptr as *mut std::ffi::c_void,
+                workspace.bytes,
+            )
+        };
+        if r != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::new("setting cuBLAS's workspace", r));
+        }
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            name,
+            ordinal,
+            compute_capability,
+            _blas_workspace: workspace,
+            recorder: Mutex::new(Recorder::new()),
+        })
+    }
+
+    /// The graph recorder (see [`crate::graphs`]).
+    pub(crate) fn recorder(&self) -> MutexGuard<'_, Recorder> {
+        self.recorder.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a graph capture is in progress: then nothing may be allocated, freed or
+    /// uploaded, and an operation that would has to [`Recorder::poison`] the capture.
+    pub(crate) fn capturing(&self) -> bool {
+        self.recorder().mode() == Mode::Capture
     }
 
     /// Makes the context current on this thread.
@@ -108,22 +149,7 @@ impl Device {
     /// `bytes` of device memory (uninitialized).
     pub(crate) fn alloc(&self, bytes: usize) -> Result<DevMem, CudaError> {
         self.bind();
-        if bytes == 0 {
-            return Ok(DevMem { ptr: 0, bytes: 0, ctx: self.ctx.clone() });
-        }
-        // SAFETY: a plain allocation in the current context; freed once in `DevMem::drop`.
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| match e {
-            DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                let free = result::mem_get_info().map_or(0, |(f, _)| f);
-                CudaError(format!(
-                    "out of GPU memory: {} MiB asked, {} MiB free",
-                    bytes >> 20,
-                    free >> 20
-                ))
-            }
-            e => CudaError::new("allocating device memory", e),
-        })?;
-        Ok(DevMem { ptr, bytes, ctx: self.ctx.clone() })
+        alloc_in(&self.ctx, bytes)
     }
 
     /// [`Device::alloc`] for the operations, which cannot return errors.
@@ -137,6 +163,10 @@ impl Device {
     /// Queues a copy of `src` to device address `dst` (which must hold it).
     pub(crate) fn upload<T: Copy>(&self, dst: u64, src: &[T]) {
         if src.is_empty() {
+            return;
+        }
+        if self.capturing() {
+            self.recorder().poison("an upload during a capture");
             return;
         }
         self.bind();
@@ -161,7 +191,7 @@ impl Device {
 
     /// Queues a device-to-device copy of `bytes`.
     pub(crate) fn copy(&self, dst: u64, src: u64, bytes: usize) {
-        if bytes == 0 {
+        if bytes == 0 || !self.recorder().issue(&[3, dst, src, bytes as u64]) {
             return;
         }
         self.bind();
@@ -186,6 +216,29 @@ impl Device {
         self.bind();
         expect_ok(self.stream.synchronize(), "synchronizing the stream");
     }
+}
+
+/// Bytes of cuBLAS's workspace (NVIDIA's advice for Hopper; older GPUs need less).
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// `bytes` of memory in `ctx`, which is current on this thread.
+fn alloc_in(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DevMem, CudaError> {
+    if bytes == 0 {
+        return Ok(DevMem { ptr: 0, bytes: 0, ctx: ctx.clone() });
+    }
+    // SAFETY: a plain allocation in the current context; freed once in `DevMem::drop`.
+    let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| match e {
+        DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
+            let free = result::mem_get_info().map_or(0, |(f, _)| f);
+            CudaError(format!(
+                "out of GPU memory: {} MiB asked, {} MiB free",
+                bytes >> 20,
+                free >> 20
+            ))
+        }
+        e => CudaError::new("allocating device memory", e),
+    })?;
+    Ok(DevMem { ptr, bytes, ctx: ctx.clone() })
 }
 
 /// A device allocation, freed on drop (after the stream has finished with it).

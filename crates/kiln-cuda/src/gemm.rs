@@ -29,7 +29,8 @@ impl Cuda {
     /// `out[m, w.rows] = x_bf16[m, w.cols] · wᵀ` (f32 out, overwritten).
     pub(crate) fn gemm(&self, x_bf16: u64, m: usize, w: &CudaWeight, out: u64) {
         let (n, k) = (w.rows, w.cols);
-        if m == 0 || n == 0 {
+        let words = [2, w.mem.ptr, x_bf16, out, m as u64, n as u64, k as u64];
+        if m == 0 || n == 0 || !self.device.recorder().issue(&words) {
             return;
         }
         let dim = |v: usize| i32::try_from(v).unwrap_or_else(|_| panic!("GEMM dimension {v}"));

@@ -171,7 +171,11 @@ pub enum Arg {
     F32(f32),
 }
 
-/// Launches `func` on the device's stream with `args` in order.
+/// Most arguments of a kernel in [`SOURCE`].
+const MAX_ARGS: usize = 24;
+
+/// Launches `func` on the device's stream with `args` in order (or, while a graph's trace is
+/// recorded, only writes it down: [`crate::graphs`]).
 pub fn launch(
     device: &Device,
     func: &CudaFunction,
@@ -180,6 +184,22 @@ pub fn launch(
     args: &[Arg],
 ) {
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return;
+    }
+    // What a graph's trace writes down of this launch: the kernel, its shape, every argument.
+    let mut words = [0u64; 8 + MAX_ARGS];
+    assert!(args.len() <= MAX_ARGS, "{} kernel arguments", args.len());
+    let head = [1, func.cu_function() as u64, grid.0.into(), grid.1.into(), grid.2.into()];
+    words[..5].copy_from_slice(&head);
+    words[5] = block.into();
+    for (w, a) in words[6..].iter_mut().zip(args) {
+        *w = match *a {
+            Arg::Ptr(p) | Arg::U64(p) => p,
+            Arg::I32(v) => u64::from(v.cast_unsigned()),
+            Arg::F32(v) => u64::from(v.to_bits()),
+        };
+    }
+    if !device.recorder().issue(&words[..6 + args.len()]) {
         return;
     }
     let mut builder = device.stream.launch_builder(func);

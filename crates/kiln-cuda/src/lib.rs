@@ -10,8 +10,11 @@
 //!   as the seam requires, rounded to bf16 only as the input of a GEMM; the KV cache is f16 or
 //!   f32 (the 8-bit dtypes are refused).
 //! - Everything is queued on one stream in call order; [`Backend::logits`] synchronizes when
-//!   it copies the logits to the host. A device error inside an operation panics with the
-//!   failed call: a step that failed half-way has left the cache undefined.
+//!   it copies the logits to the host. Decode and verification steps are replayed from CUDA
+//!   graphs captured the second time a step of the same shape is seen ([`graphs`]; off with
+//!   [`Cuda::set_graphs`]), bit for bit what the eager step computes. A device error inside
+//!   an operation panics with the failed call: a step that failed half-way has left the cache
+//!   undefined.
 //! - Attention: steps with prompt rows take a tiled kernel (16 query rows of a sequence share
 //!   each K/V tile staged in shared memory; head dimensions up to 128), decode-only steps a
 //!   FlashDecoding-style split-K kernel (each query row's keys cut into splits of 512 that run
@@ -25,6 +28,7 @@
 mod backend;
 pub mod device;
 mod gemm;
+pub mod graphs;
 pub mod kernels;
 mod memory;
 mod scratch;
@@ -32,6 +36,8 @@ mod scratch;
 use std::sync::Mutex;
 
 pub use device::{CudaError, Device};
+use graphs::GraphCache;
+pub use graphs::GraphStats;
 use kernels::Kernels;
 use kiln_kernels::ThreadPool;
 pub use memory::{
@@ -44,6 +50,7 @@ pub struct Cuda {
     device: Device,
     kernels: Kernels,
     scratch: Mutex<Scratch>,
+    graphs: Mutex<GraphCache>,
     /// Host threads for [`kiln_backend::Backend::host_parallel`] (sampling).
     pool: ThreadPool,
 }
@@ -57,6 +64,7 @@ impl Cuda {
             device,
             kernels,
             scratch: Mutex::new(Scratch::new()),
+            graphs: Mutex::new(GraphCache::new()),
             pool: ThreadPool::new(host_threads),
         })
     }
@@ -89,5 +97,9 @@ impl Cuda {
 
     fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
         self.scratch.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn graph_cache(&self) -> std::sync::MutexGuard<'_, GraphCache> {
+        self.graphs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -45,6 +45,8 @@ pub(crate) struct Scratch {
     pub(crate) parts_ml: Option<DevMem>,
     pub(crate) rows: Option<DevMem>,
     pub(crate) logits: Option<DevMem>,
+    /// Bit `kind` set once that kind was used in the current step.
+    used_in_step: u8,
 }
 
 impl Scratch {
@@ -56,14 +58,34 @@ impl Scratch {
             parts_ml: None,
             rows: None,
             logits: None,
+            used_in_step: 0,
         }
     }
 
+    /// A step starts: no kind of metadata has been used in it yet.
+    pub(crate) fn begin_step(&mut self) {
+        self.used_in_step = 0;
+    }
+
     /// The device address of `values` as `kind`, uploading only when they changed.
+    ///
+    /// A graph reads each slot once per launch, so while a step is recorded for one, a kind
+    /// that changes after it was used in the step, or any upload during a capture, poisons the
+    /// recording.
     pub(crate) fn meta(&mut self, device: &Device, kind: Meta, values: &[u32]) -> u64 {
+        let bit = 1u8 << kind as u8;
+        let used = self.used_in_step & bit != 0;
+        self.used_in_step |= bit;
         let slot = &mut self.meta[kind as usize];
         let fits = slot.dev.as_ref().is_some_and(|d| d.bytes >= 4 * values.len().max(1));
         if fits && slot.host == values {
+            return slot.dev.as_ref().map_or(0, |d| d.ptr);
+        }
+        if used {
+            device.recorder().poison("step metadata that changes within the step");
+        }
+        if device.capturing() {
+            device.recorder().poison("an upload during a capture");
             return slot.dev.as_ref().map_or(0, |d| d.ptr);
         }
         if !fits {
@@ -80,8 +102,13 @@ impl Scratch {
 }
 
 /// The address of `slot`, grown to at least `bytes` first (contents unspecified).
+/// During a graph capture nothing is allocated: the capture is poisoned instead.
 pub(crate) fn grown(device: &Device, slot: &mut Option<DevMem>, bytes: usize) -> u64 {
     if slot.as_ref().is_none_or(|m| m.bytes < bytes) {
+        if device.capturing() {
+            device.recorder().poison("an allocation during a capture");
+            return slot.as_ref().map_or(0, |m| m.ptr);
+        }
         *slot = None; // free the old one first: it may be large
         *slot = Some(device.alloc_or_panic(bytes + bytes / 4));
     }

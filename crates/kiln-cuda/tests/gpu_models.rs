@@ -3,7 +3,7 @@
 //! - the tiny fixtures (every family: sliding windows, soft caps, sandwich norms, q/k norms,
 //!   biases) against transformers' f32 logits, and with Q8_0 weights against the CPU backend;
 //! - the engine invariants (batched == alone, chunked == one shot, cached prefix == fresh)
-//!   within rounding;
+//!   within rounding, and CUDA graph replays == eager steps bit for bit;
 //! - with `KILN_GPU_MODELS` (written by `scripts/gpu/make_models.py`), random bf16 models of
 //!   Qwen2.5-0.5B's and Llama-3.2-1B's shapes against transformers' f32 run of the same
 //!   weights: logits rows, and 64 free-running greedy steps on 8 prompts.
@@ -123,6 +123,14 @@ impl<B: Backend> Runner<B> {
     fn run(&mut self, batch: &ForwardBatch) -> Vec<Vec<f32>> {
         self.loaded.model.forward(batch, &mut self.kv, &mut self.ws, &mut self.logits).unwrap();
         (0..self.logits.num_rows()).map(|r| self.logits.row(r).to_vec()).collect()
+    }
+
+    /// [`Runner::run`] through the backend's step driver (CUDA graphs when enabled).
+    fn run_step(&mut self, batch: &ForwardBatch) -> Vec<Vec<f32>> {
+        let Self { loaded, kv, ws, logits, .. } = self;
+        let model = &loaded.model;
+        model.backend().run_step(batch, logits, &mut |l| model.forward(batch, kv, ws, l)).unwrap();
+        (0..logits.num_rows()).map(|r| logits.row(r).to_vec()).collect()
     }
 
     /// Logits of every position of `tokens` in one pass.
@@ -250,6 +258,82 @@ fn quantized_weights_match_the_reference_backend() {
             let (their_err, _) = tiny_yardstick(name);
             assert!(e <= 2.0 * their_err, "{name} {quant}: row error {e:.3e}");
             assert!(a >= 0.9, "{name} {quant}: argmax agreement {a:.3}");
+        }
+    }
+}
+
+/// Every step's logits rows: `num_seqs` prompts prefilled, then `steps` steps of `query`
+/// tokens per sequence, with logits for `wanted` rows.
+fn decode_steps(
+    r: &mut Runner<kiln_cuda::Cuda>,
+    tables: &[Vec<u32>],
+    prompts: &[Vec<u32>],
+    (steps, query, wanted): (usize, usize, LogitsWanted),
+) -> Vec<Vec<Vec<f32>>> {
+    let vocab = r.vocab();
+    let mut batch = ForwardBatch::new(BLOCK);
+    for (p, t) in prompts.iter().zip(tables) {
+        batch.push_seq(p, 0, t, LogitsWanted::Last).unwrap();
+    }
+    let mut all = vec![r.run_step(&batch)];
+    for step in 0..steps {
+        batch.clear();
+        for (s, (p, t)) in prompts.iter().zip(tables).enumerate() {
+            let pos = p.len() + step * query;
+            let tokens: Vec<u32> =
+                (0..query).map(|j| (((pos + j) * 13 + s) % vocab) as u32).collect();
+            batch.push_seq(&tokens, pos, t, wanted).unwrap();
+        }
+        all.push(r.run_step(&batch));
+    }
+    all
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (scripts/gpu/check.sh)"]
+fn graph_replays_equal_eager_steps_bit_for_bit() {
+    let gpu = cuda();
+    let steps = 8;
+    for name in ["llama3", "gemma3"] {
+        let mut r = Runner::new(&fixture(name), &gpu, None, KvCacheDtype::F16);
+        // (sequences, query rows each, rows wanted, graphs expected): decode at three batch
+        // sizes, verification-like steps, and steps that keep only the last row of several
+        // (the last layer's sequences change within the step: never graphed).
+        let cases = [
+            (1, 1, LogitsWanted::Last, true),
+            (5, 1, LogitsWanted::Last, true),
+            (16, 1, LogitsWanted::Last, true),
+            (4, 3, LogitsWanted::All, true),
+            (3, 4, LogitsWanted::Last, false),
+        ];
+        for (num_seqs, query, wanted, graphed) in cases {
+            let prompts: Vec<Vec<u32>> = (0..num_seqs)
+                .map(|s| (0..20 + 9 * s).map(|i| ((i * 31 + s * 7 + 3) % 500) as u32).collect())
+                .collect();
+            let tables: Vec<Vec<u32>> =
+                prompts.iter().map(|p| r.blocks(p.len() + steps * query)).collect();
+            gpu.set_graphs(false);
+            let eager = decode_steps(&mut r, &tables, &prompts, (steps, query, wanted));
+            gpu.set_graphs(true);
+            let before = gpu.graph_stats();
+            let replayed = decode_steps(&mut r, &tables, &prompts, (steps, query, wanted));
+            let after = gpu.graph_stats();
+            let (captured, replays) =
+                (after.captured - before.captured, after.replayed - before.replayed);
+            println!(
+                "{name:<8} {num_seqs:>2} seqs x {query} rows: {captured} captured, {replays} \
+                 replayed of {steps} steps"
+            );
+            let want = if graphed { (1, steps as u64 - 1) } else { (0, 0) };
+            assert_eq!((captured, replays), want, "{name}: {num_seqs} x {query}");
+            for (step, (e, g)) in eager.iter().zip(&replayed).enumerate() {
+                let same = e.len() == g.len()
+                    && e.iter()
+                        .flatten()
+                        .zip(g.iter().flatten())
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name}: {num_seqs} x {query}, step {step}: graph != eager");
+            }
         }
     }
 }

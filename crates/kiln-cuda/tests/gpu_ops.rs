@@ -231,6 +231,35 @@ fn logits_case<B: HostIo>(be: &B, softcap: Option<f32>) -> Vec<f32> {
     (0..m).flat_map(|r| logits.row(r).to_vec()).collect()
 }
 
+/// `out[m, n] = x · wᵀ` of one product shape through `linear`.
+fn product<B: HostIo>(be: &B, (m, n, k): (usize, usize, usize), seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    let w = be.load_weight(weight(&mut rng, n, k), None).unwrap();
+    let x = be.put(&rng.vec(m * k));
+    let mut out = be.put(&vec![0.0; m * n]);
+    let job = LinearJob { weight: &w, bias: None, out: B::view_mut(&mut out, 0..m * n) };
+    be.linear(B::view(&x, 0..m * k), m, &mut [job]);
+    be.get(&out, m * n)
+}
+
+/// Products of decode's row counts (1 to 16) and odd shapes against the reference.
+#[test]
+#[ignore = "needs an NVIDIA GPU (scripts/gpu/check.sh)"]
+fn products_match_the_reference_at_every_row_count() {
+    let (gpu, cpu) = (&*cuda(), &Reference);
+    for m in [1, 2, 3, 5, 8, 9, 16] {
+        for (n, k) in [(1, 8), (17, 96), (300, 200), (33, 1032), (64, 100), (5, 4100)] {
+            let shape = (m, n, k);
+            check(
+                &format!("product {shape:?}"),
+                BF16_TOL,
+                product(gpu, shape, 7),
+                product(cpu, shape, 7),
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU (scripts/gpu/check.sh)"]
 fn every_operation_matches_the_reference() {

@@ -105,7 +105,10 @@ impl<B: Backend> StepModel for BoundModel<B> {
     }
 
     fn forward(&mut self, batch: &ForwardBatch, logits: &mut Logits) -> Result<(), ForwardError> {
-        self.model.forward(batch, &mut self.kv, &mut self.workspace, logits)
+        let (model, kv, workspace) = (&self.model, &mut self.kv, &mut self.workspace);
+        model.backend().run_step(batch, logits, &mut |logits| {
+            model.forward(batch, &mut *kv, &mut *workspace, logits)
+        })
     }
 
     fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {

@@ -1,5 +1,5 @@
-//! `--device` and `--gpu-memory-utilization`: which backend runs the model, and on a GPU how
-//! much of its memory kiln takes.
+//! `--device`, `--gpu-memory-utilization` and `--enforce-eager`: which backend runs the model,
+//! and on a GPU how much of its memory kiln takes and whether steps replay CUDA graphs.
 //!
 //! On a GPU, vLLM's semantics: kiln may use `--gpu-memory-utilization` of the device's total
 //! memory. The weights are loaded, one engine step of `--max-num-batched-tokens` tokens over
@@ -45,11 +45,15 @@ pub struct DeviceArgs {
     /// On the CPU it is accepted with a warning (see --memory-utilization).
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
+    /// With --device cuda: run every step eagerly, without CUDA graphs (vLLM's flag; by
+    /// default decode steps are replayed from graphs). The CPU always runs eagerly.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 impl Default for DeviceArgs {
     fn default() -> Self {
-        Self { device: Device::Cpu, gpu_memory_utilization: None }
+        Self { device: Device::Cpu, gpu_memory_utilization: None, enforce_eager: false }
     }
 }
 
@@ -71,6 +75,9 @@ impl DeviceArgs {
                 "--gpu-memory-utilization is ignored on the CPU (--device cpu): size the KV cache \
                  with --kv-cache-memory-bytes or --memory-utilization"
             );
+        }
+        if self.device == Device::Cpu && self.enforce_eager {
+            tracing::warn!("--enforce-eager changes nothing on the CPU: it always runs eagerly");
         }
     }
 }
@@ -109,6 +116,7 @@ pub mod cuda {
         ordinal: usize,
         utilization: f64,
         host_threads: usize,
+        enforce_eager: bool,
         shape: &ProfileShape,
     ) -> anyhow::Result<(LoadedModel<Cuda>, u64)> {
         // Host threads only sample: a few do, and idle ones must not take cores from the server.
@@ -116,6 +124,16 @@ pub mod cuda {
         let cuda = Arc::new(Cuda::new(ordinal, host_threads).map_err(|e| anyhow::anyhow!(e))?);
         let (_, total) = cuda.device().mem_info().map_err(|e| anyhow::anyhow!(e))?;
         tracing::info!("CUDA backend: {}, {:.1} GiB", cuda.describe(), gib(total));
+        cuda.set_graphs(!enforce_eager);
+        if enforce_eager {
+            tracing::info!("CUDA graphs: off (--enforce-eager), every step runs eagerly");
+        } else {
+            tracing::info!(
+                "CUDA graphs: decode steps of up to {} tokens are captured the second time \
+                 their shape is seen and replayed after (--enforce-eager turns this off)",
+                kiln_cuda::graphs::MAX_GRAPH_TOKENS
+            );
+        }
         let loaded = model.load_path_on(path, &cuda)?;
         let (free, _) = cuda.device().mem_info().map_err(|e| anyhow::anyhow!(e))?;
         let peak = profile_step(&loaded, &cuda, shape).context("profiling one engine step")?;

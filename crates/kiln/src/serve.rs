@@ -379,6 +379,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 ordinal,
                 utilization,
                 args.threads,
+                args.device.enforce_eager,
                 &shape,
             )?;
             start(state, args, &model_path, (loaded, None), Some(kv_bytes), kv_bytes)

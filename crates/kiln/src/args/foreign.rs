@@ -4,8 +4,9 @@
 //! Each foreign flag is one of:
 //! - **renamed** to kiln's flag of the same meaning (`-np 4` → `--max-num-seqs 4`,
 //!   `--num-gpu-blocks-override` is an alias clap knows, so not listed here);
-//! - **accepted with one warning** when it means nothing on this backend (`--enforce-eager`,
-//!   `--tensor-parallel-size 1`, `-ngl 99`), with its value if it takes one;
+//! - **accepted with one warning** when it means nothing on this backend
+//!   (`--max-seq-len-to-capture`, `--tensor-parallel-size 1`, `-ngl 99`), with its value if
+//!   it takes one;
 //! - **refused** with a message naming what to use instead (`--tensor-parallel-size 2`, LoRA,
 //!   reasoning parsers, `-c 4096`).
 //!
@@ -43,10 +44,6 @@ const ALWAYS_ON_BATCHING: &str = "continuous batching is always on";
 /// (flag names, rule). Long names without `--`; short (single-dash) ones with their `-`.
 const TABLE: &[(&[&str], Rule)] = &[
     // ---- vllm serve: meaningless on this backend ----
-    (
-        &["enforce-eager"],
-        Rule::Ignore("kiln runs every step eagerly (no CUDA graphs yet)", NoValue),
-    ),
     (&["trust-remote-code"], Rule::Ignore("kiln runs no model code from the Hub", NoValue)),
     (&["uvicorn-log-level"], Rule::Ignore("the log level comes from RUST_LOG", One)),
     (&["cpu-offload-gb"], Rule::Ignore("weights already live in CPU memory", One)),
@@ -58,7 +55,10 @@ const TABLE: &[(&[&str], Rule)] = &[
     ),
     (&["tokenizer-mode"], Rule::Ignore("the model's own tokenizer files decide", One)),
     (&["disable-frontend-multiprocessing"], Rule::Ignore("the server is one process", NoValue)),
-    (&["max-seq-len-to-capture"], Rule::Ignore("kiln captures no CUDA graphs yet", One)),
+    (
+        &["max-seq-len-to-capture"],
+        Rule::Ignore("kiln's CUDA graphs cover decode steps of any context length", One),
+    ),
     (&["enable-chunked-prefill"], Rule::Ignore("chunked prefill is always on in kiln", NoValue)),
     (
         &["no-enable-chunked-prefill"],
