@@ -1,10 +1,10 @@
 //! Times the forward pass on the GPU: decode steps at several batch sizes (each sequence with
-//! `CONTEXT` tokens already cached), eagerly and replayed from CUDA graphs, and one prefill of
+//! `CONTEXT` tokens already cached, 128 unless given), eagerly and replayed from CUDA graphs, and one prefill of
 //! `PREFILL` tokens, and relates them to the device's limits: weight bytes read per second
 //! against HBM bandwidth, FLOP/s against the bf16 tensor-core peak.
 //!
-//! `cargo run --release -p kiln-cuda --example cuda_bench -- MODEL_DIR [HBM_GBPS] [PEAK_TFLOPS]`
-//! (defaults: an H100 SXM's 3,350 GB/s and 989 TFLOP/s dense bf16).
+//! `cargo run --release -p kiln-cuda --example cuda_bench -- MODEL_DIR [HBM_GBPS] [PEAK_TFLOPS]
+//! [CONTEXT]` (defaults: an H100 SXM's 3,350 GB/s and 989 TFLOP/s dense bf16, 128 tokens).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,16 +17,18 @@ use kiln_cuda::Cuda;
 use kiln_models::{ModelConfig, load_model};
 
 const BLOCK: usize = 16;
-const CONTEXT: usize = 128;
 const DECODE_STEPS: usize = 32;
 const PREFILL: usize = 2048;
 const BATCHES: [usize; 6] = [1, 2, 8, 16, 32, 64];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let path = PathBuf::from(args.get(1).ok_or("usage: cuda_bench MODEL_DIR [HBM_GBPS] [TFLOPS]")?);
+    let path = PathBuf::from(
+        args.get(1).ok_or("usage: cuda_bench MODEL_DIR [HBM_GBPS] [TFLOPS] [CONTEXT]")?,
+    );
     let hbm_gbps: f64 = args.get(2).map_or(Ok(3350.0), |s| s.parse())?;
     let peak_tflops: f64 = args.get(3).map_or(Ok(989.0), |s| s.parse())?;
+    let context: usize = args.get(4).map_or(Ok(128), |s| s.parse())?;
     let start = Instant::now();
     let cuda = Arc::new(Cuda::new(0, 4)?);
     let loaded = load_model(&path, &cuda)?;
@@ -45,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c.hidden_size
     );
     let max_batch = *BATCHES.iter().max().unwrap_or(&1);
-    let per_seq = (CONTEXT + DECODE_STEPS + 2).div_ceil(BLOCK);
+    let per_seq = (context + DECODE_STEPS + 2).div_ceil(BLOCK);
     let num_blocks = (max_batch * per_seq).max(PREFILL.div_ceil(BLOCK)) + 1;
     let spec = KvCacheSpec {
         layout: model.kv_layout(),
@@ -60,7 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut batch = ForwardBatch::new(BLOCK);
 
     println!(
-        "decode (context {CONTEXT}, {DECODE_STEPS} steps, f16 KV cache), eager vs CUDA graphs:"
+        "decode (context {context}, {DECODE_STEPS} steps, f16 KV cache), eager vs CUDA graphs:"
     );
     println!(
         "| batch | eager ms/step | graphs ms/step | graphs/eager | tokens/s | weight GB/s | of HBM | TFLOP/s |"
@@ -73,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cuda.set_graphs(graphs);
             batch.clear();
             for table in &tables {
-                let prompt: Vec<u32> = (0..CONTEXT).map(token).collect();
+                let prompt: Vec<u32> = (0..context).map(token).collect();
                 batch.push_seq(&prompt, 0, table, LogitsWanted::Last)?;
             }
             model.forward(&batch, &mut kv, &mut ws, &mut logits)?;
@@ -88,10 +90,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok(())
             };
             // Warm-up: buffers grow, cuBLAS picks its kernels, the graph is captured.
-            step(CONTEXT)?;
-            step(CONTEXT + 1)?;
+            step(context)?;
+            step(context + 1)?;
             let t = Instant::now();
-            for pos in CONTEXT + 2..CONTEXT + 2 + DECODE_STEPS {
+            for pos in context + 2..context + 2 + DECODE_STEPS {
                 step(pos)?;
             }
             *ms = t.elapsed().as_secs_f64() / DECODE_STEPS as f64;

@@ -13,18 +13,13 @@ use kiln_kernels::rope::Rope;
 
 use crate::Cuda;
 use crate::kernels::{
-    ATTN_THREADS, Arg, MAX_HEAD_DIM, PREFILL_MAX_HEAD_DIM, PREFILL_ROWS, SPLIT_KEYS, blocks_for,
-    launch,
+    Arg, DECODE_THREADS, MAX_HEAD_DIM, PREFILL_MAX_HEAD_DIM, PREFILL_ROWS, PREFILL_THREADS,
+    blocks_for, decode_split_keys, launch, norm_threads, row_grid,
 };
 use crate::memory::{
     CudaBuffer, CudaKvStore, CudaRope, CudaVector, CudaView, CudaViewMut, CudaWeight,
 };
 use crate::scratch::{Meta, grown};
-
-/// Threads of a row-wise kernel over rows of `d`: a multiple of 32, at most 256.
-fn row_threads(d: usize) -> u32 {
-    d.next_multiple_of(32).clamp(32, 256) as u32
-}
 
 fn grid1(n: usize) -> (u32, u32, u32) {
     (u32::try_from(n).unwrap_or_else(|_| panic!("grid of {n} blocks")), 1, 1)
@@ -221,7 +216,8 @@ impl Backend for Cuda {
             Arg::I32(h as i32),
             Arg::F32(scale.unwrap_or(1.0)),
         ];
-        launch(&self.device, &self.kernels.embed, grid1(token_ids.len()), 256, &args);
+        let grid = row_grid(token_ids.len(), h);
+        launch(&self.device, &self.kernels.embed, grid, 256, &args);
     }
 
     fn linear(&self, x: CudaView<'_>, m: usize, jobs: &mut [LinearJob<'_, Self>]) {
@@ -236,7 +232,7 @@ impl Backend for Cuda {
             if let Some(bias) = job.bias {
                 assert_eq!(bias.len, n, "bias length");
                 let args = [Arg::Ptr(job.out.ptr), Arg::Ptr(bias.mem.ptr), Arg::I32(n as i32)];
-                launch(&self.device, &self.kernels.add_bias, grid1(m), 256, &args);
+                launch(&self.device, &self.kernels.add_bias, row_grid(m, n), 256, &args);
             }
         }
     }
@@ -280,7 +276,8 @@ impl Backend for Cuda {
             Arg::I32(d as i32),
             Arg::F32(eps),
         ];
-        launch(&self.device, &self.kernels.residual_norm, grid1(x.len / d), row_threads(d), &args);
+        let threads = norm_threads(d);
+        launch(&self.device, &self.kernels.residual_norm, grid1(x.len / d), threads, &args);
     }
 
     fn rope_table(&self, rope: &CudaRope, positions: &[u32], table: CudaViewMut<'_>) {
@@ -316,7 +313,8 @@ impl Backend for Cuda {
             Arg::I32(rope.half as i32),
             Arg::I32(i32::from(rope.style == RopeStyle::Interleaved)),
         ];
-        launch(&self.device, &self.kernels.rope_apply, grid1(num_tokens), 256, &args);
+        let grid = row_grid(num_tokens, num_heads * rope.half);
+        launch(&self.device, &self.kernels.rope_apply, grid, 256, &args);
     }
 
     fn gated_act(&self, act: GateActivation, gate: CudaViewMut<'_>, up: CudaView<'_>) {
@@ -361,7 +359,7 @@ impl Backend for Cuda {
             Arg::Ptr(kv.v[layer].ptr),
             Arg::I32(row as i32),
         ];
-        launch(&self.device, func, grid1(slot_mapping.len()), 256, &args);
+        launch(&self.device, func, row_grid(slot_mapping.len(), row), 256, &args);
     }
 
     /// Paged attention (see `kernels.cu`): steps with prompt rows take the tiled prefill kernel
@@ -390,7 +388,7 @@ impl Backend for Cuda {
         }
         let mut flat = Vec::with_capacity(4 * seqs.len());
         let mut row_seq = vec![0u32; num_rows];
-        let mut longest = 0;
+        let mut splits = 1;
         for (i, s) in seqs.iter().enumerate() {
             assert!(s.query_start + s.query_len <= num_rows && s.query_len <= s.context_len, "seq");
             let blocks = s.context_len.div_ceil(shape.block_size);
@@ -399,8 +397,11 @@ impl Backend for Cuda {
                 [s.query_start, s.query_len, s.context_len, s.block_table_start].map(|v| v as u32),
             );
             row_seq[s.query_start..s.query_start + s.query_len].fill(i as u32);
-            longest =
-                longest.max(shape.sliding_window.map_or(s.context_len, |w| s.context_len.min(w)));
+            // The keys each row attends to: positions context_len - query_len ..= context_len - 1.
+            for keys in s.context_len - s.query_len + 1..=s.context_len {
+                let keys = shape.sliding_window.map_or(keys, |w| keys.min(w));
+                splits = splits.max(keys.div_ceil(decode_split_keys(keys)));
+            }
         }
         let num_blocks = kv.spec.num_blocks as u32;
         assert!(block_tables.iter().all(|&b| b < num_blocks), "block outside the cache");
@@ -437,10 +438,11 @@ impl Backend for Cuda {
             args.extend([Arg::Ptr(tiles_dev), Arg::Ptr(tables_dev), Arg::Ptr(out.ptr)]);
             args.extend(common);
             let grid = ((tiles.len() / 2) as u32, nh as u32, 1);
-            launch(&self.device, &self.kernels.attention_prefill, grid, ATTN_THREADS, &args);
+            launch(&self.device, &self.kernels.attention_prefill, grid, PREFILL_THREADS, &args);
             return;
         }
-        let splits = longest.div_ceil(SPLIT_KEYS).max(1);
+        // A power of two, so that a graph's trace changes only when a row's splits double.
+        let splits = splits.next_power_of_two();
         let row_seq_dev = scratch.meta(&self.device, Meta::RowSeq, &row_seq);
         let parts = num_rows * nh * splits;
         let part_out = grown(&self.device, &mut scratch.parts, 4 * parts * hd);
@@ -455,7 +457,7 @@ impl Backend for Cuda {
         args.extend(common);
         args.push(Arg::I32(splits as i32));
         let grid = (num_rows as u32, nh as u32, splits as u32);
-        launch(&self.device, &self.kernels.paged_attention, grid, ATTN_THREADS, &args);
+        launch(&self.device, &self.kernels.paged_attention, grid, DECODE_THREADS, &args);
         let args = [
             Arg::Ptr(part_out),
             Arg::Ptr(part_ml),
@@ -546,12 +548,12 @@ impl Cuda {
             Arg::I32(d as i32),
             Arg::F32(eps),
         ];
-        launch(&self.device, &self.kernels.rms_norm, grid1(len / d), row_threads(d), &args);
+        launch(&self.device, &self.kernels.rms_norm, grid1(len / d), norm_threads(d), &args);
     }
 
     /// `dst[i] = src[idx[i]]` for `n` rows of `width` (device addresses).
     fn gather(&self, src: u64, idx: u64, dst: u64, n: usize, width: usize) {
         let args = [Arg::Ptr(src), Arg::Ptr(idx), Arg::Ptr(dst), Arg::I32(width as i32)];
-        launch(&self.device, &self.kernels.gather_rows, grid1(n), 256, &args);
+        launch(&self.device, &self.kernels.gather_rows, row_grid(n, width), 256, &args);
     }
 }

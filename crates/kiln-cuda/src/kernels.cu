@@ -4,6 +4,10 @@
 // for attention, its sequence's cache), so batching never changes a row's arithmetic.
 //
 // Launch shapes are stated above each kernel; the Rust side (`kernels.rs`) keeps to them.
+// Row-wise kernels spread a row over a grid's y dimension (blocks of 256 elements) or over a
+// block of up to 1024 threads, so that a short step (one token at batch 1) is not a chain of
+// dependent loads in one thread; how a row is split depends only on its width, never on the
+// batch.
 
 typedef unsigned short bf16_t;
 typedef unsigned short f16_t;
@@ -65,63 +69,131 @@ __device__ float block_sum(float v) {
     return s;
 }
 
+// Max over the block, as `block_sum`.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        float s = lane < nw ? partial[lane] : -INFINITY;
+        s = warp_max(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float s = total;
+    __syncthreads();
+    return s;
+}
+
 // grid (ceil(n / 256)), block 256: y[i] = bf16(x[i]).
 extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* y, unsigned long long n) {
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f32_to_bf16(x[i]);
 }
 
-// grid (num_tokens), block 256: out[t] = bf16 table[ids[t]] * scale.
+// grid (num_tokens, ceil(hidden / 256)), block 256: out[t] = bf16 table[ids[t]] * scale.
 extern "C" __global__ void embed(const bf16_t* table, const u32* ids, float* out, int hidden,
                                  float scale) {
-    int t = blockIdx.x;
+    int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= hidden) return;
     const bf16_t* row = table + (unsigned long long)ids[t] * hidden;
-    float* o = out + (unsigned long long)t * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = bf16_to_f32(row[i]) * scale;
+    out[(unsigned long long)t * hidden + i] = bf16_to_f32(row[i]) * scale;
 }
 
-// grid (rows), block 256: out[r, i] += bias[i].
+// grid (rows, ceil(n / 256)), block 256: out[r, i] += bias[i].
 extern "C" __global__ void add_bias(float* out, const float* bias, int n) {
-    float* o = out + (unsigned long long)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] += bias[i];
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < n) out[(unsigned long long)blockIdx.x * n + i] += bias[i];
 }
 
-// grid (rows), block 256: out = rmsnorm(x) * w over rows of d (out may be x).
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d,
-                                    float eps) {
+// Elements of a row a norm's thread keeps in registers; rows longer than NORM_CACHE * blockDim
+// read the rest twice.
+#define NORM_CACHE 8
+
+// grid (rows), block norm_threads(d) (a multiple of 32, at most 1024): out = rmsnorm(x) * w over
+// rows of d (out may be x). Thread t takes elements t, t + blockDim, ...
+extern "C" __global__ void __launch_bounds__(1024)
+rms_norm(const float* x, const float* w, float* out, int d, float eps) {
     const float* xr = x + (unsigned long long)blockIdx.x * d;
     float* o = out + (unsigned long long)blockIdx.x * d;
+    int n = blockDim.x;
+    float v[NORM_CACHE];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * n;
+        v[c] = i < d ? xr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) ss += v[c] * v[c];
+    for (int i = threadIdx.x + NORM_CACHE * n; i < d; i += n) ss += xr[i] * xr[i];
     float inv = rsqrtf(block_sum(ss) / d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * n;
+        if (i < d) o[i] = v[c] * inv * w[i];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * n; i < d; i += n) o[i] = xr[i] * inv * w[i];
 }
 
-// grid (rows), block 256: branch = rmsnorm(branch) * post (when post), x += branch, then
-// out = rmsnorm(x) * next (when next). Rows of d.
-extern "C" __global__ void residual_norm(float* branch, const float* post, float* x,
-                                         const float* next, float* out, int d, float eps) {
+// grid (rows), block norm_threads(d): branch = rmsnorm(branch) * post (when post), x += branch,
+// then out = rmsnorm(x) * next (when next). Rows of d; out is neither x nor branch.
+extern "C" __global__ void __launch_bounds__(1024)
+residual_norm(float* branch, const float* post, float* x, const float* next, float* out, int d,
+              float eps) {
     unsigned long long base = (unsigned long long)blockIdx.x * d;
     float* br = branch + base;
     float* xr = x + base;
-    float inv_post = 1.0f;
+    int n = blockDim.x, rest = threadIdx.x + NORM_CACHE * n;
+    float b[NORM_CACHE], xv[NORM_CACHE];
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * n;
+        b[c] = i < d ? br[i] : 0.0f;
+        xv[c] = i < d ? xr[i] : 0.0f;
+    }
     if (post) {
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) ss += br[i] * br[i];
-        inv_post = rsqrtf(block_sum(ss) / d + eps);
+#pragma unroll
+        for (int c = 0; c < NORM_CACHE; c++) ss += b[c] * b[c];
+        for (int i = rest; i < d; i += n) ss += br[i] * br[i];
+        float inv_post = rsqrtf(block_sum(ss) / d + eps);
+#pragma unroll
+        for (int c = 0; c < NORM_CACHE; c++) {
+            int i = threadIdx.x + c * n;
+            if (i < d) {
+                b[c] = b[c] * inv_post * post[i];
+                br[i] = b[c];
+            }
+        }
+        for (int i = rest; i < d; i += n) br[i] = br[i] * inv_post * post[i];
     }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float b = post ? br[i] * inv_post * post[i] : br[i];
-        if (post) br[i] = b;
-        float v = xr[i] + b;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * n;
+        xv[c] += b[c];
+        if (i < d) xr[i] = xv[c];
+        ss += xv[c] * xv[c];
+    }
+    for (int i = rest; i < d; i += n) {
+        float v = xr[i] + br[i];
         xr[i] = v;
         ss += v * v;
     }
     if (next) {
         float inv = rsqrtf(block_sum(ss) / d + eps);
         float* o = out + base;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * next[i];
+#pragma unroll
+        for (int c = 0; c < NORM_CACHE; c++) {
+            int i = threadIdx.x + c * n;
+            if (i < d) o[i] = xv[c] * inv * next[i];
+        }
+        for (int i = rest; i < d; i += n) o[i] = xr[i] * inv * next[i];
     }
 }
 
@@ -138,22 +210,20 @@ extern "C" __global__ void rope_table(const u32* positions, const float* inv_fre
     }
 }
 
-// grid (num_tokens), block 256: rotates x[t, heads, head_dim] by table[t] (half pairs per
-// head; interleaved pairs 2i, 2i+1, else i, i + half).
+// grid (num_tokens, ceil(num_heads * half / 256)), block 256: rotates x[t, heads, head_dim] by
+// table[t], a pair a thread (half pairs per head; interleaved pairs 2i, 2i+1, else i, i + half).
 extern "C" __global__ void rope_apply(float* x, const float* table, int num_heads, int head_dim,
                                       int half, int interleaved) {
-    int t = blockIdx.x;
+    int t = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= num_heads * half) return;
     const float* cs = table + (unsigned long long)t * 2 * half;
-    float* xt = x + (unsigned long long)t * num_heads * head_dim;
-    for (int j = threadIdx.x; j < num_heads * half; j += blockDim.x) {
-        int h = j / half, i = j % half;
-        float* head = xt + h * head_dim;
-        int ia = interleaved ? 2 * i : i;
-        int ib = interleaved ? 2 * i + 1 : i + half;
-        float a = head[ia], b = head[ib], c = cs[i], s = cs[half + i];
-        head[ia] = a * c - b * s;
-        head[ib] = b * c + a * s;
-    }
+    int h = j / half, i = j % half;
+    float* head = x + ((unsigned long long)t * num_heads + h) * head_dim;
+    int ia = interleaved ? 2 * i : i;
+    int ib = interleaved ? 2 * i + 1 : i + half;
+    float a = head[ia], b = head[ib], c = cs[i], s = cs[half + i];
+    head[ia] = a * c - b * s;
+    head[ib] = b * c + a * s;
 }
 
 // grid (ceil(n / 256)), block 256: gate = act(gate) * up (act 0: SiLU, 1: GeLU tanh).
@@ -172,36 +242,35 @@ extern "C" __global__ void gated_act(float* gate, const float* up, unsigned long
     gate[i] = a * up[i];
 }
 
-// grid (num_tokens), block 256: the cache rows at slots[t] take k[t], v[t] (row elements).
-// Two kernels, f16 and f32 caches, kept apart as they were checked on a GPU.
+// grid (num_tokens, ceil(row / 256)), block 256: the cache rows at slots[t] take k[t], v[t]
+// (row elements). Two kernels, f16 and f32 caches.
 extern "C" __global__ void write_kv_f16(const float* k, const float* v, const u32* slots,
                                         f16_t* kc, f16_t* vc, int row) {
-    int t = blockIdx.x;
-    unsigned long long dst = (unsigned long long)slots[t] * row;
-    unsigned long long src = (unsigned long long)t * row;
-    for (int i = threadIdx.x; i < row; i += blockDim.x) {
-        kc[dst + i] = f32_to_f16(k[src + i]);
-        vc[dst + i] = f32_to_f16(v[src + i]);
-    }
+    int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= row) return;
+    unsigned long long dst = (unsigned long long)slots[t] * row + i;
+    unsigned long long src = (unsigned long long)t * row + i;
+    kc[dst] = f32_to_f16(k[src]);
+    vc[dst] = f32_to_f16(v[src]);
 }
 
 extern "C" __global__ void write_kv_f32(const float* k, const float* v, const u32* slots,
                                         float* kc, float* vc, int row) {
-    int t = blockIdx.x;
-    unsigned long long dst = (unsigned long long)slots[t] * row;
-    unsigned long long src = (unsigned long long)t * row;
-    for (int i = threadIdx.x; i < row; i += blockDim.x) {
-        kc[dst + i] = k[src + i];
-        vc[dst + i] = v[src + i];
-    }
+    int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= row) return;
+    unsigned long long dst = (unsigned long long)slots[t] * row + i;
+    unsigned long long src = (unsigned long long)t * row + i;
+    kc[dst] = k[src];
+    vc[dst] = v[src];
 }
 
-// grid (rows), block 256: dst[i] = src[rows[i]] over rows of width.
+// grid (rows, ceil(width / 256)), block 256: dst[r] = src[rows[r]] over rows of width.
 extern "C" __global__ void gather_rows(const float* src, const u32* rows, float* dst,
                                        int width) {
-    const float* s = src + (unsigned long long)rows[blockIdx.x] * width;
-    float* o = dst + (unsigned long long)blockIdx.x * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = s[i];
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    dst[(unsigned long long)blockIdx.x * width + i] =
+        src[(unsigned long long)rows[blockIdx.x] * width + i];
 }
 
 // grid (ceil(n / 256)), block 256: x = cap * tanh(x / cap).
@@ -212,104 +281,141 @@ extern "C" __global__ void softcap(float* x, unsigned long long n, float cap) {
 
 #define MAX_HEAD_DIM 256
 #define PER_LANE (MAX_HEAD_DIM / 32)
-#define SPLIT_KEYS 512
-#define ATTN_WARPS 4
+#define DEC_WARPS 8
+#define DEC_CHUNK (32 * DEC_WARPS)
+#define DEC_MAX_SPLITS 64
 
 __device__ __forceinline__ float load_kv(const void* cache, int f16, unsigned long long i) {
     return f16 ? f16_to_f32(((const f16_t*)cache)[i]) : ((const float*)cache)[i];
 }
 
-// Paged attention, FlashDecoding-style: the keys of one query row are cut into splits of
-// SPLIT_KEYS positions, each split's partial softmax is computed by one block, and
-// `attention_combine` merges the splits.
+// Keys per split of a decode row that attends to `len` keys: whole chunks of DEC_CHUNK, as few
+// as keep the row within DEC_MAX_SPLITS splits. A function of the row alone (`decode_split_keys`
+// in kernels.rs is the same).
+__device__ __forceinline__ int decode_split_keys(int len) {
+    int per = DEC_CHUNK * DEC_MAX_SPLITS;
+    return max(1, (len + per - 1) / per) * DEC_CHUNK;
+}
+
+// The dot product of q (in shared memory) with the cached key at `base`, in head order:
+// 16-byte loads where the row allows them (f16 heads of a multiple of 8 elements, f32 of 4).
+__device__ __forceinline__ float key_dot(const void* kc, int f16, unsigned long long base,
+                                         const float* sq, int head_dim) {
+    float dot = 0.0f;
+    if (f16 && (head_dim & 7) == 0) {
+        const uint4* k = (const uint4*)((const f16_t*)kc + base);
+#pragma unroll 4
+        for (int c = 0; c < head_dim / 8; c++) {
+            uint4 u = k[c];
+            u32 w[4] = {u.x, u.y, u.z, u.w};
+            for (int i = 0; i < 4; i++) {
+                dot += sq[8 * c + 2 * i] * f16_to_f32((f16_t)(w[i] & 0xffffu));
+                dot += sq[8 * c + 2 * i + 1] * f16_to_f32((f16_t)(w[i] >> 16));
+            }
+        }
+    } else if (!f16 && (head_dim & 3) == 0) {
+        const float4* k = (const float4*)((const float*)kc + base);
+#pragma unroll 4
+        for (int c = 0; c < head_dim / 4; c++) {
+            float4 u = k[c];
+            dot += sq[4 * c] * u.x;
+            dot += sq[4 * c + 1] * u.y;
+            dot += sq[4 * c + 2] * u.z;
+            dot += sq[4 * c + 3] * u.w;
+        }
+    } else {
+        for (int d = 0; d < head_dim; d++) dot += sq[d] * load_kv(kc, f16, base + d);
+    }
+    return dot;
+}
+
+// Paged attention for decode rows, FlashDecoding-style: the keys of one query row are cut into
+// splits (`decode_split_keys`), each split's partial softmax is computed by one block, and
+// `attention_combine` merges the splits. Within a split the block takes chunks of DEC_CHUNK
+// keys: thread t scores key t of the chunk (a whole dot product, so every key's loads are in
+// flight at once), the block takes the chunk's max and sum, then warp w adds keys w, w + 8, ...
+// of P·V, lane l holding head elements l, l + 32, ... The warps merge in a fixed order.
 //
-// grid (num_rows, num_heads, max_splits), block 32 * ATTN_WARPS. Each warp walks keys
-// lane-parallel over the head dimension (lane l holds elements l, l + 32, ...), keeping an
-// online softmax (max m, sum l, weighted values acc); the 4 warps merge in shared memory.
-// seqs: [num_seqs, 4] = (query_start, query_len, context_len, block_table_start);
-// row_seq: [num_rows] the sequence of each query row.
+// grid (num_rows, num_heads, max_splits), block DEC_CHUNK; splits past a row's keys write
+// m = -inf, l = 0. seqs: [num_seqs, 4] = (query_start, query_len, context_len,
+// block_table_start); row_seq: [num_rows] the sequence of each query row.
 // part_out: [num_rows, num_heads, max_splits, head_dim]; part_ml: [.., max_splits, 2].
-extern "C" __global__ void paged_attention(
+extern "C" __global__ void __launch_bounds__(DEC_CHUNK) paged_attention(
     const float* q, const void* kc, const void* vc, int kv_f16, const u32* seqs,
     const u32* row_seq, const u32* block_tables, float* part_out, float* part_ml,
     int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window,
     float softcap, int max_splits) {
-    int row = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = ATTN_WARPS;
+    __shared__ float sq[MAX_HEAD_DIM];
+    __shared__ float sp[DEC_CHUNK];                  // the chunk's weights exp(s - m)
+    __shared__ unsigned long long sbase[DEC_CHUNK];  // each key's first cache element
+    __shared__ float sacc[DEC_WARPS][MAX_HEAD_DIM];
+    int row = blockIdx.x, h = blockIdx.y, split = blockIdx.z, t = threadIdx.x;
+    int lane = t & 31, warp = t >> 5;
     const u32* seq = seqs + 4 * row_seq[row];
     int query_start = seq[0], query_len = seq[1], context_len = seq[2];
     const u32* table = block_tables + seq[3];
     int p = context_len - query_len + (row - query_start);
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int split_lo = lo + split * SPLIT_KEYS;
-    int split_hi = min(p + 1, split_lo + SPLIT_KEYS);
-    int kvh = h / (num_heads / num_kv_heads);
-    int kv_row = num_kv_heads * head_dim;
-
-    float qv[PER_LANE];
-    const float* qh = q + ((unsigned long long)row * num_heads + h) * head_dim;
-    for (int e = 0; e < PER_LANE; e++) {
-        int d = lane + 32 * e;
-        qv[e] = d < head_dim ? qh[d] : 0.0f;
+    int keys = decode_split_keys(p + 1 - lo);
+    int split_lo = lo + split * keys;
+    int split_hi = min(p + 1, split_lo + keys);
+    unsigned long long part = ((unsigned long long)row * num_heads + h) * max_splits + split;
+    if (split_lo >= split_hi) {  // the whole block leaves together
+        if (t == 0) {
+            part_ml[2 * part] = -INFINITY;
+            part_ml[2 * part + 1] = 0.0f;
+        }
+        return;
     }
+    int kvh = h / (num_heads / num_kv_heads);
+    unsigned long long kv_row = (unsigned long long)num_kv_heads * head_dim;
+    if (t < head_dim) sq[t] = q[((unsigned long long)row * num_heads + h) * head_dim + t];
+    __syncthreads();
     float m = -INFINITY, l = 0.0f, acc[PER_LANE];
     for (int e = 0; e < PER_LANE; e++) acc[e] = 0.0f;
-    for (int j = split_lo + warp; j < split_hi; j += num_warps) {
-        unsigned long long slot = (unsigned long long)table[j / block_size] * block_size +
-                                  j % block_size;
-        unsigned long long base = slot * kv_row + (unsigned long long)kvh * head_dim;
-        float dot = 0.0f;
-        for (int e = 0; e < PER_LANE; e++) {
-            int d = lane + 32 * e;
-            if (d < head_dim) dot += qv[e] * load_kv(kc, kv_f16, base + d);
+    for (int c0 = split_lo; c0 < split_hi; c0 += DEC_CHUNK) {
+        int n = min(DEC_CHUNK, split_hi - c0);
+        float s = -INFINITY;
+        if (t < n) {
+            int j = c0 + t;
+            unsigned long long slot =
+                (unsigned long long)table[j / block_size] * block_size + j % block_size;
+            unsigned long long base = slot * kv_row + (unsigned long long)kvh * head_dim;
+            sbase[t] = base;
+            s = key_dot(kc, kv_f16, base, sq, head_dim) * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         }
-        float s = warp_sum(dot) * scale;
-        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-        float m_new = fmaxf(m, s);
+        float m_new = fmaxf(m, block_max(s));
+        float w = t < n ? expf(s - m_new) : 0.0f;
+        sp[t] = w;
         float corr = expf(m - m_new);
-        float w = expf(s - m_new);
-        l = l * corr + w;
-        for (int e = 0; e < PER_LANE; e++) {
-            int d = lane + 32 * e;
-            float vv = d < head_dim ? load_kv(vc, kv_f16, base + d) : 0.0f;
-            acc[e] = acc[e] * corr + w * vv;
+        l = l * corr + block_sum(w);  // its barriers publish sp and sbase
+        for (int e = 0; e < PER_LANE; e++) acc[e] *= corr;
+#pragma unroll 4
+        for (int k = warp; k < n; k += DEC_WARPS) {
+            float pk = sp[k];
+            unsigned long long base = sbase[k];
+            for (int e = 0; e < PER_LANE; e++) {
+                int d = lane + 32 * e;
+                if (d < head_dim) acc[e] += pk * load_kv(vc, kv_f16, base + d);
+            }
         }
         m = m_new;
-    }
-    // Merge the warps: warp 0 gathers every warp's (m, l, acc).
-    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
-    __shared__ float sm_acc[ATTN_WARPS][MAX_HEAD_DIM];
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
+        __syncthreads();  // the next chunk overwrites sp and sbase
     }
     for (int e = 0; e < PER_LANE; e++) {
         int d = lane + 32 * e;
-        if (d < head_dim) sm_acc[warp][d] = acc[e];
+        if (d < head_dim) sacc[warp][d] = acc[e];
     }
     __syncthreads();
-    if (warp != 0) return;
-    float mm = -INFINITY;
-    for (int w = 0; w < num_warps; w++) mm = fmaxf(mm, sm_m[w]);
-    float ll = 0.0f;
-    float out[PER_LANE];
-    for (int e = 0; e < PER_LANE; e++) out[e] = 0.0f;
-    for (int w = 0; w < num_warps; w++) {
-        float c = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - mm);
-        ll += sm_l[w] * c;
-        for (int e = 0; e < PER_LANE; e++) {
-            int d = lane + 32 * e;
-            if (d < head_dim) out[e] += sm_acc[w][d] * c;
-        }
+    if (t < head_dim) {
+        float o = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) o += sacc[w][t];
+        part_out[part * head_dim + t] = o;
     }
-    unsigned long long part = ((unsigned long long)row * num_heads + h) * max_splits + split;
-    for (int e = 0; e < PER_LANE; e++) {
-        int d = lane + 32 * e;
-        if (d < head_dim) part_out[part * head_dim + d] = out[e];
-    }
-    if (lane == 0) {
-        part_ml[2 * part] = mm;
-        part_ml[2 * part + 1] = ll;
+    if (t == 0) {
+        part_ml[2 * part] = m;
+        part_ml[2 * part + 1] = l;
     }
 }
 

@@ -15,13 +15,28 @@ pub const SOURCE: &str = include_str!("kernels.cu");
 
 /// Largest head dimension the attention kernel takes (`MAX_HEAD_DIM` in the source).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Keys per split of the attention kernel (`SPLIT_KEYS`).
-pub const SPLIT_KEYS: usize = 512;
-/// Threads of an attention block (`32 * ATTN_WARPS`; `attention_prefill` too).
-pub const ATTN_THREADS: u32 = 128;
+/// Threads of a decode attention block, and the keys it scores at once (`DEC_CHUNK`).
+pub const DECODE_THREADS: u32 = 256;
+/// Most splits of one decode row's keys (`DEC_MAX_SPLITS`).
+const DECODE_MAX_SPLITS: usize = 64;
+/// Threads of an `attention_prefill` block.
+pub const PREFILL_THREADS: u32 = 128;
 /// Query rows per block of `attention_prefill` (`TQ`), and the head dimensions it takes.
 pub const PREFILL_ROWS: usize = 16;
 pub const PREFILL_MAX_HEAD_DIM: usize = 128;
+
+/// Keys per split of a decode row attending to `len` keys (`decode_split_keys` in the source):
+/// whole chunks of [`DECODE_THREADS`], as few as keep the row within 64 splits.
+pub fn decode_split_keys(len: usize) -> usize {
+    let chunk = DECODE_THREADS as usize;
+    len.div_ceil(chunk * DECODE_MAX_SPLITS).max(1) * chunk
+}
+
+/// Threads of a norm over rows of `d` (`rms_norm`, `residual_norm`): about four elements a
+/// thread, a multiple of 32, at most 1024.
+pub fn norm_threads(d: usize) -> u32 {
+    d.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
+}
 
 /// Compiles [`SOURCE`] to PTX for `compute_{major}{minor}` (no device needed, only NVRTC).
 pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
@@ -217,6 +232,12 @@ pub fn launch(
     // shape (documented in kernels.cu) touches; the callers check the shapes.
     let r = unsafe { builder.launch(cfg) };
     expect_ok(r, "launching a kernel");
+}
+
+/// The grid of a row-wise kernel: a block per row, and blocks of 256 along the row.
+pub fn row_grid(rows: usize, width: usize) -> (u32, u32, u32) {
+    let rows = u32::try_from(rows).unwrap_or_else(|_| panic!("grid of {rows} rows"));
+    (rows, blocks_for(width, 256), 1)
 }
 
 /// Blocks of `threads` covering `n` elements.

@@ -17,8 +17,11 @@
 //!   undefined.
 //! - Attention: steps with prompt rows take a tiled kernel (16 query rows of a sequence share
 //!   each K/V tile staged in shared memory; head dimensions up to 128), decode-only steps a
-//!   FlashDecoding-style split-K kernel (each query row's keys cut into splits of 512 that run
-//!   as separate blocks, merged by a second kernel; head dimensions up to 256).
+//!   FlashDecoding-style split-K kernel (each query row's keys cut into splits of 256 or more,
+//!   at most 64, that run as separate blocks, merged by a second kernel; head dimensions up to
+//!   256).
+//! - Row-wise kernels spread a row over many threads or blocks; how a row is split depends only
+//!   on its width or key count, never on the batch.
 //!
 //! Each output row depends only on its own input row and its sequence's cache, but cuBLAS may
 //! pick a different algorithm for a different number of rows, so batched == alone is promised

@@ -37,37 +37,41 @@ fn check(what: &str, tol: f64, gpu: Vec<f32>, cpu: Vec<f32>) {
 
 fn embed_case<B: HostIo>(be: &B) -> Vec<f32> {
     let mut rng = Rng::new(1);
-    let table = be.load_weight(weight(&mut rng, 50, 96), None).unwrap();
+    let table = be.load_weight(weight(&mut rng, 50, 600), None).unwrap();
     let ids: Vec<u32> = (0..10).map(|_| rng.below(50)).collect();
-    let mut out = be.put(&vec![0.0; 10 * 96]);
-    be.embed(&table, &ids, Some(1.7), B::view_mut(&mut out, 0..960));
-    be.get(&out, 960)
+    let mut out = be.put(&vec![0.0; 10 * 600]);
+    be.embed(&table, &ids, Some(1.7), B::view_mut(&mut out, 0..6000));
+    be.get(&out, 6000)
 }
 
 fn linear_case<B: HostIo>(be: &B) -> Vec<f32> {
     let mut rng = Rng::new(2);
     let (m, k) = (5, 96);
-    let wq = be.load_weight(weight(&mut rng, 64, k), None).unwrap();
+    let wq = be.load_weight(weight(&mut rng, 300, k), None).unwrap();
     let wk = be.load_weight(weight(&mut rng, 32, k), None).unwrap();
-    let bias = be.load_vector(&rng.vec(64)).unwrap();
+    let bias = be.load_vector(&rng.vec(300)).unwrap();
     let x = be.put(&rng.vec(m * k));
-    let (mut q, mut kk) = (be.put(&vec![0.0; m * 64]), be.put(&vec![0.0; m * 32]));
+    let (mut q, mut kk) = (be.put(&vec![0.0; m * 300]), be.put(&vec![0.0; m * 32]));
     be.linear(
         B::view(&x, 0..m * k),
         m,
         &mut [
-            LinearJob { weight: &wq, bias: Some(&bias), out: B::view_mut(&mut q, 0..m * 64) },
+            LinearJob { weight: &wq, bias: Some(&bias), out: B::view_mut(&mut q, 0..m * 300) },
             LinearJob { weight: &wk, bias: None, out: B::view_mut(&mut kk, 0..m * 32) },
         ],
     );
-    let mut r = be.get(&q, m * 64);
+    let mut r = be.get(&q, m * 300);
     r.extend(be.get(&kk, m * 32));
     r
 }
 
-fn norm_case<B: HostIo>(be: &B) -> Vec<f32> {
+/// Widths of the norms: one warp, some of a block, a whole block (4,096 = 1,024 threads of
+/// four), and past the elements a block keeps in registers (9,008 > 8 * 1,024).
+const NORM_WIDTHS: [usize; 4] = [80, 656, 4096, 9008];
+
+fn norm_case<B: HostIo>(be: &B, d: usize) -> Vec<f32> {
     let mut rng = Rng::new(3);
-    let (rows, d) = (7, 96);
+    let rows = 7;
     let w = be.load_vector(&rng.vec(d)).unwrap();
     let head_w = be.load_vector(&rng.vec(16)).unwrap();
     let x = be.put(&rng.vec(rows * d));
@@ -77,9 +81,9 @@ fn norm_case<B: HostIo>(be: &B) -> Vec<f32> {
     be.get(&out, rows * d)
 }
 
-fn residual_case<B: HostIo>(be: &B, post: bool, next: bool) -> Vec<f32> {
+fn residual_case<B: HostIo>(be: &B, d: usize, post: bool, next: bool) -> Vec<f32> {
     let mut rng = Rng::new(4);
-    let (rows, d) = (6, 96);
+    let rows = 6;
     let post_w = be.load_vector(&rng.vec(d)).unwrap();
     let next_w = be.load_vector(&rng.vec(d)).unwrap();
     let mut branch = be.put(&rng.vec(rows * d));
@@ -103,9 +107,9 @@ fn residual_case<B: HostIo>(be: &B, post: bool, next: bool) -> Vec<f32> {
     r
 }
 
-fn rope_case<B: HostIo>(be: &B, style: RopeStyle, rotary_dim: usize) -> Vec<f32> {
+fn rope_case<B: HostIo>(be: &B, style: RopeStyle, rotary_dim: usize, heads: usize) -> Vec<f32> {
     let mut rng = Rng::new(5);
-    let (t, heads, hd) = (9, 3, 32);
+    let (t, hd) = (9, 32);
     let config = RopeConfig {
         base: 10_000.0,
         rotary_dim,
@@ -138,43 +142,52 @@ fn act_case<B: HostIo>(be: &B, act: GateActivation) -> Vec<f32> {
     be.get(&g, n)
 }
 
-/// A prefill step (a 40-token prompt, a decode at position 1,499, a 7-token chunk after 600
-/// cached tokens: the tiled kernel) or a decode step (positions 1,499, 699 and 2: the split-K
-/// kernel, up to three key splits), over a scrambled block table.
+/// (context, new tokens) of each sequence of an attention step.
+type Contexts = &'static [(usize, usize)];
+/// A prefill step: a 40-token prompt, a decode at position 1,499, a 7-token chunk after 600
+/// cached tokens (the tiled kernel for head dimensions up to 128, else the split-K kernel).
+const PREFILL: Contexts = &[(40, 40), (1500, 1), (607, 7)];
+/// A decode step (the split-K kernel): positions 1,499, 699 and 2, up to six splits of 256.
+const DECODE: Contexts = &[(1500, 1), (700, 1), (3, 1)];
+/// A long decode row: 17,000 keys take 34 splits of 512 (two chunks each), next to a short one.
+const LONG_DECODE: Contexts = &[(17_000, 1), (300, 1)];
+
+/// One attention step of `contexts` over a scrambled block table (2 KV heads of `hd`, 8 query
+/// heads).
 fn attention_case<B: HostIo>(
     be: &B,
     dtype: KvCacheDtype,
-    window: Option<usize>,
-    softcap: Option<f32>,
-    decode: bool,
+    (window, softcap): (Option<usize>, Option<f32>),
+    hd: usize,
+    contexts: Contexts,
 ) -> Vec<f32> {
     let mut rng = Rng::new(7);
-    let (kvh, hd, nh, bs) = (2, 64, 8, 16);
+    let (kvh, nh, bs) = (2, 8, 16);
     let layout = KvLayout { num_layers: 2, num_kv_heads: kvh, head_dim: hd };
-    let spec = KvCacheSpec { layout, dtype, num_blocks: 300, block_size: bs };
+    // Blocks are handed out as (i * 37) mod num_blocks: distinct while 37 does not divide it.
+    let needed: usize = contexts.iter().map(|&(ctx, _)| ctx.div_ceil(bs)).sum();
+    let num_blocks = if (needed + 1).is_multiple_of(37) { needed + 2 } else { needed + 1 };
+    let spec = KvCacheSpec { layout, dtype, num_blocks, block_size: bs };
     let mut kv = be.alloc_kv(spec).unwrap();
     let shape = AttentionShape {
         num_heads: nh,
         num_kv_heads: kvh,
         head_dim: hd,
         block_size: bs,
-        scale: 0.125,
+        scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: window,
         softcap,
     };
-    // (context, new tokens)
-    let contexts: [(usize, usize); 3] =
-        if decode { [(1500, 1), (700, 1), (3, 1)] } else { [(40, 40), (1500, 1), (607, 7)] };
     let mut seqs = Vec::new();
     let mut tables = Vec::new();
     let mut next_block = 0u32;
     let mut rows = 0;
-    for &(ctx, new) in &contexts {
+    for &(ctx, new) in contexts {
         let blocks = ctx.div_ceil(bs);
         let table: Vec<u32> = (0..blocks)
             .map(|_| {
                 next_block += 1;
-                (next_block * 37) % 300
+                (next_block * 37) % num_blocks as u32
             })
             .collect();
         // The whole context's K/V, written as one chunk.
@@ -210,7 +223,7 @@ fn attention_case<B: HostIo>(
 
 fn rows_case<B: HostIo>(be: &B) -> Vec<f32> {
     let mut rng = Rng::new(8);
-    let (rows, w) = (10, 24);
+    let (rows, w) = (10, 300);
     let src = be.put(&rng.vec(rows * w));
     let mut dst = be.put(&vec![0.0; 4 * w]);
     be.gather_rows(B::view(&src, 0..rows * w), w, &[9, 2, 2, 5], B::view_mut(&mut dst, 0..4 * w));
@@ -260,36 +273,54 @@ fn products_match_the_reference_at_every_row_count() {
     }
 }
 
+/// Attention over both cache types, with and without a window and softcap, over head
+/// dimensions that take the decode kernel's 16-byte key loads (64, 128, 256), take them only
+/// for f32 caches (68) or never (66), and that take the prefill kernel (up to 128) or not (256).
+fn attention_cases(gpu: &kiln_cuda::Cuda) {
+    let cpu = &Reference;
+    for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
+        for limits in [(None, None), (Some(100), Some(20.0))] {
+            for hd in [64, 128, 256, 66, 68] {
+                for (step, contexts) in [("prefill", PREFILL), ("decode", DECODE)] {
+                    let what = format!("attention {step} {} hd {hd} {limits:?}", dtype.name());
+                    let g = attention_case(gpu, dtype, limits, hd, contexts);
+                    check(&what, 1e-4, g, attention_case(cpu, dtype, limits, hd, contexts));
+                }
+            }
+            let what = format!("attention long decode {} {limits:?}", dtype.name());
+            let g = attention_case(gpu, dtype, limits, 64, LONG_DECODE);
+            check(&what, 1e-4, g, attention_case(cpu, dtype, limits, 64, LONG_DECODE));
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU (scripts/gpu/check.sh)"]
 fn every_operation_matches_the_reference() {
     let (gpu, cpu) = (&*cuda(), &Reference);
     check("embed", F32_TOL, embed_case(gpu), embed_case(cpu));
     check("linear (bias, two jobs)", BF16_TOL, linear_case(gpu), linear_case(cpu));
-    check("rms_norm + per-head in place", F32_TOL, norm_case(gpu), norm_case(cpu));
-    for (post, next) in [(true, true), (false, true), (true, false), (false, false)] {
-        let what = format!("residual_norm post={post} next={next}");
-        check(&what, F32_TOL, residual_case(gpu, post, next), residual_case(cpu, post, next));
+    for d in NORM_WIDTHS {
+        let what = format!("rms_norm {d} + per-head in place");
+        check(&what, F32_TOL, norm_case(gpu, d), norm_case(cpu, d));
+        for (post, next) in [(true, true), (false, true), (true, false), (false, false)] {
+            let what = format!("residual_norm {d} post={post} next={next}");
+            let g = residual_case(gpu, d, post, next);
+            check(&what, F32_TOL, g, residual_case(cpu, d, post, next));
+        }
     }
-    for (style, rot) in [(RopeStyle::Neox, 32), (RopeStyle::Interleaved, 32), (RopeStyle::Neox, 16)]
-    {
-        let what = format!("rope {style:?} rotary {rot}");
-        check(&what, F32_TOL, rope_case(gpu, style, rot), rope_case(cpu, style, rot));
+    let ropes =
+        [(RopeStyle::Neox, 32, 3), (RopeStyle::Interleaved, 32, 3), (RopeStyle::Neox, 16, 3)];
+    // 20 heads of 16 pairs: 320 pairs, two blocks of 256 along the row.
+    for (style, rot, heads) in ropes.into_iter().chain([(RopeStyle::Interleaved, 32, 20)]) {
+        let what = format!("rope {style:?} rotary {rot} heads {heads}");
+        let g = rope_case(gpu, style, rot, heads);
+        check(&what, F32_TOL, g, rope_case(cpu, style, rot, heads));
     }
     for act in [GateActivation::Silu, GateActivation::GeluTanh] {
         check(&format!("gated_act {act:?}"), F32_TOL, act_case(gpu, act), act_case(cpu, act));
     }
-    for dtype in [KvCacheDtype::F16, KvCacheDtype::F32] {
-        for (window, cap) in [(None, None), (Some(100), Some(20.0))] {
-            for decode in [false, true] {
-                let step = if decode { "decode" } else { "prefill" };
-                let what =
-                    format!("attention {step} {} window {window:?} cap {cap:?}", dtype.name());
-                let g = attention_case(gpu, dtype, window, cap, decode);
-                check(&what, 1e-4, g, attention_case(cpu, dtype, window, cap, decode));
-            }
-        }
-    }
+    attention_cases(gpu);
     check("gather_rows + compact_rows", 0.0, rows_case(gpu), rows_case(cpu));
     for cap in [None, Some(30.0)] {
         check(
