@@ -81,9 +81,9 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Seconds from the start of the run to sending the request.
     pub sent_at: f64,
-    /// Seconds to the first text chunk.
+    /// Seconds to the first chunk carrying output (text, tool calls or the finish).
     pub ttft: f64,
-    /// Seconds between consecutive text chunks.
+    /// Seconds between consecutive chunks carrying output.
     pub itl: Vec<f64>,
     /// Seconds to the end of the stream.
     pub latency: f64,
@@ -257,14 +257,20 @@ impl ApiClient {
             out.usage_prompt_tokens = count("prompt_tokens").or(out.usage_prompt_tokens);
             out.usage_output_tokens = count("completion_tokens").or(out.usage_output_tokens);
         }
-        let choice = chunk.get("choices").and_then(|c| c.get(0));
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else { return Ok(false) };
+        let delta = choice.get("delta");
         let text = match self.kind {
-            EndpointKind::Completions => choice.and_then(|c| c.get("text")),
-            EndpointKind::Chat => {
-                choice.and_then(|c| c.get("delta")).and_then(|d| d.get("content"))
-            }
+            EndpointKind::Completions => choice.get("text"),
+            EndpointKind::Chat => delta.and_then(|d| d.get("content")),
         };
-        if let Some(text) = text.and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        let text = text.and_then(Value::as_str).unwrap_or_default();
+        // A chunk carries output when it has text, tool calls or the finish: tokens that
+        // decode to nothing send no chunk of their own, and a request whose every token does
+        // so gets its first token at the finishing chunk, not at 0. A chat stream's opening
+        // chunk (the role, empty content) is not output.
+        let tool_calls = delta.and_then(|d| d.get("tool_calls")).is_some_and(|t| !t.is_null());
+        let finished = choice.get("finish_reason").is_some_and(|f| !f.is_null());
+        if !text.is_empty() || tool_calls || finished {
             let now = Instant::now();
             match last_chunk {
                 None => out.ttft = now.duration_since(start).as_secs_f64(),
@@ -314,6 +320,65 @@ mod tests {
         assert_eq!(error_message(r#"{"message":"nope"}"#), "nope");
         assert_eq!(error_message(" plain text \n"), "plain text");
         assert!(error_message(&"é".repeat(400)).ends_with('…'));
+    }
+
+    /// An `Outcome` after feeding `events` to a client of `path` whose request started
+    /// 50 ms ago.
+    fn outcome_of(path: &str, events: &[&str]) -> Outcome {
+        let target = Target {
+            base_url: "http://127.0.0.1:1".into(),
+            endpoint: path.into(),
+            model: "m".into(),
+            api_key: None,
+            ignore_eos: true,
+            temperature: None,
+            extra_body: None,
+        };
+        let c = ApiClient::new(target).unwrap();
+        let start = Instant::now().checked_sub(Duration::from_millis(50)).unwrap();
+        let (mut out, mut last) = (Outcome::default(), None);
+        for e in events {
+            c.event(e, start, &mut last, &mut out).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn first_token_time_counts_output_chunks_only() {
+        // Text chunks: the first sets TTFT, the next an inter-token latency.
+        let out = outcome_of(
+            "/v1/completions",
+            &[
+                r#"{"choices":[{"text":"a","finish_reason":null}]}"#,
+                r#"{"choices":[{"text":"b","finish_reason":"length"}]}"#,
+            ],
+        );
+        assert!(out.ttft >= 0.05 && out.itl.len() == 1 && out.text == "ab", "{out:?}");
+        // Every token decoded to nothing: the first token is the finishing chunk, not 0.
+        let out = outcome_of(
+            "/v1/completions",
+            &[
+                r#"{"choices":[{"text":"","finish_reason":"length"}]}"#,
+                r#"{"choices":[],"usage":{"completion_tokens":4}}"#,
+            ],
+        );
+        assert!(out.ttft >= 0.05 && out.itl.is_empty(), "{out:?}");
+        assert_eq!(out.usage_output_tokens, Some(4));
+        // A chat stream's opening chunk (role, empty content) is not its first token.
+        let out = outcome_of(
+            "/v1/chat/completions",
+            &[r#"{"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#],
+        );
+        assert_eq!(out.ttft, 0.0);
+        let out = outcome_of(
+            "/v1/chat/completions",
+            &[
+                r#"{"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]},"finish_reason":null}]}"#,
+                r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#,
+            ],
+        );
+        assert!(out.ttft >= 0.05 && out.itl.len() == 1 && out.text == "x", "{out:?}");
     }
 
     #[test]
