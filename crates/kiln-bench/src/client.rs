@@ -322,19 +322,23 @@ mod tests {
         assert!(error_message(&"é".repeat(400)).ends_with('…'));
     }
 
-    /// An `Outcome` after feeding `events` to a client of `path` whose request started
-    /// 50 ms ago.
-    fn outcome_of(path: &str, events: &[&str]) -> Outcome {
-        let target = Target {
+    /// A target on a closed port, model "m", greedy, ignoring EOS.
+    fn target(endpoint: &str) -> Target {
+        Target {
             base_url: "http://127.0.0.1:1".into(),
-            endpoint: path.into(),
+            endpoint: endpoint.into(),
             model: "m".into(),
             api_key: None,
             ignore_eos: true,
             temperature: None,
             extra_body: None,
-        };
-        let c = ApiClient::new(target).unwrap();
+        }
+    }
+
+    /// An `Outcome` after feeding `events` to a client of `path` whose request started
+    /// 50 ms ago.
+    fn outcome_of(path: &str, events: &[&str]) -> Outcome {
+        let c = ApiClient::new(target(path)).unwrap();
         let start = Instant::now().checked_sub(Duration::from_millis(50)).unwrap();
         let (mut out, mut last) = (Outcome::default(), None);
         for e in events {
@@ -384,13 +388,8 @@ mod tests {
     #[test]
     fn bodies_for_both_endpoints() {
         let target = |endpoint: &str| Target {
-            base_url: "http://127.0.0.1:1".into(),
-            endpoint: endpoint.into(),
-            model: "m".into(),
-            api_key: None,
-            ignore_eos: true,
-            temperature: None,
             extra_body: serde_json::from_str(r#"{"top_k": 5, "max_tokens": 3}"#).ok(),
+            ..target(endpoint)
         };
         let req =
             BenchRequest { prompt: "hi".into(), prompt_len: 1, output_len: 7, priority: None };

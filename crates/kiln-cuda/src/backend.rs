@@ -388,7 +388,6 @@ impl Backend for Cuda {
         }
         let mut flat = Vec::with_capacity(4 * seqs.len());
         let mut row_seq = vec![0u32; num_rows];
-        let mut splits = 1;
         for (i, s) in seqs.iter().enumerate() {
             assert!(s.query_start + s.query_len <= num_rows && s.query_len <= s.context_len, "seq");
             let blocks = s.context_len.div_ceil(shape.block_size);
@@ -397,11 +396,6 @@ impl Backend for Cuda {
                 [s.query_start, s.query_len, s.context_len, s.block_table_start].map(|v| v as u32),
             );
             row_seq[s.query_start..s.query_start + s.query_len].fill(i as u32);
-            // The keys each row attends to: positions context_len - query_len ..= context_len - 1.
-            for keys in s.context_len - s.query_len + 1..=s.context_len {
-                let keys = shape.sliding_window.map_or(keys, |w| keys.min(w));
-                splits = splits.max(keys.div_ceil(decode_split_keys(keys)));
-            }
         }
         let num_blocks = kv.spec.num_blocks as u32;
         assert!(block_tables.iter().all(|&b| b < num_blocks), "block outside the cache");
@@ -441,8 +435,20 @@ impl Backend for Cuda {
             launch(&self.device, &self.kernels.attention_prefill, grid, PREFILL_THREADS, &args);
             return;
         }
-        // A power of two, so that a graph's trace changes only when a row's splits double.
-        let splits = splits.next_power_of_two();
+        // The most splits of any row (its keys: positions context_len - query_len ..=
+        // context_len - 1), as a power of two so that a graph's trace changes only when a
+        // row's splits double.
+        let row_splits = |keys: usize| {
+            let keys = shape.sliding_window.map_or(keys, |w| keys.min(w));
+            keys.div_ceil(decode_split_keys(keys))
+        };
+        let splits = seqs
+            .iter()
+            .flat_map(|s| s.context_len - s.query_len + 1..=s.context_len)
+            .map(row_splits)
+            .max()
+            .unwrap_or(1)
+            .next_power_of_two();
         let row_seq_dev = scratch.meta(&self.device, Meta::RowSeq, &row_seq);
         let parts = num_rows * nh * splits;
         let part_out = grown(&self.device, &mut scratch.parts, 4 * parts * hd);

@@ -49,18 +49,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the sum.
-__device__ float block_sum(float v) {
+// The sum, or with `is_max` the max, over the block (blockDim.x a multiple of 32, at most
+// 1024); every thread gets it.
+__device__ __forceinline__ float block_reduce(float v, bool is_max) {
     __shared__ float partial[32];
     __shared__ float total;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = is_max ? warp_max(v) : warp_sum(v);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
         int nw = blockDim.x >> 5;
-        float s = lane < nw ? partial[lane] : 0.0f;
-        s = warp_sum(s);
+        float s = lane < nw ? partial[lane] : (is_max ? -INFINITY : 0.0f);
+        s = is_max ? warp_max(s) : warp_sum(s);
         if (lane == 0) total = s;
     }
     __syncthreads();
@@ -69,25 +70,9 @@ __device__ float block_sum(float v) {
     return s;
 }
 
-// Max over the block, as `block_sum`.
-__device__ float block_max(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        int nw = blockDim.x >> 5;
-        float s = lane < nw ? partial[lane] : -INFINITY;
-        s = warp_max(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    float s = total;
-    __syncthreads();
-    return s;
-}
+__device__ float block_sum(float v) { return block_reduce(v, false); }
+
+__device__ float block_max(float v) { return block_reduce(v, true); }
 
 // grid (ceil(n / 256)), block 256: y[i] = bf16(x[i]).
 extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* y, unsigned long long n) {
