@@ -1,6 +1,8 @@
 //! The engine core: owns the [`Scheduler`] and the [`ModelRunner`] (with the model bound to its
-//! KV cache on its backend), and runs one step at a time: schedule → execute → update → outputs. Single-threaded and
-//! synchronous; [`crate::EngineHandle`] runs it on its own thread.
+//! KV cache on its backend), and runs one step at a time: schedule → execute → update →
+//! outputs. Synchronous by default; with asynchronous scheduling the forward runs on a second
+//! thread while the engine reports the step before (`engine/async_step.rs`).
+//! [`crate::EngineHandle`] runs the core on its own thread.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,10 +14,11 @@ use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
-    PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats,
-    SchedulingPolicy, SwapConfig, SwapStats,
+    PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
+    SwapConfig, SwapStats,
 };
 
+use crate::forward_thread::ForwardThread;
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::slo::{AdmissionDecision, SloConfig, decide};
@@ -23,7 +26,10 @@ use crate::spec::{
     DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator, bind_draft_model,
 };
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
-use crate::{EngineOutput, FirstTokenInfo, ModelRunner, Sampler};
+use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
+
+mod async_step;
+mod step;
 
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
 /// (a small model on a few CPU cores; measured values replace it after the first prefills).
@@ -54,6 +60,10 @@ pub struct EngineConfig {
     pub kv_tier: Option<KvTierConfig>,
     /// With a tier: when a preempted request's KV goes to it.
     pub preemption_mode: PreemptionMode,
+    /// Asynchronous scheduling (vLLM's `--async-scheduling`): each step's forward runs on a
+    /// second thread while the engine reports the step before (`engine/async_step.rs`). Not
+    /// with speculative decoding.
+    pub async_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +80,7 @@ impl Default for EngineConfig {
             slo: SloConfig::default(),
             kv_tier: None,
             preemption_mode: PreemptionMode::Auto,
+            async_scheduling: false,
         }
     }
 }
@@ -163,6 +174,13 @@ pub struct EngineCore {
     prefill_secs_per_token: Option<f64>,
     /// Measured bytes per second of the tier's copies (moving average; `None` until a swap).
     tier_bytes_per_sec: Option<f64>,
+    /// Runs the forwards with asynchronous scheduling (`None`: steps are synchronous).
+    forward_thread: Option<ForwardThread>,
+    /// The step whose forward is running (asynchronous scheduling).
+    in_flight: Option<async_step::InFlightStep>,
+    /// Why the step after the last one reported could not start (asynchronous scheduling: the
+    /// next `step` returns it).
+    pending_error: Option<EngineError>,
 }
 
 /// Weight of the newest measurement in the engine's moving averages of rates.
@@ -237,25 +255,8 @@ impl EngineCore {
         };
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
-        let draft = match draft_model {
-            None => None,
-            Some(draft) => Some(
-                bind_draft_model(draft, runner.model().config(), &config)
-                    .map_err(EngineError::Config)?,
-            ),
-        };
-        let speculator = match config.speculative.clone() {
-            Some(spec) => {
-                let trees = runner.model().supports_token_trees();
-                Some(Speculator::new(spec, draft, trees).map_err(EngineError::Config)?)
-            }
-            None if draft.is_some() => {
-                return Err(EngineError::Config(
-                    "a draft model was given without a speculative config".into(),
-                ));
-            }
-            None => None,
-        };
+        let speculator = speculator_for(&config, &runner, draft_model)?;
+        let forward_thread = forward_thread_for(&config, speculator.is_some())?;
         let slo = &config.slo;
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
             .then(|| {
@@ -285,6 +286,9 @@ impl EngineCore {
             tier,
             prefill_secs_per_token: None,
             tier_bytes_per_sec: None,
+            forward_thread,
+            in_flight: None,
+            pending_error: None,
         };
         core.refresh_stats();
         Ok(core)
@@ -373,7 +377,8 @@ impl EngineCore {
         self.scheduler.config().max_model_len
     }
 
-    /// The model, bound to the engine's KV cache on its backend.
+    /// The model, bound to the engine's KV cache on its backend. Panics while an asynchronous
+    /// step is in flight (`has_unfinished`; [`EngineCore::finish_in_flight`] ends it).
     pub fn model(&self) -> &dyn StepModel {
         self.runner.model()
     }
@@ -432,6 +437,8 @@ impl EngineCore {
 
     /// Runs and clears the shutdown hook, if any.
     pub(crate) fn run_shutdown_hook(&mut self) {
+        // The hook may read the model, which an asynchronous step in flight holds.
+        let _ = self.finish_in_flight();
         if let Some(hook) = self.shutdown_hook.take() {
             hook(self);
         }
@@ -441,8 +448,9 @@ impl EngineCore {
         self.stats
     }
 
+    /// Whether a request is unfinished or an asynchronous step still runs.
     pub fn has_unfinished(&self) -> bool {
-        self.scheduler.has_unfinished()
+        self.scheduler.has_unfinished() || self.in_flight.is_some()
     }
 
     /// Queues a request; lower `priority` is more urgent (used by the priority policy).
@@ -466,7 +474,7 @@ impl EngineCore {
         params: SamplingParams,
         priority: i64,
     ) -> Result<(), EngineError> {
-        let vocab_size = self.model().config().vocab_size;
+        let vocab_size = self.runner.vocab_size();
         let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
             tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
         };
@@ -549,6 +557,11 @@ impl EngineCore {
                 "speculative decoding can only be switched while no request runs".into(),
             ));
         }
+        if config.is_some() && self.forward_thread.is_some() {
+            return Err(EngineError::Config(
+                "speculative decoding does not run with asynchronous scheduling".into(),
+            ));
+        }
         // Checked before anything changes: a refused config leaves the engine as it was.
         let trees = self.runner.model().supports_token_trees();
         if let Some(c) = &config {
@@ -593,145 +606,6 @@ impl EngineCore {
         known
     }
 
-    /// One engine step; returns the sampled tokens in batch order (empty when idle).
-    pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
-        let start = Instant::now();
-        self.scheduler.set_now_ms(self.now_ms());
-        let sched_out = self.scheduler.schedule();
-        if let Err(e) = self.move_swapped_blocks(&sched_out) {
-            self.scheduler.fail_step(&sched_out);
-            return Err(e);
-        }
-        for new in &sched_out.new_requests {
-            self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
-                scheduled_at: start,
-                num_cached_tokens: new.num_computed_tokens,
-            });
-        }
-        self.runner.execute(&sched_out, &mut self.runner_output).map_err(|e| {
-            // Nothing of the step was computed: aborts must not keep its blocks cached.
-            self.scheduler.fail_step(&sched_out);
-            EngineError::Forward(e.to_string())
-        })?;
-        let outputs: Vec<EngineOutput> = self
-            .scheduler
-            .update(&sched_out, &self.runner_output)
-            .into_iter()
-            .map(|out| {
-                let extras = self.runner.take_extras(out.id).unwrap_or_default();
-                EngineOutput {
-                    id: out.id,
-                    new_token: out.new_token,
-                    finish_reason: out.finish_reason,
-                    logprobs: extras.logprobs,
-                    prompt_logprobs: extras.prompt_logprobs,
-                    first: self.first_scheduled.remove(&out.id),
-                }
-            })
-            .collect();
-        if let Some(spec) = &mut self.speculator {
-            spec.record_step(&sched_out, &self.runner_output, self.runner.timing().forward);
-            for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
-                spec.forget(out.id);
-            }
-            let runner = &self.runner;
-            spec.propose(&mut self.scheduler, &|id| runner.sampler(id).map(Sampler::for_drafting));
-            self.stats.spec_decode = *spec.stats();
-        }
-        if cfg!(debug_assertions)
-            && let Err(e) = self.scheduler.check_invariants()
-        {
-            panic!("scheduler invariant broken after step {}: {e}", sched_out.step);
-        }
-        self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
-        self.stats.total_sampled_tokens += outputs.len() as u64;
-        let step_time = start.elapsed();
-        self.control(&sched_out, &outputs, step_time);
-        self.refresh_stats();
-        self.stats.step_time = step_time;
-        let timing = self.runner.timing();
-        self.measure_prefill_rate(&sched_out, timing.forward);
-        self.stats.total_step_time += step_time;
-        self.stats.total_forward_time += timing.forward;
-        self.stats.total_sample_time += timing.sample;
-        Ok(outputs)
-    }
-
-    /// Copies the step's blocks out to the tier (preempted requests' and evicted prefix-cache
-    /// blocks), then its slots back into blocks (resumed requests' and prefix hits in the tier),
-    /// all before the forward pass writes anything, and hands the measured copy rate to the
-    /// scheduler's swap-or-recompute rule. A failed copy turns the tier off for good.
-    fn move_swapped_blocks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
-        let Some(tier) = &mut self.tier else { return Ok(()) };
-        let moved = tier
-            .swap_out(self.runner.model(), &sched_out.swap_out)
-            .and_then(|out| Ok(out.or(tier.swap_in(self.runner.model_mut(), &sched_out.swap_in)?)));
-        let rate = match moved {
-            Ok(rate) => rate,
-            Err(e) => {
-                // Nothing in the tier can be trusted now: turn it off and fail this step (the
-                // caller aborts its requests); preemption recomputes from here on.
-                let unwritten: Vec<_> = sched_out.swap_in.iter().map(|c| c.block).collect();
-                self.scheduler.disable_swap_space(&unwritten);
-                self.tier = None;
-                return Err(EngineError::Forward(format!(
-                    "KV tier: {e}; the tier is turned off, preempted requests will be recomputed"
-                )));
-            }
-        };
-        if let Some(rate) = rate {
-            let smoothed =
-                self.tier_bytes_per_sec.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
-            self.tier_bytes_per_sec = Some(smoothed);
-            self.scheduler.set_swap_rates(Some(smoothed), None);
-        }
-        Ok(())
-    }
-
-    /// Folds a step that was mostly prefill into the measured seconds per prefill token, which
-    /// the swap-or-recompute rule weighs against the tier's copy rate.
-    fn measure_prefill_rate(&mut self, sched_out: &SchedulerOutput, forward: Duration) {
-        let load = sched_out.load();
-        if self.tier.is_none()
-            || load.num_prefill_tokens < 16
-            || 2 * load.num_prefill_tokens < load.num_tokens
-        {
-            return;
-        }
-        let rate = forward.as_secs_f64() / load.num_tokens as f64;
-        let smoothed =
-            self.prefill_secs_per_token.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
-        self.prefill_secs_per_token = Some(smoothed);
-        self.scheduler.set_swap_rates(None, Some(smoothed));
-    }
-
-    /// Feeds the step to the batch controller and applies the limits it plans.
-    fn control(
-        &mut self,
-        sched_out: &kiln_sched::SchedulerOutput,
-        outputs: &[EngineOutput],
-        step_time: Duration,
-    ) {
-        let Some(controller) = &mut self.controller else { return };
-        // A request's first output carries `first`, so its arrival is removed there (aborts
-        // remove theirs).
-        let now = Instant::now();
-        for out in outputs.iter().filter(|o| o.first.is_some()) {
-            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id) {
-                let objective = objective_ms.map(|ms| ms as f64 / 1e3);
-                let ttft = now.saturating_duration_since(arrived).as_secs_f64();
-                controller.observe_ttft(ttft, objective);
-            }
-        }
-        let limits = controller.observe_step(
-            &sched_out.load(),
-            step_time.as_secs_f64(),
-            self.scheduler.num_running(),
-            self.scheduler.pending_prefill_tokens(None),
-        );
-        self.scheduler.set_limits(limits);
-    }
-
     fn refresh_stats(&mut self) {
         let SchedulerStats {
             num_running,
@@ -757,4 +631,51 @@ impl EngineCore {
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         self.stats.num_steps = num_steps;
     }
+}
+
+/// The speculator `config.speculative` asks for, with its draft model bound to the target's
+/// KV geometry (`None`: speculation off; a draft model without a config is refused).
+fn speculator_for<B: Backend>(
+    config: &EngineConfig,
+    runner: &ModelRunner,
+    draft_model: Option<Box<dyn Model<B>>>,
+) -> Result<Option<Speculator>, EngineError> {
+    let draft = match draft_model {
+        None => None,
+        Some(draft) => Some(
+            bind_draft_model(draft, runner.model().config(), config)
+                .map_err(EngineError::Config)?,
+        ),
+    };
+    match config.speculative.clone() {
+        Some(spec) => {
+            let trees = runner.model().supports_token_trees();
+            Ok(Some(Speculator::new(spec, draft, trees).map_err(EngineError::Config)?))
+        }
+        None if draft.is_some() => {
+            Err(EngineError::Config("a draft model was given without a speculative config".into()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The forward thread of asynchronous scheduling (`None`: synchronous steps); refused next to
+/// speculative decoding.
+fn forward_thread_for(
+    config: &EngineConfig,
+    speculating: bool,
+) -> Result<Option<ForwardThread>, EngineError> {
+    if !config.async_scheduling {
+        return Ok(None);
+    }
+    if speculating {
+        return Err(EngineError::Config(
+            "asynchronous scheduling does not run with speculative decoding (the drafts of a step \
+             need the tokens of the step before)"
+                .into(),
+        ));
+    }
+    ForwardThread::spawn()
+        .map(Some)
+        .map_err(|e| EngineError::Config(format!("starting the forward thread: {e}")))
 }

@@ -4,7 +4,8 @@
 //! - [`ModelRunner`]: builds each step's `ForwardBatch` from the scheduler's diff, runs the
 //!   model, samples.
 //! - [`EngineCore`]: scheduler + runner; `step()` = schedule → execute → update (→ propose
-//!   drafts, with speculative decoding on).
+//!   drafts, with speculative decoding on); with asynchronous scheduling the forward runs on a
+//!   second thread (`forward_thread`) while the engine reports the step before.
 //! - [`spec`]: speculative decoding (config, prompt-lookup and draft-model proposers,
 //!   acceptance counters).
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, grammar) as token masks.
@@ -17,6 +18,7 @@
 #[cfg(test)]
 mod admission_tests;
 mod engine;
+mod forward_thread;
 mod handle;
 pub mod kv_tier;
 mod logprobs;

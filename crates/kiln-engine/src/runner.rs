@@ -29,6 +29,11 @@
 //! delivered with the first sampled token. Recomputation after preemption overwrites them with
 //! the same values.
 //!
+//! With asynchronous scheduling a step is split: `launch` builds the batch and hands it, the
+//! model and the logits buffer to the forward thread; `complete` takes them back and samples.
+//! Between the two the runner may forget aborted requests (their rows are then not sampled)
+//! and take new constraints, but not build another batch.
+//!
 //! Once warm, a step allocates only for new requests, block-table growth, log-probabilities and
 //! each sampled request's short token list (one token, or the accepted drafts plus one): the
 //! batch, the logits, the scratch and the per-step row and draft lists are reused.
@@ -42,8 +47,12 @@ use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel, TREE_ROOT};
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
+use crate::forward_thread::{ForwardJob, ForwardThread};
 use crate::structured::{Constraint, ConstraintStats};
 use crate::{Logprobs, Sampler, logprobs};
+
+/// The model is with the forward thread between `launch` and `complete`.
+const MODEL_IN_FLIGHT: &str = "the model is used by an asynchronous step in flight";
 
 /// Log-probabilities of one prompt: entry `p` is for prompt token `p` (`None` for the first).
 pub type PromptLogprobs = Vec<Option<Logprobs>>;
@@ -109,8 +118,11 @@ struct RunnerRequest {
 }
 
 pub struct ModelRunner {
-    /// The model bound to its KV cache and workspace on its backend.
-    model: Box<dyn StepModel>,
+    /// The model bound to its KV cache and workspace on its backend (`None` while an
+    /// asynchronous step's forward has it, with `batch` and `logits`).
+    model: Option<Box<dyn StepModel>>,
+    /// The model's vocabulary size (known while the model is away).
+    vocab_size: usize,
     logits: Logits,
     batch: ForwardBatch,
     requests: HashMap<RequestId, RunnerRequest>,
@@ -153,7 +165,8 @@ impl ModelRunner {
     pub fn new(model: Box<dyn StepModel>, seed: u64) -> Self {
         let block_size = model.kv_spec().block_size;
         Self {
-            model,
+            vocab_size: model.config().vocab_size,
+            model: Some(model),
             logits: Logits::default(),
             batch: ForwardBatch::new(block_size),
             requests: HashMap::new(),
@@ -187,12 +200,17 @@ impl ModelRunner {
     }
 
     pub fn model(&self) -> &dyn StepModel {
-        &*self.model
+        self.model.as_deref().expect(MODEL_IN_FLIGHT)
+    }
+
+    /// The model's vocabulary size (also while an asynchronous step has the model).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
     }
 
     /// The model, mutable (its KV cache is written outside steps: a restored prefix cache).
     pub fn model_mut(&mut self) -> &mut dyn StepModel {
-        &mut *self.model
+        self.model.as_deref_mut().expect(MODEL_IN_FLIGHT)
     }
 
     /// Sets the structured-output state `id`'s sampler starts with (call before `id` is first
@@ -244,6 +262,80 @@ impl ModelRunner {
         out.clear();
         self.extras.clear();
         self.timing = StepTiming::default();
+        if !self.prepare(sched_out)? {
+            return Ok(());
+        }
+        let forward_start = Instant::now();
+        let model = self.model.as_deref_mut().expect(MODEL_IN_FLIGHT);
+        model.forward(&self.batch, &mut self.logits)?;
+        self.timing.forward = forward_start.elapsed();
+        self.sample(out)
+    }
+
+    /// [`ModelRunner::execute`]'s forward started on `thread`: builds the batch and hands it,
+    /// the model and the logits buffer to the thread. `false`: nothing to run (no job started;
+    /// [`ModelRunner::complete`] then reports the step's rows as unsampled).
+    pub(crate) fn launch(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        thread: &ForwardThread,
+    ) -> Result<bool, ForwardError> {
+        if !self.prepare(sched_out)? {
+            return Ok(false);
+        }
+        let block_size = self.batch.block_size();
+        let job = ForwardJob {
+            model: self.model.take().expect(MODEL_IN_FLIGHT),
+            batch: mem::replace(&mut self.batch, ForwardBatch::new(block_size)),
+            logits: mem::take(&mut self.logits),
+            result: Ok(()),
+            elapsed: Duration::ZERO,
+        };
+        if let Err(job) = thread.launch(job) {
+            let _never_ran = self.take_back(*job);
+            return Err(ForwardError::Device("the forward thread has ended".into()));
+        }
+        Ok(true)
+    }
+
+    /// Waits for the forward [`ModelRunner::launch`] started (`launched`), then samples as
+    /// `execute` does. Requests forgotten meanwhile (aborted) get no token.
+    pub(crate) fn complete(
+        &mut self,
+        launched: bool,
+        thread: &ForwardThread,
+        out: &mut ModelRunnerOutput,
+    ) -> Result<(), ForwardError> {
+        out.clear();
+        self.extras.clear();
+        self.timing = StepTiming::default();
+        if !launched {
+            return Ok(());
+        }
+        let job = thread.wait().ok_or_else(|| {
+            ForwardError::Device("the forward thread ended with the model".into())
+        })?;
+        self.timing.forward = job.elapsed;
+        let result = self.take_back(job);
+        result?;
+        let samplers = &self.samplers;
+        for row in &mut self.step_rows {
+            row.samples &= samplers.contains_key(&row.id);
+        }
+        self.sample(out)
+    }
+
+    /// Puts the model and the buffers of a job that came back in place; returns its result.
+    fn take_back(&mut self, job: ForwardJob) -> Result<(), ForwardError> {
+        self.model = Some(job.model);
+        self.batch = job.batch;
+        self.logits = job.logits;
+        job.result
+    }
+
+    /// Builds the step's batch from `sched_out`; `false` when no row is scheduled. The last
+    /// step's extras and timing stay until the next `execute` or `complete`.
+    fn prepare(&mut self, sched_out: &SchedulerOutput) -> Result<bool, ForwardError> {
         self.drop_gone(sched_out);
         self.batch.clear();
         self.step_rows.clear();
@@ -297,13 +389,13 @@ impl ModelRunner {
                 )?;
             }
         }
-        if self.step_rows.is_empty() {
-            return Ok(());
-        }
-        let forward_start = Instant::now();
-        self.model.forward(&self.batch, &mut self.logits)?;
+        Ok(!self.step_rows.is_empty())
+    }
+
+    /// Samples the rows of the forward that just ran into `out` (one entry per scheduled
+    /// request) and moves accepted tree paths into place.
+    fn sample(&mut self, out: &mut ModelRunnerOutput) -> Result<(), ForwardError> {
         let sample_start = Instant::now();
-        self.timing.forward = sample_start - forward_start;
         // Prompt log-probabilities read every row of a request but its last one, the row that
         // sampling changes in place (penalties, bias), so gathering them all first is the same
         // as gathering request by request.
@@ -342,7 +434,8 @@ impl ModelRunner {
         }
         self.step_rows = rows;
         if !self.slot_copies.is_empty() {
-            self.model.copy_kv_slots(&self.slot_copies)?;
+            let model = self.model.as_deref_mut().expect(MODEL_IN_FLIGHT);
+            model.copy_kv_slots(&self.slot_copies)?;
         }
         Ok(())
     }
@@ -398,7 +491,7 @@ impl ModelRunner {
                 path: Vec::new(),
             }));
         }
-        self.model.host_parallel(jobs.len(), &|i| {
+        self.model.as_deref().expect(MODEL_IN_FLIGHT).host_parallel(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
             let SampleJob { sampler, logits, drafts, parents, sampled, path } = &mut *job;
             sampler.verify(logits, drafts, parents, sampled, path);

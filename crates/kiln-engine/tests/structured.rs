@@ -36,6 +36,16 @@ fn engine_with_blocks(
     num_kv_blocks: usize,
     max_model_len: usize,
 ) -> (EngineCore, Tokenizer) {
+    engine_of(name, spec, num_kv_blocks, max_model_len, false)
+}
+
+fn engine_of(
+    name: &str,
+    spec: Option<SpeculativeConfig>,
+    num_kv_blocks: usize,
+    max_model_len: usize,
+    async_scheduling: bool,
+) -> (EngineCore, Tokenizer) {
     let model = load_model(&fixture(name), &Arc::new(Cpu::new(2))).unwrap().model;
     let tokenizer = load_tokenizer(&fixture(name)).unwrap();
     let vocab_size = model.config().vocab_size;
@@ -47,6 +57,7 @@ fn engine_with_blocks(
         scheduler: SchedulerConfig { max_num_batched_tokens: 512, ..SchedulerConfig::default() },
         eos_token_ids: eos,
         speculative: spec,
+        async_scheduling,
         ..EngineConfig::default()
     };
     let mut core = EngineCore::new(model, config).unwrap();
@@ -217,6 +228,27 @@ fn speculation_gives_the_same_constrained_tokens() {
         let mut core = engine(name, Some(spec.clone())).0;
         assert_eq!(run(&mut core, &requests), expected, "{name}");
         assert!(core.stats().spec_decode.num_drafts > 0, "{name}: nothing drafted");
+    }
+}
+
+/// Asynchronous scheduling samples each step after the next one was planned: the grammar
+/// states advance exactly as in the synchronous engine, preempted requests included.
+#[test]
+fn async_scheduling_gives_the_same_constrained_tokens() {
+    let requests: Vec<_> = outputs()
+        .into_iter()
+        .chain(outputs())
+        .enumerate()
+        .map(|(i, o)| {
+            let params = params(Some(o), (i % 2 == 1).then_some(5));
+            (prompt(i as u32), SamplingParams { max_tokens: 40, ..params })
+        })
+        .collect();
+    for blocks in [512, 16] {
+        let expected = run(&mut engine_of("llama3", None, blocks, 64, false).0, &requests);
+        let mut core = engine_of("llama3", None, blocks, 64, true).0;
+        assert_eq!(run(&mut core, &requests), expected, "{blocks} blocks");
+        assert_eq!(core.stats().num_preemptions > 0, blocks == 16, "{:?}", core.stats());
     }
 }
 

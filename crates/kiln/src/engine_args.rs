@@ -129,6 +129,11 @@ pub struct EngineArgs {
     /// outputs are unchanged, see docs/OPERATIONS.md.
     #[arg(long, value_parser = parse_speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Runs each step's model forward on a second thread while the engine hands out the step
+    /// before's tokens and takes new requests (vLLM's flag; outputs are unchanged; not with
+    /// --speculative-config). See docs/OPERATIONS.md.
+    #[arg(long)]
+    pub async_scheduling: bool,
 }
 
 /// clap's parser for `--speculative-config` (the error names the field).
@@ -165,6 +170,7 @@ impl Default for EngineArgs {
             slo_demotion_ms: None,
             kv_cache_dtype: EngineConfig::default().kv_cache_dtype,
             speculative_config: None,
+            async_scheduling: false,
         }
     }
 }

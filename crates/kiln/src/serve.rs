@@ -311,6 +311,7 @@ struct LoadArgs {
     seed: u64,
     speculative: Option<kiln_engine::SpeculativeConfig>,
     slo: kiln_engine::SloConfig,
+    async_scheduling: bool,
     prefix_cache_dir: Option<PathBuf>,
 }
 
@@ -335,6 +336,7 @@ fn args_for_loading(
         seed: args.seed,
         speculative: args.engine.speculative_config.clone(),
         slo: args.engine.slo_config()?,
+        async_scheduling: args.engine.async_scheduling,
         prefix_cache_dir: args.prefix_cache_dir.clone(),
     })
 }
@@ -440,12 +442,19 @@ fn start<B: kiln_models::Backend>(
         kv_cache_dtype: args.kv_cache_dtype,
         speculative: args.speculative.clone(),
         slo: args.slo.clone(),
+        async_scheduling: args.async_scheduling,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;
     let tier = engine.kv_tier.clone();
     let preemption_mode = engine.preemption_mode;
     let mut core = EngineCore::with_draft_model(model, draft, engine)?;
+    if args.async_scheduling {
+        tracing::info!(
+            "asynchronous scheduling: each step's forward runs on its own thread while the \
+             engine hands out the step before's tokens"
+        );
+    }
     if let Some(tier) = tier {
         let where_ = match &tier.location {
             kiln_engine::KvTierLocation::Memory => "host memory".to_owned(),

@@ -18,17 +18,7 @@ fn completions(addr: &str) -> Vec<String> {
         .map(|i| {
             let span: Vec<u32> = (0..5).map(|t| (i * 37 + t * 11) % 400 + 10).collect();
             let prompt: Vec<u32> = span.iter().chain(&span).chain(&span).copied().collect();
-            let body = serde_json::json!({
-                "model": "tiny", "prompt": prompt, "max_tokens": 60, "temperature": 0,
-                "ignore_eos": true,
-            });
-            let (status, text) = common::http(addr, "POST", "/v1/completions", &body.to_string());
-            assert_eq!(status, 200, "{text}");
-            let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
-                // A chunked body: the JSON is the second line.
-                serde_json::from_str(text.lines().nth(1).unwrap()).unwrap()
-            });
-            v["choices"][0]["text"].as_str().unwrap().to_owned()
+            common::greedy_completion(addr, &prompt, 60)
         })
         .collect()
 }

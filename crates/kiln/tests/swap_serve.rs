@@ -12,28 +12,10 @@ use std::process::Command;
 
 /// Greedy completions of eight 40-token prompts, sent at once.
 fn completions(addr: &str) -> Vec<String> {
-    let threads: Vec<_> = (0..8u32)
-        .map(|i| {
-            let addr = addr.to_owned();
-            std::thread::spawn(move || {
-                let prompt: Vec<u32> =
-                    (0..40).map(|t| (i * 53 + t * 17 + t * t) % 480 + 10).collect();
-                let body = serde_json::json!({
-                    "model": "tiny", "prompt": prompt, "max_tokens": 60, "temperature": 0,
-                    "ignore_eos": true,
-                });
-                let (status, text) =
-                    common::http(&addr, "POST", "/v1/completions", &body.to_string());
-                assert_eq!(status, 200, "{text}");
-                let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
-                    // A chunked body: the JSON is the second line.
-                    serde_json::from_str(text.lines().nth(1).unwrap()).unwrap()
-                });
-                v["choices"][0]["text"].as_str().unwrap().to_owned()
-            })
-        })
+    let prompts = (0..8u32)
+        .map(|i| (0..40).map(|t| (i * 53 + t * 17 + t * t) % 480 + 10).collect())
         .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    common::concurrent_completions(addr, prompts, 60)
 }
 
 /// A server whose cache holds 16 blocks of 16 tokens: two of the eight requests at most.

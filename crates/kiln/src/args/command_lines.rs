@@ -52,6 +52,8 @@ const LINES: &[(&str, Expect)] = &[
         Expect::Ok(0, |a| assert!(a.chat_template.as_deref().unwrap().ends_with("chatml.jinja")))),
     ("kiln serve meta-llama/Llama-3.2-1B-Instruct --enforce-eager --max-num-seqs 16 --max-model-len 4096",
         Expect::Ok(0, |a| assert!(a.device.enforce_eager && (a.engine.max_num_seqs, len(a)) == (Some(16), Some(4096))))),
+    ("kiln serve Qwen/Qwen3-0.6B --async-scheduling --max-num-seqs 64",
+        Expect::Ok(0, |a| assert!(a.engine.async_scheduling && a.engine.max_num_seqs == Some(64)))),
     ("kiln serve unsloth/gpt-oss-20b --host 0.0.0.0 --port 8000 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 8192",
         Expect::Ok(1, |a| {
             assert_eq!((a.host.as_str(), a.port), ("0.0.0.0", 8000));

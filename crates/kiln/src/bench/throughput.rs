@@ -88,6 +88,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         kv_cache_dtype: dtype,
         speculative: args.engine.speculative_config.clone(),
         slo: args.engine.slo_config()?,
+        async_scheduling: args.engine.async_scheduling,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut config)?;

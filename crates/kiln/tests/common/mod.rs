@@ -127,6 +127,38 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 }
 
 /// The value of the first `/metrics` series named `name` (labelled, as every `kiln:` series).
+/// The text of a greedy `/v1/completions` of `prompt` (token ids) for the served model `tiny`,
+/// `max_tokens` long (EOS ignored); panics on any status but 200.
+pub fn greedy_completion(addr: &str, prompt: &[u32], max_tokens: usize) -> String {
+    let body = serde_json::json!({
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": true,
+    });
+    let (status, text) = http(addr, "POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        // A chunked body: the JSON is the second line.
+        serde_json::from_str(text.lines().nth(1).unwrap()).unwrap()
+    });
+    v["choices"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// [`greedy_completion`] of each prompt, all sent at once (one thread each); texts in order.
+pub fn concurrent_completions(
+    addr: &str,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+) -> Vec<String> {
+    let threads: Vec<_> = prompts
+        .into_iter()
+        .map(|prompt| {
+            let addr = addr.to_owned();
+            std::thread::spawn(move || greedy_completion(&addr, &prompt, max_tokens))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
 pub fn metric(addr: &str, name: &str) -> f64 {
     metric_where(addr, name, "")
 }

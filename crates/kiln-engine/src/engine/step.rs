@@ -1,0 +1,193 @@
+//! One engine step, phase by phase: plan (schedule, move swapped blocks), execute (the
+//! runner's forward and sampling), update (the scheduler applies the tokens and stop checks),
+//! report (outputs with their extras, drafts for the next step, the batch controller, the
+//! counters). The synchronous `step` runs them in order; `async_step` overlaps the report of
+//! one step with the forward of the next.
+
+use std::time::{Duration, Instant};
+
+use kiln_models::ForwardError;
+use kiln_sched::{RequestOutput, SchedulerOutput};
+
+use super::{EngineCore, EngineError, RATE_SMOOTHING};
+use crate::{EngineOutput, FirstTokenInfo, Sampler};
+
+impl EngineCore {
+    /// One engine step; returns the sampled tokens in batch order (empty when idle). With
+    /// asynchronous scheduling ([`EngineConfig::async_scheduling`]) it returns the tokens of
+    /// the step before, whose forward ran meanwhile (`engine/async_step.rs`).
+    pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
+        if self.forward_thread.is_some() {
+            return self.step_async();
+        }
+        let start = Instant::now();
+        let sched_out = self.plan_step(start)?;
+        if let Err(e) = self.runner.execute(&sched_out, &mut self.runner_output) {
+            return Err(self.fail_forward(&sched_out, &e));
+        }
+        let outputs = self.scheduler.update(&sched_out, &self.runner_output);
+        Ok(self.report_step(&sched_out, outputs, start, None))
+    }
+
+    /// A step's first phase: schedules it and moves its swapped blocks (before the forward
+    /// writes anything); its new requests' first-token records start at `start`.
+    pub(super) fn plan_step(&mut self, start: Instant) -> Result<SchedulerOutput, EngineError> {
+        self.scheduler.set_now_ms(self.now_ms());
+        let sched_out = self.scheduler.schedule();
+        if let Err(e) = self.move_swapped_blocks(&sched_out) {
+            self.scheduler.fail_step(&sched_out);
+            return Err(e);
+        }
+        for new in &sched_out.new_requests {
+            self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
+                scheduled_at: start,
+                num_cached_tokens: new.num_computed_tokens,
+            });
+        }
+        Ok(sched_out)
+    }
+
+    /// Nothing of the step was computed: aborts must not keep its blocks cached.
+    pub(super) fn fail_forward(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        e: &ForwardError,
+    ) -> EngineError {
+        self.scheduler.fail_step(sched_out);
+        EngineError::Forward(e.to_string())
+    }
+
+    /// A step's last phase, after `update`: its outputs with their extras, drafts for the next
+    /// step, the batch controller and the counters. The step took from `start` to `done`
+    /// (`None`: now, after this bookkeeping).
+    pub(super) fn report_step(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        updates: Vec<RequestOutput>,
+        start: Instant,
+        done: Option<Instant>,
+    ) -> Vec<EngineOutput> {
+        let outputs: Vec<EngineOutput> = updates
+            .into_iter()
+            .map(|out| {
+                let extras = self.runner.take_extras(out.id).unwrap_or_default();
+                EngineOutput {
+                    id: out.id,
+                    new_token: out.new_token,
+                    finish_reason: out.finish_reason,
+                    logprobs: extras.logprobs,
+                    prompt_logprobs: extras.prompt_logprobs,
+                    first: self.first_scheduled.remove(&out.id),
+                }
+            })
+            .collect();
+        if let Some(spec) = &mut self.speculator {
+            spec.record_step(sched_out, &self.runner_output, self.runner.timing().forward);
+            for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+                spec.forget(out.id);
+            }
+            let runner = &self.runner;
+            spec.propose(&mut self.scheduler, &|id| runner.sampler(id).map(Sampler::for_drafting));
+            self.stats.spec_decode = *spec.stats();
+        }
+        if done.is_none() {
+            self.debug_check_invariants(sched_out.step);
+        }
+        self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
+        self.stats.total_sampled_tokens += outputs.len() as u64;
+        let step_time = done.unwrap_or_else(Instant::now).saturating_duration_since(start);
+        self.control(sched_out, &outputs, step_time);
+        self.refresh_stats();
+        self.stats.step_time = step_time;
+        let timing = self.runner.timing();
+        self.measure_prefill_rate(sched_out, timing.forward);
+        self.stats.total_step_time += step_time;
+        self.stats.total_forward_time += timing.forward;
+        self.stats.total_sample_time += timing.sample;
+        outputs
+    }
+
+    /// Debug builds: the scheduler's invariants, which hold between `update` and `schedule`.
+    pub(super) fn debug_check_invariants(&self, step: u64) {
+        if cfg!(debug_assertions)
+            && let Err(e) = self.scheduler.check_invariants()
+        {
+            panic!("scheduler invariant broken after step {step}: {e}");
+        }
+    }
+
+    /// Copies the step's blocks out to the tier (preempted requests' and evicted prefix-cache
+    /// blocks), then its slots back into blocks (resumed requests' and prefix hits in the tier),
+    /// all before the forward pass writes anything, and hands the measured copy rate to the
+    /// scheduler's swap-or-recompute rule. A failed copy turns the tier off for good.
+    fn move_swapped_blocks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
+        let Some(tier) = &mut self.tier else { return Ok(()) };
+        let moved = tier
+            .swap_out(self.runner.model(), &sched_out.swap_out)
+            .and_then(|out| Ok(out.or(tier.swap_in(self.runner.model_mut(), &sched_out.swap_in)?)));
+        let rate = match moved {
+            Ok(rate) => rate,
+            Err(e) => {
+                // Nothing in the tier can be trusted now: turn it off and fail this step (the
+                // caller aborts its requests); preemption recomputes from here on.
+                let unwritten: Vec<_> = sched_out.swap_in.iter().map(|c| c.block).collect();
+                self.scheduler.disable_swap_space(&unwritten);
+                self.tier = None;
+                return Err(EngineError::Forward(format!(
+                    "KV tier: {e}; the tier is turned off, preempted requests will be recomputed"
+                )));
+            }
+        };
+        if let Some(rate) = rate {
+            let smoothed =
+                self.tier_bytes_per_sec.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
+            self.tier_bytes_per_sec = Some(smoothed);
+            self.scheduler.set_swap_rates(Some(smoothed), None);
+        }
+        Ok(())
+    }
+
+    /// Folds a step that was mostly prefill into the measured seconds per prefill token, which
+    /// the swap-or-recompute rule weighs against the tier's copy rate.
+    fn measure_prefill_rate(&mut self, sched_out: &SchedulerOutput, forward: Duration) {
+        let load = sched_out.load();
+        if self.tier.is_none()
+            || load.num_prefill_tokens < 16
+            || 2 * load.num_prefill_tokens < load.num_tokens
+        {
+            return;
+        }
+        let rate = forward.as_secs_f64() / load.num_tokens as f64;
+        let smoothed =
+            self.prefill_secs_per_token.map_or(rate, |old| old + RATE_SMOOTHING * (rate - old));
+        self.prefill_secs_per_token = Some(smoothed);
+        self.scheduler.set_swap_rates(None, Some(smoothed));
+    }
+
+    /// Feeds the step to the batch controller and applies the limits it plans.
+    fn control(
+        &mut self,
+        sched_out: &kiln_sched::SchedulerOutput,
+        outputs: &[EngineOutput],
+        step_time: Duration,
+    ) {
+        let Some(controller) = &mut self.controller else { return };
+        // A request's first output carries `first`, so its arrival is removed there (aborts
+        // remove theirs).
+        let now = Instant::now();
+        for out in outputs.iter().filter(|o| o.first.is_some()) {
+            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id) {
+                let objective = objective_ms.map(|ms| ms as f64 / 1e3);
+                let ttft = now.saturating_duration_since(arrived).as_secs_f64();
+                controller.observe_ttft(ttft, objective);
+            }
+        }
+        let limits = controller.observe_step(
+            &sched_out.load(),
+            step_time.as_secs_f64(),
+            self.scheduler.num_running(),
+            self.scheduler.pending_prefill_tokens(None),
+        );
+        self.scheduler.set_limits(limits);
+    }
+}

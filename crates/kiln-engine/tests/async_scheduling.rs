@@ -1,0 +1,195 @@
+//! Asynchronous scheduling on a tiny fixture model: the forward of each step runs on a second
+//! thread, and every request's outputs (tokens, finish reasons, log-probabilities) equal the
+//! synchronous engine's, through chunked prefill, prefix-cache hits, preemption, stop tokens,
+//! seeded sampling, arrivals and aborts while a step is in flight; no block leaks.
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
+use kiln_engine::{
+    EngineConfig, EngineCore, EngineHandle, Logprobs, PromptLogprobs, SchedulerConfig,
+    SpeculativeConfig,
+};
+use kiln_kernels::Cpu;
+use kiln_models::load_model;
+
+/// One output as compared: token, finish reason, log-probabilities, prompt log-probabilities.
+type Out = (TokenId, Option<FinishReason>, Option<Logprobs>, Option<PromptLogprobs>);
+
+fn engine(
+    async_scheduling: bool,
+    num_kv_blocks: usize,
+    max_num_batched_tokens: usize,
+) -> EngineCore {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
+    let model = load_model(&path, &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks,
+        max_model_len: Some(64),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens,
+            long_prefill_token_threshold: 8,
+            max_num_partial_prefills: 2,
+            enable_prefix_caching: true,
+            ..SchedulerConfig::default()
+        },
+        async_scheduling,
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model, config).unwrap()
+}
+
+/// Deterministic pseudo-random prompt of `len` tokens (vocabulary 512).
+fn prompt(seed: u32, len: usize) -> Vec<TokenId> {
+    (0..len as u32)
+        .map(|i| TokenId((seed.wrapping_mul(7919) + i * 131 + i * i * 17) % 500 + 3))
+        .collect()
+}
+
+/// Twelve requests: greedy and seeded sampling, log-probabilities, prompt log-probabilities, a
+/// shared prefix, and stop tokens (`stop`: request 3 meets it early).
+fn requests(stop: Option<TokenId>) -> Vec<(Vec<TokenId>, SamplingParams)> {
+    let common = prompt(99, 13);
+    (0..12u32)
+        .map(|i| {
+            let base = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(20) };
+            let params = match i % 4 {
+                0 => base,
+                1 => SamplingParams { temperature: 0.9, top_p: 0.8, seed: Some(7), ..base },
+                2 => SamplingParams { logprobs: Some(3), prompt_logprobs: Some(2), ..base },
+                _ => SamplingParams { stop_token_ids: stop.into_iter().collect(), ..base },
+            };
+            let mut p = if i % 3 == 0 { common.clone() } else { Vec::new() };
+            p.extend(prompt(i, 10 + (i as usize * 7) % 25));
+            (p, params)
+        })
+        .collect()
+}
+
+/// Runs `requests`, the second half added after three `step` calls; outputs in request order.
+fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Vec<Vec<Out>> {
+    let (first, second) = requests.split_at(requests.len() / 2);
+    let add = |core: &mut EngineCore, part: &[(Vec<TokenId>, SamplingParams)]| -> Vec<RequestId> {
+        part.iter().map(|(p, s)| core.add_request(p.clone(), s.clone(), 0).unwrap()).collect()
+    };
+    let mut ids = add(core, first);
+    let mut outs: HashMap<RequestId, Vec<Out>> = HashMap::new();
+    let mut steps = 0;
+    while core.has_unfinished() {
+        if steps == 3 {
+            ids.extend(add(core, second));
+        }
+        for o in core.step().unwrap() {
+            let out = (o.new_token, o.finish_reason, o.logprobs, o.prompt_logprobs);
+            outs.entry(o.id).or_default().push(out);
+        }
+        steps += 1;
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    ids.iter().map(|id| outs.remove(id).unwrap()).collect()
+}
+
+#[test]
+fn async_scheduling_gives_the_synchronous_outputs() {
+    // The stop token: request 3's sixth token in a greedy run of its prompt.
+    let probe = requests(None)[3].0.clone();
+    let mut sync = engine(false, 512, 2048);
+    let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(20) };
+    sync.add_request(probe, greedy, 0).unwrap();
+    let mut probe_tokens = Vec::new();
+    while sync.has_unfinished() {
+        probe_tokens.extend(sync.step().unwrap().into_iter().map(|o| o.new_token));
+    }
+    let requests = requests(Some(probe_tokens[5]));
+
+    // Plenty of blocks, a large budget; then few blocks (preemption) and small chunks.
+    for (blocks, budget) in [(512, 2048), (40, 24)] {
+        let expected = run(&mut engine(false, blocks, budget), &requests);
+        assert!(expected.iter().any(|r| r.len() < 20), "no request stopped early");
+        let mut core = engine(true, blocks, budget);
+        assert_eq!(run(&mut core, &requests), expected, "{blocks} blocks, budget {budget}");
+        if blocks == 40 {
+            assert!(core.stats().num_preemptions > 0, "{:?}", core.stats());
+        }
+        assert!(core.stats().prefix_cache.num_hit_tokens > 0);
+    }
+}
+
+#[test]
+fn aborts_while_a_step_is_in_flight_free_every_block() {
+    let mut core = engine(true, 256, 64);
+    let ids: Vec<_> = (0..6)
+        .map(|i| {
+            let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) };
+            core.add_request(prompt(i, 20), params, 0).unwrap()
+        })
+        .collect();
+    for _ in 0..4 {
+        core.step().unwrap();
+    }
+    // The running requests are in the step the fourth call launched (decoding by now, so their
+    // rows are sampled unless aborted); one waiting request goes too.
+    let running = core.scheduler().running_ids().to_vec();
+    assert!(running.len() >= 2, "{running:?}");
+    let waiting = *ids.iter().rev().find(|id| !running.contains(id)).unwrap();
+    let aborted = [running[0], running[1], waiting];
+    for id in aborted {
+        assert!(core.abort(id));
+    }
+    let mut tokens: HashMap<RequestId, usize> = HashMap::new();
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            assert!(!aborted.contains(&out.id), "{} was aborted", out.id);
+            *tokens.entry(out.id).or_default() += 1;
+        }
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    // The survivors still get their tokens.
+    let survivors: Vec<_> = ids.iter().filter(|id| !aborted.contains(id)).collect();
+    assert_eq!(survivors.len(), 3);
+    assert!(survivors.iter().all(|id| tokens.get(id).is_some_and(|&n| n > 0)), "{tokens:?}");
+}
+
+#[test]
+fn the_handle_streams_the_synchronous_tokens() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
+    let streams = |async_scheduling| {
+        let handle = EngineHandle::spawn(engine(async_scheduling, 256, 2048)).unwrap();
+        let streams: Vec<_> = (0..6)
+            .map(|i| handle.submit(prompt(i, 9 + i as usize), params.clone(), 0).unwrap())
+            .collect();
+        let tokens: Vec<Vec<TokenId>> =
+            streams.into_iter().map(|s| s.map(|o| o.unwrap().new_token).collect()).collect();
+        handle.shutdown();
+        tokens
+    };
+    let expected = streams(false);
+    assert!(expected.iter().all(|t| t.len() == 16));
+    assert_eq!(streams(true), expected);
+}
+
+#[test]
+fn speculative_decoding_is_refused_with_async_scheduling() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
+    let model = load_model(&path, &std::sync::Arc::new(Cpu::new(1))).unwrap().model;
+    let speculative = SpeculativeConfig::ngram(2, 1, 3);
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks: 64,
+        speculative: Some(speculative.clone()),
+        async_scheduling: true,
+        ..EngineConfig::default()
+    };
+    let err = EngineCore::new(model, config).err().unwrap().to_string();
+    assert!(err.contains("speculative decoding"), "{err}");
+
+    let mut core = engine(true, 64, 256);
+    let err = core.set_speculative_config(Some(speculative)).unwrap_err().to_string();
+    assert!(err.contains("asynchronous scheduling"), "{err}");
+}
