@@ -117,11 +117,14 @@ pub struct EngineStats {
     /// Tokens sampled since start.
     pub total_sampled_tokens: u64,
     pub num_steps: u64,
-    /// Wall time of the last step.
+    /// Wall time of the last step. With asynchronous scheduling: from its planning to the end
+    /// of its update, less the time the caller held the engine thread after its forward had
+    /// ended; the steps then tile the busy time.
     pub step_time: Duration,
     /// Wall time since start: of every step, of their model forwards and of their sampling;
     /// the rest of the steps' time is host work (scheduling, building batches, updating
-    /// requests, proposing drafts).
+    /// requests, proposing drafts; with asynchronous scheduling also the handoffs to the
+    /// forward thread, and the reporting of the step before where it outlasts the forward).
     pub total_step_time: Duration,
     pub total_forward_time: Duration,
     pub total_sample_time: Duration,
@@ -181,6 +184,13 @@ pub struct EngineCore {
     /// Why the step after the last one reported could not start (asynchronous scheduling: the
     /// next `step` returns it).
     pending_error: Option<EngineError>,
+    /// Requests aborted while a step was in flight: removed from the scheduler once it ends.
+    deferred_aborts: Vec<RequestId>,
+    /// The forward thread lost the model or panicked: every later step fails with this.
+    broken: Option<String>,
+    /// When the last asynchronous `step` returned (the caller's time until the next one is
+    /// not the engine's).
+    returned_at: Option<Instant>,
 }
 
 /// Weight of the newest measurement in the engine's moving averages of rates.
@@ -289,6 +299,9 @@ impl EngineCore {
             forward_thread,
             in_flight: None,
             pending_error: None,
+            deferred_aborts: Vec::new(),
+            broken: None,
+            returned_at: None,
         };
         core.refresh_stats();
         Ok(core)
@@ -398,6 +411,11 @@ impl EngineCore {
     /// Writes the reachable prefix cache to `path` ([`crate::prefix_store`]); returns the
     /// number of blocks. `model_fingerprint` identifies the model file.
     pub fn save_prefix_cache(&self, path: &Path, model_fingerprint: u64) -> std::io::Result<usize> {
+        if self.in_flight.is_some() {
+            return Err(std::io::Error::other(
+                "a step is in flight: save the prefix cache between steps (finish_in_flight)",
+            ));
+        }
         prefix_store::save(self, path, model_fingerprint)
     }
 
@@ -437,8 +455,15 @@ impl EngineCore {
 
     /// Runs and clears the shutdown hook, if any.
     pub(crate) fn run_shutdown_hook(&mut self) {
-        // The hook may read the model, which an asynchronous step in flight holds.
-        let _ = self.finish_in_flight();
+        // The hook may read the model, which an asynchronous step in flight holds. A failed
+        // step has dropped the blocks it never wrote; a model lost with its thread is not read.
+        if let Err(e) = self.finish_in_flight() {
+            tracing::warn!("the last step failed at shutdown: {e}");
+        }
+        if !self.runner.has_model() {
+            tracing::warn!("the model was lost with the forward thread: shutdown work skipped");
+            return;
+        }
         if let Some(hook) = self.shutdown_hook.take() {
             hook(self);
         }
@@ -448,9 +473,10 @@ impl EngineCore {
         self.stats
     }
 
-    /// Whether a request is unfinished or an asynchronous step still runs.
+    /// Whether a request is unfinished, an asynchronous step still runs, or the error of one
+    /// that could not start is still to be returned.
     pub fn has_unfinished(&self) -> bool {
-        self.scheduler.has_unfinished() || self.in_flight.is_some()
+        self.scheduler.has_unfinished() || self.in_flight.is_some() || self.pending_error.is_some()
     }
 
     /// Queues a request; lower `priority` is more urgent (used by the priority policy).
@@ -594,12 +620,22 @@ impl EngineCore {
     }
 
     /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
+    /// While an asynchronous step is in flight the request gets no more output at once, but
+    /// its blocks are freed when that step ends (its KV then written, or dropped with a failed
+    /// step), so no block is cached with KV that was never written.
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.first_scheduled.remove(&id);
         self.arrived.remove(&id);
         self.runner.forget(id);
         if let Some(spec) = &mut self.speculator {
             spec.forget(id);
+        }
+        if self.in_flight.is_some() {
+            let known = self.scheduler.request(id).is_some();
+            if known && !self.deferred_aborts.contains(&id) {
+                self.deferred_aborts.push(id);
+            }
+            return known;
         }
         let known = self.scheduler.abort(id);
         self.refresh_stats();
@@ -629,7 +665,8 @@ impl EngineCore {
         self.stats.prefix_cache = prefix_cache;
         self.stats.num_preemptions = num_preemptions;
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
-        self.stats.num_steps = num_steps;
+        // With a step in flight, the steps reported so far (its own is counted when reported).
+        self.stats.num_steps = num_steps - u64::from(self.in_flight.is_some());
     }
 }
 

@@ -6,8 +6,9 @@
 //! thread from [`ForwardThread::launch`] until [`ForwardThread::wait`] returns the job. The model
 //! never runs two forwards at once (a job is launched only after the previous one came back).
 //!
-//! A forward that panics is caught here and comes back as an error with the model, so the engine
-//! fails its requests instead of losing the model. Dropping the thread's handle lets a running
+//! A forward that panics is caught here and comes back as an error with the model, marked
+//! `panicked`: the engine then fails every later step (the model's state is unknown), as the
+//! synchronous engine's thread would have ended. Dropping the thread's handle lets a running
 //! forward finish, then ends the thread.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -25,8 +26,11 @@ pub(crate) struct ForwardJob {
     pub logits: Logits,
     /// The forward's result (set on the forward thread).
     pub result: Result<(), ForwardError>,
-    /// Wall time of the forward on the forward thread.
+    /// Wall time of the forward on the forward thread, and when it ended.
     pub elapsed: Duration,
+    pub finished_at: Option<Instant>,
+    /// The forward panicked (`result` says so too): the model's state is unknown.
+    pub panicked: bool,
 }
 
 /// A thread that runs the forwards handed to it, one at a time.
@@ -52,9 +56,11 @@ impl ForwardThread {
                             .map(ToString::to_string)
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "a panic".into());
+                        job.panicked = true;
                         Err(ForwardError::Device(format!("the forward panicked: {what}")))
                     });
                 job.elapsed = start.elapsed();
+                job.finished_at = Some(Instant::now());
                 if done_tx.send(job).is_err() {
                     return;
                 }

@@ -123,6 +123,10 @@ pub struct ModelRunner {
     model: Option<Box<dyn StepModel>>,
     /// The model's vocabulary size (known while the model is away).
     vocab_size: usize,
+    /// When the last collected asynchronous forward ended, and whether the forward thread
+    /// failed for good (see `ModelRunner::forward_broken`).
+    forward_finished_at: Option<Instant>,
+    forward_broken: bool,
     logits: Logits,
     batch: ForwardBatch,
     requests: HashMap<RequestId, RunnerRequest>,
@@ -166,6 +170,8 @@ impl ModelRunner {
         let block_size = model.kv_spec().block_size;
         Self {
             vocab_size: model.config().vocab_size,
+            forward_finished_at: None,
+            forward_broken: false,
             model: Some(model),
             logits: Logits::default(),
             batch: ForwardBatch::new(block_size),
@@ -201,6 +207,11 @@ impl ModelRunner {
 
     pub fn model(&self) -> &dyn StepModel {
         self.model.as_deref().expect(MODEL_IN_FLIGHT)
+    }
+
+    /// Whether the model is here (not on the forward thread, nor lost with it).
+    pub(crate) fn has_model(&self) -> bool {
+        self.model.is_some()
     }
 
     /// The model's vocabulary size (also while an asynchronous step has the model).
@@ -290,6 +301,8 @@ impl ModelRunner {
             logits: mem::take(&mut self.logits),
             result: Ok(()),
             elapsed: Duration::ZERO,
+            finished_at: None,
+            panicked: false,
         };
         if let Err(job) = thread.launch(job) {
             let _never_ran = self.take_back(*job);
@@ -309,13 +322,17 @@ impl ModelRunner {
         out.clear();
         self.extras.clear();
         self.timing = StepTiming::default();
+        self.forward_finished_at = None;
         if !launched {
             return Ok(());
         }
-        let job = thread.wait().ok_or_else(|| {
-            ForwardError::Device("the forward thread ended with the model".into())
-        })?;
+        let Some(job) = thread.wait() else {
+            self.forward_broken = true;
+            return Err(ForwardError::Device("the forward thread ended with the model".into()));
+        };
         self.timing.forward = job.elapsed;
+        self.forward_finished_at = job.finished_at;
+        self.forward_broken |= job.panicked;
         let result = self.take_back(job);
         result?;
         let samplers = &self.samplers;
@@ -323,6 +340,16 @@ impl ModelRunner {
             row.samples &= samplers.contains_key(&row.id);
         }
         self.sample(out)
+    }
+
+    /// When the forward `complete` collected ended on its thread (`None`: no forward ran).
+    pub(crate) fn forward_finished_at(&self) -> Option<Instant> {
+        self.forward_finished_at
+    }
+
+    /// Whether the forward thread lost the model or a forward panicked: no step may run again.
+    pub(crate) fn forward_broken(&self) -> bool {
+        self.forward_broken
     }
 
     /// Puts the model and the buffers of a job that came back in place; returns its result.

@@ -120,17 +120,34 @@ fn async_scheduling_gives_the_synchronous_outputs() {
     }
 }
 
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
+}
+
+/// `prompt`'s greedy tokens on a synchronous engine, alone.
+fn alone(prompt: &[TokenId], max_tokens: usize) -> Vec<TokenId> {
+    let mut core = engine(false, 256, 64);
+    core.add_request(prompt.to_vec(), greedy(max_tokens), 0).unwrap();
+    let mut tokens = Vec::new();
+    while core.has_unfinished() {
+        tokens.extend(core.step().unwrap().into_iter().map(|o| o.new_token));
+    }
+    tokens
+}
+
 #[test]
-fn aborts_while_a_step_is_in_flight_free_every_block() {
+fn aborts_while_a_step_is_in_flight_change_no_other_token_and_free_every_block() {
     let mut core = engine(true, 256, 64);
-    let ids: Vec<_> = (0..6)
-        .map(|i| {
-            let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) };
-            core.add_request(prompt(i, 20), params, 0).unwrap()
-        })
-        .collect();
+    let prompts: Vec<_> = (0..6).map(|i| prompt(i, 20)).collect();
+    let ids: Vec<_> =
+        prompts.iter().map(|p| core.add_request(p.clone(), greedy(30), 0).unwrap()).collect();
+    let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
     for _ in 0..4 {
-        core.step().unwrap();
+        for out in core.step().unwrap() {
+            tokens.entry(out.id).or_default().push(out.new_token);
+        }
+        // The step in flight is not counted until it is reported.
+        assert_eq!(core.stats().num_steps + 1, core.scheduler().step());
     }
     // The running requests are in the step the fourth call launched (decoding by now, so their
     // rows are sampled unless aborted); one waiting request goes too.
@@ -141,19 +158,47 @@ fn aborts_while_a_step_is_in_flight_free_every_block() {
     for id in aborted {
         assert!(core.abort(id));
     }
-    let mut tokens: HashMap<RequestId, usize> = HashMap::new();
     while core.has_unfinished() {
         for out in core.step().unwrap() {
             assert!(!aborted.contains(&out.id), "{} was aborted", out.id);
-            *tokens.entry(out.id).or_default() += 1;
+            tokens.entry(out.id).or_default().push(out.new_token);
         }
     }
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
-    // The survivors still get their tokens.
-    let survivors: Vec<_> = ids.iter().filter(|id| !aborted.contains(id)).collect();
-    assert_eq!(survivors.len(), 3);
-    assert!(survivors.iter().all(|id| tokens.get(id).is_some_and(|&n| n > 0)), "{tokens:?}");
+    assert_eq!(stats.num_steps, core.scheduler().step());
+    // The survivors' tokens are their tokens alone; the aborted requests' cached blocks hold
+    // KV that was written: their prompts, run again on this engine, give their tokens alone.
+    for (id, p) in ids.iter().zip(&prompts) {
+        if !aborted.contains(id) {
+            assert_eq!(tokens[id], alone(p, 30), "{id}");
+        }
+    }
+    let again: Vec<_> = ids
+        .iter()
+        .zip(&prompts)
+        .filter(|(id, _)| aborted.contains(id))
+        .map(|(_, p)| (core.add_request(p.clone(), greedy(30), 0).unwrap(), p))
+        .collect();
+    let mut rerun: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            rerun.entry(out.id).or_default().push(out.new_token);
+        }
+    }
+    for (id, p) in again {
+        assert_eq!(rerun[&id], alone(p, 30), "{id} run again");
+    }
+    assert!(core.stats().prefix_cache.num_hit_tokens > 0);
+}
+
+#[test]
+fn an_engine_dropped_with_a_step_in_flight_ends_its_forward_thread() {
+    let mut core = engine(true, 64, 256);
+    core.add_request(prompt(1, 30), greedy(8), 0).unwrap();
+    core.step().unwrap();
+    assert!(core.has_unfinished());
+    drop(core); // joins the forward thread once the forward ends: returns, does not hang
 }
 
 #[test]

@@ -19,15 +19,20 @@
 //!   sampled with its own seeded sampler from batch-invariant logits.
 //! - At most one forward is in flight, and the model is never read on the engine thread while
 //!   it is: the next step is planned (swap copies included) only after the last one came back.
-//! - A request aborted while its step is in flight is freed at once; its row is computed but not
-//!   sampled, and `update` skips it (it is unknown by then). Its freed blocks are handed out by a
-//!   later `schedule`, whose forward runs after the one in flight.
+//! - A request aborted while its step is in flight gets no output from then on: its row is
+//!   computed but not sampled. It leaves the scheduler when the step ends, after `update` (its
+//!   KV then written) or `fail_step` (a failed step's unwritten blocks dropped), so no block is
+//!   cached with KV that was never written, and its freed blocks go to a later step only.
 //! - The batch controller sees step N after step N+1 is planned, so its limits apply one step
 //!   later than in the synchronous engine. A step's time runs from its planning to the end of
-//!   its update, which includes the reporting of the step before (overlapped with its forward).
-//! - An error starting step N+1 is returned by the next call, after step N's outputs.
+//!   its update, which includes the reporting of the step before (overlapped with its forward),
+//!   less the caller's time between `step` calls after its forward had ended. The counters
+//!   count reported steps (`num_steps` leaves out the one in flight).
+//! - An error starting step N+1 is returned by the next call, after step N's outputs
+//!   (`has_unfinished` stays true until then). A forward that panicked or a forward thread
+//!   that ended fails every later step: the model's state is unknown.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_sched::{RequestOutput, SchedulerOutput};
 
@@ -42,7 +47,8 @@ pub(crate) struct InFlightStep {
     launched: bool,
 }
 
-/// A step collected: its plan, its updates and when it was planned and finished.
+/// A step collected: its plan, its updates, when it was planned and when it finished (less
+/// the time its caller held the engine thread after its forward had ended).
 struct DoneStep {
     sched_out: SchedulerOutput,
     updates: Vec<RequestOutput>,
@@ -50,14 +56,21 @@ struct DoneStep {
     done: Instant,
 }
 
+/// The caller's time between two `step` calls: from the return of one to the next call.
+type CallerGap = Option<(Instant, Instant)>;
+
 impl EngineCore {
     /// [`EngineCore::step`] with asynchronous scheduling (module docs).
     pub(super) fn step_async(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
+        let gap = self.returned_at.take().map(|returned| (returned, Instant::now()));
+        if let Some(broken) = &self.broken {
+            return Err(EngineError::Forward(broken.clone()));
+        }
         if let Some(e) = self.pending_error.take() {
             return Err(e);
         }
         let done = match self.in_flight.take() {
-            Some(step) => Some(self.collect(step)?),
+            Some(step) => Some(self.collect(step, gap)?),
             None => None,
         };
         if self.scheduler.has_unfinished()
@@ -68,32 +81,58 @@ impl EngineCore {
             }
             self.pending_error = Some(e);
         }
-        Ok(match done {
-            Some(d) => self.report_step(&d.sched_out, d.updates, d.start, Some(d.done)),
-            None => Vec::new(),
-        })
+        let outputs = if let Some(d) = done {
+            self.report_step(&d.sched_out, d.updates, d.start, Some(d.done))
+        } else {
+            self.refresh_stats();
+            Vec::new()
+        };
+        self.returned_at = self.in_flight.is_some().then(Instant::now);
+        Ok(outputs)
     }
 
     /// Waits for the step in flight, if any, and returns its outputs without starting another
     /// (before the model is read between steps, and at shutdown). A no-op when synchronous.
     pub fn finish_in_flight(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
+        let gap = self.returned_at.take().map(|returned| (returned, Instant::now()));
         let Some(step) = self.in_flight.take() else { return Ok(Vec::new()) };
-        let d = self.collect(step)?;
+        let d = self.collect(step, gap)?;
         Ok(self.report_step(&d.sched_out, d.updates, d.start, Some(d.done)))
     }
 
-    /// Waits for `step`'s forward, samples it and updates the scheduler.
-    fn collect(&mut self, step: InFlightStep) -> Result<DoneStep, EngineError> {
+    /// Waits for `step`'s forward, samples it, updates the scheduler, then removes the
+    /// requests aborted meanwhile (after a failed step too, once `fail_step` dropped the blocks
+    /// it never wrote).
+    fn collect(&mut self, step: InFlightStep, gap: CallerGap) -> Result<DoneStep, EngineError> {
         let Some(thread) = &self.forward_thread else {
             unreachable!("a step in flight without a forward thread")
         };
-        if let Err(e) = self.runner.complete(step.launched, thread, &mut self.runner_output) {
-            return Err(self.fail_forward(&step.sched_out, &e));
+        let completed = self.runner.complete(step.launched, thread, &mut self.runner_output);
+        if let Err(e) = completed {
+            let err = self.fail_forward(&step.sched_out, &e);
+            if self.runner.forward_broken() {
+                self.broken = Some(err.to_string());
+            }
+            self.apply_deferred_aborts();
+            return Err(err);
         }
         let updates = self.scheduler.update(&step.sched_out, &self.runner_output);
+        self.apply_deferred_aborts();
         self.debug_check_invariants(step.sched_out.step);
+        // The caller's time after the forward had ended delayed this step; before, it was free.
+        let forward_end = self.runner.forward_finished_at();
+        let delay = gap.map_or(Duration::ZERO, |(returned, called)| {
+            called.saturating_duration_since(forward_end.map_or(returned, |end| end.max(returned)))
+        });
+        let now = Instant::now();
         let InFlightStep { sched_out, start, .. } = step;
-        Ok(DoneStep { sched_out, updates, start, done: Instant::now() })
+        Ok(DoneStep { sched_out, updates, start, done: now.checked_sub(delay).unwrap_or(now) })
+    }
+
+    fn apply_deferred_aborts(&mut self) {
+        for id in std::mem::take(&mut self.deferred_aborts) {
+            self.scheduler.abort(id);
+        }
     }
 
     /// Plans the next step and launches its forward.

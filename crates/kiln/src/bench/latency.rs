@@ -54,8 +54,8 @@ pub struct Cell {
     pub decode_s: f64,
     pub decode_tokens: usize,
     /// Per decode step: the wall time between steps (`decode_s` over the steps), the engine
-    /// step, its model forward and its sampling, in ms. With asynchronous scheduling a step's
-    /// time overlaps the next one's, so only the wall time adds up to `decode_s`.
+    /// step, its model forward and its sampling, in ms. (With asynchronous scheduling a step's
+    /// time includes the reporting of the step before, which overlaps its forward.)
     pub decode_period_ms: f64,
     pub decode_step_ms: f64,
     pub decode_forward_ms: f64,

@@ -126,7 +126,6 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
-/// The value of the first `/metrics` series named `name` (labelled, as every `kiln:` series).
 /// The text of a greedy `/v1/completions` of `prompt` (token ids) for the served model `tiny`,
 /// `max_tokens` long (EOS ignored); panics on any status but 200.
 pub fn greedy_completion(addr: &str, prompt: &[u32], max_tokens: usize) -> String {
@@ -159,6 +158,7 @@ pub fn concurrent_completions(
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
+/// The value of the first `/metrics` series named `name` (labelled, as every `kiln:` series).
 pub fn metric(addr: &str, name: &str) -> f64 {
     metric_where(addr, name, "")
 }
