@@ -5,12 +5,12 @@
 #    router with round_robin, cache_aware and kv_aware (the replicas publishing their KV cache
 #    events with --kv-events-config); the hit rate is the replicas' summed
 #    kiln:prefix_cache_hits_total over kiln:prefix_cache_queries_total for the run;
-# 2. the router's added latency: TTFT p50 of 100 short requests at concurrency 1 to one
-#    replica directly, through the router with round_robin and with cache_aware (which asks the
-#    replica to render the prompt first).
+# 2. the router's added latency: TTFT of short requests (32 random prompt tokens) at
+#    concurrency 1, in pairs to one replica directly and through the router, with round_robin
+#    and with cache_aware (which asks the replica to render the prompt first).
 # All replicas share this machine's cores, so fleet throughput is not measured here.
 #
-#   scripts/bench/router.sh [OUT_DIR]    (ONLY=hits or ONLY=latency for one part; ROUNDS=2)
+#   scripts/bench/router.sh [OUT_DIR]    (ONLY=hits or ONLY=latency for one part; PAIRS=200)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results/router}"
@@ -98,14 +98,6 @@ prefix_run() { # name, replicas, base url
     | tee -a "$OUT/summary.txt"
 }
 
-latency_run() { # name, base url
-  "$KILN" bench serve --base-url "$2" --model gemma-3-270m --num-prompts 100 \
-    --input-len 32 --output-len 2 --ignore-eos --max-concurrency 1 --seed 3 \
-    --percentile-metrics ttft --metric-percentiles 50,95 --no-progress \
-    --label "$1" --save-result "$OUT/$1.json" >"$OUT/$1.txt"
-  echo "$1: $(grep -E 'Median TTFT' "$OUT/$1.txt" | tr -s ' ')" | tee -a "$OUT/summary.txt"
-}
-
 : >"$OUT/summary.txt"
 if [ "${ONLY:-hits}" = hits ]; then
   start_replicas 1
@@ -120,19 +112,19 @@ if [ "${ONLY:-hits}" = hits ]; then
     stop_all
   done
 fi
-# Latency: a fresh replica without a prefix cache for each run (the same prompts would hit the
-# cache the previous run filled), direct and through the router, alternated ROUNDS times.
+# Latency: one replica without a prefix cache (every random prompt is computed), the router in
+# front of it; pairs of requests, one direct and one through the router, back to back in
+# alternating order (scripts/bench/paired_ttft.py), so the machine's drift hits both alike.
 if [ "${ONLY:-latency}" = latency ]; then
-  for round in $(seq "${ROUNDS:-2}"); do
-    start_replicas 1 --no-enable-prefix-caching
-    latency_run "direct-$round" "http://127.0.0.1:${PORTS[0]}"
-    stop_all
-    for policy in round_robin cache_aware; do
-      start_replicas 1 --no-enable-prefix-caching
-      start_router "$policy" 1
-      latency_run "router-$policy-$round" "http://127.0.0.1:$ROUTER_PORT"
-      stop_all
-    done
+  start_replicas 1 --no-enable-prefix-caching
+  for policy in round_robin cache_aware; do
+    start_router "$policy" 1
+    python3 scripts/bench/paired_ttft.py "http://127.0.0.1:${PORTS[0]}" \
+      "http://127.0.0.1:$ROUTER_PORT" --pairs "${PAIRS:-200}" --out "$OUT/latency-$policy.json" |
+      sed "s/^/router $policy: /" | tee -a "$OUT/summary.txt"
+    kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+    unset 'PIDS[-1]'
   done
+  stop_all
 fi
 cat "$OUT/summary.txt"
