@@ -33,6 +33,21 @@ pub(crate) struct ForwardJob {
     pub panicked: bool,
 }
 
+impl ForwardJob {
+    /// A forward of `batch` by `model` into `logits`, not yet run.
+    pub fn new(model: Box<dyn StepModel>, batch: ForwardBatch, logits: Logits) -> Self {
+        Self {
+            model,
+            batch,
+            logits,
+            result: Ok(()),
+            elapsed: Duration::ZERO,
+            finished_at: None,
+            panicked: false,
+        }
+    }
+}
+
 /// A thread that runs the forwards handed to it, one at a time.
 pub(crate) struct ForwardThread {
     /// `None` once dropping (ends the thread).

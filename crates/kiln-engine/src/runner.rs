@@ -270,9 +270,7 @@ impl ModelRunner {
         sched_out: &SchedulerOutput,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
-        out.clear();
-        self.extras.clear();
-        self.timing = StepTiming::default();
+        self.clear_last_step(out);
         if !self.prepare(sched_out)? {
             return Ok(());
         }
@@ -295,15 +293,11 @@ impl ModelRunner {
             return Ok(false);
         }
         let block_size = self.batch.block_size();
-        let job = ForwardJob {
-            model: self.model.take().expect(MODEL_IN_FLIGHT),
-            batch: mem::replace(&mut self.batch, ForwardBatch::new(block_size)),
-            logits: mem::take(&mut self.logits),
-            result: Ok(()),
-            elapsed: Duration::ZERO,
-            finished_at: None,
-            panicked: false,
-        };
+        let job = ForwardJob::new(
+            self.model.take().expect(MODEL_IN_FLIGHT),
+            mem::replace(&mut self.batch, ForwardBatch::new(block_size)),
+            mem::take(&mut self.logits),
+        );
         if let Err(job) = thread.launch(job) {
             let _never_ran = self.take_back(*job);
             return Err(ForwardError::Device("the forward thread has ended".into()));
@@ -319,10 +313,7 @@ impl ModelRunner {
         thread: &ForwardThread,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
-        out.clear();
-        self.extras.clear();
-        self.timing = StepTiming::default();
-        self.forward_finished_at = None;
+        self.clear_last_step(out);
         if !launched {
             return Ok(());
         }
@@ -350,6 +341,15 @@ impl ModelRunner {
     /// Whether the forward thread lost the model or a forward panicked: no step may run again.
     pub(crate) fn forward_broken(&self) -> bool {
         self.forward_broken
+    }
+
+    /// Drops what the last step left for its report (its output, extras and timing): a new
+    /// step's sampling starts.
+    fn clear_last_step(&mut self, out: &mut ModelRunnerOutput) {
+        out.clear();
+        self.extras.clear();
+        self.timing = StepTiming::default();
+        self.forward_finished_at = None;
     }
 
     /// Puts the model and the buffers of a job that came back in place; returns its result.

@@ -25,8 +25,10 @@ impl EngineCore {
         if let Err(e) = self.runner.execute(&sched_out, &mut self.runner_output) {
             return Err(self.fail_forward(&sched_out, &e));
         }
-        let outputs = self.scheduler.update(&sched_out, &self.runner_output);
-        Ok(self.report_step(&sched_out, outputs, start, None))
+        let updates = self.scheduler.update(&sched_out, &self.runner_output);
+        let outputs = self.report_step(&sched_out, updates, start, None);
+        self.debug_check_invariants(sched_out.step);
+        Ok(outputs)
     }
 
     /// A step's first phase: schedules it and moves its swapped blocks (before the forward
@@ -89,9 +91,6 @@ impl EngineCore {
             let runner = &self.runner;
             spec.propose(&mut self.scheduler, &|id| runner.sampler(id).map(Sampler::for_drafting));
             self.stats.spec_decode = *spec.stats();
-        }
-        if done.is_none() {
-            self.debug_check_invariants(sched_out.step);
         }
         self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
         self.stats.total_sampled_tokens += outputs.len() as u64;
