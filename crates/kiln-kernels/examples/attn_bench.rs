@@ -1,11 +1,11 @@
-//! Paged attention decode throughput, Gemma 3 270M's shape (4 query heads, 1 KV head, head
-//! dim 256, f16 cache, blocks of 16): one query token for each of `seqs` sequences of
-//! `context` cached tokens. `distinct` sequences own their blocks (the rest share them);
+//! Paged attention throughput, Gemma 3 270M's shape (4 query heads, 1 KV head, head dim 256,
+//! f16 cache, blocks of 16): the last `query_len` tokens (default 1, a decode step; the
+//! context for a prefill chunk) of each of `seqs` sequences of `context` cached tokens. `distinct` sequences own their blocks (the rest share them);
 //! with `EVICT` set, a 600 MiB buffer is read before every call so the cache is cold, as
 //! it is in a real decode step after the weights have streamed past.
 //!
 //! `EVICT=1 cargo run --release -p kiln-kernels --example attn_bench -- [threads] [seqs]
-//! [context] [distinct]`
+//! [context] [distinct] [query_len]`
 
 use std::time::Instant;
 
@@ -19,6 +19,7 @@ fn main() {
     let num_seqs = args.next().unwrap_or(64);
     let context = args.next().unwrap_or(192);
     let distinct = args.next().unwrap_or(num_seqs).clamp(1, num_seqs);
+    let query_len = args.next().unwrap_or(1).clamp(1, context);
     let pool = ThreadPool::new(threads);
     let shape = AttentionShape {
         num_heads: 4,
@@ -35,7 +36,8 @@ fn main() {
     let value = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3;
     let k: Vec<f16> = (0..cache_len).map(|i| f16::from_f32(value(i))).collect();
     let v = k.clone();
-    let q: Vec<f32> = (0..num_seqs * shape.num_heads * shape.head_dim).map(value).collect();
+    let q_len = num_seqs * query_len * shape.num_heads * shape.head_dim;
+    let q: Vec<f32> = (0..q_len).map(value).collect();
     let mut out = vec![0.0f32; q.len()];
     let mut tables = Vec::new();
     let seqs: Vec<AttentionSeq> = (0..num_seqs)
@@ -43,7 +45,12 @@ fn main() {
             let block_table_start = tables.len();
             let first = (s % distinct) * blocks_per_seq;
             tables.extend((first..first + blocks_per_seq).map(|b| b as u32));
-            AttentionSeq { query_start: s, query_len: 1, context_len: context, block_table_start }
+            AttentionSeq {
+                query_start: s * query_len,
+                query_len,
+                context_len: context,
+                block_table_start,
+            }
         })
         .collect();
     let evict = std::env::var_os("EVICT").is_some();
@@ -65,9 +72,12 @@ fn main() {
     }
     std::hint::black_box(&junk);
     let bytes = (num_seqs * context * kv_row * 2 * 2) as f64;
-    let flops = (num_seqs * shape.num_heads * context * shape.head_dim * 4) as f64;
+    // Query `i` of a sequence sees `context - query_len + i + 1` keys (causal).
+    let keys_seen: usize = (0..query_len).map(|i| context - query_len + i + 1).sum();
+    let flops = (num_seqs * shape.num_heads * keys_seen * shape.head_dim * 4) as f64;
     println!(
-        "{num_seqs} seqs × {context} tokens ({distinct} distinct): {:.3} ms per layer, \
+        "{num_seqs} seqs × {context} tokens, {query_len} queried ({distinct} distinct): \
+         {:.3} ms per layer, \
          {:.1} GB/s of KV, {:.1} GFLOP/s",
         best * 1e3,
         bytes / best / 1e9,

@@ -5,11 +5,12 @@
 //! - [`accumulate`]: `acc[d] = fma(p[j], v_j[d], acc[d])` for keys `j` in order.
 //!
 //! A fused multiply-add has a latency of 4 cycles and two issue every cycle, so a loop needs 8
-//! independent accumulators to keep the units busy: [`scores`] takes `4 / R` keys per pass over
-//! the head (8 lane vectors for any `R`), [`accumulate`] `8 / R` vectors of 8 elements per pass
-//! over the keys; and every K or V load (and f16 widening) serves all `R` rows. Each row still
-//! gets exactly its lone-row operations in its lone-row order, so results equal the scalar
-//! reference bit for bit whatever `R`, key count or head size (tested in `micro`).
+//! independent accumulators to keep the units busy: [`scores`] takes `⌈8 / R⌉` keys per pass,
+//! one half of the lanes at a time (at least 8 lane vectors for any `R`), [`accumulate`] `8 / R`
+//! vectors of 8 elements per pass over the keys; and every K or V load (and f16 widening) serves
+//! all `R` rows, every query load all the pass's keys. Each row still gets exactly its lone-row
+//! operations in its lone-row order, so results equal the scalar reference bit for bit whatever
+//! `R`, key count or head size (tested in `micro`).
 
 use std::arch::x86_64::*;
 
@@ -51,11 +52,18 @@ unsafe fn reduce(lo: __m256, hi: __m256) -> f32 {
 }
 
 /// Most keys a pass of [`scores`] takes (for one row).
-const MAX_KEYS: usize = 4;
+const MAX_KEYS: usize = 8;
 
 /// `out[r][j] = q[r] · k_j` for `j < n`, `k_j` at `keys + j * stride`, as `micro::scores`
 /// computes each: lane `l` of 16 adds elements `l, l + 16, ...` by fused multiply-adds in
 /// order, the elements past the last full 16 one by one into lanes `0, 1, ...`, then the tree.
+///
+/// A pass takes `⌈8 / R⌉` keys and runs over the head twice, lanes 0..8 then lanes 8..16
+/// ([`half_sums`]), so that each of its `R·⌈8 / R⌉` accumulators is one register and every
+/// 8-element load of a query row serves all the pass's keys: `R + ⌈8 / R⌉` loads per
+/// `R·⌈8 / R⌉` multiply-adds (both halves in one pass need twice the accumulators: 4 rows then
+/// take one key and load 10 vectors per 8 multiply-adds, and prefill attention ran 18 % slower,
+/// docs/BENCHMARKS.md).
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `hd` floats readable at every `q[r]` and every key row; `n`
@@ -70,7 +78,7 @@ pub(super) unsafe fn scores<E: KvElem, const R: usize>(
     out: [*mut f32; R],
 ) {
     const { assert!(R >= 1 && R <= 4, "1 to 4 rows") };
-    let per_pass = (MAX_KEYS / R).max(1);
+    let per_pass = MAX_KEYS.div_ceil(R);
     let full = hd / 16 * 16;
     let mut j = 0;
     while j < n {
@@ -80,24 +88,13 @@ pub(super) unsafe fn scores<E: KvElem, const R: usize>(
         let k: [*const E; MAX_KEYS] = std::array::from_fn(|c| unsafe {
             keys.add((j + if c < cnt { c } else { 0 }) * stride)
         });
-        let mut lo = [[_mm256_setzero_ps(); MAX_KEYS]; R];
-        let mut hi = [[_mm256_setzero_ps(); MAX_KEYS]; R];
-        let mut i = 0;
-        while i < full {
-            for c in 0..per_pass {
-                // SAFETY: `i + 16 <= hd` for the key and query rows.
-                unsafe {
-                    let (k0, k1) = (load8(k[c].add(i)), load8(k[c].add(i + 8)));
-                    for r in 0..R {
-                        let (q0, q1) =
-                            (_mm256_loadu_ps(q[r].add(i)), _mm256_loadu_ps(q[r].add(i + 8)));
-                        lo[r][c] = _mm256_fmadd_ps(q0, k0, lo[r][c]);
-                        hi[r][c] = _mm256_fmadd_ps(q1, k1, hi[r][c]);
-                    }
-                }
-            }
-            i += 16;
-        }
+        // SAFETY: the halves stay below `full <= hd`.
+        let (lo, hi) = unsafe {
+            (
+                half_sums::<E, R>(q, &k, per_pass, 0, full),
+                half_sums::<E, R>(q, &k, per_pass, 8, full),
+            )
+        };
         for r in 0..R {
             for c in 0..cnt {
                 let s = if full == hd {
@@ -121,6 +118,40 @@ pub(super) unsafe fn scores<E: KvElem, const R: usize>(
         }
         j += per_pass;
     }
+}
+
+/// Lanes `off..off + 8` (`off` 0 or 8) of the 16 lane sums of rows `q[r]` against keys
+/// `k[c]`, `c < keys`: `s[r][c] = fma(q[r][i + l], k[c][i + l], s[r][c])` for `i = off, off +
+/// 16, ...` below `full`, in order.
+///
+/// # Safety
+/// As [`scores`]; `full` a multiple of 16 at most the head size; `keys <= MAX_KEYS`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always, clippy::needless_range_loop)] // key `c` of every row
+unsafe fn half_sums<E: KvElem, const R: usize>(
+    q: [*const f32; R],
+    k: &[*const E; MAX_KEYS],
+    keys: usize,
+    off: usize,
+    full: usize,
+) -> [[__m256; MAX_KEYS]; R] {
+    // SAFETY: AVX is the caller's.
+    let mut s = [[unsafe { _mm256_setzero_ps() }; MAX_KEYS]; R];
+    let mut i = off;
+    while i < full {
+        // SAFETY: `i + 8 <= full` for the query and key rows, as the caller guarantees.
+        unsafe {
+            let qi: [__m256; R] = std::array::from_fn(|r| _mm256_loadu_ps(q[r].add(i)));
+            for c in 0..keys {
+                let kc = load8(k[c].add(i));
+                for r in 0..R {
+                    s[r][c] = _mm256_fmadd_ps(qi[r], kc, s[r][c]);
+                }
+            }
+        }
+        i += 16;
+    }
+    s
 }
 
 /// `acc[r][d] = fma(p[r][j], v_j[d], acc[r][d])` for `j < n` in order, `v_j` at
