@@ -1,8 +1,9 @@
 //! Paged attention throughput, Gemma 3 270M's shape (4 query heads, 1 KV head, head dim 256,
 //! f16 cache, blocks of 16): the last `query_len` tokens (default 1, a decode step; the
-//! context for a prefill chunk) of each of `seqs` sequences of `context` cached tokens. `distinct` sequences own their blocks (the rest share them);
-//! with `EVICT` set, a 600 MiB buffer is read before every call so the cache is cold, as
-//! it is in a real decode step after the weights have streamed past.
+//! context for a prefill chunk) of each of `seqs` sequences of `context` cached tokens.
+//! `distinct` sequences own their blocks (the rest share them); with `EVICT` set, a 600 MiB
+//! buffer is read before every call so the cache is cold, as it is in a real decode step
+//! after the weights have streamed past.
 //!
 //! `EVICT=1 cargo run --release -p kiln-kernels --example attn_bench -- [threads] [seqs]
 //! [context] [distinct] [query_len]`
