@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Scheduling to latency targets on the default model, 2 threads: a bursty load (gamma arrivals,
 # burstiness 0.5) at two rates, each run ~2 minutes, against the three fixed profiles and the
-# batch controller (`--target-itl-ms 60 --target-ttft-ms 1000`), goodput counted for
+# batch controller holding a per-step target (`--target-itl-ms 60 --target-ttft-ms 1000`) or a
+# per-request one (`--target-tpot-ms 60 --target-ttft-ms 1000`), goodput counted for
 # TTFT <= 1 s and TPOT <= 60 ms; then mixed SLO classes at the higher rate (20 % interactive at
 # priority 0, due in 1 s; 80 % batch at priority 1, due in 30 s), balanced profile, under fcfs
 # and under the deadline policy with the classes and a 1 s TTFT target (steps sized to drain the
 # queue, so an interactive prompt is not stuck behind a 2,048-token step).
 #
 #   scripts/bench/slo.sh [OUT_DIR]      (RATES="2 3" SECONDS_PER_RUN=120 to change the load;
+#                                         CONFIGS="throughput controller-tpot" for some servers;
 #                                         ONLY_MIXED=1 for the mixed-class runs alone)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,16 +60,16 @@ bench() { # rate, name, extra bench args...
     --label "$name r=$rate" --save-result "$OUT/$name-r$rate.json" "$@" | tee "$OUT/$name-r$rate.txt"
 }
 
-CONTROLLER="--target-itl-ms 60 --target-ttft-ms 1000"
+CONFIGS="${CONFIGS:-latency balanced throughput controller controller-tpot}"
 if [[ -z "${ONLY_MIXED:-}" ]]; then
   for rate in $RATES; do
-    for cfg in latency balanced throughput controller; do
+    for cfg in $CONFIGS; do
       NAME="$cfg-r$rate"
-      if [[ "$cfg" == controller ]]; then
-        start --profile throughput $CONTROLLER
-      else
-        start --profile "$cfg"
-      fi
+      case "$cfg" in
+        controller) start --profile throughput --target-itl-ms 60 --target-ttft-ms 1000 ;;
+        controller-tpot) start --profile throughput --target-tpot-ms 60 --target-ttft-ms 1000 ;;
+        *) start --profile "$cfg" ;;
+      esac
       bench "$rate" "$cfg"
       stop
     done

@@ -31,6 +31,8 @@ use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
 mod async_step;
 mod step;
 
+use step::{Arrival, Decoding};
+
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
 /// (a small model on a few CPU cores; measured values replace it after the first prefills).
 const PRIOR_PREFILL_SECS_PER_TOKEN: f64 = 2e-4;
@@ -167,9 +169,11 @@ pub struct EngineCore {
     controller: Option<BatchController>,
     /// The engine's clock for deadlines (milliseconds since this instant).
     epoch: Instant,
-    /// When each request without a first token yet arrived, and its class's TTFT in ms (kept
-    /// only with a controller, which counts TTFT misses).
-    arrived: HashMap<RequestId, (Instant, Option<u64>)>,
+    /// When each request without a first token yet arrived, with its objectives (kept only
+    /// with a controller, which counts TTFT and TPOT misses).
+    arrived: HashMap<RequestId, Arrival>,
+    /// Requests with a TPOT objective past their first token (kept only with a controller).
+    decoding: HashMap<RequestId, Decoding>,
     num_admission_demoted: u64,
     /// The second KV tier's storage (`None`: no tier).
     tier: Option<KvTier>,
@@ -271,7 +275,8 @@ impl EngineCore {
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
             .then(|| {
                 BatchController::new(ControllerConfig {
-                    target_itl: slo.controller_itl_ms().map(|ms| ms / 1e3),
+                    target_itl: slo.target_itl_ms.map(|ms| ms / 1e3),
+                    target_tpot: slo.controller_tpot_ms().map(|ms| ms / 1e3),
                     target_ttft: slo.target_ttft_ms.map(|ms| ms / 1e3),
                     ceiling: scheduler.limits(),
                 })
@@ -292,6 +297,7 @@ impl EngineCore {
             controller,
             epoch: Instant::now(),
             arrived: HashMap::new(),
+            decoding: HashMap::new(),
             num_admission_demoted: 0,
             tier,
             prefill_secs_per_token: None,
@@ -540,7 +546,8 @@ impl EngineCore {
             }
         };
         let num_prompt_tokens = prompt.len();
-        let ttft_objective = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
+        let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
+        let tpot_ms = self.config.slo.tpot_ms_for(priority);
         let deadline = self.admit_deadline(priority, num_prompt_tokens);
         if let Err(AddError::DeadlineUnmeetable { .. }) = &deadline {
             self.stats.num_slo_rejected += 1;
@@ -558,7 +565,7 @@ impl EngineCore {
         self.num_admission_demoted += u64::from(demoted);
         if let Some(c) = &mut self.controller {
             let now = Instant::now();
-            self.arrived.insert(id, (now, ttft_objective));
+            self.arrived.insert(id, Arrival { at: now, ttft_ms, tpot_ms });
             c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
         if let Some(constraint) = constraint {
@@ -626,6 +633,7 @@ impl EngineCore {
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.first_scheduled.remove(&id);
         self.arrived.remove(&id);
+        self.decoding.remove(&id);
         self.runner.forget(id);
         if let Some(spec) = &mut self.speculator {
             spec.forget(id);

@@ -76,6 +76,12 @@ fn batch_control_and_deadlines_change_no_token() {
     let (controlled, budget) = run(&mut engine(tight, SchedulingPolicy::Fcfs));
     assert!(budget < 64, "the controller never cut the budget ({budget})");
     assert_eq!(controlled, plain);
+    // A TPOT target no request can meet: every request misses it once, when it finishes.
+    let tight = SloConfig { target_tpot_ms: Some(0.001), ..SloConfig::default() };
+    let mut core = engine(tight, SchedulingPolicy::Fcfs);
+    let (controlled, _) = run(&mut core);
+    assert_eq!(controlled, plain);
+    assert_eq!(core.stats().controller.unwrap().tpot_misses, 12);
     // Deadlines by class, earliest first, admission off (nothing refused).
     let classes = BTreeMap::from([
         (0, SloClass { ttft_ms: 60_000, tpot_ms: Some(1) }),

@@ -32,13 +32,25 @@ struct Sim {
     runner: FakeRunner,
     controller: Option<BatchController>,
     clock: f64,
+    /// Step-time noise.
     rng: Rng,
+    /// Arrival times, apart from the noise so that every mode sees the same arrivals.
+    arrivals: Rng,
     next_arrival: f64,
     next_id: u64,
     arrived: HashMap<RequestId, f64>,
     /// `(time, seconds)` of every step that decoded.
     itl: Vec<(f64, f64)>,
     ttft: Vec<f64>,
+    /// `(arrival, TTFT)` of every first token.
+    ttft_by_arrival: Vec<(f64, f64)>,
+    /// `(first token time, tokens since)` of requests decoding.
+    decoding: HashMap<RequestId, (f64, usize)>,
+    /// `(first token time, mean seconds per output token after it)` of every finished request.
+    tpot: Vec<(f64, f64)>,
+    /// The most and least step time the controller held saved.
+    max_bank: f64,
+    min_bank: f64,
     /// `(time, running cap)` after every step.
     caps: Vec<(f64, usize)>,
     finished: usize,
@@ -46,6 +58,11 @@ struct Sim {
 
 impl Sim {
     fn new(controlled: bool) -> Self {
+        Self::with_targets(controlled.then_some((Some(TARGET_ITL), None)))
+    }
+
+    /// A simulation controlled to `(ITL, TPOT)` targets (`None`: the fixed ceiling).
+    fn with_targets(targets: Option<(Option<f64>, Option<f64>)>) -> Self {
         let config = SchedulerConfig {
             max_num_batched_tokens: 2048,
             max_num_seqs: 128,
@@ -53,9 +70,10 @@ impl Sim {
             ..SchedulerConfig::default()
         };
         let ceiling = StepLimits { max_num_batched_tokens: 2048, max_num_seqs: 128 };
-        let controller = controlled.then(|| {
+        let controller = targets.map(|(target_itl, target_tpot)| {
             BatchController::new(ControllerConfig {
-                target_itl: Some(TARGET_ITL),
+                target_itl,
+                target_tpot,
                 target_ttft: Some(1.0),
                 ceiling,
             })
@@ -66,11 +84,17 @@ impl Sim {
             controller,
             clock: 0.0,
             rng: Rng::new(7),
+            arrivals: Rng::new(11),
             next_arrival: 0.0,
             next_id: 0,
             arrived: HashMap::new(),
             itl: Vec::new(),
             ttft: Vec::new(),
+            ttft_by_arrival: Vec::new(),
+            decoding: HashMap::new(),
+            tpot: Vec::new(),
+            max_bank: 0.0,
+            min_bank: 0.0,
             caps: Vec::new(),
             finished: 0,
         }
@@ -91,7 +115,7 @@ impl Sim {
                         c.observe_arrival(PROMPT, self.next_arrival);
                     }
                 }
-                self.next_arrival += -(1.0 - self.rng.next_f64()).ln() * BURST as f64 / rate;
+                self.next_arrival += -(1.0 - self.arrivals.next_f64()).ln() * BURST as f64 / rate;
             }
             if !self.s.has_unfinished() {
                 self.clock = self.next_arrival;
@@ -103,19 +127,15 @@ impl Sim {
             let model_output = self.runner.execute(&out);
             self.clock += secs;
             for o in self.s.update(&out, &model_output) {
-                if let Some(arrived) = self.arrived.remove(&o.id) {
-                    self.ttft.push(self.clock - arrived);
-                    if let Some(c) = &mut self.controller {
-                        c.observe_ttft(self.clock - arrived, None);
-                    }
-                }
-                self.finished += usize::from(o.finish_reason.is_some());
+                self.observe_output(o.id, o.finish_reason.is_some());
             }
             self.s.check_invariants().unwrap();
             if load.num_decodes > 0 {
                 self.itl.push((self.clock, secs));
             }
             if let Some(c) = &mut self.controller {
+                self.max_bank = self.max_bank.max(c.stats().bank);
+                self.min_bank = self.min_bank.min(c.stats().bank);
                 let limits = c.observe_step(
                     &load,
                     secs,
@@ -126,6 +146,31 @@ impl Sim {
                 assert_eq!(set, limits, "the controller stays within the ceiling");
             }
             self.caps.push((self.clock, self.s.limits().max_num_seqs));
+        }
+    }
+
+    /// Records a request's output token at the clock: TTFT for its first, TPOT when it ends.
+    fn observe_output(&mut self, id: RequestId, finished: bool) {
+        if let Some(arrived) = self.arrived.remove(&id) {
+            self.ttft.push(self.clock - arrived);
+            self.ttft_by_arrival.push((arrived, self.clock - arrived));
+            self.decoding.insert(id, (self.clock, 0));
+            if let Some(c) = &mut self.controller {
+                c.observe_ttft(self.clock - arrived, None);
+            }
+        } else if let Some((_, tokens)) = self.decoding.get_mut(&id) {
+            *tokens += 1;
+        }
+        if finished {
+            self.finished += 1;
+            let (first, tokens) = self.decoding.remove(&id).unwrap();
+            if tokens > 0 {
+                let tpot = (self.clock - first) / tokens as f64;
+                self.tpot.push((first, tpot));
+                if let Some(c) = &mut self.controller {
+                    c.observe_tpot(tpot, None);
+                }
+            }
         }
     }
 
@@ -232,6 +277,7 @@ fn without_an_itl_target_the_limits_stay_at_the_ceiling() {
     let ceiling = StepLimits { max_num_batched_tokens: 512, max_num_seqs: 16 };
     let mut c = BatchController::new(ControllerConfig {
         target_itl: None,
+        target_tpot: None,
         target_ttft: Some(0.5),
         ceiling,
     });
@@ -284,6 +330,7 @@ fn a_ceiling_below_the_prefill_reserve_is_kept() {
     let ceiling = StepLimits { max_num_batched_tokens: 8, max_num_seqs: 4 };
     let mut c = BatchController::new(ControllerConfig {
         target_itl: Some(0.05),
+        target_tpot: None,
         target_ttft: Some(0.5),
         ceiling,
     });
@@ -297,4 +344,54 @@ fn a_ceiling_below_the_prefill_reserve_is_kept() {
         assert!(limits.max_num_batched_tokens <= 8 && limits.max_num_seqs <= 4, "{limits:?}");
         c.observe_arrival(100, i as f64 * 0.01);
     }
+}
+
+/// Values of `(time, value)` pairs from `from` seconds on.
+fn after(pairs: &[(f64, f64)], from: f64) -> Vec<f64> {
+    pairs.iter().filter(|(t, _)| *t >= from).map(|&(_, v)| v).collect()
+}
+
+#[test]
+fn a_tpot_target_holds_each_requests_mean_and_drains_bursts_sooner() {
+    // The same bursty arrivals under a 50 ms ITL target and under a 50 ms TPOT target: the TPOT
+    // controller spends saved step time on the queued prompts of a burst, so first tokens come
+    // sooner, while every request's mean time per token stays under the target. Measured from
+    // 5 s on, once the cost model is fitted and the start-up queue drained.
+    let mut itl = Sim::with_targets(Some((Some(TARGET_ITL), None)));
+    itl.run(40.0, 3.0, 1.0);
+    let mut tpot = Sim::with_targets(Some((None, Some(TARGET_ITL))));
+    tpot.run(40.0, 3.0, 1.0);
+    let per_token = after(&tpot.tpot, 5.0);
+    let worst = percentile(&per_token, 1.0);
+    let (ttft_itl, ttft_tpot) = (
+        percentile(&after(&itl.ttft_by_arrival, 5.0), 0.95),
+        percentile(&after(&tpot.ttft_by_arrival, 5.0), 0.95),
+    );
+    assert!(per_token.len() > 50, "{} finished", per_token.len());
+    assert!(worst <= TARGET_ITL, "worst TPOT {worst:.4} s");
+    // The bank was spent: some steps ran longer than the target; it stayed within its bounds.
+    let longest = tpot.itl_quantile(5.0, 40.0, 1.0);
+    assert!(longest > 1.5 * TARGET_ITL, "longest step {longest:.4} s");
+    let bank_limit = kiln_sched::controller::BANK_STEPS * TARGET_ITL;
+    assert!(tpot.max_bank > TARGET_ITL && tpot.max_bank <= bank_limit + 1e-9);
+    assert!(tpot.min_bank >= -bank_limit - 1e-9);
+    assert!(ttft_tpot < 0.9 * ttft_itl, "TTFT p95 {ttft_tpot:.3} s vs {ttft_itl:.3} s");
+    // Throughput is not lost for it.
+    assert!(tpot.finished + 8 >= itl.finished, "{} vs {}", tpot.finished, itl.finished);
+    assert!(reversals(&tpot.caps_in(20.0, 40.0)) <= 6);
+}
+
+#[test]
+fn tpot_misses_count_against_the_class_or_the_target() {
+    let mut c = BatchController::new(ControllerConfig {
+        target_itl: None,
+        target_tpot: Some(0.05),
+        target_ttft: None,
+        ceiling: StepLimits { max_num_batched_tokens: 512, max_num_seqs: 16 },
+    });
+    c.observe_tpot(0.06, None);
+    c.observe_tpot(0.04, None);
+    c.observe_tpot(0.03, Some(0.02));
+    c.observe_tpot(0.06, Some(0.1));
+    assert_eq!(c.stats().tpot_misses, 2);
 }

@@ -96,10 +96,14 @@ pub struct EngineArgs {
     /// (`--slo-classes`, `--target-ttft-ms`; late waiting work is demoted once).
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: Policy,
-    /// p95 inter-token latency target in ms: the batch controller moves the step's token budget
-    /// and the running cap (below the profile's) to hold it (see docs/OPERATIONS.md).
-    #[arg(long, alias = "target-tpot-ms", value_parser = parse_target_ms)]
+    /// p95 inter-token latency target in ms, every step: the batch controller moves the step's
+    /// token budget and the running cap (below the profile's) to hold it (docs/OPERATIONS.md).
+    #[arg(long, value_parser = parse_target_ms)]
     pub target_itl_ms: Option<f64>,
+    /// Time-per-output-token target in ms, a request's mean gap after its first token (vLLM's
+    /// TPOT): as --target-itl-ms, but a step may run longer on time shorter steps saved.
+    #[arg(long, value_parser = parse_target_ms)]
+    pub target_tpot_ms: Option<f64>,
     /// p95 time-to-first-token target in ms: the deadline of requests outside `--slo-classes`;
     /// the step budget drains queued prompts within it.
     #[arg(long, value_parser = parse_target_ms)]
@@ -164,6 +168,7 @@ impl Default for EngineArgs {
             max_num_partial_prefills: None,
             scheduling_policy: Policy::Fcfs,
             target_itl_ms: None,
+            target_tpot_ms: None,
             target_ttft_ms: None,
             slo_classes: None,
             slo_admission: None,
@@ -228,6 +233,7 @@ impl EngineArgs {
         }
         Ok(SloConfig {
             target_itl_ms: self.target_itl_ms,
+            target_tpot_ms: self.target_tpot_ms,
             target_ttft_ms: self.target_ttft_ms,
             classes: self.slo_classes.clone().unwrap_or_default(),
             admission: match self.slo_admission.unwrap_or(Admission::Reject) {
@@ -291,12 +297,21 @@ mod tests {
             "demote",
         ]);
         let slo = e.slo_config().unwrap();
-        assert_eq!((slo.target_itl_ms, slo.target_ttft_ms), (Some(60.0), Some(1000.0)));
+        assert_eq!((slo.target_tpot_ms, slo.target_ttft_ms), (Some(60.0), Some(1000.0)));
+        assert_eq!(slo.target_itl_ms, None);
+        let both = parse(&["--target-itl-ms", "200", "--target-tpot-ms", "50"]).slo_config();
+        let both = both.unwrap();
+        assert_eq!((both.target_itl_ms, both.target_tpot_ms), (Some(200.0), Some(50.0)));
         assert_eq!(slo.classes[&0], SloClass { ttft_ms: 500, tpot_ms: Some(40) });
         assert_eq!(slo.admission, SloAdmission::Demote);
         assert_eq!(e.scheduler_config(true).policy, SchedulingPolicy::Deadline);
-        for bad in [["--target-itl-ms", "0"], ["--target-ttft-ms", "nan"], ["--slo-classes", "{}"]]
-        {
+        let bad_flags = [
+            ["--target-itl-ms", "0"],
+            ["--target-tpot-ms", "-5"],
+            ["--target-ttft-ms", "nan"],
+            ["--slo-classes", "{}"],
+        ];
+        for bad in bad_flags {
             assert!(Cli::try_parse_from(["kiln", bad[0], bad[1]]).is_err(), "{bad:?}");
         }
         // Flags with nothing to act on are refused, not ignored.

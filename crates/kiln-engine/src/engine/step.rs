@@ -170,17 +170,11 @@ impl EngineCore {
         outputs: &[EngineOutput],
         step_time: Duration,
     ) {
-        let Some(controller) = &mut self.controller else { return };
-        // A request's first output carries `first`, so its arrival is removed there (aborts
-        // remove theirs).
-        let now = Instant::now();
-        for out in outputs.iter().filter(|o| o.first.is_some()) {
-            if let Some((arrived, objective_ms)) = self.arrived.remove(&out.id) {
-                let objective = objective_ms.map(|ms| ms as f64 / 1e3);
-                let ttft = now.saturating_duration_since(arrived).as_secs_f64();
-                controller.observe_ttft(ttft, objective);
-            }
+        if self.controller.is_none() {
+            return;
         }
+        self.observe_latencies(outputs, Instant::now());
+        let Some(controller) = &mut self.controller else { return };
         let limits = controller.observe_step(
             &sched_out.load(),
             step_time.as_secs_f64(),
@@ -189,4 +183,53 @@ impl EngineCore {
         );
         self.scheduler.set_limits(limits);
     }
+
+    /// Gives the batch controller each first token's TTFT and each finished request's TPOT
+    /// (its mean gap after the first token), against their objectives, as of `now`.
+    fn observe_latencies(&mut self, outputs: &[EngineOutput], now: Instant) {
+        let Some(controller) = &mut self.controller else { return };
+        for out in outputs {
+            if out.first.is_some() {
+                // A request's first output carries `first`, so its arrival is removed there
+                // (aborts remove theirs).
+                if let Some(arrival) = self.arrived.remove(&out.id) {
+                    let objective = arrival.ttft_ms.map(|ms| ms as f64 / 1e3);
+                    let ttft = now.saturating_duration_since(arrival.at).as_secs_f64();
+                    controller.observe_ttft(ttft, objective);
+                    if let Some(tpot_ms) = arrival.tpot_ms {
+                        let decoding = Decoding { first: now, tokens: 0, tpot_ms };
+                        self.decoding.insert(out.id, decoding);
+                    }
+                }
+            } else if let Some(decoding) = self.decoding.get_mut(&out.id) {
+                decoding.tokens += 1;
+            }
+            if out.finish_reason.is_some()
+                && let Some(d) = self.decoding.remove(&out.id)
+                && d.tokens > 0
+            {
+                let seconds = now.saturating_duration_since(d.first).as_secs_f64();
+                controller.observe_tpot(seconds / d.tokens as f64, Some(d.tpot_ms / 1e3));
+            }
+        }
+    }
+}
+
+/// A request waiting for its first token: when it arrived and its objectives.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Arrival {
+    pub(super) at: Instant,
+    /// Its class's TTFT (`None`: the TTFT target).
+    pub(super) ttft_ms: Option<u64>,
+    /// Its TPOT objective (`None`: none).
+    pub(super) tpot_ms: Option<f64>,
+}
+
+/// A request past its first token with a TPOT objective.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Decoding {
+    first: Instant,
+    /// Tokens since the first.
+    tokens: usize,
+    tpot_ms: f64,
 }

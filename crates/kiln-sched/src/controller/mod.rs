@@ -1,5 +1,6 @@
 //! Adaptive batch control: the token budget and running cap that hold an inter-token-latency
-//! target, planned from a step-cost model fitted online ([`StepCostModel`]).
+//! (ITL) or time-per-output-token (TPOT) target, planned from a step-cost model fitted online
+//! ([`StepCostModel`]).
 //!
 //! Every running request gets one token per step, so a decoding request's inter-token latency
 //! is the step time. With a p95 target `T` and a gain `g` (below), the controller gives each
@@ -20,6 +21,20 @@
 //!   the ITL target allows); without an ITL target, the drain rate up to the configured
 //!   budget.
 //!
+//! **A TPOT target** (`target_tpot`, vLLM's time per output token: a request's mean gap between
+//! tokens after the first) is looser than an ITL target: a step may run longer than `g·T` as
+//! long as the steps around it are shorter. The controller plans with `T` the lower of the two
+//! targets and keeps a *bank* under a TPOT target: after each step that decoded, the bank gains
+//! `g·T − seconds`, clamped to `±BANK_STEPS·T_tpot`, and the next step's prefill spends what is
+//! saved on the queued prompts (`g·T + bank` instead of `g·T` in the budget, never more than
+//! `g` times the ITL target when there is one). A step that ran over what it was given (the
+//! cost model is a fit) leaves a debt that shorter steps pay back. Over any `K` decode steps of
+//! a request the step times sum to `K·g·T + bank before − bank after` (outside the clamp), so
+//! its TPOT is at most `g·T + 2·BANK_STEPS·T/K` (at 128 output tokens, `g·T` + 6 % of `T`).
+//! Queued prompts are thus drained in fewer, longer steps when a burst comes, which a per-step
+//! ITL target forbids. The gain is judged on the window's mean (the TPOT of a request
+//! that decoded through it) against the TPOT target and on its p95 against the ITL target.
+//!
 //! Both are clamped to the configured limits (the profile's or flags), which stay the ceiling.
 //! A lower cap preempts nothing; admissions wait for seats.
 //!
@@ -34,8 +49,8 @@
 //! under constant load, holds the target through a 4× load step, no sustained oscillation).
 //!
 //! The cap is changed only when the plan differs from it by more than a tenth (and 2 seats),
-//! so noise in the fitted costs does not move it. Without an ITL target the cap stays at its
-//! ceiling. The model is fitted either way: admission control predicts first-token times
+//! so noise in the fitted costs does not move it. Without an ITL or TPOT target the cap stays
+//! at its ceiling. The model is fitted either way: admission control predicts first-token times
 //! with it.
 //!
 //! Pure and deterministic: no clocks; the engine hands in step loads and durations.
@@ -56,6 +71,8 @@ pub const GAIN_WINDOW: usize = 32;
 pub const MIN_PREFILL_RESERVE: usize = 16;
 const INITIAL_GAIN: f64 = 0.9;
 const MIN_GAIN: f64 = 0.3;
+/// Under a TPOT target, the most step time saved for later, in multiples of the target.
+pub const BANK_STEPS: f64 = 4.0;
 /// Weight of a new step in the mean-context averages.
 const EWMA: f64 = 0.1;
 /// Time constant of the arrival-rate estimate, in seconds.
@@ -66,6 +83,9 @@ const ARRIVAL_TAU: f64 = 10.0;
 pub struct ControllerConfig {
     /// p95 inter-token latency target, in seconds (`None`: the limits stay at the ceiling).
     pub target_itl: Option<f64>,
+    /// Target of a request's mean time per output token after the first, in seconds (`None`:
+    /// none): steps may run longer than it on time that shorter steps saved (module docs).
+    pub target_tpot: Option<f64>,
     /// p95 time-to-first-token target, in seconds: the budget drains queued prompts within a
     /// quarter of it; misses are counted.
     pub target_ttft: Option<f64>,
@@ -84,6 +104,11 @@ pub struct ControllerStats {
     pub itl_misses: u64,
     /// First tokens later than their class's TTFT (or the TTFT target), since start.
     pub ttft_misses: u64,
+    /// Finished requests whose mean time per output token was over their class's TPOT (or the
+    /// TPOT target), since start.
+    pub tpot_misses: u64,
+    /// Step time saved under a TPOT target for longer steps later, seconds (negative: a debt).
+    pub bank: f64,
     /// Plans that changed the running cap or the gain, since start.
     pub num_moves: u64,
 }
@@ -96,6 +121,8 @@ pub struct BatchController {
     /// Durations of recent decode steps, seconds (since the last gain change).
     itl: VecDeque<f64>,
     gain: f64,
+    /// Step time saved under a TPOT target, seconds (module docs).
+    bank: f64,
     /// Mean context of a decode (EWMA over steps).
     decode_context: f64,
     /// Mean context of a prefill token (attention per prefill token, EWMA over steps).
@@ -119,6 +146,7 @@ impl BatchController {
             model: StepCostModel::default(),
             itl: VecDeque::with_capacity(GAIN_WINDOW),
             gain: INITIAL_GAIN,
+            bank: 0.0,
             decode_context: 0.0,
             prefill_context: 0.0,
             arrival_rate: 0.0,
@@ -131,7 +159,7 @@ impl BatchController {
     }
 
     pub fn stats(&self) -> ControllerStats {
-        ControllerStats { limits: self.limits, gain: self.gain, ..self.stats }
+        ControllerStats { limits: self.limits, gain: self.gain, bank: self.bank, ..self.stats }
     }
 
     /// The fitted step-cost model.
@@ -154,6 +182,30 @@ impl BatchController {
         if objective.or(self.config.target_ttft).is_some_and(|t| seconds > t) {
             self.stats.ttft_misses += 1;
         }
+    }
+
+    /// A request finished with a mean of `seconds` per output token after its first;
+    /// `objective` is its class's TPOT in seconds (`None`: the TPOT target). Over that is a
+    /// miss.
+    pub fn observe_tpot(&mut self, seconds: f64, objective: Option<f64>) {
+        if objective.or(self.config.target_tpot).is_some_and(|t| seconds > t) {
+            self.stats.tpot_misses += 1;
+        }
+    }
+
+    /// The mean step time the plan holds: the lower of the ITL and TPOT targets.
+    fn mean_target(&self) -> Option<f64> {
+        match (self.config.target_itl, self.config.target_tpot) {
+            (Some(itl), Some(tpot)) => Some(itl.min(tpot)),
+            (itl, tpot) => itl.or(tpot),
+        }
+    }
+
+    /// The longest a step may take when the plan gives it `planned` seconds and `bank` is
+    /// saved: their sum, never more than `g` times the ITL target.
+    fn step_allowance(&self, planned: f64, bank: f64) -> f64 {
+        let banked = planned + bank;
+        self.config.target_itl.map_or(banked, |itl| banked.min(self.gain * itl))
     }
 
     /// Records a step of `load` that took `seconds`, then plans the limits of the next step for
@@ -180,6 +232,11 @@ impl BatchController {
             if self.config.target_itl.is_some_and(|t| seconds > t) {
                 self.stats.itl_misses += 1;
             }
+            if let (Some(tpot), Some((Some(planned), ..))) = (self.config.target_tpot, self.costs())
+            {
+                let limit = BANK_STEPS * tpot;
+                self.bank = (self.bank + planned - seconds).clamp(-limit, limit);
+            }
         }
         if load.num_prefill_tokens > 0 {
             let decode_attention = load.decode_context;
@@ -191,17 +248,17 @@ impl BatchController {
         if self.steps.is_multiple_of(PLAN_INTERVAL) {
             self.plan_cap();
         }
-        self.limits.max_num_batched_tokens = self.budget_for(num_running, backlog);
+        self.limits.max_num_batched_tokens = self.budget_for(num_running, backlog, self.bank);
         self.limits
     }
 
-    /// The step's time budget `g·T` (`None`: no ITL target), and the model's fixed, decode and
-    /// prefill costs.
+    /// The step's planned time `g·T` (`None`: no ITL or TPOT target), and the model's fixed,
+    /// decode and prefill costs.
     fn costs(&self) -> Option<(Option<f64>, f64, f64, f64)> {
         let a = self.model.fixed_seconds()?;
         let u = self.model.seconds_per_token(self.decode_context)?;
         let v = self.model.seconds_per_token(self.prefill_context)?;
-        let time = self.config.target_itl.map(|target| self.gain * target);
+        let time = self.mean_target().map(|target| self.gain * target);
         Some((time, a, u.max(1e-9), v.max(1e-9)))
     }
 
@@ -220,18 +277,23 @@ impl BatchController {
         if !self.model.fit() {
             return;
         }
-        let Some(target) = self.config.target_itl else {
+        if self.mean_target().is_none() {
             self.limits.max_num_seqs = ceiling.max_num_seqs;
             return;
-        };
+        }
         let old = (self.limits.max_num_seqs, self.gain);
         if self.itl.len() >= GAIN_WINDOW {
-            let p95 = percentile(self.itl.make_contiguous(), 0.95);
-            if p95 > target {
+            let window = self.itl.make_contiguous();
+            let p95 = percentile(window, 0.95);
+            let mean = window.iter().sum::<f64>() / window.len() as f64;
+            let (itl, tpot) = (self.config.target_itl, self.config.target_tpot);
+            let over = itl.is_some_and(|t| p95 > t) || tpot.is_some_and(|t| mean > t);
+            let under = itl.is_none_or(|t| p95 < 0.7 * t) && tpot.is_none_or(|t| mean < 0.7 * t);
+            if over {
                 self.gain = (self.gain * 0.93).max(MIN_GAIN);
                 self.itl.clear();
                 self.bound = false;
-            } else if p95 < 0.7 * target && self.bound && self.gain < 1.0 {
+            } else if under && self.bound && self.gain < 1.0 {
                 self.gain = (self.gain + 0.02).min(1.0);
                 self.itl.clear();
                 self.bound = false;
@@ -253,24 +315,36 @@ impl BatchController {
         }
     }
 
+    /// Prompt tokens per step that prefill `backlog` tokens within a quarter of the TTFT target
+    /// at the step time the plan allows (`None`: no TTFT target).
+    fn drain_for(&self, backlog: usize) -> Option<usize> {
+        let ttft = self.config.target_ttft?;
+        let ceiling = self.config.ceiling.max_num_batched_tokens;
+        let step = match self.costs() {
+            Some((Some(t), ..)) => t,
+            _ => self.model.predict(ceiling as f64, 0.0).unwrap_or(1.0).max(1e-3),
+        };
+        let steps = (ttft / 4.0 / step).max(1.0);
+        Some((backlog as f64 / steps).ceil() as usize)
+    }
+
     /// The token budget of a step that decodes `num_running` requests with `backlog` prompt
-    /// tokens queued.
-    fn budget_for(&self, num_running: usize, backlog: usize) -> usize {
+    /// tokens queued and may spend `bank` seconds saved.
+    fn budget_for(&self, num_running: usize, backlog: usize, bank: f64) -> usize {
         let ceiling = self.config.ceiling.max_num_batched_tokens;
         let Some((time, a, u, v)) = self.costs() else { return ceiling };
-        // Prefill tokens the rest of the step's time pays for (all of it without an ITL target).
-        let affordable = time
-            .map_or(ceiling, |t| ((t - a - u * num_running as f64) / v).floor().max(0.0) as usize);
-        let prefill = match self.config.target_ttft {
-            Some(ttft) => {
-                // Steps in a quarter of the TTFT target, at the step time the plan allows.
-                let step = time.unwrap_or_else(|| {
-                    self.model.predict(ceiling as f64, 0.0).unwrap_or(1.0).max(1e-3)
-                });
-                let steps = (ttft / 4.0 / step).max(1.0);
-                let drain = (backlog as f64 / steps).ceil() as usize;
+        // Prefill tokens the rest of the step's time (with the bank) pays for: all of it
+        // without a target.
+        let affordable = time.map_or(ceiling, |t| {
+            let seconds = self.step_allowance(t, bank) - a - u * num_running as f64;
+            (seconds / v).floor().max(0.0) as usize
+        });
+        let prefill = match self.drain_for(backlog) {
+            Some(drain) => {
                 let reserve = time.map_or(MIN_PREFILL_RESERVE, |t| self.prefill_reserve(t, a, v));
-                drain.max(reserve).min(affordable)
+                // Saved time is there to be spent on the queue: all of it, as far as it pays.
+                let banked = if bank > 0.0 { backlog } else { 0 };
+                drain.max(reserve).max(banked).min(affordable)
             }
             None => affordable,
         };
@@ -279,17 +353,27 @@ impl BatchController {
 
     /// Predicted seconds to prefill `tokens` more tokens with the limits in force while
     /// `num_running` requests decode (`None` until the model is fitted). Admission control
-    /// compares it with a request's deadline.
+    /// compares it with a request's deadline. The first step may spend the bank; the later
+    /// ones take the rate planned without it (the bank refills only in steps shorter than
+    /// planned).
     pub fn predict_prefill_seconds(&self, tokens: usize, num_running: usize) -> Option<f64> {
         let n = num_running.min(self.limits.max_num_seqs);
-        let budget = self.budget_for(n, tokens).max(n + 1);
-        let per_step_prefill = (budget - n).min(tokens.max(1));
-        let step = self.model.predict(
-            (n + per_step_prefill) as f64,
-            self.decode_context * n as f64 + self.prefill_context * per_step_prefill as f64,
-        )?;
-        let steps = (tokens as f64 / per_step_prefill as f64).ceil().max(1.0);
-        Some(steps * step)
+        let per_step = |backlog: usize, bank: f64| {
+            let budget = self.budget_for(n, backlog, bank).max(n + 1);
+            (budget - n).min(backlog.max(1))
+        };
+        let step_seconds = |prefill: usize| {
+            let attention = self.decode_context * n as f64 + self.prefill_context * prefill as f64;
+            self.model.predict((n + prefill) as f64, attention)
+        };
+        let first = per_step(tokens, self.bank);
+        let mut seconds = step_seconds(first)?;
+        let rest = tokens.saturating_sub(first);
+        if rest > 0 {
+            let prefill = per_step(tokens, 0.0);
+            seconds += (rest as f64 / prefill as f64).ceil() * step_seconds(prefill)?;
+        }
+        Some(seconds)
     }
 }
 

@@ -2,11 +2,14 @@
 //! engine step:
 //! - gauges `kiln:scheduler_token_budget` and `kiln:scheduler_max_running`: the step token budget
 //!   and running cap in force (the configured limits, or what the batch controller set);
-//! - gauge `kiln:scheduler_controller_gain`: the fraction of the ITL target a step is planned to
-//!   take (0 without a controller);
+//! - gauge `kiln:scheduler_controller_gain`: the fraction of the ITL (or TPOT) target a step is
+//!   planned to take (0 without a controller);
+//! - gauge `kiln:scheduler_controller_bank_seconds`: step time saved under a TPOT target for
+//!   longer steps later (negative: a debt shorter steps pay back);
 //! - counter `kiln:slo_target_misses_total{target}`: decode steps slower than the ITL target
-//!   (`target="itl"`) and first tokens later than their SLO class's TTFT or the TTFT target
-//!   (`target="ttft"`);
+//!   (`target="itl"`), first tokens later than their SLO class's TTFT or the TTFT target
+//!   (`target="ttft"`), and finished requests whose mean time per output token was over their
+//!   class's TPOT or the TPOT target (`target="tpot"`);
 //! - counter `kiln:slo_admission_total{action}`: requests refused by admission control
 //!   (`action="rejected"`) and requests demoted behind work that can be on time
 //!   (`action="demoted"`: at admission, or waiting past their deadline).
@@ -28,6 +31,7 @@ type Label = [(&'static str, String); 1];
 pub(super) struct SloTotals {
     itl_misses: u64,
     ttft_misses: u64,
+    tpot_misses: u64,
     rejected: u64,
     demoted: u64,
 }
@@ -37,6 +41,7 @@ pub(super) struct SloMetrics {
     token_budget: Gauge,
     max_running: Gauge,
     gain: Gauge<f64, AtomicU64>,
+    bank: Gauge<f64, AtomicU64>,
     target_misses: Family<Label, Counter>,
     admission: Family<Label, Counter>,
 }
@@ -56,12 +61,18 @@ impl SloMetrics {
         );
         r.register(
             name("scheduler_controller_gain"),
-            "Fraction of the inter-token latency target a step is planned to take",
+            "Fraction of the inter-token latency (or TPOT) target a step is planned to take",
             self.gain.clone(),
         );
         r.register(
+            name("scheduler_controller_bank_seconds"),
+            "Step time saved under a TPOT target for longer steps later (negative: a debt)",
+            self.bank.clone(),
+        );
+        r.register(
             name("slo_target_misses"),
-            "Decode steps over the ITL target and first tokens over the TTFT target",
+            "Decode steps over the ITL target, first tokens over the TTFT target, requests over \
+             the TPOT target",
             self.target_misses.clone(),
         );
         r.register(
@@ -69,7 +80,7 @@ impl SloMetrics {
             "Requests rejected or demoted because their deadline could not be met",
             self.admission.clone(),
         );
-        for target in ["itl", "ttft"] {
+        for target in ["itl", "ttft", "tpot"] {
             drop(self.target_misses.get_or_create(&[("target", target.to_owned())]));
         }
         for action in ["rejected", "demoted"] {
@@ -82,9 +93,11 @@ impl SloMetrics {
         self.max_running.set(super::saturating_i64(stats.limits.max_num_seqs));
         let controller = stats.controller.unwrap_or_default();
         self.gain.set(if stats.controller.is_some() { controller.gain } else { 0.0 });
+        self.bank.set(controller.bank);
         let miss = |t: &str| self.target_misses.get_or_create(&[("target", t.to_owned())]).clone();
         super::advance(&miss("itl"), &mut last.itl_misses, controller.itl_misses);
         super::advance(&miss("ttft"), &mut last.ttft_misses, controller.ttft_misses);
+        super::advance(&miss("tpot"), &mut last.tpot_misses, controller.tpot_misses);
         let act = |a: &str| self.admission.get_or_create(&[("action", a.to_owned())]).clone();
         super::advance(&act("rejected"), &mut last.rejected, stats.num_slo_rejected);
         super::advance(&act("demoted"), &mut last.demoted, stats.num_slo_demoted);
@@ -100,13 +113,14 @@ pub fn controller_log_line(before: &EngineStats, now: &EngineStats) -> Option<St
     }
     Some(format!(
         "Batch controller: max running {} -> {}, gain {:.2} -> {:.2}, token budget now {}; \
-         misses since start: ITL {}, TTFT {}",
+         misses since start: ITL {}, TTFT {}, TPOT {}",
         b.limits.max_num_seqs,
         n.limits.max_num_seqs,
         b.gain,
         n.gain,
         n.limits.max_num_batched_tokens,
         n.itl_misses,
-        n.ttft_misses
+        n.ttft_misses,
+        n.tpot_misses
     ))
 }
