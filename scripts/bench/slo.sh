@@ -10,7 +10,8 @@
 #
 #   scripts/bench/slo.sh [OUT_DIR]      (RATES="2 3" SECONDS_PER_RUN=120 to change the load;
 #                                         CONFIGS="throughput controller-tpot" for some servers;
-#                                         ONLY_MIXED=1 for the mixed-class runs alone)
+#                                         ONLY_MIXED=1 for the mixed-class runs alone,
+#                                         NO_MIXED=1 to leave them out)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results/slo}"
@@ -74,6 +75,11 @@ if [[ -z "${ONLY_MIXED:-}" ]]; then
       stop
     done
   done
+fi
+
+if [[ -n "${NO_MIXED:-}" ]]; then
+  echo "results in $OUT"
+  exit 0
 fi
 
 # Mixed classes at the higher rate: interactive (priority 0) and batch (priority 1).
