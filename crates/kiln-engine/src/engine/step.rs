@@ -170,10 +170,7 @@ impl EngineCore {
         outputs: &[EngineOutput],
         step_time: Duration,
     ) {
-        if self.controller.is_none() {
-            return;
-        }
-        self.observe_latencies(outputs, Instant::now());
+        self.observe_latencies(outputs);
         let Some(controller) = &mut self.controller else { return };
         let limits = controller.observe_step(
             &sched_out.load(),
@@ -185,9 +182,10 @@ impl EngineCore {
     }
 
     /// Gives the batch controller each first token's TTFT and each finished request's TPOT
-    /// (its mean gap after the first token), against their objectives, as of `now`.
-    fn observe_latencies(&mut self, outputs: &[EngineOutput], now: Instant) {
+    /// (its mean gap after the first token), against their objectives, as of now.
+    fn observe_latencies(&mut self, outputs: &[EngineOutput]) {
         let Some(controller) = &mut self.controller else { return };
+        let now = Instant::now();
         for out in outputs {
             if out.first.is_some() {
                 // A request's first output carries `first`, so its arrival is removed there
