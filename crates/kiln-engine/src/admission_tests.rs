@@ -111,3 +111,37 @@ fn a_demoted_request_waits_behind_work_that_can_be_on_time() {
     let pos = |id| order.iter().position(|&x| x == id).unwrap();
     assert!(pos(later) < pos(probe), "{order:?}");
 }
+
+#[test]
+fn first_tokens_later_than_predicted_make_admission_stricter() {
+    // Two classless prompts of 10 tokens ahead (no deadline, never refused), then a 1-token
+    // request due in 5 ms: predicted about 3 ms behind them, 1 ms alone.
+    let probe = |core: &mut EngineCore| {
+        for i in 0..2 {
+            core.add_request(prompt(60 + i, 10), greedy(2), 5).unwrap();
+        }
+        core.add_request(prompt(62, 1), greedy(2), 0)
+    };
+    let mut core = engine(SloAdmission::Reject, SchedulingPolicy::Fcfs);
+    probe(&mut core).unwrap();
+    assert_eq!(run_to_end(&mut core).len(), 3);
+
+    // First tokens have been coming four times later than predicted: the same request behind
+    // the same queue is now predicted late and refused; alone it still is not (a request is
+    // never refused on an idle server).
+    let mut core = engine(SloAdmission::Reject, SchedulingPolicy::Fcfs);
+    let controller = core.controller_mut().unwrap();
+    for _ in 0..64 {
+        controller.observe_ttft(0.0, 0.012, Some(0.005), Some(0.003));
+    }
+    assert_eq!(controller.stats().ttft_calibration, 4.0);
+    let Err(EngineError::Rejected(AddError::DeadlineUnmeetable { predicted_ms, .. })) =
+        probe(&mut core)
+    else {
+        panic!("admitted behind a queue that the calibration predicts late");
+    };
+    assert!((9..=16).contains(&predicted_ms), "{predicted_ms} ms");
+    assert_eq!(run_to_end(&mut core).len(), 2);
+    core.add_request(prompt(63, 1), greedy(2), 0).unwrap();
+    assert_eq!(run_to_end(&mut core).len(), 1);
+}

@@ -14,14 +14,14 @@ use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
-    PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
-    SwapConfig, SwapStats,
+    PreemptionMode, QueueAhead, Request, Scheduler, SchedulerConfig, SchedulerStats,
+    SchedulingPolicy, SwapConfig, SwapStats,
 };
 
 use crate::forward_thread::ForwardThread;
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
-use crate::slo::{AdmissionDecision, SloConfig, decide};
+use crate::slo::{AdmissionDecision, Admitted, Prediction, SloConfig, decide};
 use crate::spec::{
     DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator, bind_draft_model,
 };
@@ -325,12 +325,12 @@ impl EngineCore {
     }
 
     /// The request's deadline from its SLO class, after admission control: `Err` when it must
-    /// be refused, `Ok((deadline, demoted))` otherwise.
+    /// be refused, `Ok(None)` when it has no deadline.
     fn admit_deadline(
         &self,
         priority: i64,
         num_prompt_tokens: usize,
-    ) -> Result<Option<(Deadline, bool)>, AddError> {
+    ) -> Result<Option<Admitted>, AddError> {
         let slo = &self.config.slo;
         let now = self.now_ms();
         let is_deadline_policy = self.config.scheduler.policy == SchedulingPolicy::Deadline;
@@ -338,40 +338,50 @@ impl EngineCore {
         let Some(class) = slo.class_for(priority) else {
             // Under the deadline policy every request is due some time, so none starves.
             let best_effort = Deadline { first_token_ms: now.saturating_add(shift), tpot_ms: None };
-            return Ok(is_deadline_policy.then_some((best_effort, false)));
+            let admitted = Admitted { deadline: best_effort, demoted: false, predicted: None };
+            return Ok(is_deadline_policy.then_some(admitted));
         };
         let deadline =
             Deadline { first_token_ms: now.saturating_add(class.ttft_ms), tpot_ms: class.tpot_ms };
-        let (alone_ms, queued_ms) = self.predict_first_token_ms(deadline, num_prompt_tokens);
-        match decide(slo.admission, class.ttft_ms, alone_ms, queued_ms) {
-            AdmissionDecision::Admit => Ok(Some((deadline, false))),
+        let prediction = self.predict_first_token(deadline, num_prompt_tokens);
+        match decide(slo.admission, class.ttft_ms, prediction.alone_ms, prediction.queued_ms) {
+            AdmissionDecision::Admit => {
+                Ok(Some(Admitted { deadline, demoted: false, predicted: prediction.uncalibrated }))
+            }
             AdmissionDecision::Reject { predicted_ms } => {
                 Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms })
             }
             AdmissionDecision::Demote => {
                 let first_token_ms = deadline.first_token_ms.saturating_add(shift);
-                Ok(Some((Deadline { first_token_ms, ..deadline }, true)))
+                let deadline = Deadline { first_token_ms, ..deadline };
+                Ok(Some(Admitted { deadline, demoted: true, predicted: None }))
             }
         }
     }
 
-    /// Predicted milliseconds to the first token of a request due at `deadline` with
-    /// `num_prompt_tokens` tokens: alone, and behind the prefill work served ahead of it
-    /// (`None` until the batch controller's cost model is fitted).
-    fn predict_first_token_ms(
-        &self,
-        deadline: Deadline,
-        num_prompt_tokens: usize,
-    ) -> (Option<u64>, Option<u64>) {
-        let Some(controller) = &self.controller else { return (None, None) };
+    /// The first-token time of a request due at `deadline` with `num_prompt_tokens` tokens:
+    /// alone, and behind the work served ahead of it (all `None` until the batch controller's
+    /// cost model is fitted).
+    fn predict_first_token(&self, deadline: Deadline, num_prompt_tokens: usize) -> Prediction {
+        let Some(controller) = &self.controller else { return Prediction::default() };
         let before = (self.config.scheduler.policy == SchedulingPolicy::Deadline)
             .then_some(deadline.first_token_ms);
-        let ahead = self.scheduler.pending_prefill_tokens(before);
         let running = self.scheduler.num_running();
-        let ms = |tokens| {
-            controller.predict_prefill_seconds(tokens, running).map(|s| (s * 1e3).ceil() as u64)
+        let free_seats = self.scheduler.limits().max_num_seqs.saturating_sub(running);
+        let queue = QueueAhead {
+            prompt_tokens: num_prompt_tokens,
+            tokens_ahead: self.scheduler.pending_prefill_tokens(before),
+            num_running: running,
+            seats_needed: (self.scheduler.num_waiting_ahead(before) + 1).saturating_sub(free_seats),
         };
-        (ms(num_prompt_tokens), ms(ahead + num_prompt_tokens))
+        let alone = QueueAhead { prompt_tokens: num_prompt_tokens, ..QueueAhead::default() };
+        let now = self.epoch.elapsed().as_secs_f64();
+        let ms = |seconds: Option<f64>| seconds.map(|s| (s * 1e3).ceil() as u64);
+        Prediction {
+            alone_ms: ms(controller.calibrated_first_token_seconds(&alone, now)),
+            queued_ms: ms(controller.calibrated_first_token_seconds(&queue, now)),
+            uncalibrated: controller.predict_first_token_seconds(&queue, now),
+        }
     }
 
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
@@ -548,16 +558,20 @@ impl EngineCore {
         let num_prompt_tokens = prompt.len();
         let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
         let tpot_ms = self.config.slo.tpot_ms_for(priority);
-        let deadline = self.admit_deadline(priority, num_prompt_tokens);
-        if let Err(AddError::DeadlineUnmeetable { .. }) = &deadline {
+        let admitted = self.admit_deadline(priority, num_prompt_tokens);
+        if let Err(AddError::DeadlineUnmeetable { .. }) = &admitted {
             self.stats.num_slo_rejected += 1;
         }
+        let admitted = admitted?;
+        let predicted = admitted.and_then(|a| a.predicted);
         let mut request = Request::new(id, prompt, params)
             .with_priority(priority)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
-        request = match deadline? {
-            Some((deadline, false)) => request.with_deadline(deadline),
-            Some((deadline, true)) => request.with_demoted_deadline(deadline),
+        request = match admitted {
+            Some(Admitted { deadline, demoted: false, .. }) => request.with_deadline(deadline),
+            Some(Admitted { deadline, demoted: true, .. }) => {
+                request.with_demoted_deadline(deadline)
+            }
             None => request,
         };
         let demoted = request.is_demoted();
@@ -565,7 +579,7 @@ impl EngineCore {
         self.num_admission_demoted += u64::from(demoted);
         if let Some(c) = &mut self.controller {
             let now = Instant::now();
-            self.arrived.insert(id, Arrival { at: now, ttft_ms, tpot_ms });
+            self.arrived.insert(id, Arrival { at: now, ttft_ms, tpot_ms, predicted });
             c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
         if let Some(constraint) = constraint {

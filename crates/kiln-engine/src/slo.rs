@@ -143,6 +143,28 @@ pub fn decide(
     }
 }
 
+/// A request's first-token time as admission control sees it, ms (all `None` until the batch
+/// controller's cost model is fitted).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Prediction {
+    /// On an idle server, scaled by the admission calibration.
+    pub alone_ms: Option<u64>,
+    /// Behind the work queued ahead of it, scaled by the admission calibration.
+    pub queued_ms: Option<u64>,
+    /// The same before the calibration, seconds: what the calibration learns from.
+    pub uncalibrated: Option<f64>,
+}
+
+/// A request admission control let in with a deadline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Admitted {
+    pub deadline: kiln_sched::Deadline,
+    /// Queued behind work that can be on time, its deadline pushed back.
+    pub demoted: bool,
+    /// [`Prediction::uncalibrated`] when it is held to its deadline (`None` when demoted).
+    pub predicted: Option<f64>,
+}
+
 /// A `--slo-classes` value that is not valid; names the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SloClassesError {

@@ -62,7 +62,7 @@ pub mod spill;
 pub mod swap;
 
 pub use config::{ConfigError, SchedulerConfig, SchedulingPolicy};
-pub use controller::{BatchController, ControllerConfig, ControllerStats};
+pub use controller::{BatchController, ControllerConfig, ControllerStats, QueueAhead};
 pub use output::{
     CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput, StepLoad,
 };

@@ -209,18 +209,27 @@ impl Scheduler {
     /// `before` given (deadline policy), of the waiting requests only those whose first-token
     /// deadline is not later than it: the work served ahead of a request due then.
     pub fn pending_prefill_tokens(&self, before: Option<u64>) -> usize {
-        let ahead = |req: &Request| match (before, req.deadline()) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(limit), Some(d)) => d.first_token_ms <= limit,
-        };
-        let waiting = self.waiting.iter().map(|id| &self.requests[id]).filter(|r| ahead(r));
         let running = self
             .running
             .iter()
             .map(|id| &self.requests[id])
             .filter(|r| r.num_uncomputed_tokens() > 1);
-        waiting.chain(running).map(Request::num_tokens_to_prefill).sum()
+        self.waiting_ahead(before).chain(running).map(Request::num_tokens_to_prefill).sum()
+    }
+
+    /// Waiting requests that take a running seat before a request due at `before` (`None`: all
+    /// of them), as [`Scheduler::pending_prefill_tokens`] counts them.
+    pub fn num_waiting_ahead(&self, before: Option<u64>) -> usize {
+        self.waiting_ahead(before).count()
+    }
+
+    fn waiting_ahead(&self, before: Option<u64>) -> impl Iterator<Item = &Request> {
+        let ahead = move |req: &&Request| match (before, req.deadline()) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(limit), Some(d)) => d.first_token_ms <= limit,
+        };
+        self.waiting.iter().map(|id| &self.requests[id]).filter(ahead)
     }
 
     pub fn config(&self) -> &SchedulerConfig {

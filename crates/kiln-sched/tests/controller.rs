@@ -12,7 +12,7 @@ use common::{FakeRunner, req, scheduler, toks};
 use kiln_core::{RequestId, Rng, TokenId};
 use kiln_sched::controller::percentile;
 use kiln_sched::{
-    BatchController, ControllerConfig, Scheduler, SchedulerConfig, StepLimits, StepLoad,
+    BatchController, ControllerConfig, QueueAhead, Scheduler, SchedulerConfig, StepLimits, StepLoad,
 };
 
 const TARGET_ITL: f64 = 0.050;
@@ -156,7 +156,7 @@ impl Sim {
             self.ttft_by_arrival.push((arrived, self.clock - arrived));
             self.decoding.insert(id, (self.clock, 0));
             if let Some(c) = &mut self.controller {
-                c.observe_ttft(self.clock - arrived, None);
+                c.observe_ttft(self.clock, self.clock - arrived, None, None);
             }
         } else if let Some((_, tokens)) = self.decoding.get_mut(&id) {
             *tokens += 1;
@@ -291,10 +291,10 @@ fn without_an_itl_target_the_limits_stay_at_the_ceiling() {
     for _ in 0..64 {
         assert_eq!(c.observe_step(&load, 0.2, 10, 5000).max_num_seqs, ceiling.max_num_seqs);
     }
-    c.observe_ttft(0.7, None);
-    c.observe_ttft(0.3, None);
-    c.observe_ttft(0.3, Some(0.2));
-    c.observe_ttft(0.7, Some(1.0));
+    c.observe_ttft(0.0, 0.7, None, None);
+    c.observe_ttft(0.0, 0.3, None, None);
+    c.observe_ttft(0.0, 0.3, Some(0.2), None);
+    c.observe_ttft(0.0, 0.7, Some(1.0), None);
     assert_eq!(c.stats().ttft_misses, 2);
     assert!(c.model().is_fitted());
     assert!(c.predict_prefill_seconds(1000, 10).unwrap() > 0.0);
@@ -394,4 +394,86 @@ fn tpot_misses_count_against_the_class_or_the_target() {
     c.observe_tpot(0.03, Some(0.02));
     c.observe_tpot(0.06, Some(0.1));
     assert_eq!(c.stats().tpot_misses, 2);
+}
+
+/// A controller with a 1 s TTFT target whose model is fitted to 1 ms per step plus 0.1 ms per
+/// token.
+fn fitted_controller() -> BatchController {
+    let mut c = BatchController::new(ControllerConfig {
+        target_itl: Some(0.05),
+        target_tpot: None,
+        target_ttft: Some(1.0),
+        ceiling: StepLimits { max_num_batched_tokens: 512, max_num_seqs: 16 },
+    });
+    for tokens in (16..=512).step_by(16) {
+        let load =
+            StepLoad { num_tokens: tokens, num_prefill_tokens: tokens, ..StepLoad::default() };
+        c.observe_step(&load, 0.001 + 1e-4 * tokens as f64, 0, 0);
+    }
+    c
+}
+
+#[test]
+fn the_admission_calibration_is_the_p95_ratio_of_recent_first_tokens() {
+    use kiln_sched::controller::{CALIBRATION_SECONDS, MIN_TTFT_SAMPLES, TTFT_WINDOW};
+    let mut c = fitted_controller();
+    let queue = QueueAhead { prompt_tokens: 100, tokens_ahead: 300, ..QueueAhead::default() };
+    let predicted = c.predict_first_token_seconds(&queue, 0.0).unwrap();
+    assert_eq!(Some(predicted), c.predict_prefill_seconds(400, 0));
+    let calibration = |c: &BatchController| c.stats().ttft_calibration;
+    // Not before enough ratios are in.
+    for _ in 1..MIN_TTFT_SAMPLES {
+        c.observe_ttft(1.0, 1.0, None, Some(0.5));
+    }
+    assert_eq!(calibration(&c), 1.0);
+    assert_eq!(c.calibrated_first_token_seconds(&queue, 1.0), Some(predicted));
+    // The window's p95 by nearest rank: ratios 1.00, 1.01, ..., 1.63 give 1.60.
+    for i in 0..TTFT_WINDOW {
+        c.observe_ttft(2.0, 0.5 * (1.0 + i as f64 / 100.0), None, Some(0.5));
+    }
+    assert!((calibration(&c) - 1.60).abs() < 1e-9, "{}", calibration(&c));
+    let scaled = c.calibrated_first_token_seconds(&queue, 2.0).unwrap();
+    assert!((scaled - 1.6 * predicted).abs() < 1e-12);
+    // Short predictions (under a tenth of the objective) and requests without one teach
+    // nothing; a class's objective counts instead of the target.
+    c.observe_ttft(3.0, 9.0, None, Some(0.09));
+    c.observe_ttft(3.0, 9.0, None, None);
+    c.observe_ttft(3.0, 9.0, Some(0.5), Some(0.04));
+    assert!((calibration(&c) - 1.60).abs() < 1e-9);
+    // Clamped to [1, 4].
+    for _ in 0..TTFT_WINDOW {
+        c.observe_ttft(4.0, 9.0, None, Some(0.5));
+    }
+    assert_eq!(calibration(&c), 4.0);
+    // Ratios age out: with nothing recent the factor is 1 again, whatever it was.
+    let later = 4.0 + CALIBRATION_SECONDS + 0.1;
+    assert_eq!(c.calibrated_first_token_seconds(&queue, later), Some(predicted));
+    for _ in 0..TTFT_WINDOW {
+        c.observe_ttft(later, 0.01, None, Some(0.5));
+    }
+    assert_eq!(calibration(&c), 1.0);
+}
+
+#[test]
+fn a_request_without_a_free_seat_waits_for_departures() {
+    let mut c = fitted_controller();
+    let queue =
+        QueueAhead { prompt_tokens: 100, tokens_ahead: 0, num_running: 16, seats_needed: 0 };
+    let alone = c.predict_first_token_seconds(&queue, 0.0).unwrap();
+    assert_eq!(Some(alone), c.predict_prefill_seconds(100, 16));
+    // No departure seen yet: the seats' wait is unknown, so there is no prediction.
+    let full = QueueAhead { seats_needed: 5, ..queue };
+    assert_eq!(c.predict_first_token_seconds(&full, 0.0), None);
+    // Two departures a second for a minute: five seats take about 2.5 s, then its prefill.
+    for i in 0..120 {
+        c.observe_departure(f64::from(i) * 0.5);
+    }
+    let waited = c.predict_first_token_seconds(&full, 59.5).unwrap();
+    assert!((waited - alone - 2.5).abs() < 0.2, "{waited} s");
+    // The rate decays while nobody leaves.
+    assert!(c.predict_first_token_seconds(&full, 79.5).unwrap() > waited * 2.0);
+    // Behind a long queue of tokens the longer of the two counts.
+    let behind = QueueAhead { tokens_ahead: 100_000, ..full };
+    let tokens = c.predict_prefill_seconds(100_100, 16).unwrap();
+    assert_eq!(c.predict_first_token_seconds(&behind, 59.5), Some(tokens.max(waited)));
 }

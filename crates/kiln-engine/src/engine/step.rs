@@ -193,7 +193,8 @@ impl EngineCore {
                 if let Some(arrival) = self.arrived.remove(&out.id) {
                     let objective = arrival.ttft_ms.map(|ms| ms as f64 / 1e3);
                     let ttft = now.saturating_duration_since(arrival.at).as_secs_f64();
-                    controller.observe_ttft(ttft, objective);
+                    let at = now.duration_since(self.epoch).as_secs_f64();
+                    controller.observe_ttft(at, ttft, objective, arrival.predicted);
                     if let Some(tpot_ms) = arrival.tpot_ms {
                         let decoding = Decoding { first: now, tokens: 0, tpot_ms };
                         self.decoding.insert(out.id, decoding);
@@ -201,6 +202,9 @@ impl EngineCore {
                 }
             } else if let Some(decoding) = self.decoding.get_mut(&out.id) {
                 decoding.tokens += 1;
+            }
+            if out.finish_reason.is_some() {
+                controller.observe_departure(now.duration_since(self.epoch).as_secs_f64());
             }
             if out.finish_reason.is_some()
                 && let Some(d) = self.decoding.remove(&out.id)
@@ -221,6 +225,9 @@ pub(super) struct Arrival {
     pub(super) ttft_ms: Option<u64>,
     /// Its TPOT objective (`None`: none).
     pub(super) tpot_ms: Option<f64>,
+    /// Seconds to its first token predicted at admission, before calibration (`None`: none, or
+    /// demoted).
+    pub(super) predicted: Option<f64>,
 }
 
 /// A request past its first token with a TPOT objective.

@@ -53,6 +53,30 @@
 //! at its ceiling. The model is fitted either way: admission control predicts first-token times
 //! with it.
 //!
+//! **First-token predictions** ([`BatchController::predict_first_token_seconds`]), which
+//! admission control compares with a request's deadline: the prefill of the prompt tokens
+//! ahead of it and its own at the rate the plan allows, or, when every running seat is taken
+//! (by running requests and the waiting ones ahead of it), the wait for enough seats to free
+//! at the measured departure rate and then its own prefill, whichever is longer.
+//!
+//! **Admission calibration.** The prediction plans with the running requests of the moment;
+//! requests admitted later start decoding, and arrivals of more urgent work go ahead under the
+//! deadline policy, so under load first tokens come later than predicted. Each admitted
+//! request's observed time to its first token is divided by the time predicted at its
+//! admission ([`BatchController::observe_ttft`]); the p95 of the last [`TTFT_WINDOW`] ratios
+//! of the last [`CALIBRATION_SECONDS`] (once [`MIN_TTFT_SAMPLES`] are in; clamped to `[1, 4]`)
+//! scales the prediction admission control compares with a deadline
+//! ([`BatchController::calibrated_first_token_seconds`]). So a request admitted at the margin
+//! meets its deadline about 19 times in 20 and the p95 of the served requests' TTFT stays under
+//! the target. Ratios of predictions under a tenth of their objective are left out: their queue
+//! is short and their ratio mostly the step's noise.
+//!
+//! Stability: refusing more lightens the load, which lowers later ratios and so the factor
+//! (negative feedback), and the window moves it one sample at a time. Ratios age out, so a
+//! factor raised by a transient (the start-up queue, a burst) falls back to 1 even when it
+//! refuses nearly everything that would teach it otherwise. It never goes under 1: that would
+//! admit requests that the plan itself predicts late.
+//!
 //! Pure and deterministic: no clocks; the engine hands in step loads and durations.
 
 mod cost_model;
@@ -77,6 +101,30 @@ pub const BANK_STEPS: f64 = 4.0;
 const EWMA: f64 = 0.1;
 /// Time constant of the arrival-rate estimate, in seconds.
 const ARRIVAL_TAU: f64 = 10.0;
+/// First tokens whose observed-to-predicted ratio the admission calibration keeps.
+pub const TTFT_WINDOW: usize = 64;
+/// Ratios needed before the calibration departs from 1.
+pub const MIN_TTFT_SAMPLES: usize = 16;
+/// Age after which a ratio no longer counts, seconds.
+pub const CALIBRATION_SECONDS: f64 = 30.0;
+/// Bounds of the admission calibration factor.
+const CALIBRATION_RANGE: (f64, f64) = (1.0, 4.0);
+/// Predictions shorter than this share of their objective are not calibrated on.
+const MIN_CALIBRATED_SHARE: f64 = 0.1;
+
+/// What is ahead of a request when admission control looks at it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueAhead {
+    /// Its own prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens served before its own: running prefills and the waiting requests ahead.
+    pub tokens_ahead: usize,
+    /// Requests running now.
+    pub num_running: usize,
+    /// Running seats that must free before it gets one: the waiting requests ahead and itself,
+    /// less the free seats (0: one is free for it).
+    pub seats_needed: usize,
+}
 
 /// What the controller aims for.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,6 +157,9 @@ pub struct ControllerStats {
     pub tpot_misses: u64,
     /// Step time saved under a TPOT target for longer steps later, seconds (negative: a debt).
     pub bank: f64,
+    /// What admission control multiplies its first-token predictions by: the p95 of recent
+    /// observed-to-predicted ratios (1 until enough are in; module docs).
+    pub ttft_calibration: f64,
     /// Plans that changed the running cap or the gain, since start.
     pub num_moves: u64,
 }
@@ -130,6 +181,14 @@ pub struct BatchController {
     /// Prompt tokens per second arriving (exponentially decaying estimate).
     arrival_rate: f64,
     last_arrival: Option<f64>,
+    /// Requests leaving their running seats per second (exponentially decaying estimate).
+    departure_rate: f64,
+    last_departure: Option<f64>,
+    /// Observed over predicted first-token times of recent admissions (module docs).
+    /// `(when, ratio)`, oldest first.
+    ttft_ratios: VecDeque<(f64, f64)>,
+    /// The latest time handed in (arrivals, first tokens, departures), seconds.
+    clock: f64,
     /// The cap last planned and the budget last set.
     limits: StepLimits,
     /// Whether the limits held work back since the last gain change (or the start).
@@ -151,6 +210,10 @@ impl BatchController {
             prefill_context: 0.0,
             arrival_rate: 0.0,
             last_arrival: None,
+            departure_rate: 0.0,
+            last_departure: None,
+            ttft_ratios: VecDeque::with_capacity(TTFT_WINDOW),
+            clock: 0.0,
             limits,
             bound: false,
             steps: 0,
@@ -159,7 +222,13 @@ impl BatchController {
     }
 
     pub fn stats(&self) -> ControllerStats {
-        ControllerStats { limits: self.limits, gain: self.gain, bank: self.bank, ..self.stats }
+        ControllerStats {
+            limits: self.limits,
+            gain: self.gain,
+            bank: self.bank,
+            ttft_calibration: self.ttft_calibration(self.clock),
+            ..self.stats
+        }
     }
 
     /// The fitted step-cost model.
@@ -169,6 +238,7 @@ impl BatchController {
 
     /// A request with `prompt_tokens` arrived at `now` (seconds on the engine's clock).
     pub fn observe_arrival(&mut self, prompt_tokens: usize, now: f64) {
+        self.clock = self.clock.max(now);
         if let Some(last) = self.last_arrival {
             self.arrival_rate *= (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
         }
@@ -176,12 +246,91 @@ impl BatchController {
         self.last_arrival = Some(now);
     }
 
-    /// A request got its first token `seconds` after it arrived; `objective` is its class's
-    /// TTFT in seconds (`None`: the TTFT target). Later than that is a miss.
-    pub fn observe_ttft(&mut self, seconds: f64, objective: Option<f64>) {
-        if objective.or(self.config.target_ttft).is_some_and(|t| seconds > t) {
+    /// A request left its running seat (it finished) at `now` (seconds on the engine's clock).
+    pub fn observe_departure(&mut self, now: f64) {
+        self.clock = self.clock.max(now);
+        if let Some(last) = self.last_departure {
+            self.departure_rate *= (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
+        }
+        self.departure_rate += 1.0 / ARRIVAL_TAU;
+        self.last_departure = Some(now);
+    }
+
+    /// Seconds until `seats` running seats free at the departure rate measured up to `now`
+    /// (`None`: no departure seen yet).
+    fn seat_wait_seconds(&self, seats: usize, now: f64) -> Option<f64> {
+        if seats == 0 {
+            return Some(0.0);
+        }
+        let last = self.last_departure?;
+        let rate = self.departure_rate * (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
+        (rate > 0.0).then(|| seats as f64 / rate)
+    }
+
+    /// Seconds to the first token of a request behind `queue` at `now` (the engine's clock),
+    /// before calibration (module docs). `None` until the model is fitted, and while it waits
+    /// for a seat before any request has left one (the wait cannot be told yet).
+    pub fn predict_first_token_seconds(&self, queue: &QueueAhead, now: f64) -> Option<f64> {
+        let running = queue.num_running;
+        let behind_tokens =
+            self.predict_prefill_seconds(queue.tokens_ahead + queue.prompt_tokens, running)?;
+        let wait = self.seat_wait_seconds(queue.seats_needed, now)?;
+        let behind_seats = if wait > 0.0 {
+            wait + self.predict_prefill_seconds(queue.prompt_tokens, running)?
+        } else {
+            0.0
+        };
+        Some(behind_tokens.max(behind_seats))
+    }
+
+    /// A request got its first token at `now` (seconds on the engine's clock), `seconds` after
+    /// it arrived; `objective` is its class's TTFT in seconds (`None`: the TTFT target). Later
+    /// than that is a miss. `predicted` is what
+    /// [`BatchController::predict_first_token_seconds`] said when it was admitted (`None`: no
+    /// prediction, or not held to it, e.g. demoted): the admission calibration learns from it
+    /// (module docs).
+    pub fn observe_ttft(
+        &mut self,
+        now: f64,
+        seconds: f64,
+        objective: Option<f64>,
+        predicted: Option<f64>,
+    ) {
+        self.clock = self.clock.max(now);
+        let objective = objective.or(self.config.target_ttft);
+        if objective.is_some_and(|t| seconds > t) {
             self.stats.ttft_misses += 1;
         }
+        let (Some(predicted), Some(objective)) = (predicted, objective) else { return };
+        if !(predicted >= MIN_CALIBRATED_SHARE * objective && seconds.is_finite()) {
+            return;
+        }
+        while self.ttft_ratios.len() >= TTFT_WINDOW
+            || self.ttft_ratios.front().is_some_and(|&(t, _)| t < now - CALIBRATION_SECONDS)
+        {
+            self.ttft_ratios.pop_front();
+        }
+        self.ttft_ratios.push_back((now, seconds / predicted));
+    }
+
+    /// The admission calibration factor at `now` (module docs).
+    fn ttft_calibration(&self, now: f64) -> f64 {
+        let recent: Vec<f64> = self
+            .ttft_ratios
+            .iter()
+            .filter(|&&(t, _)| t >= now - CALIBRATION_SECONDS)
+            .map(|&(_, ratio)| ratio)
+            .collect();
+        if recent.len() < MIN_TTFT_SAMPLES {
+            return 1.0;
+        }
+        percentile(&recent, 0.95).clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
+    }
+
+    /// [`BatchController::predict_first_token_seconds`] scaled by the admission calibration:
+    /// the first-token time admission control holds against a deadline (module docs).
+    pub fn calibrated_first_token_seconds(&self, queue: &QueueAhead, now: f64) -> Option<f64> {
+        Some(self.predict_first_token_seconds(queue, now)? * self.ttft_calibration(now))
     }
 
     /// A request finished with a mean of `seconds` per output token after its first;

@@ -6,6 +6,9 @@
 //!   planned to take (0 without a controller);
 //! - gauge `kiln:scheduler_controller_bank_seconds`: step time saved under a TPOT target for
 //!   longer steps later (negative: a debt shorter steps pay back);
+//! - gauge `kiln:scheduler_controller_ttft_calibration`: what admission control multiplies its
+//!   first-token predictions by (the p95 of recent observed-to-predicted ratios; 0 without a
+//!   controller);
 //! - counter `kiln:slo_target_misses_total{target}`: decode steps slower than the ITL target
 //!   (`target="itl"`), first tokens later than their SLO class's TTFT or the TTFT target
 //!   (`target="ttft"`), and finished requests whose mean time per output token was over their
@@ -42,6 +45,7 @@ pub(super) struct SloMetrics {
     max_running: Gauge,
     gain: Gauge<f64, AtomicU64>,
     bank: Gauge<f64, AtomicU64>,
+    ttft_calibration: Gauge<f64, AtomicU64>,
     target_misses: Family<Label, Counter>,
     admission: Family<Label, Counter>,
 }
@@ -70,6 +74,12 @@ impl SloMetrics {
             self.bank.clone(),
         );
         r.register(
+            name("scheduler_controller_ttft_calibration"),
+            "Factor admission control scales its first-token predictions by (p95 of observed over \
+             predicted)",
+            self.ttft_calibration.clone(),
+        );
+        r.register(
             name("slo_target_misses"),
             "Decode steps over the ITL target, first tokens over the TTFT target, requests over \
              the TPOT target",
@@ -94,6 +104,7 @@ impl SloMetrics {
         let controller = stats.controller.unwrap_or_default();
         self.gain.set(if stats.controller.is_some() { controller.gain } else { 0.0 });
         self.bank.set(controller.bank);
+        self.ttft_calibration.set(controller.ttft_calibration);
         let miss = |t: &str| self.target_misses.get_or_create(&[("target", t.to_owned())]).clone();
         super::advance(&miss("itl"), &mut last.itl_misses, controller.itl_misses);
         super::advance(&miss("ttft"), &mut last.ttft_misses, controller.ttft_misses);
@@ -112,13 +123,14 @@ pub fn controller_log_line(before: &EngineStats, now: &EngineStats) -> Option<St
         return None;
     }
     Some(format!(
-        "Batch controller: max running {} -> {}, gain {:.2} -> {:.2}, token budget now {}; \
-         misses since start: ITL {}, TTFT {}, TPOT {}",
+        "Batch controller: max running {} -> {}, gain {:.2} -> {:.2}, token budget now {}, \
+         TTFT calibration {:.2}; misses since start: ITL {}, TTFT {}, TPOT {}",
         b.limits.max_num_seqs,
         n.limits.max_num_seqs,
         b.gain,
         n.gain,
         n.limits.max_num_batched_tokens,
+        n.ttft_calibration,
         n.itl_misses,
         n.ttft_misses,
         n.tpot_misses

@@ -579,7 +579,7 @@ const VLLM_NAMES: [&str; 28] = [
 
 /// Series vLLM does not have (modules `slo`, `swap`, `structured` and `busy`), exposed under
 /// the configured prefix too.
-const KILN_ONLY_NAMES: [&str; 17] = [
+const KILN_ONLY_NAMES: [&str; 18] = [
     "vllm:structured_output_tokens_total",
     "vllm:structured_output_masks_total",
     "vllm:structured_output_mask_seconds_total",
@@ -595,6 +595,7 @@ const KILN_ONLY_NAMES: [&str; 17] = [
     "vllm:scheduler_max_running",
     "vllm:scheduler_controller_gain",
     "vllm:scheduler_controller_bank_seconds",
+    "vllm:scheduler_controller_ttft_calibration",
     "vllm:slo_target_misses_total",
     "vllm:slo_admission_total",
 ];
@@ -663,6 +664,7 @@ fn batch_control_and_slo_series_follow_the_engine() {
             ttft_misses: 2,
             tpot_misses: 6,
             bank: -0.25,
+            ttft_calibration: 1.5,
             num_moves: 3,
         }),
         num_slo_rejected: 4,
@@ -678,6 +680,7 @@ fn batch_control_and_slo_series_follow_the_engine() {
     assert_eq!(value(&s, "kiln:slo_target_misses_total", &[("target", "ttft")]), 2.0);
     assert_eq!(value(&s, "kiln:slo_target_misses_total", &[("target", "tpot")]), 6.0);
     assert_eq!(value(&s, "kiln:scheduler_controller_bank_seconds", &[]), -0.25);
+    assert_eq!(value(&s, "kiln:scheduler_controller_ttft_calibration", &[]), 1.5);
     assert_eq!(value(&s, "kiln:slo_admission_total", &[("action", "rejected")]), 4.0);
     assert_eq!(value(&s, "kiln:slo_admission_total", &[("action", "demoted")]), 1.0);
 
