@@ -464,8 +464,13 @@ fn a_request_without_a_free_seat_waits_for_departures() {
     // No departure seen yet: the seats' wait is unknown, so there is no prediction.
     let full = QueueAhead { seats_needed: 5, ..queue };
     assert_eq!(c.predict_first_token_seconds(&full, 0.0), None);
+    // One departure so far reads as about one a second (the decaying sum is corrected for the
+    // second it has covered), not a tenth.
+    c.observe_departure(0.0);
+    let first = c.predict_first_token_seconds(&full, 0.0).unwrap();
+    assert!((first - alone - 5.0 / 1.05).abs() < 0.1, "{first} s");
     // Two departures a second for a minute: five seats take about 2.5 s, then its prefill.
-    for i in 0..120 {
+    for i in 1..120 {
         c.observe_departure(f64::from(i) * 0.5);
     }
     let waited = c.predict_first_token_seconds(&full, 59.5).unwrap();

@@ -181,8 +181,11 @@ pub struct BatchController {
     /// Prompt tokens per second arriving (exponentially decaying estimate).
     arrival_rate: f64,
     last_arrival: Option<f64>,
-    /// Requests leaving their running seats per second (exponentially decaying estimate).
+    /// Requests leaving their running seats per second (exponentially decaying sum of
+    /// departures; [`BatchController::seat_wait_seconds`] corrects its start-up bias).
     departure_rate: f64,
+    /// The first and the last departure, seconds.
+    first_departure: Option<f64>,
     last_departure: Option<f64>,
     /// Observed over predicted first-token times of recent admissions (module docs).
     /// `(when, ratio)`, oldest first.
@@ -211,6 +214,7 @@ impl BatchController {
             arrival_rate: 0.0,
             last_arrival: None,
             departure_rate: 0.0,
+            first_departure: None,
             last_departure: None,
             ttft_ratios: VecDeque::with_capacity(TTFT_WINDOW),
             clock: 0.0,
@@ -253,17 +257,23 @@ impl BatchController {
             self.departure_rate *= (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
         }
         self.departure_rate += 1.0 / ARRIVAL_TAU;
+        self.first_departure.get_or_insert(now);
         self.last_departure = Some(now);
     }
 
     /// Seconds until `seats` running seats free at the departure rate measured up to `now`
-    /// (`None`: no departure seen yet).
+    /// (`None`: no departure seen yet). The decaying sum has seen departures for `elapsed`
+    /// seconds only, so it is divided by the share of its time constant that covers,
+    /// `1 − e^(−elapsed/τ)` (with `elapsed` at least a second): the first departures do not
+    /// read as a rate ten times too low.
     fn seat_wait_seconds(&self, seats: usize, now: f64) -> Option<f64> {
         if seats == 0 {
             return Some(0.0);
         }
-        let last = self.last_departure?;
-        let rate = self.departure_rate * (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
+        let (first, last) = (self.first_departure?, self.last_departure?);
+        let decayed = self.departure_rate * (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
+        let covered = 1.0 - (-(now - first).max(1.0) / ARRIVAL_TAU).exp();
+        let rate = decayed / covered;
         (rate > 0.0).then(|| seats as f64 / rate)
     }
 
