@@ -19,6 +19,15 @@ use crate::{EngineConfig, EngineCore, EngineError, SchedulerConfig};
 
 /// Priority 0 is due 5 ms after arrival; other priorities have no class.
 fn engine(admission: SloAdmission, policy: SchedulingPolicy) -> EngineCore {
+    engine_with_seats(admission, policy, 16)
+}
+
+/// [`engine`] with a running cap of `max_num_seqs`.
+fn engine_with_seats(
+    admission: SloAdmission,
+    policy: SchedulingPolicy,
+    max_num_seqs: usize,
+) -> EngineCore {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
     let model = load_model(&path, &Arc::new(Cpu::new(1))).unwrap().model;
     let classes = BTreeMap::from([(0, SloClass { ttft_ms: 5, tpot_ms: None })]);
@@ -28,7 +37,7 @@ fn engine(admission: SloAdmission, policy: SchedulingPolicy) -> EngineCore {
         max_model_len: Some(128),
         scheduler: SchedulerConfig {
             max_num_batched_tokens: 256,
-            max_num_seqs: 16,
+            max_num_seqs,
             policy,
             ..SchedulerConfig::default()
         },
@@ -142,6 +151,33 @@ fn first_tokens_later_than_predicted_make_admission_stricter() {
     };
     assert!((9..=16).contains(&predicted_ms), "{predicted_ms} ms");
     assert_eq!(run_to_end(&mut core).len(), 2);
-    core.add_request(prompt(63, 1), greedy(2), 0).unwrap();
+    // Alone, a 3-token prompt is now predicted past its deadline (about 1.3 ms, four times
+    // over): admitted, as a request late even on an idle server is.
+    core.add_request(prompt(63, 3), greedy(2), 0).unwrap();
     assert_eq!(run_to_end(&mut core).len(), 1);
+}
+
+#[test]
+fn a_full_running_cap_makes_a_request_wait_for_seats() {
+    let mut core = engine_with_seats(SloAdmission::Reject, SchedulingPolicy::Fcfs, 2);
+    // Two classless requests finish: the controller has seen seats free (two departures in
+    // well under a second of steps read as about two a second).
+    for i in 0..2 {
+        core.add_request(prompt(70 + i, 4), greedy(2), 5).unwrap();
+    }
+    run_to_end(&mut core);
+    // Both seats taken by long requests and one more waiting: a request due in 5 ms, whose
+    // prompt alone takes about a millisecond, needs two seats to free first.
+    for i in 0..3 {
+        core.add_request(prompt(80 + i, 4), greedy(40), 5).unwrap();
+    }
+    core.step().unwrap();
+    assert_eq!((core.scheduler().num_running(), core.scheduler().num_waiting()), (2, 1));
+    let Err(EngineError::Rejected(AddError::DeadlineUnmeetable { predicted_ms, .. })) =
+        core.add_request(prompt(90, 1), greedy(2), 0)
+    else {
+        panic!("admitted with no seat free and none about to be");
+    };
+    assert!(predicted_ms > 500, "{predicted_ms} ms for two seats");
+    assert_eq!(run_to_end(&mut core).len(), 3);
 }

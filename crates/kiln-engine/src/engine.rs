@@ -14,7 +14,7 @@ use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
-    PreemptionMode, QueueAhead, Request, Scheduler, SchedulerConfig, SchedulerStats,
+    PreemptionMode, QueueAhead, Request, RequestStatus, Scheduler, SchedulerConfig, SchedulerStats,
     SchedulingPolicy, SwapConfig, SwapStats,
 };
 
@@ -380,7 +380,7 @@ impl EngineCore {
         Prediction {
             alone_ms: ms(controller.calibrated_first_token_seconds(&alone, now)),
             queued_ms: ms(controller.calibrated_first_token_seconds(&queue, now)),
-            uncalibrated: controller.predict_first_token_seconds(&queue, now),
+            uncalibrated: controller.predict_first_token_seconds(&queue),
         }
     }
 
@@ -659,8 +659,20 @@ impl EngineCore {
             }
             return known;
         }
-        let known = self.scheduler.abort(id);
+        let known = self.abort_in_scheduler(id);
         self.refresh_stats();
+        known
+    }
+
+    /// Removes the request from the scheduler; a running one frees its seat, which the batch
+    /// controller counts as a departure, like a finished request's.
+    pub(crate) fn abort_in_scheduler(&mut self, id: RequestId) -> bool {
+        let running =
+            self.scheduler.request(id).is_some_and(|r| r.status() == RequestStatus::Running);
+        let known = self.scheduler.abort(id);
+        if let Some(controller) = self.controller.as_mut().filter(|_| running) {
+            controller.observe_departure();
+        }
         known
     }
 

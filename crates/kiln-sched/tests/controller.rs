@@ -418,7 +418,7 @@ fn the_admission_calibration_is_the_p95_ratio_of_recent_first_tokens() {
     use kiln_sched::controller::{CALIBRATION_SECONDS, MIN_TTFT_SAMPLES, TTFT_WINDOW};
     let mut c = fitted_controller();
     let queue = QueueAhead { prompt_tokens: 100, tokens_ahead: 300, ..QueueAhead::default() };
-    let predicted = c.predict_first_token_seconds(&queue, 0.0).unwrap();
+    let predicted = c.predict_first_token_seconds(&queue).unwrap();
     assert_eq!(Some(predicted), c.predict_prefill_seconds(400, 0));
     let calibration = |c: &BatchController| c.stats().ttft_calibration;
     // Not before enough ratios are in.
@@ -435,11 +435,15 @@ fn the_admission_calibration_is_the_p95_ratio_of_recent_first_tokens() {
     let scaled = c.calibrated_first_token_seconds(&queue, 2.0).unwrap();
     assert!((scaled - 1.6 * predicted).abs() < 1e-12);
     // Short predictions (under a tenth of the objective) and requests without one teach
-    // nothing; a class's objective counts instead of the target.
+    // nothing.
     c.observe_ttft(3.0, 9.0, None, Some(0.09));
     c.observe_ttft(3.0, 9.0, None, None);
-    c.observe_ttft(3.0, 9.0, Some(0.5), Some(0.04));
     assert!((calibration(&c) - 1.60).abs() < 1e-9);
+    // A class's objective counts instead of the target: 0.07 s is under a tenth of the 1 s
+    // target, not of a 0.5 s class, so it teaches (the oldest ratio slides out; the 61st of
+    // 1.01, ..., 1.63 and 128.6 is 1.61).
+    c.observe_ttft(3.0, 9.0, Some(0.5), Some(0.07));
+    assert!((calibration(&c) - 1.61).abs() < 1e-9, "{}", calibration(&c));
     // Clamped to [1, 4].
     for _ in 0..TTFT_WINDOW {
         c.observe_ttft(4.0, 9.0, None, Some(0.5));
@@ -459,26 +463,36 @@ fn a_request_without_a_free_seat_waits_for_departures() {
     let mut c = fitted_controller();
     let queue =
         QueueAhead { prompt_tokens: 100, tokens_ahead: 0, num_running: 16, seats_needed: 0 };
-    let alone = c.predict_first_token_seconds(&queue, 0.0).unwrap();
+    let alone = c.predict_first_token_seconds(&queue).unwrap();
     assert_eq!(Some(alone), c.predict_prefill_seconds(100, 16));
     // No departure seen yet: the seats' wait is unknown, so there is no prediction.
     let full = QueueAhead { seats_needed: 5, ..queue };
-    assert_eq!(c.predict_first_token_seconds(&full, 0.0), None);
+    assert_eq!(c.predict_first_token_seconds(&full), None);
     // One departure so far reads as about one a second (the decaying sum is corrected for the
     // second it has covered), not a tenth.
-    c.observe_departure(0.0);
-    let first = c.predict_first_token_seconds(&full, 0.0).unwrap();
+    c.observe_departure();
+    let first = c.predict_first_token_seconds(&full).unwrap();
     assert!((first - alone - 5.0 / 1.05).abs() < 0.1, "{first} s");
-    // Two departures a second for a minute: five seats take about 2.5 s, then its prefill.
-    for i in 1..120 {
-        c.observe_departure(f64::from(i) * 0.5);
+    // Steps of half a second (as the fitted model predicts them, so the fit stays), one
+    // departure after each, for a minute: five seats take about 2.5 s, then its prefill.
+    let half_second =
+        StepLoad { num_tokens: 4990, num_prefill_tokens: 4990, ..StepLoad::default() };
+    for _ in 0..120 {
+        c.observe_step(&half_second, 0.5, 16, 0);
+        c.observe_departure();
     }
-    let waited = c.predict_first_token_seconds(&full, 59.5).unwrap();
+    let alone = c.predict_prefill_seconds(100, 16).unwrap();
+    let waited = c.predict_first_token_seconds(&full).unwrap();
     assert!((waited - alone - 2.5).abs() < 0.2, "{waited} s");
-    // The rate decays while nobody leaves.
-    assert!(c.predict_first_token_seconds(&full, 79.5).unwrap() > waited * 2.0);
+    // The rate decays over busy time in which nobody leaves (idle time, with no steps, does
+    // not count).
+    for _ in 0..40 {
+        c.observe_step(&half_second, 0.5, 16, 0);
+    }
+    assert!(c.predict_first_token_seconds(&full).unwrap() > waited * 2.0);
     // Behind a long queue of tokens the longer of the two counts.
     let behind = QueueAhead { tokens_ahead: 100_000, ..full };
     let tokens = c.predict_prefill_seconds(100_100, 16).unwrap();
-    assert_eq!(c.predict_first_token_seconds(&behind, 59.5), Some(tokens.max(waited)));
+    let seats = c.predict_first_token_seconds(&full).unwrap();
+    assert_eq!(c.predict_first_token_seconds(&behind), Some(tokens.max(seats)));
 }

@@ -131,7 +131,7 @@ impl EngineCore {
 
     fn apply_deferred_aborts(&mut self) {
         for id in std::mem::take(&mut self.deferred_aborts) {
-            self.scheduler.abort(id);
+            self.abort_in_scheduler(id);
         }
     }
 

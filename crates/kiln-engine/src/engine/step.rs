@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use kiln_models::ForwardError;
-use kiln_sched::{RequestOutput, SchedulerOutput};
+use kiln_sched::{Request, RequestOutput, SchedulerOutput};
 
 use super::{EngineCore, EngineError, RATE_SMOOTHING};
 use crate::{EngineOutput, FirstTokenInfo, Sampler};
@@ -194,7 +194,11 @@ impl EngineCore {
                     let objective = arrival.ttft_ms.map(|ms| ms as f64 / 1e3);
                     let ttft = now.saturating_duration_since(arrival.at).as_secs_f64();
                     let at = now.duration_since(self.epoch).as_secs_f64();
-                    controller.observe_ttft(at, ttft, objective, arrival.predicted);
+                    // A request demoted while it waited (deadline policy) waited behind on-time
+                    // work by design: its time says nothing of the prediction.
+                    let demoted = self.scheduler.request(out.id).is_some_and(Request::is_demoted);
+                    let predicted = arrival.predicted.filter(|_| !demoted);
+                    controller.observe_ttft(at, ttft, objective, predicted);
                     if let Some(tpot_ms) = arrival.tpot_ms {
                         let decoding = Decoding { first: now, tokens: 0, tpot_ms };
                         self.decoding.insert(out.id, decoding);
@@ -204,7 +208,7 @@ impl EngineCore {
                 decoding.tokens += 1;
             }
             if out.finish_reason.is_some() {
-                controller.observe_departure(now.duration_since(self.epoch).as_secs_f64());
+                controller.observe_departure();
             }
             if out.finish_reason.is_some()
                 && let Some(d) = self.decoding.remove(&out.id)

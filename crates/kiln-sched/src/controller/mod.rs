@@ -57,7 +57,8 @@
 //! admission control compares with a request's deadline: the prefill of the prompt tokens
 //! ahead of it and its own at the rate the plan allows, or, when every running seat is taken
 //! (by running requests and the waiting ones ahead of it), the wait for enough seats to free
-//! at the measured departure rate and then its own prefill, whichever is longer.
+//! at the measured departure rate (finished or aborted requests per second of steps, so idle
+//! time does not dilute it) and then its own prefill, whichever is longer.
 //!
 //! **Admission calibration.** The prediction plans with the running requests of the moment;
 //! requests admitted later start decoding, and arrivals of more urgent work go ahead under the
@@ -67,9 +68,10 @@
 //! of the last [`CALIBRATION_SECONDS`] (once [`MIN_TTFT_SAMPLES`] are in; clamped to `[1, 4]`)
 //! scales the prediction admission control compares with a deadline
 //! ([`BatchController::calibrated_first_token_seconds`]). So a request admitted at the margin
-//! meets its deadline about 19 times in 20 and the p95 of the served requests' TTFT stays under
-//! the target. Ratios of predictions under a tenth of their objective are left out: their queue
-//! is short and their ratio mostly the step's noise.
+//! meets its deadline about 19 times in 20, which aims to keep the p95 of the served requests'
+//! TTFT under the target. Ratios of predictions under a tenth of their objective are left out:
+//! their queue is short and their ratio mostly the step's noise. So are demoted requests (the
+//! engine passes no prediction for them): they wait behind on-time work by design.
 //!
 //! Stability: refusing more lightens the load, which lowers later ratios and so the factor
 //! (negative feedback), and the window moves it one sample at a time. Ratios age out, so a
@@ -181,10 +183,13 @@ pub struct BatchController {
     /// Prompt tokens per second arriving (exponentially decaying estimate).
     arrival_rate: f64,
     last_arrival: Option<f64>,
-    /// Requests leaving their running seats per second (exponentially decaying sum of
+    /// Seconds of the steps observed so far: the clock of the departure rate, which so stands
+    /// still while the engine is idle.
+    busy: f64,
+    /// Requests leaving their running seats per busy second (exponentially decaying sum of
     /// departures; [`BatchController::seat_wait_seconds`] corrects its start-up bias).
     departure_rate: f64,
-    /// The first and the last departure, seconds.
+    /// The busy time of the first and the last departure.
     first_departure: Option<f64>,
     last_departure: Option<f64>,
     /// Observed over predicted first-token times of recent admissions (module docs).
@@ -213,6 +218,7 @@ impl BatchController {
             prefill_context: 0.0,
             arrival_rate: 0.0,
             last_arrival: None,
+            busy: 0.0,
             departure_rate: 0.0,
             first_departure: None,
             last_departure: None,
@@ -250,41 +256,43 @@ impl BatchController {
         self.last_arrival = Some(now);
     }
 
-    /// A request left its running seat (it finished) at `now` (seconds on the engine's clock).
-    pub fn observe_departure(&mut self, now: f64) {
-        self.clock = self.clock.max(now);
+    /// A request left its running seat (it finished or was aborted) after the steps observed so
+    /// far. The rate is kept on the engine's busy time (the sum of its steps), so an idle spell
+    /// does not read as seats freeing slowly.
+    pub fn observe_departure(&mut self) {
+        let now = self.busy;
         if let Some(last) = self.last_departure {
-            self.departure_rate *= (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
+            self.departure_rate *= (-(now - last) / ARRIVAL_TAU).exp();
         }
         self.departure_rate += 1.0 / ARRIVAL_TAU;
         self.first_departure.get_or_insert(now);
         self.last_departure = Some(now);
     }
 
-    /// Seconds until `seats` running seats free at the departure rate measured up to `now`
-    /// (`None`: no departure seen yet). The decaying sum has seen departures for `elapsed`
-    /// seconds only, so it is divided by the share of its time constant that covers,
+    /// Seconds until `seats` running seats free at the departure rate measured so far (`None`:
+    /// no departure seen yet). The decaying sum has seen departures for `elapsed` busy seconds
+    /// only, so it is divided by the share of its time constant that covers,
     /// `1 − e^(−elapsed/τ)` (with `elapsed` at least a second): the first departures do not
     /// read as a rate ten times too low.
-    fn seat_wait_seconds(&self, seats: usize, now: f64) -> Option<f64> {
+    fn seat_wait_seconds(&self, seats: usize) -> Option<f64> {
         if seats == 0 {
             return Some(0.0);
         }
         let (first, last) = (self.first_departure?, self.last_departure?);
-        let decayed = self.departure_rate * (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
-        let covered = 1.0 - (-(now - first).max(1.0) / ARRIVAL_TAU).exp();
+        let decayed = self.departure_rate * (-(self.busy - last) / ARRIVAL_TAU).exp();
+        let covered = 1.0 - (-(self.busy - first).max(1.0) / ARRIVAL_TAU).exp();
         let rate = decayed / covered;
         (rate > 0.0).then(|| seats as f64 / rate)
     }
 
-    /// Seconds to the first token of a request behind `queue` at `now` (the engine's clock),
-    /// before calibration (module docs). `None` until the model is fitted, and while it waits
-    /// for a seat before any request has left one (the wait cannot be told yet).
-    pub fn predict_first_token_seconds(&self, queue: &QueueAhead, now: f64) -> Option<f64> {
+    /// Seconds to the first token of a request behind `queue`, before calibration (module
+    /// docs). `None` until the model is fitted, and while it waits for a seat before any
+    /// request has left one (the wait cannot be told yet).
+    pub fn predict_first_token_seconds(&self, queue: &QueueAhead) -> Option<f64> {
         let running = queue.num_running;
         let behind_tokens =
             self.predict_prefill_seconds(queue.tokens_ahead + queue.prompt_tokens, running)?;
-        let wait = self.seat_wait_seconds(queue.seats_needed, now)?;
+        let wait = self.seat_wait_seconds(queue.seats_needed)?;
         let behind_seats = if wait > 0.0 {
             wait + self.predict_prefill_seconds(queue.prompt_tokens, running)?
         } else {
@@ -337,10 +345,11 @@ impl BatchController {
         percentile(&recent, 0.95).clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
     }
 
-    /// [`BatchController::predict_first_token_seconds`] scaled by the admission calibration:
-    /// the first-token time admission control holds against a deadline (module docs).
+    /// [`BatchController::predict_first_token_seconds`] scaled by the admission calibration at
+    /// `now` (seconds on the engine's clock): the first-token time admission control holds
+    /// against a deadline (module docs).
     pub fn calibrated_first_token_seconds(&self, queue: &QueueAhead, now: f64) -> Option<f64> {
-        Some(self.predict_first_token_seconds(queue, now)? * self.ttft_calibration(now))
+        Some(self.predict_first_token_seconds(queue)? * self.ttft_calibration(now))
     }
 
     /// A request finished with a mean of `seconds` per output token after its first;
@@ -378,6 +387,9 @@ impl BatchController {
         backlog: usize,
     ) -> StepLimits {
         self.model.push(load, seconds);
+        if seconds.is_finite() && seconds > 0.0 {
+            self.busy += seconds;
+        }
         self.bound |= backlog > 0
             && (num_running >= self.limits.max_num_seqs
                 || load.num_tokens >= self.limits.max_num_batched_tokens);
