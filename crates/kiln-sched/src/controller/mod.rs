@@ -160,7 +160,8 @@ pub struct ControllerStats {
     /// Step time saved under a TPOT target for longer steps later, seconds (negative: a debt).
     pub bank: f64,
     /// What admission control multiplies its first-token predictions by: the p95 of recent
-    /// observed-to-predicted ratios (1 until enough are in; module docs).
+    /// observed-to-predicted ratios (1 until enough are in; module docs), as of the latest
+    /// arrival or first token (an idle engine's gauge keeps its last value).
     pub ttft_calibration: f64,
     /// Plans that changed the running cap or the gain, since start.
     pub num_moves: u64,
