@@ -207,11 +207,11 @@ impl EngineCore {
             } else if let Some(decoding) = self.decoding.get_mut(&out.id) {
                 decoding.tokens += 1;
             }
-            if out.finish_reason.is_some() {
-                controller.observe_departure();
+            if out.finish_reason.is_none() {
+                continue;
             }
-            if out.finish_reason.is_some()
-                && let Some(d) = self.decoding.remove(&out.id)
+            controller.observe_departure();
+            if let Some(d) = self.decoding.remove(&out.id)
                 && d.tokens > 0
             {
                 let seconds = now.saturating_duration_since(d.first).as_secs_f64();

@@ -82,10 +82,12 @@
 //! Pure and deterministic: no clocks; the engine hands in step loads and durations.
 
 mod cost_model;
+mod rate;
 
 use std::collections::VecDeque;
 
 pub use cost_model::StepCostModel;
+use rate::DecayingRate;
 
 use crate::{StepLimits, StepLoad};
 
@@ -182,20 +184,18 @@ pub struct BatchController {
     /// Mean context of a prefill token (attention per prefill token, EWMA over steps).
     prefill_context: f64,
     /// Prompt tokens per second arriving (exponentially decaying estimate).
-    arrival_rate: f64,
-    last_arrival: Option<f64>,
+    arrival_rate: DecayingRate,
     /// Seconds of the steps observed so far: the clock of the departure rate, which so stands
     /// still while the engine is idle.
     busy: f64,
-    /// Requests leaving their running seats per busy second (exponentially decaying sum of
-    /// departures; [`BatchController::seat_wait_seconds`] corrects its start-up bias).
-    departure_rate: f64,
-    /// The busy time of the first and the last departure.
-    first_departure: Option<f64>,
-    last_departure: Option<f64>,
+    /// Requests leaving their running seats per busy second.
+    departure_rate: DecayingRate,
     /// Observed over predicted first-token times of recent admissions (module docs).
     /// `(when, ratio)`, oldest first.
     ttft_ratios: VecDeque<(f64, f64)>,
+    /// The calibration factor of `ttft_ratios` and the time until which it holds (when its
+    /// oldest ratio ages out), so the per-step stats and each admission do not recompute it.
+    calibration: (f64, f64),
     /// The latest time handed in (arrivals, first tokens, departures), seconds.
     clock: f64,
     /// The cap last planned and the budget last set.
@@ -217,13 +217,11 @@ impl BatchController {
             bank: 0.0,
             decode_context: 0.0,
             prefill_context: 0.0,
-            arrival_rate: 0.0,
-            last_arrival: None,
+            arrival_rate: DecayingRate::default(),
             busy: 0.0,
-            departure_rate: 0.0,
-            first_departure: None,
-            last_departure: None,
+            departure_rate: DecayingRate::default(),
             ttft_ratios: VecDeque::with_capacity(TTFT_WINDOW),
+            calibration: (1.0, f64::INFINITY),
             clock: 0.0,
             limits,
             bound: false,
@@ -250,39 +248,24 @@ impl BatchController {
     /// A request with `prompt_tokens` arrived at `now` (seconds on the engine's clock).
     pub fn observe_arrival(&mut self, prompt_tokens: usize, now: f64) {
         self.clock = self.clock.max(now);
-        if let Some(last) = self.last_arrival {
-            self.arrival_rate *= (-(now - last).max(0.0) / ARRIVAL_TAU).exp();
-        }
-        self.arrival_rate += prompt_tokens as f64 / ARRIVAL_TAU;
-        self.last_arrival = Some(now);
+        self.arrival_rate.record(prompt_tokens as f64, now, ARRIVAL_TAU);
     }
 
     /// A request left its running seat (it finished or was aborted) after the steps observed so
     /// far. The rate is kept on the engine's busy time (the sum of its steps), so an idle spell
     /// does not read as seats freeing slowly.
     pub fn observe_departure(&mut self) {
-        let now = self.busy;
-        if let Some(last) = self.last_departure {
-            self.departure_rate *= (-(now - last) / ARRIVAL_TAU).exp();
-        }
-        self.departure_rate += 1.0 / ARRIVAL_TAU;
-        self.first_departure.get_or_insert(now);
-        self.last_departure = Some(now);
+        self.departure_rate.record(1.0, self.busy, ARRIVAL_TAU);
     }
 
-    /// Seconds until `seats` running seats free at the departure rate measured so far (`None`:
-    /// no departure seen yet). The decaying sum has seen departures for `elapsed` busy seconds
-    /// only, so it is divided by the share of its time constant that covers,
-    /// `1 − e^(−elapsed/τ)` (with `elapsed` at least a second): the first departures do not
-    /// read as a rate ten times too low.
+    /// Seconds until `seats` running seats free at the departure rate measured so far,
+    /// corrected for the busy time it has covered, so the first departures do not read as a
+    /// rate ten times too low (`None`: no departure seen yet).
     fn seat_wait_seconds(&self, seats: usize) -> Option<f64> {
         if seats == 0 {
             return Some(0.0);
         }
-        let (first, last) = (self.first_departure?, self.last_departure?);
-        let decayed = self.departure_rate * (-(self.busy - last) / ARRIVAL_TAU).exp();
-        let covered = 1.0 - (-(self.busy - first).max(1.0) / ARRIVAL_TAU).exp();
-        let rate = decayed / covered;
+        let rate = self.departure_rate.corrected_at(self.busy, ARRIVAL_TAU)?;
         (rate > 0.0).then(|| seats as f64 / rate)
     }
 
@@ -330,20 +313,20 @@ impl BatchController {
             self.ttft_ratios.pop_front();
         }
         self.ttft_ratios.push_back((now, seconds / predicted));
+        let factor = calibration_of(self.ttft_ratios.iter().map(|&(_, ratio)| ratio));
+        let oldest = self.ttft_ratios.front().map_or(now, |&(t, _)| t);
+        self.calibration = (factor, oldest + CALIBRATION_SECONDS);
     }
 
-    /// The admission calibration factor at `now` (module docs).
+    /// The admission calibration factor at `now` (module docs): the one computed when the last
+    /// ratio came in, until its oldest ratio ages out.
     fn ttft_calibration(&self, now: f64) -> f64 {
-        let recent: Vec<f64> = self
-            .ttft_ratios
-            .iter()
-            .filter(|&&(t, _)| t >= now - CALIBRATION_SECONDS)
-            .map(|&(_, ratio)| ratio)
-            .collect();
-        if recent.len() < MIN_TTFT_SAMPLES {
-            return 1.0;
+        let (factor, valid_until) = self.calibration;
+        if now <= valid_until {
+            return factor;
         }
-        percentile(&recent, 0.95).clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
+        let recent = self.ttft_ratios.iter().filter(|&&(t, _)| t >= now - CALIBRATION_SECONDS);
+        calibration_of(recent.map(|&(_, ratio)| ratio))
     }
 
     /// [`BatchController::predict_first_token_seconds`] scaled by the admission calibration at
@@ -437,7 +420,7 @@ impl BatchController {
     /// Prefill tokens per step that keep up with arrivals, at most half of what a step of
     /// `step_seconds` can prefill (an arrival rate beyond capacity must not take every seat).
     fn prefill_reserve(&self, step_seconds: f64, a: f64, v: f64) -> usize {
-        let reserve = (1.25 * self.arrival_rate * step_seconds).ceil();
+        let reserve = (1.25 * self.arrival_rate.as_of_last_event() * step_seconds).ceil();
         let half = ((step_seconds - a) / (2.0 * v)).floor().max(0.0);
         let ceiling = self.config.ceiling.max_num_batched_tokens;
         (reserve.min(half) as usize).clamp(MIN_PREFILL_RESERVE.min(ceiling), ceiling)
@@ -547,6 +530,15 @@ impl BatchController {
         }
         Some(seconds)
     }
+}
+
+/// The calibration factor of `ratios`: their p95, clamped; 1 with too few of them.
+fn calibration_of(ratios: impl Iterator<Item = f64>) -> f64 {
+    let ratios: Vec<f64> = ratios.collect();
+    if ratios.len() < MIN_TTFT_SAMPLES {
+        return 1.0;
+    }
+    percentile(&ratios, 0.95).clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
 }
 
 /// The `q` quantile (nearest rank) of `values` (not empty).
