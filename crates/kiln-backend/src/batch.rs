@@ -128,6 +128,12 @@ impl ForwardBatch {
         &self.token_ids
     }
 
+    /// Sets the id of token `index` (a token planned before its id was known, replaced before
+    /// the forward runs). Panics if `index` is out of range.
+    pub fn set_token_id(&mut self, index: usize, token: u32) {
+        self.token_ids[index] = token;
+    }
+
     /// `[num_tokens]` positions in their sequences.
     pub fn positions(&self) -> &[u32] {
         &self.positions

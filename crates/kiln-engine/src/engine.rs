@@ -119,6 +119,9 @@ pub struct EngineStats {
     /// Tokens sampled since start.
     pub total_sampled_tokens: u64,
     pub num_steps: u64,
+    /// Steps planned while the step before computed (asynchronous scheduling with
+    /// placeholders; the others were planned after its update).
+    pub num_steps_planned_ahead: u64,
     /// Wall time of the last step. With asynchronous scheduling: from its planning to the end
     /// of its update, less the time the caller held the engine thread after its forward had
     /// ended; the steps then tile the busy time.

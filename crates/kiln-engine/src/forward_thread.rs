@@ -5,6 +5,8 @@
 //! back, so exactly one thread owns them at any moment: the engine thread between steps, this
 //! thread from [`ForwardThread::launch`] until [`ForwardThread::wait`] returns the job. The model
 //! never runs two forwards at once (a job is launched only after the previous one came back).
+//! A launch yields the launching thread's core, so that a forward thread woken onto it starts
+//! before the engine thread's work that overlaps the forward (measured: docs/BENCHMARKS.md).
 //!
 //! A forward that panics is caught here and comes back as an error with the model, marked
 //! `panicked`: the engine then fails every later step (the model's state is unknown), as the
@@ -87,7 +89,13 @@ impl ForwardThread {
     /// Starts `job`'s forward; hands the job back if the thread has ended.
     pub fn launch(&self, job: ForwardJob) -> Result<(), Box<ForwardJob>> {
         match &self.jobs {
-            Some(jobs) => jobs.send(job).map_err(|e| Box::new(e.0)),
+            Some(jobs) => {
+                jobs.send(job).map_err(|e| Box::new(e.0))?;
+                // The forward thread was just woken, maybe onto this thread's core: let it run
+                // before the work that overlaps its forward.
+                std::thread::yield_now();
+                Ok(())
+            }
             None => Err(Box::new(job)),
         }
     }

@@ -31,8 +31,9 @@
 //!
 //! With asynchronous scheduling a step is split: `launch` builds the batch and hands it, the
 //! model and the logits buffer to the forward thread; `complete` takes them back and samples.
-//! Between the two the runner may forget aborted requests (their rows are then not sampled)
-//! and take new constraints, but not build another batch.
+//! Between the two the runner may forget aborted requests (their rows are then not sampled),
+//! take new constraints, and build the next step's batch ahead (`runner/ahead.rs`:
+//! `prepare_ahead`, then `launch_ahead` once the step in flight is sampled).
 //!
 //! Once warm, a step allocates only for new requests, block-table growth, log-probabilities and
 //! each sampled request's short token list (one token, or the accepted drafts plus one): the
@@ -50,6 +51,8 @@ use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 use crate::forward_thread::{ForwardJob, ForwardThread};
 use crate::structured::{Constraint, ConstraintStats};
 use crate::{Logprobs, Sampler, logprobs};
+
+mod ahead;
 
 /// The model is with the forward thread between `launch` and `complete`.
 const MODEL_IN_FLIGHT: &str = "the model is used by an asynchronous step in flight";
@@ -154,6 +157,10 @@ pub struct ModelRunner {
     timing: StepTiming,
     /// Structured-output work since start (every constraint's, summed after each step).
     constraint_stats: ConstraintStats,
+    /// The next step's batch, built ahead while the step in flight computes.
+    ahead: Option<ahead::AheadBatch>,
+    /// Scratch: the step in flight's sampled token by request, for the placeholders.
+    sampled_by_id: HashMap<RequestId, TokenId>,
 }
 
 /// Wall time of the last step's model forward and sampling (the rest of an engine step is host
@@ -189,6 +196,8 @@ impl ModelRunner {
             extras: HashMap::new(),
             timing: StepTiming::default(),
             constraint_stats: ConstraintStats::default(),
+            ahead: None,
+            sampled_by_id: HashMap::new(),
         }
     }
 

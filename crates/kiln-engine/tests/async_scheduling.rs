@@ -1,7 +1,8 @@
 //! Asynchronous scheduling on a tiny fixture model: the forward of each step runs on a second
-//! thread, and every request's outputs (tokens, finish reasons, log-probabilities) equal the
-//! synchronous engine's, through chunked prefill, prefix-cache hits, preemption, stop tokens,
-//! seeded sampling, arrivals and aborts while a step is in flight; no block leaks.
+//! thread while the next step is planned (with placeholders for the tokens in flight), and
+//! every request's outputs (tokens, finish reasons, log-probabilities) equal the synchronous
+//! engine's, through chunked prefill, prefix-cache hits, preemption, stop tokens, seeded
+//! sampling, arrivals and aborts while a step is in flight; no block leaks.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -13,8 +14,14 @@ use kiln_engine::{
     EngineConfig, EngineCore, EngineHandle, Logprobs, PromptLogprobs, SchedulerConfig,
     SpeculativeConfig,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use kiln_kernels::Cpu;
-use kiln_models::load_model;
+use kiln_models::{
+    Backend, ForwardBatch, ForwardError, KvLayout, Logits, Model, ModelConfig, Workspace,
+    load_model,
+};
 
 /// One output as compared: token, finish reason, log-probabilities, prompt log-probabilities.
 type Out = (TokenId, Option<FinishReason>, Option<Logprobs>, Option<PromptLogprobs>);
@@ -113,8 +120,13 @@ fn async_scheduling_gives_the_synchronous_outputs() {
         assert!(expected.iter().any(|r| r.len() < 20), "no request stopped early");
         let mut core = engine(true, blocks, budget);
         assert_eq!(run(&mut core, &requests), expected, "{blocks} blocks, budget {budget}");
+        // Steps are planned ahead (with placeholders) except after one that ran short of
+        // blocks, where the next is planned after the update so that preemption can work.
+        let stats = core.stats();
+        assert!(stats.num_steps_planned_ahead > stats.num_steps / 2, "{stats:?}");
         if blocks == 40 {
-            assert!(core.stats().num_preemptions > 0, "{:?}", core.stats());
+            assert!(stats.num_preemptions > 0, "{stats:?}");
+            assert!(stats.num_steps_planned_ahead < stats.num_steps, "{stats:?}");
         }
         assert!(core.stats().prefix_cache.num_hit_tokens > 0);
     }
@@ -237,4 +249,85 @@ fn speculative_decoding_is_refused_with_async_scheduling() {
     let mut core = engine(true, 64, 256);
     let err = core.set_speculative_config(Some(speculative)).unwrap_err().to_string();
     assert!(err.contains("asynchronous scheduling"), "{err}");
+}
+
+/// The fixture model, failing its forward number `fail_at` (counted from 1 across clones).
+struct FailingModel {
+    inner: Box<dyn Model<Cpu>>,
+    forwards: Arc<AtomicUsize>,
+    fail_at: usize,
+}
+
+impl Model<Cpu> for FailingModel {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn backend(&self) -> &Cpu {
+        self.inner.backend()
+    }
+    fn kv_layout(&self) -> KvLayout {
+        self.inner.kv_layout()
+    }
+    fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes()
+    }
+    fn forward(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut <Cpu as Backend>::KvStore,
+        workspace: &mut Workspace<Cpu>,
+        logits: &mut Logits,
+    ) -> Result<(), ForwardError> {
+        if self.forwards.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(ForwardError::Device("injected failure".into()));
+        }
+        self.inner.forward(batch, kv, workspace, logits)
+    }
+}
+
+#[test]
+fn a_failed_forward_with_a_step_planned_ahead_frees_every_block_and_caches_no_unwritten_kv() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
+    let inner = load_model(&path, &Arc::new(Cpu::new(2))).unwrap().model;
+    let forwards = Arc::new(AtomicUsize::new(0));
+    let model = FailingModel { inner, forwards: forwards.clone(), fail_at: 5 };
+    let config = EngineConfig {
+        block_size: 4,
+        num_kv_blocks: 256,
+        max_model_len: Some(64),
+        scheduler: SchedulerConfig { enable_prefix_caching: true, ..SchedulerConfig::default() },
+        async_scheduling: true,
+        ..EngineConfig::default()
+    };
+    let mut core = EngineCore::new(Box::new(model), config).unwrap();
+    let prompts: Vec<_> = (0..4).map(|i| prompt(i, 18)).collect();
+    let ids: Vec<_> =
+        prompts.iter().map(|p| core.add_request(p.clone(), greedy(12), 0).unwrap()).collect();
+    let err = loop {
+        match core.step() {
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("injected failure"), "{err}");
+    assert!(core.stats().num_steps_planned_ahead > 0);
+    // The caller aborts the failed steps' requests (as the server does): every block is freed.
+    for id in &ids {
+        core.abort(*id);
+    }
+    let stats = core.stats();
+    assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    // The same prompts again, hitting whatever the prefix cache kept: their tokens alone.
+    let again: Vec<_> =
+        prompts.iter().map(|p| (core.add_request(p.clone(), greedy(12), 0).unwrap(), p)).collect();
+    let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            tokens.entry(out.id).or_default().push(out.new_token);
+        }
+    }
+    for (id, p) in again {
+        assert_eq!(tokens[&id], alone(p, 12), "{id}");
+    }
+    assert!(core.stats().prefix_cache.num_hit_tokens > 0);
 }

@@ -67,5 +67,5 @@ pub use output::{
     CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput, StepLoad,
 };
 pub use request::{AddError, Deadline, Request, RequestStatus};
-pub use scheduler::{Scheduler, SchedulerStats, StepLimits};
+pub use scheduler::{PLACEHOLDER_TOKEN, Scheduler, SchedulerStats, StepLimits};
 pub use swap::{BlockCopy, PreemptionMode, SwapConfig, SwapStats};

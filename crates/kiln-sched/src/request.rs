@@ -8,9 +8,10 @@
 //! recompute, a resumed request re-prefills prompt plus output, mostly from the prefix cache;
 //! preempted by swap, it holds tier slots instead, [`crate::swap`]).
 //! Draft tokens are never part of `all_token_ids()`: only tokens the runner returned from a step
-//! are appended.
+//! are appended, and, while a step is planned ahead of the one in flight, a placeholder for the
+//! token that step samples (replaced when it is known).
 
-use std::fmt;
+use std::{fmt, mem};
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 
@@ -78,6 +79,9 @@ pub struct Request {
     pub(crate) num_preemptions: u32,
     /// A request preempted by swap: where its KV waits in the second tier.
     pub(crate) swapped: Option<SwappedKv>,
+    /// `tokens` ends with a placeholder for the token the step in flight samples (a step
+    /// planned ahead, `Scheduler::schedule_ahead`).
+    placeholder: bool,
 }
 
 impl Request {
@@ -103,6 +107,7 @@ impl Request {
             queue_seq: 0,
             num_preemptions: 0,
             swapped: None,
+            placeholder: false,
         }
     }
 
@@ -248,6 +253,27 @@ impl Request {
 
     pub fn is_finished(&self) -> bool {
         matches!(self.status, RequestStatus::Finished(_))
+    }
+
+    /// Whether the last token is a placeholder for a token not sampled yet.
+    pub fn has_placeholder(&self) -> bool {
+        self.placeholder
+    }
+
+    /// Appends a placeholder for the token the step in flight samples.
+    pub(crate) fn push_placeholder(&mut self) {
+        debug_assert!(!self.placeholder, "{}: a second placeholder", self.id);
+        self.tokens.push(crate::PLACEHOLDER_TOKEN);
+        self.placeholder = true;
+    }
+
+    /// Removes the placeholder, if any; returns whether there was one.
+    pub(crate) fn take_placeholder(&mut self) -> bool {
+        let had = mem::take(&mut self.placeholder);
+        if had {
+            self.tokens.pop();
+        }
+        had
     }
 
     /// Appends a generated token and reports whether the request is done. A stop token (stop

@@ -31,6 +31,11 @@
 //! Finished requests' blocks are freed. Blocks allocated for rejected drafts stay in the table
 //! (the next steps fill them) and are freed with the request.
 //!
+//! `schedule_ahead()` plans a step before the tokens of the one in flight are known
+//! (asynchronous scheduling): placeholders stand for them, and `confirm()` puts the tokens in
+//! place with `update`'s stop checks (`scheduler/update.rs`). A step planned ahead never
+//! preempts, and a placeholder's slot is a lookahead slot, never registered.
+//!
 //! Prefix-cache safety: the KV manager registers a block only once its tokens are all known
 //! tokens scheduled or computed (`num_computed + num_new`), and drafts are never known tokens
 //! (they live in `spec_token_ids`, and only tokens the runner returns are appended). Rollback
@@ -45,14 +50,15 @@
 //! first-token deadline has passed is demoted once: its deadline moves `slo_demotion_ms` past
 //! now, so it stops outranking work that can still be on time.
 //!
-//! Invariants ([`Scheduler::check_invariants`], between `update` and `schedule`): the KV
+//! Invariants ([`Scheduler::check_invariants`], between `update` and `schedule`, and with a
+//! step in flight whose scheduled tokens then count as known): the KV
 //! manager's; `running.len() <= max_num_seqs`; at most `max_num_partial_prefills` running
 //! requests have more than one token left to compute (only an admission can start a partial
 //! prefill, and it checks the count); exactly the running requests hold block tables; waiting
 //! and preempted requests have `num_computed_tokens == 0` and no drafts; a running request's
 //! blocks registered in the prefix cache lie within its `num_computed_tokens`; each of the
 //! tier's slots is free, released in this step, holding a spilled block, or held by one waiting
-//! request preempted by swap (running requests hold none).
+//! request preempted by swap (running requests hold none); no request holds a placeholder.
 //!
 //! Cost per step: O(R log R + W log W) for sorting R running and W waiting requests, plus the KV
 //! manager's work; outside the KV manager, per-token work only for the tokens a step adds
@@ -65,14 +71,15 @@ use kiln_core::{BlockId, RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, KvCacheManager, PrefixCacheStats};
 
 use crate::config::{ConfigError, SchedulerConfig, SchedulingPolicy};
-use crate::output::{
-    CachedRequestData, ModelRunnerOutput, NewRequestData, RequestOutput, SchedulerOutput,
-};
+use crate::output::{CachedRequestData, NewRequestData, SchedulerOutput};
 use crate::policy::{running_key, waiting_key};
 use crate::request::{AddError, Request, RequestStatus};
 use crate::swap::{BlockCopy, SwapSpace, SwapStats};
 
 mod tier;
+mod update;
+
+pub use update::PLACEHOLDER_TOKEN;
 
 /// The limits in force for the next steps: at most the configured ones
 /// ([`Scheduler::set_limits`]).
@@ -127,6 +134,8 @@ pub struct Scheduler {
     num_demoted: u64,
     /// The second KV tier (`None`: preemption is by recompute only).
     swap: Option<SwapSpace>,
+    /// A step planned before the one in flight is updated (`update.rs`).
+    ahead: update::Ahead,
 }
 
 /// A running request scheduled in the current pass.
@@ -166,6 +175,7 @@ impl Scheduler {
             num_scheduled_tokens: 0,
             num_demoted: 0,
             swap: None,
+            ahead: update::Ahead::default(),
         })
     }
 
@@ -397,6 +407,7 @@ impl Scheduler {
         if let Some(space) = &mut self.swap {
             space.start_step();
         }
+        self.ahead.starved = false;
         let mut budget = self.limits.max_num_batched_tokens;
         let scheduled =
             self.schedule_running(&mut budget, &mut out.preempted_ids, &mut out.swap_out);
@@ -425,7 +436,7 @@ impl Scheduler {
                 new_block_ids: s.new_blocks,
             });
         }
-        if out.preempted_ids.is_empty() {
+        if out.preempted_ids.is_empty() && !self.ahead.starved {
             self.admit_waiting(budget, num_partial, &mut out);
         }
         self.num_scheduled_tokens += out.num_scheduled_tokens as u64;
@@ -463,12 +474,16 @@ impl Scheduler {
         let mut decodes_left =
             order.iter().filter(|id| self.requests[*id].num_uncomputed_tokens() == 1).count();
         for id in order {
-            if *budget == 0 {
+            if *budget == 0 || self.ahead.starved {
                 break;
             }
             let req = &self.requests[&id];
             if req.status != RequestStatus::Running {
                 continue; // preempted earlier in this pass
+            }
+            if req.has_placeholder() && req.num_remaining_tokens(self.config.max_model_len) == 0 {
+                decodes_left = decodes_left.saturating_sub(1);
+                continue; // its placeholder is its last token: it finishes when confirmed
             }
             let num_uncomputed = req.num_uncomputed_tokens();
             let available = if num_uncomputed == 1 {
@@ -495,12 +510,15 @@ impl Scheduler {
             let num_spec = num_tokens.saturating_sub(num_uncomputed);
             loop {
                 let req = &self.requests[&id];
+                // A placeholder takes a lookahead slot: never registered in the prefix cache.
+                let ph = usize::from(req.has_placeholder());
+                let tokens = req.all_token_ids();
                 let allocated = self.kv.allocate_slots(
                     id,
-                    req.all_token_ids(),
+                    &tokens[..tokens.len() - ph],
                     req.num_computed_tokens,
-                    num_tokens - num_spec,
-                    num_spec,
+                    num_tokens - num_spec - ph,
+                    num_spec + ph,
                 );
                 if let Some(new_blocks) = allocated {
                     *budget -= num_tokens;
@@ -519,6 +537,10 @@ impl Scheduler {
                         spec_parents,
                         new_blocks,
                     });
+                    break;
+                }
+                if self.ahead.active {
+                    self.ahead.starved = true; // planned ahead: no preemption (`update.rs`)
                     break;
                 }
                 let victim = self.pick_victim();
@@ -671,68 +693,6 @@ impl Scheduler {
         }
     }
 
-    /// Confirms the step's tokens as computed, verifies speculation (accepted drafts stay
-    /// computed, rejected ones are rolled back), appends the generated tokens one by one with
-    /// the stop conditions after each (stop ids and EOS unless `ignore_eos`, both only past
-    /// `min_tokens`; `max_tokens`, `max_model_len`; a stop drops the tokens after it) and frees
-    /// finished requests. Returns one entry per appended token, in `model_output` order.
-    pub fn update(
-        &mut self,
-        output: &SchedulerOutput,
-        model_output: &ModelRunnerOutput,
-    ) -> Vec<RequestOutput> {
-        for (id, _) in output.scheduled() {
-            if let Some(req) = self.requests.get_mut(&id) {
-                req.num_computed_tokens += mem::take(&mut req.num_in_flight_tokens);
-            }
-        }
-        let mut outputs = Vec::with_capacity(model_output.num_sampled_tokens());
-        let mut num_finished = 0;
-        for (id, token_ids) in model_output.iter() {
-            let Some(req) = self.requests.get_mut(&id) else { continue }; // aborted meanwhile
-            let num_spec = mem::take(&mut req.num_in_flight_spec_tokens);
-            if req.status != RequestStatus::Running || req.num_uncomputed_tokens() > 0 {
-                continue; // a partial prefill chunk samples nothing
-            }
-            let Some(num_accepted) = token_ids.len().checked_sub(1) else { continue };
-            debug_assert!(num_accepted <= num_spec, "{id}: {num_accepted} of {num_spec} accepted");
-            let num_accepted = num_accepted.min(num_spec);
-            // The accepted drafts' KV is valid: they become computed tokens; the slots of the
-            // `num_spec - num_accepted` rejected ones are not counted (rolled back).
-            req.num_computed_tokens += num_accepted;
-            for &token in &token_ids[..=num_accepted] {
-                let finish_reason = req.append_output(token, self.config.max_model_len);
-                outputs.push(RequestOutput { id, new_token: token, finish_reason });
-                if let Some(reason) = finish_reason {
-                    req.status = RequestStatus::Finished(reason);
-                    self.kv.free(id);
-                    self.finished_since_last.push(id);
-                    num_finished += 1;
-                    break;
-                }
-            }
-        }
-        if output.num_scheduled_spec_tokens > 0 {
-            // Requests the runner did not report: their drafts count as rejected.
-            for (id, _) in output.scheduled() {
-                if let Some(req) = self.requests.get_mut(&id) {
-                    req.num_in_flight_spec_tokens = 0;
-                }
-            }
-        }
-        if num_finished > 0 {
-            let requests = &mut self.requests;
-            self.running.retain(|id| {
-                let done = requests[id].is_finished();
-                if done {
-                    requests.remove(id);
-                }
-                !done
-            });
-        }
-        outputs
-    }
-
     /// The scheduler's and the KV manager's invariants (module docs).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.kv.check_invariants()?;
@@ -748,16 +708,20 @@ impl Scheduler {
             if req.status != RequestStatus::Running || !self.kv.contains(*id) {
                 return Err(format!("{id} is in the running list as {:?}", req.status));
             }
+            // Scheduled tokens are registered at `schedule` (none are in flight after `update`).
             let num_registered = self.kv.num_registered_blocks(*id) * block_size;
-            if num_registered > req.num_computed_tokens {
+            let num_known = req.num_computed_tokens + req.num_in_flight_tokens;
+            if num_registered > num_known {
                 return Err(format!(
-                    "{id}: {num_registered} tokens registered in the prefix cache, {} computed",
-                    req.num_computed_tokens
+                    "{id}: {num_registered} tokens registered in the prefix cache, {} computed, \
+                     {} in flight",
+                    req.num_computed_tokens, req.num_in_flight_tokens
                 ));
             }
         }
-        let num_partial =
-            self.running.iter().filter(|id| self.requests[*id].num_uncomputed_tokens() > 1).count();
+        let num_partial = (self.running.iter().map(|id| &self.requests[id]))
+            .filter(|r| r.num_uncomputed_tokens() - r.num_in_flight_tokens > 1)
+            .count();
         if num_partial > self.config.max_num_partial_prefills {
             return Err(format!("{num_partial} partial prefills > max_num_partial_prefills"));
         }
@@ -770,6 +734,9 @@ impl Scheduler {
             if !req.spec_token_ids.is_empty() || req.num_in_flight_spec_tokens != 0 {
                 return Err(format!("{id} waits with draft tokens"));
             }
+        }
+        if let Some((id, _)) = self.requests.iter().find(|(_, r)| r.has_placeholder()) {
+            return Err(format!("{id} holds a placeholder between steps"));
         }
         if let Some(id) = self.running.iter().find(|id| self.requests[*id].swapped.is_some()) {
             return Err(format!("{id} runs holding tier slots"));

@@ -1,36 +1,46 @@
-//! Asynchronous scheduling (`--async-scheduling`, vLLM's flag): the forward of step N+1 runs on
-//! the forward thread ([`crate::forward_thread`]) while the engine thread reports step N and its
-//! caller delivers those outputs and takes new commands.
+//! Asynchronous scheduling (`--async-scheduling`, vLLM's flag): the forward of step N runs on
+//! the forward thread ([`crate::forward_thread`]) while the engine thread plans step N+1 with
+//! placeholders for N's tokens, then applies and reports step N during N+1's forward.
 //!
-//! One `step()` call:
-//! 1. waits for step N's forward, samples it and updates the scheduler (the stop checks);
-//! 2. schedules step N+1, moves its swapped blocks, builds its batch and launches its forward;
-//! 3. reports step N (its outputs with their log-probabilities, the batch controller, the
-//!    counters) and returns its outputs; the caller's work with them (the server hands them to
-//!    the clients' streams, where they are detokenized) overlaps step N+1's forward too.
+//! One `step()` call, with step N's forward running (`step_ahead`):
+//! 1. plans step N+1 (`Scheduler::schedule_ahead`: N's tokens taken as computed, a placeholder
+//!    for each token N samples) and builds its batch (`ModelRunner::prepare_ahead`);
+//! 2. waits for N's forward and samples it;
+//! 3. launches N+1 with N's tokens in place of the placeholders (`launch_ahead`);
+//! 4. applies N's tokens with the stop checks (`Scheduler::confirm`) and reports step N (its
+//!    outputs with their log-probabilities, the batch controller, the counters); the caller's
+//!    work with them (the server hands them to the clients' streams, where they are
+//!    detokenized) overlaps N+1's forward too.
 //!
-//! What stays on the critical path, and why: sampling needs step N's logits, and step N+1's
-//! inputs are step N's sampled tokens; scheduling needs the stop checks (a finished request is
-//! not scheduled again, so no step computes a token that is thrown away).
+//! Where planning ahead is not safe (`can_plan_ahead`) the call instead waits for N, updates
+//! the scheduler, then plans and launches N+1 (`collect`, `launch_next`), and reports N: after
+//! a step planned ahead ran short of blocks (planning ahead never preempts; this order can),
+//! while an abort waits for the step in flight (an aborted request must not be planned), and
+//! with a second KV tier (its copies need the model, which the forward has). Sampling stays on
+//! the critical path either way: step N+1's inputs are step N's tokens.
 //!
 //! Invariants:
-//! - **Outputs equal the synchronous engine's, token for token.** The same steps are scheduled
-//!   from the same state (scheduling of N+1 still follows the update of N), and each request is
-//!   sampled with its own seeded sampler from batch-invariant logits.
+//! - **Outputs equal the synchronous engine's, token for token.** Each request's tokens come
+//!   from its own inputs and KV, sampled with its own seeded sampler from batch-invariant
+//!   logits, in order; only the steps' compositions differ. A request that stops at N had its
+//!   row in N+1 computed: the runner forgets it at once, so that row is not sampled.
 //! - At most one forward is in flight, and the model is never read on the engine thread while
-//!   it is: the next step is planned (swap copies included) only after the last one came back.
+//!   it is. Between `step` calls no request holds a placeholder.
 //! - A request aborted while its step is in flight gets no output from then on: its row is
 //!   computed but not sampled. It leaves the scheduler when the step ends, after `update` (its
 //!   KV then written) or `fail_step` (a failed step's unwritten blocks dropped), so no block is
 //!   cached with KV that was never written, and its freed blocks go to a later step only.
 //! - The batch controller sees step N after step N+1 is planned, so its limits apply one step
-//!   later than in the synchronous engine. A step's time runs from its planning to the end of
-//!   its update, which includes the reporting of the step before (overlapped with its forward),
-//!   less the caller's time between `step` calls after its forward had ended. The counters
-//!   count reported steps (`num_steps` leaves out the one in flight).
+//!   later than in the synchronous engine. A step's time runs from the start of its forward's
+//!   critical path (its planning, or with placeholders the end of the sampling of the step
+//!   before) to the end of its update, less the caller's time between `step` calls after its
+//!   forward had ended. The counters count reported steps (`num_steps` leaves out the one in
+//!   flight).
 //! - An error starting step N+1 is returned by the next call, after step N's outputs
-//!   (`has_unfinished` stays true until then). A forward that panicked or a forward thread
-//!   that ended fails every later step: the model's state is unknown.
+//!   (`has_unfinished` stays true until then). A failed forward of N with N+1 planned ahead
+//!   unwinds the plan (`Scheduler::unwind_ahead`) and fails both steps, for the caller to
+//!   abort their requests. A forward that panicked or a forward thread that ended fails every
+//!   later step: the model's state is unknown.
 
 use std::time::{Duration, Instant};
 
@@ -70,6 +80,7 @@ impl EngineCore {
             return Err(e);
         }
         let done = match self.in_flight.take() {
+            Some(step) if self.can_plan_ahead(&step) => return self.step_ahead(&step, gap),
             Some(step) => Some(self.collect(step, gap)?),
             None => None,
         };
@@ -119,14 +130,84 @@ impl EngineCore {
         let updates = self.scheduler.update(&step.sched_out, &self.runner_output);
         self.apply_deferred_aborts();
         self.debug_check_invariants(step.sched_out.step);
-        // The caller's time after the forward had ended delayed this step; before, it was free.
+        let done = self.done_at(gap);
+        let InFlightStep { sched_out, start, .. } = step;
+        Ok(DoneStep { sched_out, updates, start, done })
+    }
+
+    /// Now, less the caller's time after the collected forward had ended: that time delayed
+    /// the step; before the forward ended, it was free.
+    fn done_at(&self, gap: CallerGap) -> Instant {
         let forward_end = self.runner.forward_finished_at();
         let delay = gap.map_or(Duration::ZERO, |(returned, called)| {
             called.saturating_duration_since(forward_end.map_or(returned, |end| end.max(returned)))
         });
         let now = Instant::now();
-        let InFlightStep { sched_out, start, .. } = step;
-        Ok(DoneStep { sched_out, updates, start, done: now.checked_sub(delay).unwrap_or(now) })
+        now.checked_sub(delay).unwrap_or(now)
+    }
+
+    /// Whether the step after `step` can be planned while `step` computes: `step` runs a
+    /// forward, no abort waits for it (an aborted request must not be planned again), there is
+    /// no second KV tier (its copies need the model, which the forward has), and the last
+    /// step planned ahead did not run short of blocks (this one is planned after the update,
+    /// where preemption can free them).
+    fn can_plan_ahead(&self, step: &InFlightStep) -> bool {
+        step.launched
+            && self.tier.is_none()
+            && self.deferred_aborts.is_empty()
+            && !self.scheduler.ahead_starved()
+    }
+
+    /// One step with the next planned ahead: plans step N+1 while step N computes, then
+    /// collects and samples N, launches N+1 with N's tokens in place of its placeholders, and
+    /// confirms (the stop checks) and reports N.
+    fn step_ahead(
+        &mut self,
+        step: &InFlightStep,
+        gap: CallerGap,
+    ) -> Result<Vec<EngineOutput>, EngineError> {
+        let planned_at = Instant::now();
+        self.scheduler.set_now_ms(self.now_ms());
+        let next = self.scheduler.schedule_ahead(&step.sched_out);
+        self.stats.num_steps_planned_ahead += 1;
+        self.record_first_scheduled(&next, planned_at);
+        let prepared = self.runner.prepare_ahead(&next);
+        let Some(thread) = &self.forward_thread else {
+            unreachable!("a step in flight without a forward thread")
+        };
+        let completed = self.runner.complete(true, thread, &mut self.runner_output);
+        if let Err(e) = completed.and(prepared) {
+            // The caller aborts the requests; each frees the KV really written. The runner
+            // forgets them now, so a request planned again without an abort fails its step
+            // instead of running on the undone plan.
+            self.runner.drop_ahead();
+            self.scheduler.unwind_ahead(&step.sched_out, &next);
+            for (id, _) in step.sched_out.scheduled().chain(next.scheduled()) {
+                self.runner.forget(id);
+            }
+            if self.runner.forward_broken() {
+                self.broken = Some(e.to_string());
+            }
+            return Err(EngineError::Forward(e.to_string()));
+        }
+        // Step N+1's time starts here, where its forward's critical path does.
+        let start = Instant::now();
+        let launched = self.runner.launch_ahead(&self.runner_output, thread);
+        let updates = self.scheduler.confirm(&step.sched_out, &self.runner_output);
+        for out in updates.iter().filter(|o| o.finish_reason.is_some()) {
+            self.runner.forget(out.id); // its row in step N+1 is computed, not sampled
+        }
+        match launched {
+            Ok(launched) => {
+                self.in_flight = Some(InFlightStep { sched_out: next, start, launched });
+            }
+            Err(e) => self.pending_error = Some(self.fail_forward(&next, &e)),
+        }
+        self.debug_check_invariants(step.sched_out.step);
+        let done = self.done_at(gap);
+        let outputs = self.report_step(&step.sched_out, updates, step.start, Some(done));
+        self.returned_at = self.in_flight.is_some().then(Instant::now);
+        Ok(outputs)
     }
 
     fn apply_deferred_aborts(&mut self) {

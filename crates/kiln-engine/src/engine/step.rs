@@ -40,13 +40,18 @@ impl EngineCore {
             self.scheduler.fail_step(&sched_out);
             return Err(e);
         }
+        self.record_first_scheduled(&sched_out, start);
+        Ok(sched_out)
+    }
+
+    /// Starts the first-token records of `sched_out`'s new requests, scheduled at `at`.
+    pub(super) fn record_first_scheduled(&mut self, sched_out: &SchedulerOutput, at: Instant) {
         for new in &sched_out.new_requests {
             self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
-                scheduled_at: start,
+                scheduled_at: at,
                 num_cached_tokens: new.num_computed_tokens,
             });
         }
-        Ok(sched_out)
     }
 
     /// Nothing of the step was computed: aborts must not keep its blocks cached.

@@ -7,9 +7,13 @@
 
 use std::collections::HashMap;
 
+pub mod ahead;
+
 use kiln_core::{BlockId, FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_kv::KvCacheConfig;
-use kiln_sched::{ModelRunnerOutput, Request, Scheduler, SchedulerConfig, SchedulerOutput};
+use kiln_sched::{
+    ModelRunnerOutput, PLACEHOLDER_TOKEN, Request, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 
 /// The token a fake model samples for request `id` at position `pos`.
 pub fn token_for(id: RequestId, pos: usize) -> TokenId {
@@ -132,6 +136,33 @@ impl FakeRunner {
     /// the end of each chunk reads back its own token (drafts included), then samples.
     pub fn execute(&mut self, out: &SchedulerOutput) -> ModelRunnerOutput {
         let steps = self.apply(out);
+        self.run(out, steps)
+    }
+
+    /// [`FakeRunner::execute`] for a step planned ahead of the step that produced `before`:
+    /// each placeholder is replaced by its request's token in `before` first (a placeholder
+    /// left, or one without a token, fails).
+    pub fn execute_after(
+        &mut self,
+        out: &SchedulerOutput,
+        before: &ModelRunnerOutput,
+    ) -> ModelRunnerOutput {
+        let steps = self.apply(out);
+        for (id, r) in &mut self.requests {
+            for t in r.tokens.iter_mut().filter(|t| **t == PLACEHOLDER_TOKEN) {
+                let sampled = before.iter().find(|(b, _)| b == id).map(|(_, t)| t);
+                let Some(&[token]) = sampled else { panic!("{id}: a placeholder, no token") };
+                *t = token;
+            }
+        }
+        self.run(out, steps)
+    }
+
+    fn run(
+        &mut self,
+        out: &SchedulerOutput,
+        steps: Vec<(RequestId, usize, usize, Vec<TokenId>)>,
+    ) -> ModelRunnerOutput {
         let mut total = 0;
         let mut total_spec = 0;
         for (id, num_computed, n, spec) in &steps {
@@ -278,6 +309,15 @@ pub fn expected_output(id: u64, prompt_len: usize, max_tokens: usize) -> Vec<Tok
 /// `s` until nothing is left (20,000 steps at most), asserts that it drained and that every
 /// finished request produced exactly its tokens, and returns the run.
 pub fn mixed_workload(s: &mut Scheduler, abort_one_in: u64) -> Run {
+    mixed_workload_driven(s, abort_one_in, |s, max, f| drive_with(s, max, f))
+}
+
+/// [`mixed_workload`] driven by `drive` (`drive_with`, or `ahead::drive_ahead_with`).
+pub fn mixed_workload_driven(
+    s: &mut Scheduler,
+    abort_one_in: u64,
+    drive: impl FnOnce(&mut Scheduler, u64, &mut dyn FnMut(&mut Scheduler, u64) -> bool) -> Run,
+) -> Run {
     let policy = s.config().policy;
     let mut seed = 0x2545_f491_u64;
     let mut next = move |m: u64| {
@@ -286,7 +326,7 @@ pub fn mixed_workload(s: &mut Scheduler, abort_one_in: u64) -> Run {
     };
     let mut id = 0;
     let mut prompt_lens = HashMap::new();
-    let run = drive_with(s, 20_000, |s, step| {
+    let run = drive(s, 20_000, &mut |s, step| {
         if step <= 300 && next(3) == 0 {
             id += 1;
             let prompt: Vec<TokenId> = (0..=next(80)).map(|_| TokenId(next(2) as u32)).collect();
