@@ -63,8 +63,10 @@ pub struct EngineConfig {
     /// With a tier: when a preempted request's KV goes to it.
     pub preemption_mode: PreemptionMode,
     /// Asynchronous scheduling (vLLM's `--async-scheduling`): each step's forward runs on a
-    /// second thread while the engine reports the step before (`engine/async_step.rs`). Not
-    /// with speculative decoding.
+    /// second thread while the engine plans the next step (placeholders for the tokens in
+    /// flight) and applies and reports the step before (`engine/async_step.rs`). Not with
+    /// speculative decoding; with a second KV tier each step is planned after the update of
+    /// the step before.
     pub async_scheduling: bool,
 }
 
@@ -122,9 +124,11 @@ pub struct EngineStats {
     /// Steps planned while the step before computed (asynchronous scheduling with
     /// placeholders; the others were planned after its update).
     pub num_steps_planned_ahead: u64,
-    /// Wall time of the last step. With asynchronous scheduling: from its planning to the end
-    /// of its update, less the time the caller held the engine thread after its forward had
-    /// ended; the steps then tile the busy time.
+    /// Wall time of the last step. With asynchronous scheduling: from its planning (a step
+    /// planned ahead: from the end of the sampling of the step before) to the end of its
+    /// update, less the time the caller held the engine thread after its forward had ended;
+    /// the steps then about tile the busy time (a step planned ahead overlaps the one before
+    /// by its launch and that step's stop checks).
     pub step_time: Duration,
     /// Wall time since start: of every step, of their model forwards and of their sampling;
     /// the rest of the steps' time is host work (scheduling, building batches, updating

@@ -35,9 +35,10 @@
 //! take new constraints, and build the next step's batch ahead (`runner/ahead.rs`:
 //! `prepare_ahead`, then `launch_ahead` once the step in flight is sampled).
 //!
-//! Once warm, a step allocates only for new requests, block-table growth, log-probabilities and
-//! each sampled request's short token list (one token, or the accepted drafts plus one): the
-//! batch, the logits, the scratch and the per-step row and draft lists are reused.
+//! Once warm, a step allocates only for new requests, block-table growth, log-probabilities,
+//! each sampled request's short token list (one token, or the accepted drafts plus one) and a
+//! step planned ahead's row and placeholder lists: the batches, the logits, the scratch and
+//! the synchronous step's row and draft lists are reused.
 
 use std::collections::{HashMap, VecDeque};
 use std::mem;
@@ -370,7 +371,9 @@ impl ModelRunner {
     }
 
     /// Builds the step's batch from `sched_out`; `false` when no row is scheduled. The last
-    /// step's extras and timing stay until the next `execute` or `complete`.
+    /// step's extras and timing stay until the next `execute` or `complete`; its draft lists do
+    /// not (asynchronous steps, which `prepare_ahead` builds during the step before, never
+    /// carry drafts).
     fn prepare(&mut self, sched_out: &SchedulerOutput) -> Result<bool, ForwardError> {
         self.drop_gone(sched_out);
         self.batch.clear();

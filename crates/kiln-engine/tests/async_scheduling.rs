@@ -8,15 +8,14 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_engine::{
     EngineConfig, EngineCore, EngineHandle, Logprobs, PromptLogprobs, SchedulerConfig,
     SpeculativeConfig,
 };
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use kiln_kernels::Cpu;
 use kiln_models::{
     Backend, ForwardBatch, ForwardError, KvLayout, Logits, Model, ModelConfig, Workspace,
@@ -285,12 +284,11 @@ impl Model<Cpu> for FailingModel {
     }
 }
 
-#[test]
-fn a_failed_forward_with_a_step_planned_ahead_frees_every_block_and_caches_no_unwritten_kv() {
+/// An asynchronous engine over the fixture model whose forward number `fail_at` fails.
+fn failing_engine(fail_at: usize) -> EngineCore {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
     let inner = load_model(&path, &Arc::new(Cpu::new(2))).unwrap().model;
-    let forwards = Arc::new(AtomicUsize::new(0));
-    let model = FailingModel { inner, forwards: forwards.clone(), fail_at: 5 };
+    let model = FailingModel { inner, forwards: Arc::new(AtomicUsize::new(0)), fail_at };
     let config = EngineConfig {
         block_size: 4,
         num_kv_blocks: 256,
@@ -299,25 +297,27 @@ fn a_failed_forward_with_a_step_planned_ahead_frees_every_block_and_caches_no_un
         async_scheduling: true,
         ..EngineConfig::default()
     };
-    let mut core = EngineCore::new(Box::new(model), config).unwrap();
-    let prompts: Vec<_> = (0..4).map(|i| prompt(i, 18)).collect();
-    let ids: Vec<_> =
-        prompts.iter().map(|p| core.add_request(p.clone(), greedy(12), 0).unwrap()).collect();
-    let err = loop {
-        match core.step() {
-            Ok(_) => {}
-            Err(e) => break e,
+    EngineCore::new(Box::new(model), config).unwrap()
+}
+
+/// Steps `core` until a step fails; returns the error's text.
+fn step_until_error(core: &mut EngineCore) -> String {
+    loop {
+        if let Err(e) = core.step() {
+            return e.to_string();
         }
-    };
-    assert!(err.to_string().contains("injected failure"), "{err}");
-    assert!(core.stats().num_steps_planned_ahead > 0);
-    // The caller aborts the failed steps' requests (as the server does): every block is freed.
-    for id in &ids {
+    }
+}
+
+/// Aborts `ids` in order (as the server does after a failed step), checks that every block
+/// came back, then runs `prompts` again: each gives its tokens alone, so no block kept in the
+/// prefix cache holds KV the failed steps never wrote.
+fn abort_and_rerun(core: &mut EngineCore, ids: &[RequestId], prompts: &[Vec<TokenId>]) {
+    for id in ids {
         core.abort(*id);
     }
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
-    // The same prompts again, hitting whatever the prefix cache kept: their tokens alone.
     let again: Vec<_> =
         prompts.iter().map(|p| (core.add_request(p.clone(), greedy(12), 0).unwrap(), p)).collect();
     let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
@@ -329,5 +329,39 @@ fn a_failed_forward_with_a_step_planned_ahead_frees_every_block_and_caches_no_un
     for (id, p) in again {
         assert_eq!(tokens[&id], alone(p, 12), "{id}");
     }
+}
+
+#[test]
+fn a_failed_forward_with_a_step_planned_ahead_frees_every_block_and_caches_no_unwritten_kv() {
+    // The fifth forward fails while decoding, the step after it planned ahead.
+    let mut core = failing_engine(5);
+    let prompts: Vec<_> = (0..4).map(|i| prompt(i, 18)).collect();
+    let ids: Vec<_> =
+        prompts.iter().map(|p| core.add_request(p.clone(), greedy(12), 0).unwrap()).collect();
+    let err = step_until_error(&mut core);
+    assert!(err.contains("injected failure"), "{err}");
+    assert!(core.stats().num_steps_planned_ahead > 0);
+    abort_and_rerun(&mut core, &ids, &prompts);
     assert!(core.stats().prefix_cache.num_hit_tokens > 0);
+}
+
+#[test]
+fn a_prefix_hit_planned_ahead_on_blocks_a_failed_forward_never_wrote_is_dropped() {
+    // The first forward (request 1's prefill) fails; request 2, sharing its first 16 tokens,
+    // arrived meanwhile and was admitted in the step planned ahead with a hit on those
+    // blocks. Aborting request 1 first must not find them shared, nor leave them cached.
+    let mut core = failing_engine(1);
+    let common = prompt(7, 16);
+    let prompts: Vec<Vec<TokenId>> = [prompt(1, 2), prompt(2, 3)]
+        .into_iter()
+        .map(|tail| common.iter().copied().chain(tail).collect())
+        .collect();
+    let first = core.add_request(prompts[0].clone(), greedy(12), 0).unwrap();
+    assert!(core.step().unwrap().is_empty()); // the prefill is launched
+    let second = core.add_request(prompts[1].clone(), greedy(12), 0).unwrap();
+    let err = step_until_error(&mut core);
+    assert!(err.contains("injected failure"), "{err}");
+    let hits = core.scheduler().kv_cache().prefix_cache_stats();
+    assert!(hits.num_hit_tokens >= 16, "request 2 was to hit request 1's blocks: {hits:?}");
+    abort_and_rerun(&mut core, &[first, second], &prompts);
 }

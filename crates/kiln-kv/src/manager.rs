@@ -348,6 +348,23 @@ impl KvCacheManager {
         }
     }
 
+    /// Removes from the prefix cache `req`'s blocks from the one holding position
+    /// `num_computed_tokens` on, shared or not (they were registered for tokens of a step
+    /// that failed, so their KV was never written); the request keeps them, its record of
+    /// registered blocks cut to match.
+    pub fn uncache_past(&mut self, req: RequestId, num_computed_tokens: usize) {
+        let first = num_computed_tokens / self.block_size();
+        let Some(entry) = self.requests.get_mut(&req) else { return };
+        for &b in entry.blocks.iter().skip(first) {
+            self.pool.uncache(b);
+        }
+        if entry.num_cached_blocks > first {
+            entry.num_cached_blocks = first;
+            let last = first.checked_sub(1).map(|i| entry.blocks[i]);
+            entry.last_cached = last.and_then(|b| self.pool.cached_ref(b));
+        }
+    }
+
     /// Like [`KvCacheManager::free`], for a request whose KV holds only its first
     /// `num_computed_tokens` tokens: blocks from the one holding position `num_computed_tokens`
     /// on are removed from the prefix cache first (they were registered for tokens that were

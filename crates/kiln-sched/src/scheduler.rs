@@ -198,13 +198,15 @@ impl Scheduler {
     }
 
     /// Marks the step `output` as not run (its forward pass or its tier copies failed): the
-    /// scheduled tokens stay uncomputed, so aborting a request frees, and drops from the prefix
-    /// cache, every block past the KV really written. Call before aborting the step's requests.
+    /// scheduled tokens stay uncomputed, and every block of its requests past the KV really
+    /// written leaves the prefix cache at once, even one that a request admitted since hit, so
+    /// no later lookup finds it. Call before aborting the step's requests.
     pub fn fail_step(&mut self, output: &SchedulerOutput) {
         for (id, _) in output.scheduled() {
             if let Some(req) = self.requests.get_mut(&id) {
                 req.num_in_flight_tokens = 0;
                 req.num_in_flight_spec_tokens = 0;
+                self.kv.uncache_past(id, req.num_computed_tokens);
             }
         }
     }

@@ -92,10 +92,14 @@ fn a_request_that_stops_gives_no_token_from_the_step_planned_ahead_of_its_stop()
 #[test]
 fn a_request_at_its_last_token_is_not_planned_past_it() {
     // `max_tokens` 3: the third output's placeholder is the last; no step computes past it.
+    // (`add` refuses prompt plus `max_tokens` past the context, so `max_model_len` never
+    // ends a request before `max_tokens` does.)
     let mut s = scheduler(config(64, 4), 4, 64);
     s.add(req(1, toks(0..5), 3)).unwrap();
     let (run, _) = drive_ahead_with(&mut s, 100, |_, _| false);
     assert_eq!(run.outputs[&RequestId(1)].len(), 3);
+    assert_eq!(run.finished[&RequestId(1)].0, FinishReason::Length);
     let tokens: usize = run.outputs_per_step.iter().map(|o| o.num_scheduled_tokens).sum();
     assert_eq!(tokens, 5 + 2, "the prompt, then the first two outputs as inputs");
+    assert_eq!(s.kv_cache().usage(), 0.0);
 }

@@ -452,7 +452,12 @@ fn start<B: kiln_models::Backend>(
     if args.async_scheduling {
         tracing::info!(
             "asynchronous scheduling: each step's forward runs on its own thread while the \
-             engine hands out the step before's tokens"
+             engine plans the next step and hands out the step before's tokens{}",
+            if tier.is_some() {
+                " (with the KV tier, each step is planned after the step before is applied)"
+            } else {
+                ""
+            }
         );
     }
     if let Some(tier) = tier {

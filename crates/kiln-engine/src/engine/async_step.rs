@@ -38,8 +38,9 @@
 //!   flight).
 //! - An error starting step N+1 is returned by the next call, after step N's outputs
 //!   (`has_unfinished` stays true until then). A failed forward of N with N+1 planned ahead
-//!   unwinds the plan (`Scheduler::unwind_ahead`) and fails both steps, for the caller to
-//!   abort their requests. A forward that panicked or a forward thread that ended fails every
+//!   (or a failure to build N+1's batch) unwinds the plan (`Scheduler::unwind_ahead`: N's
+//!   tokens are lost too) and fails both steps, for the caller to abort their requests; the
+//!   runner forgets them, so one planned again without an abort fails its step. A forward that panicked or a forward thread that ended fails every
 //!   later step: the model's state is unknown.
 
 use std::time::{Duration, Instant};
@@ -147,12 +148,13 @@ impl EngineCore {
     }
 
     /// Whether the step after `step` can be planned while `step` computes: `step` runs a
-    /// forward, no abort waits for it (an aborted request must not be planned again), there is
+    /// forward, a request is left to plan, no abort waits for it (an aborted request must not be planned again), there is
     /// no second KV tier (its copies need the model, which the forward has), and the last
     /// step planned ahead did not run short of blocks (this one is planned after the update,
     /// where preemption can free them).
     fn can_plan_ahead(&self, step: &InFlightStep) -> bool {
         step.launched
+            && self.scheduler.has_unfinished()
             && self.tier.is_none()
             && self.deferred_aborts.is_empty()
             && !self.scheduler.ahead_starved()
@@ -169,7 +171,6 @@ impl EngineCore {
         let planned_at = Instant::now();
         self.scheduler.set_now_ms(self.now_ms());
         let next = self.scheduler.schedule_ahead(&step.sched_out);
-        self.stats.num_steps_planned_ahead += 1;
         self.record_first_scheduled(&next, planned_at);
         let prepared = self.runner.prepare_ahead(&next);
         let Some(thread) = &self.forward_thread else {
@@ -197,13 +198,20 @@ impl EngineCore {
         for out in updates.iter().filter(|o| o.finish_reason.is_some()) {
             self.runner.forget(out.id); // its row in step N+1 is computed, not sampled
         }
+        self.debug_check_invariants(step.sched_out.step);
         match launched {
             Ok(launched) => {
+                self.stats.num_steps_planned_ahead += 1;
                 self.in_flight = Some(InFlightStep { sched_out: next, start, launched });
             }
-            Err(e) => self.pending_error = Some(self.fail_forward(&next, &e)),
+            Err(e) => {
+                // As after a failed forward: the runner's copy of N+1's requests is undone.
+                for (id, _) in next.scheduled() {
+                    self.runner.forget(id);
+                }
+                self.pending_error = Some(self.fail_forward(&next, &e));
+            }
         }
-        self.debug_check_invariants(step.sched_out.step);
         let done = self.done_at(gap);
         let outputs = self.report_step(&step.sched_out, updates, step.start, Some(done));
         self.returned_at = self.in_flight.is_some().then(Instant::now);

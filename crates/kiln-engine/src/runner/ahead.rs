@@ -11,7 +11,7 @@
 
 use std::mem;
 
-use kiln_core::TokenId;
+use kiln_core::{RequestId, TokenId};
 use kiln_models::{ForwardBatch, ForwardError};
 use kiln_sched::{ModelRunnerOutput, PLACEHOLDER_TOKEN, SchedulerOutput};
 
@@ -23,7 +23,7 @@ pub(crate) struct AheadBatch {
     batch: ForwardBatch,
     rows: Vec<StepRow>,
     /// `(token index in the batch, request, position in its tokens)` of each placeholder.
-    placeholders: Vec<(usize, kiln_core::RequestId, usize)>,
+    placeholders: Vec<(usize, RequestId, usize)>,
 }
 
 impl ModelRunner {

@@ -16,8 +16,9 @@
 //!   token is known.
 //! - Planning ahead never preempts (step N's forward may still write a victim's blocks, and its
 //!   sampled token would be lost): a running request that does not get its blocks is left out
-//!   of the step, admission is skipped, and [`Scheduler::ahead_starved`] tells the engine to
-//!   plan the next step the ordinary way, after N's update, where preemption works.
+//!   of the step with every request after it in the policy order, admission is skipped, and
+//!   [`Scheduler::ahead_starved`] tells the engine to plan the next step the ordinary way,
+//!   after N's update, where preemption works.
 //! - A request whose placeholder is its last allowed token (`max_tokens`, `max_model_len`) is
 //!   not scheduled again: it certainly finishes at `confirm`.
 //! - Placeholders live only between `schedule_ahead` and `confirm` (or `unwind_ahead`); between

@@ -171,6 +171,7 @@ impl FakeRunner {
             let r = &self.requests[id];
             let end = num_computed + n;
             assert!(*n > 0 && end <= r.tokens.len() + spec.len(), "{id}: bad chunk {n}");
+            assert!(!r.tokens.contains(&PLACEHOLDER_TOKEN), "{id}: a placeholder reached a step");
             assert!(r.block_table.len() * self.block_size >= end, "{id}: too few slots");
             for p in *num_computed..end {
                 let s = self.slot(&r.block_table, p);
