@@ -4,9 +4,9 @@
 //!
 //! The general kernel's 16-lane vectors would be two 8-lane halves on AVX2 (`x86::Avx2`, which
 //! is still what unpacks the records): every operation doubled, and with 16 vector registers
-//! its 16-lane accumulators spill. Here the 16 weight rows of a group are taken as two 8-lane halves one after the other, so a tile of
-//! up to 4 activation rows keeps every accumulator in a register, and the arithmetic is the
-//! cheapest AVX2 has for each format:
+//! its 16-lane accumulators spill. Here the 16 weight rows of a group are taken as two 8-lane
+//! halves one after the other, so a tile of up to 4 activation rows keeps every accumulator in
+//! a register, and the arithmetic is the cheapest AVX2 has for each format:
 //! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31): `vpmaddubsw` pair sums are at
 //!   most `2·31·127`, so up to 4 of them (Q4_0: 8, levels at most 15) add up in 16-bit lanes
 //!   before one `vpmaddwd` widens them; `t = Σ (w + o)·x − o·Σx` per block, as the general
@@ -20,13 +20,16 @@
 //! general kernel's, so outputs equal the scalar reference bit for bit (tested with the other
 //! ISAs in `tests`).
 //!
-//! Prefetch (Q5_0 and the K-quants): while a unit computes, its share of the group
-//! `PREFETCH_GROUPS` ahead is requested a few lines per block (`super::prefetch`), so that the
-//! next record's long unpacking (fifth or sixth bits, scales) does not wait for memory with
-//! nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
-//! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose
-//! loads interleave with the arithmetic, were faster without (Q8_0 0.045–0.048 against
-//! 0.053–0.064 ms), and the 178 MB LM head streams at the memory's rate either way. Prefetching
+//! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested
+//! a few lines per block (`super::prefetch`), so that the next record's loads (and Q5_0's and
+//! the K-quants' long unpacking) do not wait for memory with nothing else in flight: a 2048 ×
+//! 640 Q5_0 matrix read from memory at one row took 0.042–0.055 ms with it against 0.091
+//! without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose loads interleave with the arithmetic,
+//! prefetch only at decode sizes (`PREFETCH_MAX_ROWS` rows at most): on the Zen 5 the 178 MB
+//! Q8_0 LM head at one row went from 36–55 to 49–70 GB/s with it (69–79 → 93–133 GOP/s; at 64
+//! rows 312–315 → 321–328), a Q4_0 matrix at one row from 108–109 to 137–152 GOP/s, while
+//! with 256 rows and more (prefill, weights in the caches) Q4_0 lost 7 %. (On the Zen 4,
+//! before prefetch was spread over the arithmetic, Q8_0 had been faster without.) Prefetching
 //! is a hint: results never depend on it.
 
 use std::arch::x86_64::*;
@@ -36,7 +39,7 @@ use super::QuantMatrix;
 use super::act::QuantActs;
 use super::avx2_k;
 use super::formats::{GgmlType, QK};
-use super::kernel::{Acc, ROW_CHUNK};
+use super::kernel::{Acc, PREFETCH_MAX_ROWS, ROW_CHUNK};
 use super::pairs::unit_share_ahead;
 use super::prefetch::{Prefetch, PrefetchSteps};
 use super::repack::{LANES, Unpacked, unpack};
@@ -78,25 +81,30 @@ pub(crate) unsafe fn kernel(
     debug_assert!(acts.block == w.act_block() && acc.len() >= ROW_CHUNK);
     // SAFETY: forwarded from the caller.
     unsafe {
+        // Q8_0 and Q4_0 prefetch at decode sizes only (module docs); a const, so that the
+        // tiles of a call without it carry no prefetch step at all.
+        let decode = acts.m <= PREFETCH_MAX_ROWS;
         match w.ty {
-            GgmlType::Q8_0 => run::<Q8>(acts, w, groups, out, un, acc),
-            GgmlType::Q5_0 => run::<Q5>(acts, w, groups, out, un, acc),
-            GgmlType::Q4_0 => run::<Q4>(acts, w, groups, out, un, acc),
-            GgmlType::Q4K => run::<K4>(acts, w, groups, out, un, acc),
-            GgmlType::Q5K => run::<K5>(acts, w, groups, out, un, acc),
-            GgmlType::Q6K => run::<K6>(acts, w, groups, out, un, acc),
+            GgmlType::Q8_0 if decode => run::<Q8, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q8_0 => run::<Q8, false>(acts, w, groups, out, un, acc),
+            GgmlType::Q4_0 if decode => run::<Q4, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q4_0 => run::<Q4, false>(acts, w, groups, out, un, acc),
+            GgmlType::Q5_0 => run::<Q5, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q4K => run::<K4, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q5K => run::<K5, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q6K => run::<K6, true>(acts, w, groups, out, un, acc),
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not quantized"),
         }
     }
 }
 
-/// [`kernel`] for one format.
+/// [`kernel`] for one format, prefetching weights ahead when `PREFETCH`.
 ///
 /// # Safety
 /// As [`kernel`], with `KIND` the format of `w`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
-unsafe fn run<const KIND: u8>(
+unsafe fn run<const KIND: u8, const PREFETCH: bool>(
     acts: &QuantActs,
     w: &QuantMatrix,
     groups: Range<usize>,
@@ -124,10 +132,10 @@ unsafe fn run<const KIND: u8>(
                 unsafe {
                     unpack::<Avx2>(ty, nb, rec, un);
                     let quads = if KIND == Q8 { rec } else { un.quads.as_ptr().cast() };
-                    // Q5_0 and K-quants: this unit's share of the group `PREFETCH_GROUPS`
-                    // ahead, a few lines per block (K-quants: per sub-block pass) of the first
-                    // row tile.
-                    let ahead = if KIND != Q8 && KIND != Q4 {
+                    // This unit's share of the group `PREFETCH_GROUPS` ahead, a few lines per
+                    // block (K-quants: per sub-block pass) of the first row tile; Q8_0 and
+                    // Q4_0 at decode sizes only (module docs).
+                    let ahead = if PREFETCH {
                         unit_share_ahead(w, g..g + 1, groups.end, u)
                     } else {
                         Prefetch::NONE
