@@ -8,18 +8,9 @@
 mod common;
 
 use common::ahead::drive_ahead_with;
-use common::{drive, req, scheduler, token_for, toks};
+use common::{config, drive, req, scheduler, token_for, toks};
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_sched::{Request, SchedulerConfig, SchedulingPolicy};
-
-fn config(max_num_batched_tokens: usize, max_num_seqs: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        max_num_batched_tokens,
-        max_num_seqs,
-        max_model_len: 128,
-        ..SchedulerConfig::default()
-    }
-}
 
 #[test]
 fn planning_ahead_changes_no_token_under_a_mixed_workload() {

@@ -5,18 +5,9 @@
 
 mod common;
 
-use common::{drive, drive_runner, expected_output, req, scheduler, token_for, toks};
+use common::{config, drive, drive_runner, expected_output, req, scheduler, token_for, toks};
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_sched::{AddError, Request, RequestStatus, SchedulerConfig, SchedulingPolicy};
-
-fn config(max_num_batched_tokens: usize, max_num_seqs: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        max_num_batched_tokens,
-        max_num_seqs,
-        max_model_len: 128,
-        ..SchedulerConfig::default()
-    }
-}
 
 #[test]
 fn a_long_prompt_is_prefilled_in_chunks_under_a_small_budget() {

@@ -10,20 +10,13 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{FakeRunner, drafts, drive_spec, expected_output, req, scheduler, token_for, toks};
+use common::{
+    FakeRunner, config, drafts, drive_spec, expected_output, req, scheduler, token_for, toks,
+};
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
 use kiln_sched::{
     ModelRunnerOutput, Request, RequestStatus, Scheduler, SchedulerConfig, SchedulingPolicy,
 };
-
-fn config(max_num_batched_tokens: usize, max_num_seqs: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        max_num_batched_tokens,
-        max_num_seqs,
-        max_model_len: 128,
-        ..SchedulerConfig::default()
-    }
-}
 
 /// One schedule → execute → update step.
 fn step(s: &mut Scheduler, runner: &mut FakeRunner) -> kiln_sched::SchedulerOutput {

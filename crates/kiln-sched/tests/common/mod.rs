@@ -28,6 +28,16 @@ pub fn kv(block_size: usize, num_blocks: usize) -> KvCacheConfig {
     KvCacheConfig { block_size, num_blocks, enable_prefix_caching: true, extra_keys: vec![] }
 }
 
+/// The scenarios' scheduler limits: a token budget and a running cap, a 128-token context.
+pub fn config(max_num_batched_tokens: usize, max_num_seqs: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens,
+        max_num_seqs,
+        max_model_len: 128,
+        ..SchedulerConfig::default()
+    }
+}
+
 pub fn scheduler(config: SchedulerConfig, block_size: usize, num_blocks: usize) -> Scheduler {
     Scheduler::new(config, kv(block_size, num_blocks)).unwrap()
 }
