@@ -10,18 +10,12 @@ mod common;
 use common::ahead::drive_ahead_with;
 use common::{config, drive, req, scheduler, token_for, toks};
 use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
-use kiln_sched::{Request, SchedulerConfig, SchedulingPolicy};
+use kiln_sched::{Request, SchedulingPolicy};
 
 #[test]
 fn planning_ahead_changes_no_token_under_a_mixed_workload() {
     for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority, SchedulingPolicy::Sjf] {
-        let cfg = SchedulerConfig {
-            policy,
-            long_prefill_token_threshold: 24,
-            max_num_partial_prefills: 2,
-            ..config(64, 6)
-        };
-        let mut s = scheduler(cfg, 4, 80);
+        let mut s = common::mixed_scheduler(policy);
         let mut num_ahead = 0;
         // Aborts, chunked prefills, prefix hits, preemption; every token checked.
         let run = common::mixed_workload_driven(&mut s, 10, |s, max, before| {

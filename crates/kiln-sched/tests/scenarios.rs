@@ -295,13 +295,7 @@ fn config_validation_names_the_flag() {
 #[test]
 fn limits_hold_under_a_mixed_workload() {
     for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority, SchedulingPolicy::Sjf] {
-        let cfg = SchedulerConfig {
-            policy,
-            long_prefill_token_threshold: 24,
-            max_num_partial_prefills: 2,
-            ..config(64, 6)
-        };
-        let mut s = scheduler(cfg, 4, 80);
+        let mut s = common::mixed_scheduler(policy);
         let run = common::mixed_workload(&mut s, 10);
         assert_eq!(s.kv_cache().usage(), 0.0);
         assert!(s.stats().prefix_cache.num_hit_tokens > 0, "{policy:?}: prefixes should collide");

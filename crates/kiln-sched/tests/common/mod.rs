@@ -38,6 +38,18 @@ pub fn config(max_num_batched_tokens: usize, max_num_seqs: usize) -> SchedulerCo
     }
 }
 
+/// The scheduler [`mixed_workload`] runs on: `policy`, a budget of 64 tokens in chunks of at
+/// most 24, 6 running requests (2 partial prefills), 80 blocks of 4 tokens (it preempts).
+pub fn mixed_scheduler(policy: kiln_sched::SchedulingPolicy) -> Scheduler {
+    let cfg = SchedulerConfig {
+        policy,
+        long_prefill_token_threshold: 24,
+        max_num_partial_prefills: 2,
+        ..config(64, 6)
+    };
+    scheduler(cfg, 4, 80)
+}
+
 pub fn scheduler(config: SchedulerConfig, block_size: usize, num_blocks: usize) -> Scheduler {
     Scheduler::new(config, kv(block_size, num_blocks)).unwrap()
 }
