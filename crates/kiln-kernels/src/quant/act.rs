@@ -4,8 +4,9 @@
 //! 256 for K-quant weights); each block gets `d = max|x| / 127` and `q = round(x / d)` (to
 //! nearest, ties to even: the SIMD and scalar paths agree bit for bit) in
 //! `-127..=127`, plus the integer sums of `q` per 16 and per 32 elements that the kernels use
-//! for the weight offsets and K-quant mins. Each row is quantized independently, so a row's
-//! values never depend on the other rows of the batch.
+//! for the weight offsets and K-quant mins (and, with blocks of 32, the AVX2 kernel's offset
+//! shares [`QuantActs::neg16_halves`]). Each row is quantized independently, so a row's values
+//! never depend on the other rows of the batch.
 
 use std::ops::Range;
 
@@ -32,6 +33,12 @@ pub(crate) struct QuantActs {
     pub s32: Vec<i32>,
     /// `[m, k / 64]`: `(s32[2p], s32[2p + 1])` as the low and high i16.
     pub pairs: Vec<i32>,
+    /// `[m, k / 32]`, blocks of 32 only: `−16·Σ q_j` over the block's `j` with `j % 4 < 2` as
+    /// the low i16 and over `j % 4 ≥ 2` as the high one (each at most `16·16·127` in size).
+    /// These are the elements that the low and high 16-bit half of a `vpmaddubsw` lane sum
+    /// (4 consecutive bytes per 32-bit lane), so the AVX2 kernel starts its 16-bit sums from
+    /// them and gets Q4_0 / Q5_0's offset correction without a step of its own.
+    pub neg16_halves: Vec<i32>,
 }
 
 impl QuantActs {
@@ -69,26 +76,31 @@ impl QuantActs {
         grow(&mut self.s16, m * k / 16);
         grow(&mut self.s32, m * k / 32);
         grow(&mut self.pairs, (m * k).div_ceil(64));
+        let halves = if block == 32 { k / 32 } else { 0 };
+        grow(&mut self.neg16_halves, m * halves);
         let ptrs = (
             SharedMut::new(&mut self.qs),
             SharedMut::new(&mut self.d),
             SharedMut::new(&mut self.s16),
             SharedMut::new(&mut self.s32),
             SharedMut::new(&mut self.pairs),
+            SharedMut::new(&mut self.neg16_halves),
         );
         let run = |rows: Range<usize>| {
             for i in rows {
                 // SAFETY: each task writes only its own rows' ranges of the buffers grown above.
-                let (qs, d, s16, s32, pairs) = unsafe {
+                let (qs, d, s16, s32, pairs, neg16) = unsafe {
                     (
                         ptrs.0.slice(i * k, k),
                         ptrs.1.slice(i * k / block, k / block),
                         ptrs.2.slice(i * k / 16, k / 16),
                         ptrs.3.slice(i * k / 32, k / 32),
                         ptrs.4.slice(i * (k / 64), k / 64),
+                        ptrs.5.slice(i * halves, halves),
                     )
                 };
-                quantize_row(&x[i * k..(i + 1) * k], block, qs, d, s16, s32, pairs);
+                let sums = Sums { s16, s32, pairs, neg16_halves: neg16 };
+                quantize_row(&x[i * k..(i + 1) * k], block, qs, d, sums);
             }
         };
         if m * k >= 1 << 15 {
@@ -107,16 +119,17 @@ fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     }
 }
 
+/// One row's slices of the sums [`QuantActs`] keeps (`neg16_halves` empty unless blocks of 32).
+struct Sums<'a> {
+    s16: &'a mut [i32],
+    s32: &'a mut [i32],
+    pairs: &'a mut [i32],
+    neg16_halves: &'a mut [i32],
+}
+
 /// Quantizes one row (see the module docs).
-fn quantize_row(
-    x: &[f32],
-    block: usize,
-    qs: &mut [i8],
-    d: &mut [f32],
-    s16: &mut [i32],
-    s32: &mut [i32],
-    pairs: &mut [i32],
-) {
+fn quantize_row(x: &[f32], block: usize, qs: &mut [i8], d: &mut [f32], sums: Sums<'_>) {
+    let Sums { s16, s32, pairs, neg16_halves } = sums;
     let level = crate::SimdLevel::detect();
     for ((xb, qb), db) in x.chunks_exact(block).zip(qs.chunks_exact_mut(block)).zip(d.iter_mut()) {
         let amax = abs_max(level, xb);
@@ -133,6 +146,14 @@ fn quantize_row(
     }
     for (p, v) in pairs.iter_mut().enumerate() {
         *v = (s32[2 * p] & 0xFFFF) | (s32[2 * p + 1] << 16);
+    }
+    for (v, q) in neg16_halves.iter_mut().zip(qs.chunks_exact(32)) {
+        let (mut lo, mut hi) = (0i32, 0i32);
+        for four in q.chunks_exact(4) {
+            lo += i32::from(four[0]) + i32::from(four[1]);
+            hi += i32::from(four[2]) + i32::from(four[3]);
+        }
+        *v = ((-16 * lo) & 0xFFFF) | ((-16 * hi) << 16);
     }
 }
 

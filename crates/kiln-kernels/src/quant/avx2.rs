@@ -7,10 +7,14 @@
 //! its 16-lane accumulators spill. Here the 16 weight rows of a group are taken as two 8-lane
 //! halves one after the other, so a tile of up to 4 activation rows keeps every accumulator in
 //! a register, and the arithmetic is the cheapest AVX2 has for each format:
-//! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31): `vpmaddubsw` pair sums are at
-//!   most `2·31·127`, so up to 4 of them (Q4_0: 8, levels at most 15) add up in 16-bit lanes
-//!   before one `vpmaddwd` widens them; `t = Σ (w + o)·x − o·Σx` per block, as the general
-//!   kernel has it.
+//! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31, `o` 8 or 16): each 16-bit half
+//!   of a lane sums the block's 16 elements it is given by `vpmaddubsw` (pair sums at most
+//!   `2·31·127`, never saturated), starting from its share `−o·Σx` of the offset
+//!   ([`QuantActs::neg16_halves`]), and one `vpmaddwd` per block widens the two halves:
+//!   `t = Σ (w + o)·x − o·Σx = Σ w·x`. Each half ends at `|Σ w·x| ≤ 16·16·127 < 2^15` over its
+//!   16 elements; 16-bit addition wraps, so partial sums out of range change nothing. (Adding
+//!   the offset after widening took a `vpsubd` and a broadcast per block and row, and Q5_0,
+//!   whose unsigned sums overflow past 4 quads, a second `vpmaddwd` and `vpaddd`.)
 //! - Q8_0 (stored `w + 128`): levels flipped to signed `w`, then `|w| · sign(x, w)` through
 //!   `vpmaddubsw` (pair sums at most `2·128·127`, so each is widened at once) — `Σ w·x` with no
 //!   correction.
@@ -21,16 +25,19 @@
 //! ISAs in `tests`).
 //!
 //! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested
-//! a few lines per block (`super::prefetch`), so that the next record's loads (and Q5_0's and
-//! the K-quants' long unpacking) do not wait for memory with nothing else in flight: a 2048 ×
-//! 640 Q5_0 matrix read from memory at one row took 0.042–0.055 ms with it against 0.091
-//! without (AMD Zen 4, 2 threads). Q8_0 and Q4_0, whose loads interleave with the arithmetic,
-//! prefetch only at decode sizes (`PREFETCH_MAX_ROWS` rows at most): on the Zen 5 the 178 MB
-//! Q8_0 LM head at one row went from 36–55 to 49–70 GB/s with it (69–79 → 93–133 GOP/s; at 64
-//! rows 312–315 → 321–328), a Q4_0 matrix at one row from 108–109 to 137–152 GOP/s, while
-//! with 256 rows and more (prefill, weights in the caches) Q4_0 lost 7 %. (On the Zen 4,
-//! before prefetch was spread over the arithmetic, Q8_0 had been faster without.) Prefetching
-//! is a hint: results never depend on it.
+//! a few lines per block (`super::prefetch`) by the unit's first row tile, so that the next
+//! record's loads (and Q5_0's and the K-quants' long unpacking) do not wait for memory with
+//! nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
+//! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). The other row tiles of
+//! Q4_0 / Q5_0 / Q8_0 compile without the prefetch step (`PF`): with it in every tile, even
+//! idle, Q5_0 at 16 and 64 rows ran 8–20 % slower (AMD Zen 5). And these three prefetch only
+//! at decode sizes (`PREFETCH_MAX_ROWS` rows at most): from 256 rows on (prefill) the weights
+//! are reused from the caches by every row chunk, and prefetching cost Q4_0 7 % and Q5_0 about
+//! 20 %. On the Zen 5 the 178 MB Q8_0 LM head at one row went from 36–55 to 49–70 GB/s with
+//! prefetch (69–79 → 93–133 GOP/s; at 64 rows 312–315 → 321–328), a Q4_0 matrix at one row
+//! from 108–109 to 137–152 GOP/s. (On the Zen 4, before prefetch was spread over the
+//! arithmetic, Q8_0 had been faster without.) Prefetching is a hint: results never depend on
+//! it.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -79,9 +86,10 @@ pub(crate) unsafe fn kernel(
     acc: &mut [[f32; LANES]],
 ) {
     debug_assert!(acts.block == w.act_block() && acc.len() >= ROW_CHUNK);
+    debug_assert!(acts.block != QK || acts.neg16_halves.len() >= acts.m * acts.k / QK);
     // SAFETY: forwarded from the caller.
     unsafe {
-        // Q8_0 and Q4_0 prefetch at decode sizes only (module docs); a const, so that the
+        // Q4_0 / Q5_0 / Q8_0 prefetch at decode sizes only (module docs); a const, so that the
         // tiles of a call without it carry no prefetch step at all.
         let decode = acts.m <= PREFETCH_MAX_ROWS;
         match w.ty {
@@ -89,7 +97,8 @@ pub(crate) unsafe fn kernel(
             GgmlType::Q8_0 => run::<Q8, false>(acts, w, groups, out, un, acc),
             GgmlType::Q4_0 if decode => run::<Q4, true>(acts, w, groups, out, un, acc),
             GgmlType::Q4_0 => run::<Q4, false>(acts, w, groups, out, un, acc),
-            GgmlType::Q5_0 => run::<Q5, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q5_0 if decode => run::<Q5, true>(acts, w, groups, out, un, acc),
+            GgmlType::Q5_0 => run::<Q5, false>(acts, w, groups, out, un, acc),
             GgmlType::Q4K => run::<K4, true>(acts, w, groups, out, un, acc),
             GgmlType::Q5K => run::<K5, true>(acts, w, groups, out, un, acc),
             GgmlType::Q6K => run::<K6, true>(acts, w, groups, out, un, acc),
@@ -133,8 +142,8 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
                     unpack::<Avx2>(ty, nb, rec, un);
                     let quads = if KIND == Q8 { rec } else { un.quads.as_ptr().cast() };
                     // This unit's share of the group `PREFETCH_GROUPS` ahead, a few lines per
-                    // block (K-quants: per sub-block pass) of the first row tile; Q8_0 and
-                    // Q4_0 at decode sizes only (module docs).
+                    // block (K-quants: per sub-block pass) of the first row tile; Q4_0, Q5_0
+                    // and Q8_0 at decode sizes only (module docs).
                     let ahead = if PREFETCH {
                         unit_share_ahead(w, g..g + 1, groups.end, u)
                     } else {
@@ -145,12 +154,13 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
                     while i < r1 {
                         let a = acc.rows_from(i - r0);
                         let rows = (r1 - i).min(tile_rows(KIND));
+                        let t = Tile { nb, quads, un, acts, i, u, acc: a };
                         for h in 0..2 {
-                            match rows {
-                                1 => tile_any::<KIND, 1>(nb, quads, un, acts, i, u, a, h, &mut pf),
-                                2 => tile_any::<KIND, 2>(nb, quads, un, acts, i, u, a, h, &mut pf),
-                                3 => tile_any::<KIND, 3>(nb, quads, un, acts, i, u, a, h, &mut pf),
-                                _ => tile_any::<KIND, 4>(nb, quads, un, acts, i, u, a, h, &mut pf),
+                            // Only the first row tile prefetches: the others carry no step.
+                            if PREFETCH && i == r0 {
+                                tile_rows_of::<KIND, true>(rows, &t, h, &mut pf);
+                            } else {
+                                tile_rows_of::<KIND, false>(rows, &t, h, &mut pf);
                             }
                         }
                         i += rows;
@@ -203,30 +213,61 @@ pub(super) unsafe fn store_half(acc: Acc, r: usize, h: usize, v: __m256) {
     unsafe { _mm256_storeu_ps(store.add(8 * h), v) }
 }
 
-/// Half `h` of one unit against activation rows `i..i + R`, by format.
+/// One unit's record and one row tile: `nb` blocks of `quads` (scales in `un`) against
+/// activation rows `i..` of `acts`, accumulated in `acc`.
+struct Tile<'a> {
+    nb: usize,
+    quads: *const u8,
+    un: &'a Unpacked,
+    acts: &'a QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+}
+
+/// Half `h` of `t` for its first `rows` rows (at most 4), by format; Q4_0 / Q5_0 / Q8_0 step
+/// `pf` only when `PF` (the K-quants' steps are per sub-block pass and always taken).
+///
+/// # Safety
+/// As [`tile`] (and `avx2_k`'s tiles), with `rows` rows.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn tile_rows_of<const KIND: u8, const PF: bool>(
+    rows: usize,
+    t: &Tile<'_>,
+    h: usize,
+    pf: &mut PrefetchSteps,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match rows {
+            1 => tile_any::<KIND, 1, PF>(t, h, pf),
+            2 => tile_any::<KIND, 2, PF>(t, h, pf),
+            3 => tile_any::<KIND, 3, PF>(t, h, pf),
+            _ => tile_any::<KIND, 4, PF>(t, h, pf),
+        }
+    }
+}
+
+/// Half `h` of `t` against its activation rows `i..i + R`, by format.
 ///
 /// # Safety
 /// As [`tile`] (and `avx2_k`'s tiles).
 #[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always, clippy::too_many_arguments)]
-unsafe fn tile_any<const KIND: u8, const R: usize>(
-    nb: usize,
-    quads: *const u8,
-    un: &Unpacked,
-    acts: &QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
+#[allow(clippy::inline_always)]
+unsafe fn tile_any<const KIND: u8, const R: usize, const PF: bool>(
+    t: &Tile<'_>,
     h: usize,
     pf: &mut PrefetchSteps,
 ) {
+    let Tile { nb, quads, un, acts, i, u, acc } = *t;
     let fs = un.fscale.as_ptr().cast::<f32>();
     // SAFETY: forwarded from the caller.
     unsafe {
         match KIND {
             K4 | K5 => avx2_k::tile_k45::<KIND, R>(quads, un, acts, i, u, acc, h, pf),
             K6 => avx2_k::tile_q6k::<R>(quads, un, acts, i, u, acc, h, pf),
-            _ => tile::<KIND, R>(nb, quads, fs, acts, i, u, acc, h, pf),
+            _ => tile::<KIND, R, PF>(nb, quads, fs, acts, i, u, acc, h, pf),
         }
     }
 }
@@ -240,7 +281,7 @@ unsafe fn tile_any<const KIND: u8, const R: usize>(
 /// AVX2/FMA available; the pointers as described; rows `i..i + R` inside `acts` and `acc`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always, clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const KIND: u8, const R: usize>(
+unsafe fn tile<const KIND: u8, const R: usize, const PF: bool>(
     nb: usize,
     quads: *const u8,
     fs: *const f32,
@@ -253,7 +294,7 @@ unsafe fn tile<const KIND: u8, const R: usize>(
 ) {
     let k = acts.k;
     let nbk = k / QK;
-    let shift = if KIND == Q5 { 4 } else { 3 };
+    let offsets = acts.neg16_halves.as_ptr();
     // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts`; the unit
     // holds `nb` blocks of 8 quads; `acc` has `R` rows; AVX2/FMA are the caller's.
     unsafe {
@@ -261,7 +302,9 @@ unsafe fn tile<const KIND: u8, const R: usize>(
         let flip = _mm256_set1_epi8(-128);
         let mut a: [__m256; R] = std::array::from_fn(|r| load_half(acc, r, h));
         for b in 0..nb {
-            pf.step();
+            if PF {
+                pf.step();
+            }
             let bg = u * 8 + b;
             let x: [*const i8; R] =
                 std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
@@ -278,24 +321,20 @@ unsafe fn tile<const KIND: u8, const R: usize>(
                     }
                 }
             } else {
-                // Q4_0: all 8 quads in one 16-bit sum; Q5_0: two sums of 4.
-                let split = if KIND == Q4 { 8 } else { 4 };
-                let mut s16 = [_mm256_setzero_si256(); R];
+                // The 16-bit sums start from the offset's share (module docs); Q4_0's offset
+                // is 8, half of the stored 16.
+                let mut s16: [__m256i; R] = std::array::from_fn(|r| {
+                    let start = _mm256_set1_epi32(*offsets.add((i + r) * nbk + bg));
+                    if KIND == Q4 { _mm256_srai_epi16::<1>(start) } else { start }
+                });
                 for q in 0..8 {
                     let wv = _mm256_loadu_si256(wb.add(q * 64).cast());
                     for r in 0..R {
                         s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wv, bx(r, q)));
                     }
-                    if q % split == split - 1 {
-                        for r in 0..R {
-                            t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(s16[r], ones));
-                            s16[r] = _mm256_setzero_si256();
-                        }
-                    }
                 }
-                for (r, tr) in t.iter_mut().enumerate() {
-                    let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
-                    *tr = _mm256_sub_epi32(*tr, _mm256_set1_epi32(sx << shift));
+                for r in 0..R {
+                    t[r] = _mm256_madd_epi16(s16[r], ones);
                 }
             }
             let fsv = _mm256_loadu_ps(fs.add(b * LANES + 8 * h));
