@@ -295,8 +295,9 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool>(
     let k = acts.k;
     let nbk = k / QK;
     let offsets = acts.neg16_halves.as_ptr();
-    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts`; the unit
-    // holds `nb` blocks of 8 quads; `acc` has `R` rows; AVX2/FMA are the caller's.
+    // SAFETY (whole body): blocks `u·8 + b` of rows `i..i + R` are inside `acts` (and its
+    // `neg16_halves`, which `QuantActs::quantize` fills for blocks of 32); the unit holds `nb`
+    // blocks of 8 quads; `acc` has `R` rows; AVX2/FMA are the caller's.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let flip = _mm256_set1_epi8(-128);
