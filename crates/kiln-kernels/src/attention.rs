@@ -10,8 +10,9 @@
 //! row ([`kiln_backend::TreeKeys`]) has its own position and sees the keys of its path instead
 //! (`tree`).
 //!
-//! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, up to
-//! 16 rows sharing each K/V block while it is hot; 64 over an 8-bit cache): per row, the scores of a block are
+//! One pass over the blocks per task (a tile of query tokens × the heads of one KV head, or a
+//! share of those heads when tasks are fewer than threads; up to 16 rows sharing each K/V block
+//! while it is hot, 64 over an 8-bit cache): per row, the scores of a block are
 //! computed, the running max and sum are rescaled once per block, and V rows are accumulated
 //! into the output row. Consecutive rows that see the same keys of a block (the heads of one
 //! token; every row for a block they all see whole) are processed up to 4 at a time so that
@@ -172,9 +173,25 @@ fn tile_tokens(group: usize, rows: usize) -> usize {
     (rows / group).max(1)
 }
 
+/// How many tasks each (tile, KV head) is split into by query head, and the heads of each:
+/// when there are fewer of them than threads (a decode step of one or a few sequences with
+/// few KV heads), the heads of a group go to different threads, which then each read the
+/// group's keys and values. Otherwise 1 and the whole group.
+fn head_splits(tasks: usize, shape: &AttentionShape, pool: &ThreadPool) -> (usize, usize) {
+    let group = shape.group();
+    let threads = pool.num_threads();
+    if tasks == 0 || tasks >= threads || group == 1 {
+        return (1, group);
+    }
+    let per_split = group.div_ceil((threads / tasks).min(group));
+    (group.div_ceil(per_split), per_split)
+}
+
 /// `out[num_tokens, num_heads, head_dim] = attention(q[num_tokens, num_heads, head_dim], cache)`.
 ///
-/// Tasks are (sequence, tile of query tokens, KV head). Each output row is computed by the same
+/// Tasks are (sequence, tile of query tokens, KV head), and when those are fewer than the
+/// threads, a share of the KV head's query heads each ([`head_splits`]: a batch-1 decode step
+/// with one KV head would otherwise attend on one thread). Each output row is computed by the same
 /// sequence of operations whatever tile, batch or chunk it belongs to, so batching and chunked
 /// prefill never change a bit of it. Rows `tree` marks as token-tree nodes see their tree's keys
 /// ([`kiln_backend::TreeKeys`]), with the bits of the same tokens decoded one at a time.
@@ -227,9 +244,13 @@ fn run_attention<S: KvSource>(
     debug_assert!(shape.validate().is_ok());
     let tile = tile_tokens(shape.group(), S::TILE_ROWS);
     let num_tiles: usize = seqs.iter().map(|s| s.query_len.div_ceil(tile)).sum();
+    let (splits, heads_per_split) = head_splits(num_tiles * shape.num_kv_heads, shape, pool);
     let out_ptr = SharedMut::new(out);
     let level = SimdLevel::detect();
-    pool.run(num_tiles * shape.num_kv_heads, |task| {
+    pool.run(num_tiles * shape.num_kv_heads * splits, |task| {
+        let split = task % splits;
+        let task = task / splits;
+        let heads = split * heads_per_split..((split + 1) * heads_per_split).min(shape.group());
         let kv_head = task % shape.num_kv_heads;
         let mut t = task / shape.num_kv_heads;
         let mut seq_idx = 0;
@@ -243,7 +264,7 @@ fn run_attention<S: KvSource>(
         let block_table = &block_tables[seq.block_table_start..];
         let rows = seq.query_start + tokens.start..seq.query_start + tokens.end;
         let tree = tree.filter(|t| t.rows[rows].iter().any(|k| k.len > 0));
-        let tile_job = Tile { seq, tokens, kv_head, block_table };
+        let tile_job = Tile { seq, tokens, kv_head, heads, block_table };
         SCRATCH.with_borrow_mut(|scratch| {
             // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint
             // from every other task's rows).
@@ -404,10 +425,12 @@ struct Tile<'a> {
     /// Query indices within the sequence.
     tokens: std::ops::Range<usize>,
     kv_head: usize,
+    /// The query heads of `kv_head`'s group this task computes (indices within the group).
+    heads: std::ops::Range<usize>,
     block_table: &'a [u32],
 }
 
-/// Attention of the `group` heads of `kv_head` for each token of the tile.
+/// Attention of heads `tile.heads` of `kv_head`'s group for each token of the tile.
 ///
 /// # Safety
 /// No other thread may access the tile's rows of `out` meanwhile.
@@ -425,15 +448,17 @@ unsafe fn attend_tile<S: KvSource>(
     let (hd, bs, group) = (shape.head_dim, shape.block_size, shape.group());
     let q_row = shape.num_heads * hd;
     let seq = tile.seq;
-    let num_rows = tile.tokens.len() * group;
+    // Rows are (token, head) pairs, `nh` heads per token.
+    let nh = tile.heads.len();
+    let num_rows = tile.tokens.len() * nh;
     let mut st = RowState::new();
     let rotated = source.rotated();
     if rotated && scratch.q.len() < num_rows * hd {
         scratch.q.resize(num_rows * hd, 0.0);
     }
     for r in 0..num_rows {
-        let token = seq.query_start + tile.tokens.start + r / group;
-        st.offset[r] = token * q_row + (tile.kv_head * group + r % group) * hd;
+        let token = seq.query_start + tile.tokens.start + r / nh;
+        st.offset[r] = token * q_row + (tile.kv_head * group + tile.heads.start + r % nh) * hd;
         st.q_offset[r] = st.offset[r];
         if rotated {
             // Rows stored as `H·k` pair with `H·q / head_dim`.
@@ -442,7 +467,7 @@ unsafe fn attend_tile<S: KvSource>(
             kv_quant::hadamard_scaled(qr);
             st.q_offset[r] = r * hd;
         }
-        st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / group;
+        st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / nh;
         st.end[r] = st.pos[r] + 1;
         if let Some(keys) = tree_keys(tree, token) {
             st.pos[r] = keys.pos as usize;

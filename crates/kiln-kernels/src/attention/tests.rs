@@ -297,6 +297,22 @@ fn attend_over(
     tree: Option<TreeMask<'_>>,
 ) -> Vec<f32> {
     let pool = ThreadPool::new(2);
+    attend_over_on(&pool, kind, shape, num_slots, writes, q, seqs, table, tree)
+}
+
+/// [`attend_over`] on `pool`.
+#[allow(clippy::too_many_arguments)]
+fn attend_over_on(
+    pool: &ThreadPool,
+    kind: CacheKind,
+    shape: &AttentionShape,
+    num_slots: usize,
+    writes: &[(&[f32], &[f32], &[u32])],
+    q: &[f32],
+    seqs: &[AttentionSeq],
+    table: &[u32],
+    tree: Option<TreeMask<'_>>,
+) -> Vec<f32> {
     let kv_row = shape.num_kv_heads * shape.head_dim;
     let mut out = vec![f32::NAN; q.len()];
     match kind {
@@ -310,9 +326,9 @@ fn attend_over(
                 write_kv(k, v, slots, &mut k16, &mut v16);
             }
             if let CacheKind::F32 = kind {
-                paged_attention(&pool, q, &k32, &v32, seqs, table, tree, shape, &mut out);
+                paged_attention(pool, q, &k32, &v32, seqs, table, tree, shape, &mut out);
             } else {
-                paged_attention(&pool, q, &k16, &v16, seqs, table, tree, shape, &mut out);
+                paged_attention(pool, q, &k16, &v16, seqs, table, tree, shape, &mut out);
             }
         }
         CacheKind::Quant(dtype) => {
@@ -326,7 +342,7 @@ fn attend_over(
                 write_kv_quant(codec, k, v, slots, kc, vc);
             }
             let kv = QuantKv { codec, k: (&kc.0, &kc.1), v: (&vc.0, &vc.1) };
-            paged_attention_quant(&pool, q, kv, seqs, table, tree, shape, &mut out);
+            paged_attention_quant(pool, q, kv, seqs, table, tree, shape, &mut out);
         }
     }
     out
@@ -414,6 +430,61 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                     bits(&want),
                     "{kind:?}, {num_cached} cached, window {window:?}, token {t} (path {path:?})"
                 );
+            }
+        }
+    }
+}
+
+/// Decode steps with fewer (tile, KV head) tasks than threads split a group's query heads over
+/// the threads: every row keeps the bits of the unsplit run (one thread), whatever the pool
+/// size, group size and cache kind.
+#[test]
+fn head_splits_keep_every_row_bitwise() {
+    use kiln_backend::KvCacheDtype;
+    let kinds = [CacheKind::F32, CacheKind::F16, CacheKind::Quant(KvCacheDtype::Int8)];
+    for (num_heads, num_kv_heads) in [(4, 1), (8, 1), (8, 2), (3, 1)] {
+        let shape = AttentionShape {
+            num_heads,
+            num_kv_heads,
+            head_dim: 40,
+            block_size: 8,
+            scale: 0.2,
+            sliding_window: None,
+            softcap: Some(5.0),
+        };
+        let kv_row = num_kv_heads * shape.head_dim;
+        // Two sequences of 21 and 13 cached tokens, one query token each.
+        let ctx = [21usize, 13];
+        let k = values(ctx.iter().sum::<usize>() * kv_row, 1);
+        let v = values(k.len(), 2);
+        let slots: Vec<u32> = (0..ctx[0] as u32).chain(24..24 + ctx[1] as u32).collect();
+        let table: Vec<u32> = vec![0, 1, 2, 3, 4];
+        let q = values(2 * num_heads * shape.head_dim, 3);
+        for seqs in [&ctx[..1], &ctx[..]] {
+            let seqs: Vec<AttentionSeq> = seqs
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| AttentionSeq {
+                    query_start: i,
+                    query_len: 1,
+                    context_len: c,
+                    block_table_start: 3 * i,
+                })
+                .collect();
+            let q = &q[..seqs.len() * num_heads * shape.head_dim];
+            let writes = [(&k[..], &v[..], &slots[..])];
+            for kind in kinds {
+                let run = |threads| {
+                    let pool = ThreadPool::new(threads);
+                    attend_over_on(&pool, kind, &shape, 40, &writes, q, &seqs, &table, None)
+                };
+                let want = run(1);
+                assert!(want.iter().all(|x| x.is_finite()));
+                for threads in [2, 3, 4, 8] {
+                    let got = run(threads);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{kind:?} {num_heads}/{num_kv_heads} heads, {threads} threads");
+                }
             }
         }
     }
