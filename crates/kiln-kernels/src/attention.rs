@@ -266,8 +266,8 @@ fn run_attention<S: KvSource>(
         let tree = tree.filter(|t| t.rows[rows].iter().any(|k| k.len > 0));
         let tile_job = Tile { seq, tokens, kv_head, heads, block_table };
         SCRATCH.with_borrow_mut(|scratch| {
-            // SAFETY: this task alone writes the heads of `kv_head` for its tokens (disjoint
-            // from every other task's rows).
+            // SAFETY: this task alone writes heads `heads` of `kv_head`'s group for its tokens
+            // (disjoint from every other task's rows).
             unsafe { attend_tile(level, q, source, &tile_job, tree, shape, scratch, out_ptr) };
         });
     });

@@ -402,34 +402,41 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                 (&tree_k[..], &tree_v[..], batch.slot_mapping()),
             ];
             let (seqs, tables) = (batch.seqs(), batch.block_tables());
-            let got =
-                attend_over(kind, &shape, num_slots, &writes, &q, seqs, tables, batch.tree_mask());
-            for t in 0..n {
-                let path = path(t);
-                let rows = |src: &[f32]| -> Vec<f32> {
-                    path.iter().flat_map(|&i| src[i * kv_row..][..kv_row].to_vec()).collect()
-                };
-                let (k, v) = (rows(&tree_k), rows(&tree_v));
-                let slots: Vec<u32> = (0..path.len()).map(|j| slot(num_cached + j)).collect();
-                let writes = [
-                    (&prefix_k[..], &prefix_v[..], &prefix_slots[..]),
-                    (&k[..], &v[..], &slots[..]),
-                ];
-                let context_len = num_cached + path.len();
-                let seq = [AttentionSeq {
-                    query_start: 0,
-                    query_len: 1,
-                    context_len,
-                    block_table_start: 0,
-                }];
-                let q_t = &q[t * q_row..][..q_row];
-                let want = attend_over(kind, &shape, num_slots, &writes, q_t, &seq, &table, None);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&got[t * q_row..][..q_row]),
-                    bits(&want),
-                    "{kind:?}, {num_cached} cached, window {window:?}, token {t} (path {path:?})"
-                );
+            // On 4 threads the 2 (tile, KV head) tasks split their query heads (`head_splits`).
+            for threads in [2, 4] {
+                let pool = ThreadPool::new(threads);
+                let mask = batch.tree_mask();
+                let got =
+                    attend_over_on(&pool, kind, &shape, num_slots, &writes, &q, seqs, tables, mask);
+                for t in 0..n {
+                    let path = path(t);
+                    let rows = |src: &[f32]| -> Vec<f32> {
+                        path.iter().flat_map(|&i| src[i * kv_row..][..kv_row].to_vec()).collect()
+                    };
+                    let (k, v) = (rows(&tree_k), rows(&tree_v));
+                    let slots: Vec<u32> = (0..path.len()).map(|j| slot(num_cached + j)).collect();
+                    let writes = [
+                        (&prefix_k[..], &prefix_v[..], &prefix_slots[..]),
+                        (&k[..], &v[..], &slots[..]),
+                    ];
+                    let context_len = num_cached + path.len();
+                    let seq = [AttentionSeq {
+                        query_start: 0,
+                        query_len: 1,
+                        context_len,
+                        block_table_start: 0,
+                    }];
+                    let q_t = &q[t * q_row..][..q_row];
+                    let want =
+                        attend_over(kind, &shape, num_slots, &writes, q_t, &seq, &table, None);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got[t * q_row..][..q_row]),
+                        bits(&want),
+                        "{kind:?}, {num_cached} cached, window {window:?}, token {t} (path {path:?}), \
+                     {threads} threads"
+                    );
+                }
             }
         }
     }

@@ -43,10 +43,11 @@ pub(super) unsafe fn attend_tree_rows<S: KvSource>(
     scratch: &mut Scratch,
     out: SharedMut<f32>,
 ) {
-    let group = shape.group();
+    // Rows are (token, head) pairs, `nh` heads per token, as `attend_tile` lays them out.
+    let nh = tile.heads.len();
     let q: &[f32] = if source.rotated() { &scratch.q } else { q };
-    for r in 0..tile.tokens.len() * group {
-        let token = tile.seq.query_start + tile.tokens.start + r / group;
+    for r in 0..tile.tokens.len() * nh {
+        let token = tile.seq.query_start + tile.tokens.start + r / nh;
         if let Some(keys) = tree_keys(Some(tree), token) {
             let slots = &tree.slots[keys.start as usize..][..keys.len as usize];
             let bufs = (&mut scratch.kv, &mut scratch.gather);

@@ -275,7 +275,7 @@ unsafe fn tile_any<const KIND: u8, const R: usize, const PF: bool>(
 /// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `i..i + R`.
 ///
 /// `quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each); `fs`: the f32
-/// scales `[8][16]` of its blocks; `pf` is stepped once per block.
+/// scales `[8][16]` of its blocks; `pf` is stepped once per block when `PF`.
 ///
 /// # Safety
 /// AVX2/FMA available; the pointers as described; rows `i..i + R` inside `acts` and `acc`.
