@@ -433,8 +433,8 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                     assert_eq!(
                         bits(&got[t * q_row..][..q_row]),
                         bits(&want),
-                        "{kind:?}, {num_cached} cached, window {window:?}, token {t} (path {path:?}), \
-                     {threads} threads"
+                        "{kind:?}, {threads} threads, {num_cached} cached, window {window:?}, \
+                         token {t} (path {path:?})"
                     );
                 }
             }
