@@ -283,24 +283,8 @@ enum CacheKind {
     Quant(kiln_backend::KvCacheDtype),
 }
 
-/// Attention over a fresh cache of `kind` and `num_slots` slots holding each `(k, v, slots)`
-/// group of `writes`.
-#[allow(clippy::too_many_arguments)]
-fn attend_over(
-    kind: CacheKind,
-    shape: &AttentionShape,
-    num_slots: usize,
-    writes: &[(&[f32], &[f32], &[u32])],
-    q: &[f32],
-    seqs: &[AttentionSeq],
-    table: &[u32],
-    tree: Option<TreeMask<'_>>,
-) -> Vec<f32> {
-    let pool = ThreadPool::new(2);
-    attend_over_on(&pool, kind, shape, num_slots, writes, q, seqs, table, tree)
-}
-
-/// [`attend_over`] on `pool`.
+/// Attention on `pool` over a fresh cache of `kind` and `num_slots` slots holding each
+/// `(k, v, slots)` group of `writes`.
 #[allow(clippy::too_many_arguments)]
 fn attend_over_on(
     pool: &ThreadPool,
@@ -358,6 +342,8 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
     // the first node.
     let parents = [TREE_ROOT, 0, 1, TREE_ROOT, 3, 0];
     let n = parents.len() + 1; // tree tokens: the root, then the nodes
+    // The one-token reference runs on 2 threads (2 tasks: no head split).
+    let two = ThreadPool::new(2);
     let kinds = [
         CacheKind::F32,
         CacheKind::F16,
@@ -427,8 +413,9 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                         block_table_start: 0,
                     }];
                     let q_t = &q[t * q_row..][..q_row];
-                    let want =
-                        attend_over(kind, &shape, num_slots, &writes, q_t, &seq, &table, None);
+                    let want = attend_over_on(
+                        &two, kind, &shape, num_slots, &writes, q_t, &seq, &table, None,
+                    );
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got[t * q_row..][..q_row]),
