@@ -179,11 +179,8 @@ fn tile_tokens(group: usize, rows: usize) -> usize {
 /// group's keys and values. Otherwise 1 and the whole group.
 fn head_splits(tasks: usize, shape: &AttentionShape, pool: &ThreadPool) -> (usize, usize) {
     let group = shape.group();
-    let threads = pool.num_threads();
-    if tasks == 0 || tasks >= threads || group == 1 {
-        return (1, group);
-    }
-    let per_split = group.div_ceil((threads / tasks).min(group));
+    let ways = (pool.num_threads() / tasks.max(1)).clamp(1, group);
+    let per_split = group.div_ceil(ways);
     (group.div_ceil(per_split), per_split)
 }
 

@@ -388,13 +388,9 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                 (&tree_k[..], &tree_v[..], batch.slot_mapping()),
             ];
             let (seqs, tables) = (batch.seqs(), batch.block_tables());
-            // On 4 threads the 2 (tile, KV head) tasks split their query heads (`head_splits`).
-            for threads in [2, 4] {
-                let pool = ThreadPool::new(threads);
-                let mask = batch.tree_mask();
-                let got =
-                    attend_over_on(&pool, kind, &shape, num_slots, &writes, &q, seqs, tables, mask);
-                for t in 0..n {
+            // The reference: each token alone, its path written at its positions.
+            let wants: Vec<(Vec<usize>, Vec<f32>)> = (0..n)
+                .map(|t| {
                     let path = path(t);
                     let rows = |src: &[f32]| -> Vec<f32> {
                         path.iter().flat_map(|&i| src[i * kv_row..][..kv_row].to_vec()).collect()
@@ -405,21 +401,30 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
                         (&prefix_k[..], &prefix_v[..], &prefix_slots[..]),
                         (&k[..], &v[..], &slots[..]),
                     ];
-                    let context_len = num_cached + path.len();
                     let seq = [AttentionSeq {
                         query_start: 0,
                         query_len: 1,
-                        context_len,
+                        context_len: num_cached + path.len(),
                         block_table_start: 0,
                     }];
                     let q_t = &q[t * q_row..][..q_row];
                     let want = attend_over_on(
                         &two, kind, &shape, num_slots, &writes, q_t, &seq, &table, None,
                     );
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    (path, want)
+                })
+                .collect();
+            // On 4 threads the 2 (tile, KV head) tasks split their query heads (`head_splits`).
+            for threads in [2, 4] {
+                let pool = ThreadPool::new(threads);
+                let mask = batch.tree_mask();
+                let got =
+                    attend_over_on(&pool, kind, &shape, num_slots, &writes, &q, seqs, tables, mask);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for (t, (path, want)) in wants.iter().enumerate() {
                     assert_eq!(
                         bits(&got[t * q_row..][..q_row]),
-                        bits(&want),
+                        bits(want),
                         "{kind:?}, {threads} threads, {num_cached} cached, window {window:?}, \
                          token {t} (path {path:?})"
                     );
