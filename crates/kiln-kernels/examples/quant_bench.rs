@@ -3,7 +3,8 @@
 //! head) and m = 1, 4, 16, 64 (decode batches) and 256, 2048 (prefill chunks; not for the LM
 //! head), prints GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs. With `cold`,
 //! each call takes the next of enough copies of the matrix to fill 128 MiB, so weights come
-//! from memory as in a decode step rather than from the caches. `KILN_ISA` picks the path.
+//! from memory as in a decode step rather than from the caches. `KILN_ISA` picks the path;
+//! `QUANT_BENCH_ROWS=1,4` limits the row counts.
 
 use std::time::Instant;
 
@@ -16,6 +17,11 @@ fn main() {
     let filter = args.next().unwrap_or_default();
     let cold = args.next().is_some_and(|a| a == "cold");
     let pool = ThreadPool::new(threads);
+    // `QUANT_BENCH_ROWS=1,4` measures only those activation row counts.
+    let rows: Vec<usize> = match std::env::var("QUANT_BENCH_ROWS") {
+        Ok(list) => list.split(',').map(|m| m.trim().parse().expect("QUANT_BENCH_ROWS")).collect(),
+        Err(_) => vec![1, 4, 16, 64, 256, 2048],
+    };
     let shapes = [
         (GgmlType::Q5_0, 1024usize, 640usize),
         (GgmlType::Q4K, 640, 1024),
@@ -35,7 +41,7 @@ fn main() {
         let bytes = ws[0].data().num_bytes();
         let copies = if cold { (128usize << 20).div_ceil(bytes) } else { 1 };
         ws.extend((1..copies).map(|_| matrix()));
-        for m in [1usize, 4, 16, 64, 256, 2048] {
+        for &m in &rows {
             if n > 100_000 && m > 64 {
                 continue;
             }

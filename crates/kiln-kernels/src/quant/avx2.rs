@@ -46,7 +46,7 @@ use super::QuantMatrix;
 use super::act::QuantActs;
 use super::avx2_k;
 use super::formats::{GgmlType, QK};
-use super::kernel::{Acc, PREFETCH_MAX_ROWS, ROW_CHUNK};
+use super::kernel::{Acc, PREFETCH_MAX_ROWS, ROW_CHUNK, stream_output};
 use super::pairs::unit_share_ahead;
 use super::prefetch::{Prefetch, PrefetchSteps};
 use super::repack::{LANES, Unpacked, unpack};
@@ -123,6 +123,7 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
 ) {
     let (m, n, ty) = (acts.m, w.rows, w.ty);
     let scratch = acc_buf.as_mut_ptr().cast::<f32>();
+    let stream = stream_output(m, n);
     for r0 in (0..m).step_by(ROW_CHUNK) {
         let r1 = (r0 + ROW_CHUNK).min(m);
         for g in groups.clone() {
@@ -132,7 +133,7 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
             for u in 0..w.units {
                 // SAFETY: row `r0` of `out` is in bounds (the caller's).
                 let dst = unsafe { out.ptr().add(r0 * n + g * LANES) };
-                let acc = Acc::for_unit(u, w.units, scratch, direct.then_some(dst), n, false);
+                let acc = Acc::for_unit(u, w.units, scratch, direct.then_some(dst), n, stream);
                 let nb = w.unit_blocks(u);
                 let rec = w.record(g, u);
                 // SAFETY (block): `rec` is a whole record of `w`; AVX2 is the caller's. The
@@ -201,7 +202,8 @@ pub(super) unsafe fn load_half(acc: Acc, r: usize, h: usize) -> __m256 {
     unsafe { if load.is_null() { _mm256_setzero_ps() } else { _mm256_loadu_ps(load.add(8 * h)) } }
 }
 
-/// Stores lanes `8h..8h + 8` of row `r`'s accumulator after this unit.
+/// Stores lanes `8h..8h + 8` of row `r`'s accumulator after this unit, non-temporally into a
+/// vocabulary-sized output (`kernel::stream_output`; the two halves fill one 64-byte line).
 ///
 /// # Safety
 /// As [`load_half`], and the caller's task owns the row's lanes.
@@ -209,8 +211,16 @@ pub(super) unsafe fn load_half(acc: Acc, r: usize, h: usize) -> __m256 {
 #[allow(clippy::inline_always)]
 pub(super) unsafe fn store_half(acc: Acc, r: usize, h: usize, v: __m256) {
     let (_, store) = acc.row_ptrs(r);
-    // SAFETY: as the caller guarantees.
-    unsafe { _mm256_storeu_ps(store.add(8 * h), v) }
+    // SAFETY: as the caller guarantees; the streaming store needs (and checks) 32 bytes of
+    // alignment.
+    unsafe {
+        let p = store.add(8 * h);
+        if acc.streams() && (p as usize).is_multiple_of(32) {
+            _mm256_stream_ps(p, v);
+        } else {
+            _mm256_storeu_ps(p, v);
+        }
+    }
 }
 
 /// One unit's record and one row tile: `nb` blocks of `quads` (scales in `un`) against

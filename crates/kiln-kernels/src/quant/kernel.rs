@@ -354,12 +354,18 @@ impl Acc {
         }
     }
 
-    /// Row `r`'s accumulator: where it starts (null: at `+0.0`) and where it goes. Stores
-    /// through the second pointer are ordinary (the AVX2 kernel does not stream).
+    /// Row `r`'s accumulator: where it starts (null: at `+0.0`) and where it goes (for the
+    /// AVX2 kernel, which stores 8 lanes at a time; see [`Self::streams`]).
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn row_ptrs(self, r: usize) -> (*const f32, *mut f32) {
         let load = if self.load.is_null() { self.load } else { self.load.wrapping_add(r * LANES) };
         (load, self.store.wrapping_add(r * self.stride))
+    }
+
+    /// Whether stores through [`Self::row_ptrs`] should bypass the caches.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn streams(self) -> bool {
+        self.stream
     }
 
     /// The same rows from row `r` on.
