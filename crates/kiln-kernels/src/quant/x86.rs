@@ -305,7 +305,7 @@ impl Isa for Avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn bit4(bits: u64) -> Pair<__m256i> {
         // The word in every 64-bit lane, one broadcast (two 32-bit ones through a general
-        // register cost Q5_0 at 1-4 rows 8-13 % on AMD Zen 3). Byte i of the low half takes
+        // register cost Q5_0 at 1-4 rows 7-13 % on AMD Zen 3). Byte i of the low half takes
         // byte i / 8 of the word, of the high half byte 4 + i / 8 (each 128-bit lane holds the
         // whole word), keeps bit i % 8, and becomes 16 or 0.
         let word = _mm256_set1_epi64x(bits.cast_signed());
