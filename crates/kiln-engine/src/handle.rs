@@ -27,7 +27,8 @@ pub type StreamItem = Result<EngineOutput, EngineError>;
 /// (the engine then aborts the request). It must not block.
 pub type OutputSink = Box<dyn FnMut(StreamItem) -> bool + Send>;
 
-/// Called on the engine thread with the engine's counters after every step, and when commands
+/// Called on the engine thread with the engine's counters after every step (before that step's
+/// outputs go to the sinks, and again if delivering them aborted a request), and when commands
 /// left it idle (the gauges changed without a step).
 pub type StepObserver = Box<dyn FnMut(&EngineStats) + Send>;
 
@@ -248,8 +249,10 @@ fn run_until_shutdown(
     mut observer: Option<StepObserver>,
 ) {
     let mut sinks: HashMap<RequestId, OutputSink> = HashMap::new();
-    // After every step, and whenever commands left the engine idle (aborts change the gauges):
-    // the stats and the prefix-cache events.
+    // After every step, before its outputs reach the clients (so a client that has its answer
+    // reads metrics that count it), again when delivering aborted a request, and whenever
+    // commands left the engine idle (aborts change the gauges): the stats and the prefix-cache
+    // events.
     let mut publish = |core: &mut EngineCore| {
         core.flush_kv_events();
         let stats = core.stats();
@@ -287,6 +290,8 @@ fn run_until_shutdown(
         }
         match core.step() {
             Ok(outputs) => {
+                publish(core);
+                let mut aborted = false;
                 for out in outputs {
                     let id = out.id;
                     let finished = out.finish_reason.is_some();
@@ -294,9 +299,13 @@ fn run_until_shutdown(
                     if !sink(Ok(out)) {
                         sinks.remove(&id);
                         core.abort(id);
+                        aborted = true;
                     } else if finished {
                         sinks.remove(&id);
                     }
+                }
+                if aborted {
+                    publish(core);
                 }
             }
             Err(e) => {
@@ -304,9 +313,9 @@ fn run_until_shutdown(
                     sink(Err(e.clone()));
                     core.abort(id);
                 }
+                publish(core);
             }
         }
-        publish(core);
     }
 }
 

@@ -356,6 +356,36 @@ fn aborts_mid_flight_free_every_block() {
     handle.shutdown();
 }
 
+/// A step's counters reach the observer (the server's metrics) before its outputs reach the
+/// sinks: a client that has its tokens reads metrics that count them.
+#[test]
+fn a_steps_counters_are_published_before_its_outputs_are_delivered() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let observed = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&observed);
+    let observer = Box::new(move |s: &kiln_engine::EngineStats| {
+        seen.store(s.total_sampled_tokens, Ordering::SeqCst)
+    });
+    let handle =
+        EngineHandle::spawn_with_observer(engine(true, 256, 2048), Some(observer)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut delivered = 0u64;
+    // Runs on the engine thread: what the observer had seen when this token was delivered.
+    let sink = Box::new(move |item: kiln_engine::StreamItem| {
+        delivered += 1;
+        tx.send((item.is_ok(), delivered, observed.load(Ordering::SeqCst))).is_ok()
+    });
+    handle.submit_with_sink(prompt(0, 12), greedy(5), 0, sink).unwrap();
+    for _ in 0..5 {
+        let (ok, delivered, counted) = rx.recv().unwrap();
+        assert!(ok);
+        assert!(counted >= delivered, "token {delivered} delivered when {counted} were counted");
+    }
+    handle.shutdown();
+}
+
 #[test]
 fn too_long_requests_are_rejected_with_vllms_message() {
     let mut core = engine(true, 256, 2048);
