@@ -28,8 +28,6 @@ pub(crate) trait Isa: Copy {
     /// Logical shifts of 16-bit lanes.
     unsafe fn srli16<const N: u32>(a: Self::V) -> Self::V;
     unsafe fn slli16<const N: u32>(a: Self::V) -> Self::V;
-    /// Byte `i` is 16 when bit `i` of `bits` is set, else 0.
-    unsafe fn bit4(bits: u64) -> Self::V;
 
     unsafe fn zero() -> Self::V;
     /// `acc[l] + Σ_{b<4} w[l][b] (u8) · x[b] (i8)`: `x` points at 4 activation bytes.
@@ -141,9 +139,6 @@ impl Isa for Scalar {
     }
     unsafe fn slli16<const N: u32>(a: Bytes64) -> Bytes64 {
         a.map16(|v| v << N)
-    }
-    unsafe fn bit4(bits: u64) -> Bytes64 {
-        Bytes64(std::array::from_fn(|i| (((bits >> i) & 1) as u8) << 4))
     }
     unsafe fn zero() -> Bytes64 {
         Bytes64([0; 64])

@@ -9,9 +9,10 @@
 //!   organised in "quads" of 64 bytes: quad `i` holds elements `4i..4i + 4` of the unit for each
 //!   lane, `[lane][4]`, which is the operand layout of one `vpdpbusd` (16 lanes × 4 bytes).
 //!   Q8_0 stores the quads as is; 4-bit types store quads `2v` and `2v + 1` in the low and
-//!   high nibbles of 64-byte vector `v`; Q5 types add one u64 per quad whose bit `i` is bit 4 of
-//!   byte `i`; Q6_K adds vectors whose byte `i` holds bits 4..6 of quads `4v..4v + 4` in bit
-//!   pairs (0,1), (2,3), (4,5), (6,7);
+//!   high nibbles of 64-byte vector `v`; Q5 types add bit planes, vectors whose byte `i` holds
+//!   bit 4 of byte `i` of quads `8v..8v + 8` in bits 0..7 (so each quad's bits come out with
+//!   one 16-bit shift and a mask); Q6_K adds vectors whose byte `i` holds bits 4..6 of quads
+//!   `4v..4v + 4` in bit pairs (0,1), (2,3), (4,5), (6,7);
 //! - the scales: f16 `d` per lane per block (`[nb][16]`); K-quants add `dmin` `[16]` and
 //!   sub-block scales `[8][16]` u8 (Q6_K: `[16][16]` i8) and mins as pairs `[4][16][2]` u8.
 //!
@@ -206,9 +207,11 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
     }
     match ty {
         GgmlType::Q5_0 | GgmlType::Q5K => {
-            for (qi, q) in quads.iter().enumerate() {
-                let bits = (0..64).fold(0u64, |a, i| a | (u64::from((q[i] >> 4) & 1) << i));
-                rec[lay.hi + qi * 8..lay.hi + qi * 8 + 8].copy_from_slice(&bits.to_le_bytes());
+            for v in 0..quads.len() / 8 {
+                for i in 0..64 {
+                    rec[lay.hi + v * 64 + i] =
+                        (0..8).fold(0u8, |a, t| a | (((quads[8 * v + t][i] >> 4) & 1) << t));
+                }
             }
         }
         GgmlType::Q6K => {
@@ -239,17 +242,22 @@ pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un:
         let m4 = S::splat8(0x0F);
         let nquads = nb * ty.block_elems() / 4;
         if ty != GgmlType::Q8_0 {
-            for v in 0..nquads / 2 {
-                let x = S::load(rec.add(v * 64));
-                let mut lo = S::and(x, m4);
-                let mut hi = S::and(S::srli16::<4>(x), m4);
-                if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5K) {
-                    let bits = rec.add(lay.hi + v * 16).cast::<[u8; 8]>();
-                    lo = S::or(lo, S::bit4(u64::from_le_bytes(bits.read_unaligned())));
-                    hi = S::or(hi, S::bit4(u64::from_le_bytes(bits.add(1).read_unaligned())));
+            let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5K);
+            // Every unit holds whole blocks of 8 quads: one bit plane vector, 4 nibble vectors.
+            for p in 0..nquads / 8 {
+                let plane = if five { S::load(rec.add(lay.hi + p * 64)) } else { S::zero() };
+                for t in 0..4 {
+                    let v = 4 * p + t;
+                    let x = S::load(rec.add(v * 64));
+                    let mut lo = S::and(x, m4);
+                    let mut hi = S::and(S::srli16::<4>(x), m4);
+                    if five {
+                        lo = S::or(lo, bit4_of::<S>(plane, 2 * t));
+                        hi = S::or(hi, bit4_of::<S>(plane, 2 * t + 1));
+                    }
+                    S::store(q.add(2 * v * 64), lo);
+                    S::store(q.add((2 * v + 1) * 64), hi);
                 }
-                S::store(q.add(2 * v * 64), lo);
-                S::store(q.add((2 * v + 1) * 64), hi);
             }
         }
         if ty == GgmlType::Q6K {
@@ -291,6 +299,31 @@ pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un:
             }
             _ => {}
         }
+    }
+}
+
+/// Bit `t` of every byte of a Q5 bit plane moved to bit 4, the others cleared: quad `8v + t`'s
+/// high bits as levels 16 or 0. A 16-bit shift moves each byte's bit `t` within its byte
+/// (`t < 4` left by `4 − t`, `t > 4` right by `t − 4`); the mask drops what crossed over.
+///
+/// # Safety
+/// `S`'s CPU features must be available.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+pub(crate) unsafe fn bit4_of<S: Isa>(plane: S::V, t: usize) -> S::V {
+    // SAFETY: register operations; the features are the caller's.
+    unsafe {
+        let moved = match t {
+            0 => S::slli16::<4>(plane),
+            1 => S::slli16::<3>(plane),
+            2 => S::slli16::<2>(plane),
+            3 => S::slli16::<1>(plane),
+            4 => plane,
+            5 => S::srli16::<1>(plane),
+            6 => S::srli16::<2>(plane),
+            _ => S::srli16::<3>(plane),
+        };
+        S::and(moved, S::splat8(0x10))
     }
 }
 

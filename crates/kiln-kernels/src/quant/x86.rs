@@ -68,11 +68,6 @@ macro_rules! avx512_common {
         }
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn bit4(bits: u64) -> __m512i {
-            _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(16))
-        }
-        #[inline]
-        #[target_feature(enable = $feat)]
         unsafe fn zero() -> __m512i {
             _mm512_setzero_si512()
         }
@@ -300,27 +295,6 @@ impl Isa for Avx2 {
     unsafe fn slli16<const N: u32>(a: Pair<__m256i>) -> Pair<__m256i> {
         let c = _mm_cvtsi32_si128(N.cast_signed());
         Pair(_mm256_sll_epi16(a.0, c), _mm256_sll_epi16(a.1, c))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn bit4(bits: u64) -> Pair<__m256i> {
-        // The word in every 64-bit lane, one broadcast (two 32-bit ones through a general
-        // register cost Q5_0 at 1-4 rows 7-13 % on AMD Zen 3). Byte i of the low half takes
-        // byte i / 8 of the word, of the high half byte 4 + i / 8 (each 128-bit lane holds the
-        // whole word), keeps bit i % 8, and becomes 16 or 0.
-        let word = _mm256_set1_epi64x(bits.cast_signed());
-        let low = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        );
-        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64.cast_signed());
-        let expand = |bytes: i8| {
-            let shuf = _mm256_add_epi8(low, _mm256_set1_epi8(bytes));
-            let v = _mm256_shuffle_epi8(word, shuf);
-            let on = _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
-            _mm256_and_si256(on, _mm256_set1_epi8(16))
-        };
-        Pair(expand(0), expand(4))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
