@@ -366,7 +366,7 @@ fn a_steps_counters_are_published_before_its_outputs_are_delivered() {
     let observed = Arc::new(AtomicU64::new(0));
     let seen = Arc::clone(&observed);
     let observer = Box::new(move |s: &kiln_engine::EngineStats| {
-        seen.store(s.total_sampled_tokens, Ordering::SeqCst)
+        seen.store(s.total_sampled_tokens, Ordering::SeqCst);
     });
     let handle =
         EngineHandle::spawn_with_observer(engine(true, 256, 2048), Some(observer)).unwrap();
