@@ -3,10 +3,11 @@
 //! attention and MLP projections and its 178 MB LM head); the K-quant tiles are in `avx2_k`.
 //!
 //! The general kernel's 16-lane vectors would be two 8-lane halves on AVX2 (`x86::Avx2`, which
-//! is still what unpacks the records): every operation doubled, and with 16 vector registers
-//! its 16-lane accumulators spill. Here the 16 weight rows of a group are taken as two 8-lane
-//! halves one after the other, so a tile of up to 4 activation rows keeps every accumulator in
-//! a register, and the arithmetic is the cheapest AVX2 has for each format:
+//! still unpacks the records of calls above one row tile): every operation doubled, and with
+//! 16 vector registers its 16-lane accumulators spill. Here the 16 weight rows of a group are
+//! taken as two 8-lane halves one after the other, so a tile of up to 4 activation rows keeps
+//! every accumulator in a register, and the arithmetic is the cheapest AVX2 has for each
+//! format:
 //! - Q4_0 / Q5_0 (unsigned stored levels `w + o`, at most 31, `o` 8 or 16): each 16-bit half
 //!   of a lane sums the block's 16 elements it is given by `vpmaddubsw` (pair sums at most
 //!   `2·31·127`, never saturated), starting from its share `−o·Σx` of the offset
@@ -32,8 +33,8 @@
 //!
 //! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested
 //! a few lines per block (`super::prefetch`) by the unit's first row tile, so that the next
-//! record's loads (and Q5_0's and the K-quants' long unpacking) do not wait for memory with
-//! nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
+//! record's loads (and the long unpacking of Q5_0 and the K-quants) do not wait for memory
+//! with nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
 //! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). The other row tiles of
 //! Q4_0 / Q5_0 / Q8_0 compile without the prefetch step (`PF`): with it in every tile, even
 //! idle, Q5_0 at 16 and 64 rows ran 8–20 % slower (AMD Zen 5). And these three prefetch only
@@ -147,9 +148,10 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
                 let nb = w.unit_blocks(u);
                 let rec = w.record(g, u);
                 let lay = record_layout(ty, nb);
-                // SAFETY (block): `rec` is a whole record of `w`; AVX2 is the caller's. The
-                // unpacked quads (Q8_0: the record's own) hold the unit's `nb` blocks; rows
-                // `i..i + R` are below `r1`, inside `acts`, `out` and the scratch.
+                // SAFETY (block): `rec` is a whole record of `w`, laid out as `lay`; AVX2 is
+                // the caller's. The unpacked quads (Q8_0, and Q4_0 / Q5_0 when `fused`: the
+                // record's own) hold the unit's `nb` blocks; rows `i..i + R` are below `r1`,
+                // inside `acts`, `out` and the scratch.
                 unsafe {
                     if !fused {
                         unpack::<Avx2>(ty, nb, rec, un);
@@ -299,10 +301,10 @@ unsafe fn tile_any<const KIND: u8, const R: usize, const PF: bool>(
     }
 }
 
-/// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `t.i..t.i + R`.
+/// Half `h` (lanes `8h..8h + 8`) of one unit against activation rows `tl.i..tl.i + R`.
 ///
-/// `t.quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each), with the f32
-/// scales `[8][16]` of its blocks in `t.un`; or, when `FUSED` (Q4_0 / Q5_0), the record, from
+/// `tl.quads`: the unit's `nb` blocks of 8 quads (`[16 lanes][4]` bytes each), with the f32
+/// scales `[8][16]` of its blocks in `tl.un`; or, when `FUSED` (Q4_0 / Q5_0), the record, from
 /// which each block's levels are unpacked into registers (as `repack::unpack` does) and its
 /// f16 scales widened. `pf` is stepped once per block when `PF`.
 ///
@@ -311,11 +313,11 @@ unsafe fn tile_any<const KIND: u8, const R: usize, const PF: bool>(
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always, clippy::needless_range_loop)]
 unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool>(
-    t: &Tile<'_>,
+    tl: &Tile<'_>,
     h: usize,
     pf: &mut PrefetchSteps,
 ) {
-    let Tile { nb, quads, un, acts, i, u, acc, lay, .. } = *t;
+    let Tile { nb, quads, un, acts, i, u, acc, lay, .. } = *tl;
     let fs = un.fscale.as_ptr().cast::<f32>();
     let k = acts.k;
     let nbk = k / QK;
@@ -334,7 +336,9 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool
             let bg = u * 8 + b;
             let x: [*const i8; R] =
                 std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
-            let wb = quads.add(b * 8 * 64 + 32 * h);
+            // The block's unpacked quads (not used when `FUSED`, where `quads` is the shorter
+            // record: hence a wrapping offset, never dereferenced there).
+            let wb = quads.wrapping_add(b * 8 * 64 + 32 * h);
             let bx = |r: usize, q: usize| bcast(x[r].add(4 * q));
             let mut t = [_mm256_setzero_si256(); R];
             if KIND == Q8 {

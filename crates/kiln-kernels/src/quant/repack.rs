@@ -74,7 +74,7 @@ pub(crate) fn record_layout(ty: GgmlType, nb: usize) -> RecordLayout {
     let (lo, hi, sc, mins, d) = match ty {
         GgmlType::Q8_0 => (nb * 8 * 64, 0, 0, 0, nb * 32),
         GgmlType::Q4_0 => (nb * 4 * 64, 0, 0, 0, nb * 32),
-        GgmlType::Q5_0 => (nb * 4 * 64, nb * 8 * 8, 0, 0, nb * 32),
+        GgmlType::Q5_0 => (nb * 4 * 64, nb * 64, 0, 0, nb * 32),
         GgmlType::Q4K => (2048, 0, 128, 128, 64),
         GgmlType::Q5K => (2048, 512, 128, 128, 64),
         GgmlType::Q6K => (2048, 1024, 256, 0, 32),
