@@ -19,7 +19,10 @@ fn main() {
     let pool = ThreadPool::new(threads);
     // `QUANT_BENCH_ROWS=1,4` measures only those activation row counts.
     let rows: Vec<usize> = match std::env::var("QUANT_BENCH_ROWS") {
-        Ok(list) => list.split(',').map(|m| m.trim().parse().expect("QUANT_BENCH_ROWS")).collect(),
+        Ok(list) => list
+            .split(',')
+            .map(|m| m.trim().parse().expect("QUANT_BENCH_ROWS: row counts, e.g. 1,4"))
+            .collect(),
         Err(_) => vec![1, 4, 16, 64, 256, 2048],
     };
     let shapes = [

@@ -336,14 +336,13 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool
             let bg = u * 8 + b;
             let x: [*const i8; R] =
                 std::array::from_fn(|r| acts.qs.as_ptr().add((i + r) * k + bg * QK));
-            // The block's unpacked quads (not used when `FUSED`, where `quads` is the shorter
-            // record: hence a wrapping offset, never dereferenced there).
-            let wb = quads.wrapping_add(b * 8 * 64 + 32 * h);
+            // Unpacked quad `q` of the block, this half (Q8_0, or not `FUSED`).
+            let quad = |q: usize| _mm256_loadu_si256(quads.add((8 * b + q) * 64 + 32 * h).cast());
             let bx = |r: usize, q: usize| bcast(x[r].add(4 * q));
             let mut t = [_mm256_setzero_si256(); R];
             if KIND == Q8 {
                 for q in 0..8 {
-                    let wq = _mm256_xor_si256(_mm256_loadu_si256(wb.add(q * 64).cast()), flip);
+                    let wq = _mm256_xor_si256(quad(q), flip);
                     let aw = _mm256_abs_epi8(wq);
                     for r in 0..R {
                         let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bx(r, q), wq));
@@ -367,8 +366,7 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool
                     let (lo, hi) = if FUSED {
                         record_levels::<KIND>(quads.add((4 * b + p) * 64 + 32 * h), plane, p)
                     } else {
-                        let lo = _mm256_loadu_si256(wb.add(2 * p * 64).cast());
-                        (lo, _mm256_loadu_si256(wb.add((2 * p + 1) * 64).cast()))
+                        (quad(2 * p), quad(2 * p + 1))
                     };
                     for (q, wv) in [(2 * p, lo), (2 * p + 1, hi)] {
                         for r in 0..R {
