@@ -24,7 +24,9 @@
 //! record into registers right before their `vpmaddubsw` ([`record_levels`]) and widen the f16
 //! scales in place, instead of storing the unit to the scratch (`repack::unpack`) and loading it
 //! back for a single use: Q5_0 2048 × 640 at one row went 0.062 → 0.033 ms with this and the
-//! bit-plane layout together (AMD Zen 3, medians of five).
+//! bit-plane layout together (AMD Zen 3, medians of five). The K-quant tiles (`avx2_k`) do the
+//! same with their levels; their scales, several kinds per unit, are still widened once per
+//! unit into the scratch (`repack::unpack_scales`).
 //!
 //! Bitwise contract: a block's `t` is an exact integer whichever way it is summed, and the f32
 //! steps, `acc = fma(t, d_w·d_x, acc)` per block in column order starting from `+0.0`, are the
@@ -56,7 +58,7 @@ use super::formats::{GgmlType, QK};
 use super::kernel::{Acc, PREFETCH_MAX_ROWS, ROW_CHUNK, stream_output};
 use super::pairs::unit_share_ahead;
 use super::prefetch::{Prefetch, PrefetchSteps};
-use super::repack::{LANES, RecordLayout, Unpacked, record_layout, unpack};
+use super::repack::{LANES, RecordLayout, Unpacked, record_layout, unpack, unpack_scales};
 use super::x86::Avx2;
 use crate::thread_pool::SharedMut;
 
@@ -67,8 +69,8 @@ const fn tile_rows(kind: u8) -> usize {
 
 /// The format's arithmetic, as a const generic.
 const Q8: u8 = 8;
-const Q5: u8 = 5;
-const Q4: u8 = 4;
+pub(super) const Q5: u8 = 5;
+pub(super) const Q4: u8 = 4;
 /// Q4_K, Q5_K, Q6_K (in `avx2_k`).
 pub(super) const K4: u8 = 14;
 pub(super) const K5: u8 = 15;
@@ -131,10 +133,10 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
     let (m, n, ty) = (acts.m, w.rows, w.ty);
     let scratch = acc_buf.as_mut_ptr().cast::<f32>();
     let stream = stream_output(m, n);
-    // One row tile (decode of up to 4 rows): Q4_0 / Q5_0 take their levels from the record
-    // into registers, as the unpacking would, without storing them to the scratch and loading
-    // them back for a single use.
-    let fused = matches!(KIND, Q4 | Q5) && m <= tile_rows(KIND);
+    // One row tile (decode of up to 4 rows): every format but Q8_0 (whose quads are the
+    // record's own anyway) takes its levels from the record into registers, as the unpacking
+    // would, without storing them to the scratch and loading them back for a single use.
+    let fused = KIND != Q8 && m <= tile_rows(KIND);
     for r0 in (0..m).step_by(ROW_CHUNK) {
         let r1 = (r0 + ROW_CHUNK).min(m);
         for g in groups.clone() {
@@ -149,12 +151,16 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
                 let rec = w.record(g, u);
                 let lay = record_layout(ty, nb);
                 // SAFETY (block): `rec` is a whole record of `w`, laid out as `lay`; AVX2 is
-                // the caller's. The unpacked quads (Q8_0, and Q4_0 / Q5_0 when `fused`: the
+                // the caller's. The unpacked quads (Q8_0, and every format when `fused`: the
                 // record's own) hold the unit's `nb` blocks; rows `i..i + R` are below `r1`,
                 // inside `acts`, `out` and the scratch.
                 unsafe {
                     if !fused {
                         unpack::<Avx2>(ty, nb, rec, un);
+                    } else if KIND >= K4 {
+                        // Q4_0 / Q5_0 widen their f16 scales in the tile; the K-quants' are
+                        // several kinds, widened once per unit.
+                        unpack_scales::<Avx2>(ty, nb, rec, un);
                     }
                     let quads = if KIND == Q8 || fused { rec } else { un.quads.as_ptr().cast() };
                     // This unit's share of the group `PREFETCH_GROUPS` ahead, a few lines per
@@ -239,19 +245,20 @@ pub(super) unsafe fn store_half(acc: Acc, r: usize, h: usize, v: __m256) {
 }
 
 /// One unit's record and one row tile: `nb` blocks of `quads` (scales in `un`) against
-/// activation rows `i..` of `acts`, accumulated in `acc`. When `fused` (Q4_0 / Q5_0 only),
-/// `quads` is the record itself (laid out as `lay`), levels and scales are read from it and
-/// `un` is not used.
-struct Tile<'a> {
-    nb: usize,
-    quads: *const u8,
-    un: &'a Unpacked,
-    acts: &'a QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
-    fused: bool,
-    lay: RecordLayout,
+/// activation rows `i..` of `acts`, accumulated in `acc`. When `fused` (every format but
+/// Q8_0, at one row tile), `quads` is the record itself (laid out as `lay`) and levels are read
+/// from it; Q4_0 / Q5_0 read their f16 scales from it too (`un` is not used), the K-quants
+/// theirs from `un` (`repack::unpack_scales`).
+pub(super) struct Tile<'a> {
+    pub nb: usize,
+    pub quads: *const u8,
+    pub un: &'a Unpacked,
+    pub acts: &'a QuantActs,
+    pub i: usize,
+    pub u: usize,
+    pub acc: Acc,
+    pub fused: bool,
+    pub lay: RecordLayout,
 }
 
 /// Half `h` of `t` for its first `rows` rows (at most 4), by format; Q4_0 / Q5_0 / Q8_0 step
@@ -289,12 +296,13 @@ unsafe fn tile_any<const KIND: u8, const R: usize, const PF: bool>(
     h: usize,
     pf: &mut PrefetchSteps,
 ) {
-    let Tile { quads, un, acts, i, u, acc, .. } = *t;
     // SAFETY: forwarded from the caller.
     unsafe {
         match KIND {
-            K4 | K5 => avx2_k::tile_k45::<KIND, R>(quads, un, acts, i, u, acc, h, pf),
-            K6 => avx2_k::tile_q6k::<R>(quads, un, acts, i, u, acc, h, pf),
+            K4 | K5 if t.fused => avx2_k::tile_k45::<KIND, R, true>(t, h, pf),
+            K4 | K5 => avx2_k::tile_k45::<KIND, R, false>(t, h, pf),
+            K6 if t.fused => avx2_k::tile_q6k::<R, true>(t, h, pf),
+            K6 => avx2_k::tile_q6k::<R, false>(t, h, pf),
             Q4 | Q5 if t.fused => tile::<KIND, R, PF, true>(t, h, pf),
             _ => tile::<KIND, R, PF, false>(t, h, pf),
         }
@@ -403,7 +411,7 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool
 /// AVX2 available; 32 readable bytes at `nibbles`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
-unsafe fn record_levels<const KIND: u8>(
+pub(super) unsafe fn record_levels<const KIND: u8>(
     nibbles: *const u8,
     plane: __m256i,
     p: usize,

@@ -9,17 +9,20 @@
 //! Q6_K's offset, `−32·Σ_s sc_s·Σx_s`, is summed over pairs of sub-blocks with `vpmaddwd` too,
 //! instead of a subtraction per sub-block.
 //!
+//! At one row tile (decode, up to 4 rows) the tiles take their levels straight from the record
+//! (`FUSED`: the nibbles, Q5_K's bit plane and Q6_K's high-bit pairs combined in registers,
+//! right before their `vpmaddubsw`), as Q4_0 / Q5_0 do (`avx2`), instead of from the scratch
+//! the unit was unpacked into: unpacking stored 4 KiB per unit (and Q6_K read it back once
+//! more to add its high bits) that one row tile then loaded once.
+//!
 //! Bitwise contract: `t` (and Q4_K/Q5_K's `u`) are the same exact integers as the general
 //! kernel's, and the f32 steps are its own (`kernel.rs`), so outputs equal the scalar reference
 //! bit for bit.
 
 use std::arch::x86_64::*;
 
-use super::act::QuantActs;
-use super::avx2::{K4, bcast, load_half, store_half};
-use super::kernel::Acc;
+use super::avx2::{K4, K5, Q4, Q5, Tile, bcast, load_half, record_levels, store_half};
 use super::prefetch::PrefetchSteps;
-use super::repack::Unpacked;
 
 /// Each i32 lane's low 16 bits copied into its high 16 bits: a lane's scale as the operand of
 /// `vpmaddwd` that multiplies both halves of a 16-bit pair by it.
@@ -30,45 +33,61 @@ unsafe fn both_halves(v: __m256i) -> __m256i {
     unsafe { _mm256_blend_epi16::<0xAA>(v, _mm256_slli_epi32::<16>(v)) }
 }
 
-/// Q4_K / Q5_K (`KIND` = `K4` / `K5`): half `h` of one unit against rows `i..i + R`.
+/// Q4_K / Q5_K (`KIND` = `K4` / `K5`): half `h` of one unit against rows `tl.i..tl.i + R`;
+/// levels from the record when `FUSED`.
 ///
 /// # Safety
-/// AVX2/FMA available; `quads` holds the unit's 64 quads and `un` its scales; block `u` of rows
-/// `i..i + R` inside `acts`; `acc` has `R` rows; `pf` as in `avx2`.
+/// AVX2/FMA available; `tl.quads` holds the unit's 64 quads (the record when `FUSED`) and
+/// `tl.un` its scales; block `tl.u` of rows `tl.i..tl.i + R` inside `tl.acts`; `tl.acc` has `R`
+/// rows; `pf` as in `avx2`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always, clippy::too_many_arguments, clippy::needless_range_loop)]
-pub(super) unsafe fn tile_k45<const KIND: u8, const R: usize>(
-    quads: *const u8,
-    un: &Unpacked,
-    acts: &QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
+#[allow(clippy::inline_always, clippy::needless_range_loop)]
+pub(super) unsafe fn tile_k45<const KIND: u8, const R: usize, const FUSED: bool>(
+    tl: &Tile<'_>,
     h: usize,
     pf: &mut PrefetchSteps,
 ) {
+    let Tile { quads, un, acts, i, u, acc, lay, .. } = *tl;
     let k = acts.k;
     let split = if KIND == K4 { 8 } else { 4 };
-    // SAFETY (whole body): as the caller guarantees; every offset stays in the unit's quads,
-    // scales and activations.
+    // SAFETY (whole body): as the caller guarantees; every offset stays in the unit's quads
+    // (or record), scales and activations.
     unsafe {
         let x: [*const i8; R] = acts.unit_rows(i, u);
         let mut t = [_mm256_setzero_si256(); R];
         for s in 0..8 {
             pf.step();
             let sc = both_halves(_mm256_loadu_si256(un.iscale[s].as_ptr().add(8 * h).cast()));
-            let w = quads.add(s * 8 * 64 + 32 * h);
+            // Fused Q5_K: sub-block `s`'s bit plane (quads `8s..8s + 8`), this half.
+            let plane = if FUSED && KIND == K5 {
+                _mm256_loadu_si256(quads.add(lay.hi + s * 64 + 32 * h).cast())
+            } else {
+                _mm256_setzero_si256()
+            };
             let mut s16 = [_mm256_setzero_si256(); R];
-            for q in 0..8 {
-                let wv = _mm256_loadu_si256(w.add(q * 64).cast());
-                for r in 0..R {
-                    let p = _mm256_maddubs_epi16(wv, bcast(x[r].add(s * 32 + 4 * q)));
-                    s16[r] = _mm256_add_epi16(s16[r], p);
-                }
-                if q % split == split - 1 {
+            for p in 0..4 {
+                // Quads `8s + 2p` and `8s + 2p + 1`: nibble vector `4s + p` of the record.
+                let (lo, hi) = if !FUSED {
+                    // Unpacked quad `8s + q`, this half (only the scratch holds 64 quads, so
+                    // this offset is never taken from the record).
+                    let quad =
+                        |q: usize| _mm256_loadu_si256(quads.add((8 * s + q) * 64 + 32 * h).cast());
+                    (quad(2 * p), quad(2 * p + 1))
+                } else if KIND == K5 {
+                    record_levels::<Q5>(quads.add((4 * s + p) * 64 + 32 * h), plane, p)
+                } else {
+                    record_levels::<Q4>(quads.add((4 * s + p) * 64 + 32 * h), plane, p)
+                };
+                for (q, wv) in [(2 * p, lo), (2 * p + 1, hi)] {
                     for r in 0..R {
-                        t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(s16[r], sc));
-                        s16[r] = _mm256_setzero_si256();
+                        let d = _mm256_maddubs_epi16(wv, bcast(x[r].add(s * 32 + 4 * q)));
+                        s16[r] = _mm256_add_epi16(s16[r], d);
+                    }
+                    if q % split == split - 1 {
+                        for r in 0..R {
+                            t[r] = _mm256_add_epi32(t[r], _mm256_madd_epi16(s16[r], sc));
+                            s16[r] = _mm256_setzero_si256();
+                        }
                     }
                 }
             }
@@ -92,22 +111,19 @@ pub(super) unsafe fn tile_k45<const KIND: u8, const R: usize>(
     }
 }
 
-/// Q6_K: half `h` of one unit against rows `i..i + R`.
+/// Q6_K: half `h` of one unit against rows `tl.i..tl.i + R`; levels from the record when
+/// `FUSED`.
 ///
 /// # Safety
 /// As [`tile_k45`].
 #[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always, clippy::too_many_arguments, clippy::needless_range_loop)]
-pub(super) unsafe fn tile_q6k<const R: usize>(
-    quads: *const u8,
-    un: &Unpacked,
-    acts: &QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
+#[allow(clippy::inline_always, clippy::needless_range_loop)]
+pub(super) unsafe fn tile_q6k<const R: usize, const FUSED: bool>(
+    tl: &Tile<'_>,
     h: usize,
     pf: &mut PrefetchSteps,
 ) {
+    let Tile { quads, un, acts, i, u, acc, lay, .. } = *tl;
     let k = acts.k;
     // SAFETY (whole body): as the caller guarantees.
     unsafe {
@@ -120,10 +136,22 @@ pub(super) unsafe fn tile_q6k<const R: usize>(
                 pf.step();
             }
             let sc = both_halves(scale(s));
-            let w = quads.add(s * 4 * 64 + 32 * h);
+            // Fused: sub-block `s`'s high-bit pairs (quads `4s..4s + 4`), this half.
+            let high = if FUSED {
+                _mm256_loadu_si256(quads.add(lay.hi + s * 64 + 32 * h).cast())
+            } else {
+                _mm256_setzero_si256()
+            };
             for pair in 0..2 {
-                let w0 = _mm256_loadu_si256(w.add(2 * pair * 64).cast());
-                let w1 = _mm256_loadu_si256(w.add((2 * pair + 1) * 64).cast());
+                let (w0, w1) = if FUSED {
+                    q6k_record_levels(quads.add((2 * s + pair) * 64 + 32 * h), high, pair)
+                } else {
+                    // Unpacked quads `4s + 2·pair`, `+ 1` (scratch offsets only, as in
+                    // `tile_k45`).
+                    let quad =
+                        |q: usize| _mm256_loadu_si256(quads.add((4 * s + q) * 64 + 32 * h).cast());
+                    (quad(2 * pair), quad(2 * pair + 1))
+                };
                 for r in 0..R {
                     let xs = x[r].add(s * 16 + 8 * pair);
                     let p = _mm256_add_epi16(
@@ -152,5 +180,34 @@ pub(super) unsafe fn tile_q6k<const R: usize>(
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(tr), _mm256_mul_ps(d, dx), load_half(acc, r, h));
             store_half(acc, r, h, a);
         }
+    }
+}
+
+/// Quads `4s + 2·pair` and `4s + 2·pair + 1` of a Q6_K record, one half, as the 6-bit levels
+/// `repack::unpack` stores: the low and high nibbles of the 32 bytes at `nibbles` (vector
+/// `2s + pair`), each with its bit pair `2·pair`, `2·pair + 1` of `high` (sub-block `s`'s
+/// high-bit vector) moved to bits 4..5. A 16-bit shift moves each byte's pair within its
+/// byte; the mask drops what crossed over.
+///
+/// # Safety
+/// AVX2 available; 32 readable bytes at `nibbles`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn q6k_record_levels(nibbles: *const u8, high: __m256i, pair: usize) -> (__m256i, __m256i) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let x = _mm256_loadu_si256(nibbles.cast());
+        let lo = _mm256_and_si256(x, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+        let (h_lo, h_hi) = if pair == 0 {
+            (_mm256_slli_epi16::<4>(high), _mm256_slli_epi16::<2>(high))
+        } else {
+            (high, _mm256_srli_epi16::<2>(high))
+        };
+        (
+            _mm256_or_si256(lo, _mm256_and_si256(h_lo, m3)),
+            _mm256_or_si256(hi, _mm256_and_si256(h_hi, m3)),
+        )
     }
 }

@@ -276,6 +276,27 @@ pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un:
                 }
             }
         }
+        unpack_scales::<S>(ty, nb, rec, un);
+    }
+}
+
+/// The scales part of [`unpack`]: `un.fscale`, and the K-quants' `un.iscale` and `un.mins`
+/// (kernels that take the levels straight from the record need only these).
+///
+/// # Safety
+/// As [`unpack`].
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+pub(crate) unsafe fn unpack_scales<S: Isa>(
+    ty: GgmlType,
+    nb: usize,
+    rec: *const u8,
+    un: &mut Unpacked,
+) {
+    let lay = record_layout(ty, nb);
+    // SAFETY (whole body): all offsets are within the record layout computed above, and `un`'s
+    // arrays are sized for the largest record.
+    unsafe {
         let dn = if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) { 2 } else { nb };
         for b in 0..dn {
             S::storef(un.fscale[b].as_mut_ptr(), S::load_f16(rec.add(lay.d + b * 32)));
