@@ -35,8 +35,8 @@
 //!
 //! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested
 //! a few lines per block (`super::prefetch`) by the unit's first row tile, so that the next
-//! record's loads (and the long unpacking of Q5_0 and the K-quants) do not wait for memory
-//! with nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
+//! record's loads (and, above one row tile, the long unpacking of Q5_0 and the K-quants) do
+//! not wait for memory with nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
 //! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). The other row tiles of
 //! Q4_0 / Q5_0 / Q8_0 compile without the prefetch step (`PF`): with it in every tile, even
 //! idle, Q5_0 at 16 and 64 rows ran 8–20 % slower (AMD Zen 5). And these three prefetch only
@@ -152,8 +152,9 @@ unsafe fn run<const KIND: u8, const PREFETCH: bool>(
                 let lay = record_layout(ty, nb);
                 // SAFETY (block): `rec` is a whole record of `w`, laid out as `lay`; AVX2 is
                 // the caller's. The unpacked quads (Q8_0, and every format when `fused`: the
-                // record's own) hold the unit's `nb` blocks; rows `i..i + R` are below `r1`,
-                // inside `acts`, `out` and the scratch.
+                // record's own) hold the unit's `nb` blocks; when `fused`, the K-quant tiles
+                // read this unit's scales from `un` (`unpack_scales` just above); rows
+                // `i..i + R` are below `r1`, inside `acts`, `out` and the scratch.
                 unsafe {
                     if !fused {
                         unpack::<Avx2>(ty, nb, rec, un);
@@ -403,9 +404,10 @@ unsafe fn tile<const KIND: u8, const R: usize, const PF: bool, const FUSED: bool
     }
 }
 
-/// Quads `8b + 2p` and `8b + 2p + 1` of a Q4_0 / Q5_0 record's block `b`, one half, as
-/// unsigned levels (what `repack::unpack` stores): the low and high nibbles of the 32 bytes at
-/// `nibbles`, with Q5_0's bits `2p`, `2p + 1` of `plane` (the block's bit plane, same half).
+/// Quads `8b + 2p` and `8b + 2p + 1` of a record's 8-quad block `b` (a Q4_0 / Q5_0 block, a
+/// Q4_K / Q5_K sub-block), one half, as unsigned levels (what `repack::unpack` stores): the
+/// low and high nibbles of the 32 bytes at `nibbles`, with (`KIND` = `Q5`, for Q5_0 and Q5_K)
+/// bits `2p`, `2p + 1` of `plane` (the block's bit plane, same half).
 ///
 /// # Safety
 /// AVX2 available; 32 readable bytes at `nibbles`.

@@ -37,9 +37,9 @@ unsafe fn both_halves(v: __m256i) -> __m256i {
 /// levels from the record when `FUSED`.
 ///
 /// # Safety
-/// AVX2/FMA available; `tl.quads` holds the unit's 64 quads (the record when `FUSED`) and
-/// `tl.un` its scales; block `tl.u` of rows `tl.i..tl.i + R` inside `tl.acts`; `tl.acc` has `R`
-/// rows; `pf` as in `avx2`.
+/// AVX2/FMA available; `tl.quads` is the unit's 64 unpacked quads, or when `FUSED` the
+/// unit's record (packed as `tl.lay` says); `tl.un` holds this unit's scales; block `tl.u` of
+/// rows `tl.i..tl.i + R` inside `tl.acts`; `tl.acc` has `R` rows; `pf` as in `avx2`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always, clippy::needless_range_loop)]
 pub(super) unsafe fn tile_k45<const KIND: u8, const R: usize, const FUSED: bool>(

@@ -17,7 +17,9 @@
 //!   sub-block scales `[8][16]` u8 (Q6_K: `[16][16]` i8) and mins as pairs `[4][16][2]` u8.
 //!
 //! [`unpack`] turns a record back into an [`Unpacked`] (quads as bytes, scales widened), which
-//! is what the kernels and [`super::QuantMatrix::row_to_f32`] read; [`pack`] is its inverse.
+//! is what the kernels and [`super::QuantMatrix::row_to_f32`] read (except the AVX2 decode
+//! tiles, which build the levels from the record in registers and take only the scales,
+//! [`unpack_scales`]); [`pack`] is its inverse.
 
 use super::formats::{GgmlType, QK, QK_K, scale_min_k4};
 use super::isa::Isa;

@@ -237,30 +237,33 @@ fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
         let k = if ty.block_elems() == 256 { 512 } else { 352 };
         let n = 19;
         let q = QuantMatrix::from_bytes(ty, n, k, &extreme_rows(ty, n, k)).unwrap();
-        // Rows of ±1 quantize to ±127 in every block: the largest products there are.
-        let m = 9;
-        let mut x = values(m * k, 3, 2.0);
-        for (j, v) in x[..3 * k].iter_mut().enumerate() {
-            *v = match j / k {
-                0 => 1.0,
-                1 => -1.0,
-                _ => {
-                    if j % 2 == 0 {
-                        1.0
-                    } else {
-                        -1.0
+        // Up to 4 rows take AVX2's decode tiles, which build the levels from the record in
+        // registers; 9 rows take the unpacked ones (tiles of 4, 4 and 1).
+        for m in [1, 2, 4, 9] {
+            // Rows of ±1 quantize to ±127 in every block: the largest products there are.
+            let mut x = values(m * k, 3, 2.0);
+            for (j, v) in x[..m.min(3) * k].iter_mut().enumerate() {
+                *v = match j / k {
+                    0 => 1.0,
+                    1 => -1.0,
+                    _ => {
+                        if j % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
                     }
-                }
-            };
-        }
-        let mut acts = QuantActs::default();
-        acts.quantize(&pool, &x, m, k, q.act_block());
-        let want = run(crate::CpuIsa::Scalar, &acts, &q);
-        assert!(want.iter().all(|v| v.is_finite()), "{ty}: the fixture overflowed");
-        for isa in crate::CpuIsa::available() {
-            let got = run(isa, &acts, &q);
-            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{ty} {isa:?}: extreme levels differ from scalar");
+                };
+            }
+            let mut acts = QuantActs::default();
+            acts.quantize(&pool, &x, m, k, q.act_block());
+            let want = run(crate::CpuIsa::Scalar, &acts, &q);
+            assert!(want.iter().all(|v| v.is_finite()), "{ty}: the fixture overflowed");
+            for isa in crate::CpuIsa::available() {
+                let got = run(isa, &acts, &q);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} {isa:?} m={m}: extreme levels differ from scalar");
+            }
         }
     }
 }
