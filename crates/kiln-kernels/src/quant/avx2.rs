@@ -33,20 +33,19 @@
 //! general kernel's, so outputs equal the scalar reference bit for bit (tested with the other
 //! ISAs in `tests`).
 //!
-//! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested
-//! a few lines per block (`super::prefetch`) by the unit's first row tile, so that the next
-//! record's loads (and, above one row tile, the long unpacking of Q5_0 and the K-quants) do
-//! not wait for memory with nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
-//! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). The other row tiles of
-//! Q4_0 / Q5_0 / Q8_0 compile without the prefetch step (`PF`): with it in every tile, even
-//! idle, Q5_0 at 16 and 64 rows ran 8–20 % slower (AMD Zen 5). And these three prefetch only
-//! at decode sizes (`PREFETCH_MAX_ROWS` rows at most): from 256 rows on (prefill) the weights
-//! are reused from the caches by every row chunk, and prefetching cost Q4_0 7 % and Q5_0 about
-//! 20 %. On the Zen 5 the 178 MB Q8_0 LM head at one row went from 36–55 to 49–70 GB/s with
-//! prefetch (69–79 → 93–133 GOP/s; at 64 rows 312–315 → 321–328), a Q4_0 matrix at one row
-//! from 108–109 to 137–152 GOP/s. (On the Zen 4, before prefetch was spread over the
-//! arithmetic, Q8_0 had been faster without.) Prefetching is a hint: results never depend on
-//! it.
+//! Prefetch: while a unit computes, its share of the group `PREFETCH_GROUPS` ahead is requested a
+//! few lines per block (`super::prefetch`) by the unit's first row tile, so that the next record's
+//! loads (and, above one row tile, the long unpacking of Q5_0 and the K-quants) do not wait for
+//! memory with nothing else in flight: a 2048 × 640 Q5_0 matrix read from memory at one row took
+//! 0.042–0.055 ms with it against 0.091 without (AMD Zen 4, 2 threads). The other row tiles of Q4_0
+//! / Q5_0 / Q8_0 compile without the prefetch step (`PF`): with it in every tile, even idle, Q5_0
+//! at 16 and 64 rows ran 8–20 % slower (AMD Zen 5). And these three prefetch only at decode sizes
+//! (`PREFETCH_MAX_ROWS` rows at most): from 256 rows on (prefill) the weights are reused from the
+//! caches by every row chunk, and prefetching cost Q4_0 7 % and Q5_0 about 20 %. On the Zen 5 the
+//! 178 MB Q8_0 LM head at one row went from 36–55 to 49–70 GB/s with prefetch (69–79 → 93–133
+//! GOP/s; at 64 rows 312–315 → 321–328), a Q4_0 matrix at one row from 108–109 to 137–152 GOP/s.
+//! (On the Zen 4, before prefetch was spread over the arithmetic, Q8_0 had been faster without.)
+//! Prefetching is a hint: results never depend on it.
 
 use std::arch::x86_64::*;
 use std::ops::Range;

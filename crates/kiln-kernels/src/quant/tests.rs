@@ -230,6 +230,17 @@ fn extreme_rows(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     bytes
 }
 
+/// `[m, k]` activations whose first rows (up to 3) are all +1, all −1 and alternating ±1:
+/// they quantize to ±127 in every block, the largest products there are.
+fn extreme_activations(m: usize, k: usize) -> Vec<f32> {
+    let mut x = values(m * k, 3, 2.0);
+    for (j, v) in x[..m.min(3) * k].iter_mut().enumerate() {
+        let alternating = if j % 2 == 0 { 1.0 } else { -1.0 };
+        *v = [1.0, -1.0, alternating][j / k];
+    }
+    x
+}
+
 #[test]
 fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
     let pool = ThreadPool::new(2);
@@ -240,21 +251,7 @@ fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
         // Up to 4 rows take AVX2's decode tiles, which build the levels from the record in
         // registers; 9 rows take the unpacked ones (tiles of 4, 4 and 1).
         for m in [1, 2, 4, 9] {
-            // Rows of ±1 quantize to ±127 in every block: the largest products there are.
-            let mut x = values(m * k, 3, 2.0);
-            for (j, v) in x[..m.min(3) * k].iter_mut().enumerate() {
-                *v = match j / k {
-                    0 => 1.0,
-                    1 => -1.0,
-                    _ => {
-                        if j % 2 == 0 {
-                            1.0
-                        } else {
-                            -1.0
-                        }
-                    }
-                };
-            }
+            let x = extreme_activations(m, k);
             let mut acts = QuantActs::default();
             acts.quantize(&pool, &x, m, k, q.act_block());
             let want = run(crate::CpuIsa::Scalar, &acts, &q);
