@@ -205,3 +205,40 @@ pub fn tool_calls(data: &[u8]) {
     }
     let _ = tools::answer(&ToolOutput::Required, text.to_string(), Some("stop"));
 }
+
+/// A template that prints request kwargs, as Llama 3.x prints `date_string`, around the llama3
+/// fixture's markers: exactly six control tokens of its own for one user message.
+const KWARGS_TEMPLATE: &str = "<|start_header_id|>system<|end_header_id|>\n\n{{ date_string }}\
+    {% for k in extra %}{{ k }}: {{ extra[k] }}\n{% endfor %}<|eot_id|>{% for m in messages %}\
+    <|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}";
+
+/// `chat_template_kwargs` (`data` as a JSON object, else as the `date_string` text) through the
+/// server's check of client text and a template that prints them: whatever the check lets
+/// through becomes text, never a control token (the prompt holds only the template's own six).
+pub fn template_kwargs(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let kwargs = match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::from_iter([("date_string".to_owned(), text.as_ref().into())]),
+    };
+    let Ok(template) = ChatTemplate::new(KWARGS_TEMPLATE, None, None) else { return };
+    let messages = [ChatMessage::text("user", "hi")];
+    let options = RenderOptions { kwargs, ..RenderOptions::new(false) };
+    let tokenizer = &tokenizers()[0];
+    if kiln_server::routes::chat_input::check_client_text(tokenizer, &messages, &options).is_err() {
+        return;
+    }
+    let Ok(marked) = template.render_marked(&messages, &options) else { return };
+    let mut ranges = marked.content_ranges.unwrap_or_default();
+    ranges.extend(marked.kwargs_ranges.unwrap_or_default());
+    let Ok(ids) = tokenizer.encode_with_literals(&marked.text, &ranges, false) else { return };
+    let controls = ids.iter().filter(|&&id| !tokenizer.is_ordinary(id)).count();
+    assert_eq!(controls, 6, "client text became control tokens: {:?}", marked.text);
+}
+
+/// A peer's bytes on a KV-events socket (the first byte sets the size of each read): the
+/// ZMTP greeting, READY, commands, subscriptions and messages through the decoder every
+/// connection runs, within its caps (a declared 2^40-byte frame is refused from its header).
+pub fn kv_events_socket(data: &[u8]) {
+    kiln_server::kv_events::fuzz_peer_bytes(data);
+}

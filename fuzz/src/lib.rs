@@ -4,4 +4,7 @@
 
 mod entries;
 
-pub use entries::{chat_template, detokenizer, gguf, request_json, safetensors, tool_calls};
+pub use entries::{
+    chat_template, detokenizer, gguf, kv_events_socket, request_json, safetensors, template_kwargs,
+    tool_calls,
+};

@@ -21,11 +21,16 @@
 //! else refuses the whole file with an error naming what differs, and the cache is left as it
 //! was (empty). Blocks beyond the cache's free, uncached blocks are skipped (never evicted
 //! for). Saving writes a temporary file and renames it, so a crash never leaves a torn file
-//! under the real name.
+//! under the real name. The temporary file has a name of its own (process id and a counter),
+//! is created exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600), so nothing planted
+//! under its name (a symlink to another file) is ever written through and two servers on one
+//! directory never share it, and is removed when the save fails (a full disk). The saved file
+//! is opened without following a symlink.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_core::{BlockId, TokenId};
 
@@ -195,13 +200,60 @@ fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(Key, u64), PrefixStoreError>
     Ok((key, f.u64()))
 }
 
-/// Writes the engine's reachable cached blocks to `path` (through `path` + `.tmp` and a
-/// rename); returns how many. `model_fingerprint` identifies the model file (the caller's hash).
+/// Opens `path` for options `o` without following a symlink at its last component (where the
+/// platform has `O_NOFOLLOW`).
+fn open_no_follow(o: &mut OpenOptions, path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW);
+    }
+    o.open(path)
+}
+
+/// A new temporary file beside `path`, created exclusively (module docs), with its name.
+fn create_temp(path: &Path) -> std::io::Result<(File, PathBuf)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().map_or_else(|| "prefix-cache".into(), |n| n.to_string_lossy());
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        match open_no_follow(&mut options, &tmp) {
+            Ok(file) => return Ok((file, tmp)),
+            // A leftover of a crashed process with our pid, or a planted name: the next one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes the engine's reachable cached blocks to `path` (through a temporary file of its own
+/// and a rename; module docs); returns how many. `model_fingerprint` identifies the model file
+/// (the caller's hash). On an error `path` is as it was and the temporary file is gone.
 pub fn save(core: &EngineCore, path: &Path, model_fingerprint: u64) -> std::io::Result<usize> {
+    let (file, tmp) = create_temp(path)?;
+    let written = write_blocks(core, file, model_fingerprint).and_then(|n| {
+        std::fs::rename(&tmp, path)?;
+        Ok(n)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// The file's contents into `file`, synced; returns the number of blocks.
+fn write_blocks(core: &EngineCore, file: File, model_fingerprint: u64) -> std::io::Result<usize> {
     let key = Key::of(core, model_fingerprint);
     let chains = core.scheduler().kv_cache().cached_chains();
-    let tmp = path.with_extension("tmp");
-    let mut out = BufWriter::new(File::create(&tmp)?);
+    let mut out = BufWriter::new(file);
     out.write_all(&encode_header(&key, chains.len() as u64))?;
     let pool = core.scheduler().kv_cache().pool();
     let mut record = Vec::with_capacity(key.record_bytes());
@@ -221,8 +273,6 @@ pub fn save(core: &EngineCore, path: &Path, model_fingerprint: u64) -> std::io::
     }
     let file = out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
     file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
     Ok(chains.len())
 }
 
@@ -240,7 +290,7 @@ pub fn restore(
         return Err(PrefixStoreError::NotIdle("prefix caching is off".into()));
     }
     let ours = Key::of(core, model_fingerprint);
-    let file = File::open(path)?;
+    let file = open_no_follow(OpenOptions::new().read(true), path)?;
     let len = file.metadata()?.len();
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; HEADER_BYTES];

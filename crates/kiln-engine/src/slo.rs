@@ -184,8 +184,71 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> SloClassesError 
     SloClassesError { field: field.into(), message: message.into() }
 }
 
-/// Parses `--slo-classes` (module docs).
+/// A JSON value read only to refuse duplicate object keys at any depth (a `Value` keeps the
+/// last of them silently).
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("duplicate key `{key}`")));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+}
+
+/// Parses `--slo-classes` (module docs). A key given twice, or two keys naming one priority
+/// (`"1"` and `"01"`), is an error rather than the last one silently winning.
 pub fn parse_slo_classes(text: &str) -> Result<BTreeMap<i64, SloClass>, SloClassesError> {
+    serde_json::from_str::<UniqueKeys>(text)
+        .map_err(|e| err("(json)", format!("is not valid JSON: {e}")))?;
     let value: Value =
         serde_json::from_str(text).map_err(|e| err("(json)", format!("is not valid JSON: {e}")))?;
     let Value::Object(map) = value else {
@@ -217,7 +280,9 @@ pub fn parse_slo_classes(text: &str) -> Result<BTreeMap<i64, SloClass>, SloClass
         let ttft_ms = positive("ttft_ms", 86_400_000)?
             .ok_or_else(|| err(format!("{key}.ttft_ms"), "is required"))?;
         let tpot_ms = positive("tpot_ms", 600_000)?.map(|n| n as u32);
-        classes.insert(priority, SloClass { ttft_ms, tpot_ms });
+        if classes.insert(priority, SloClass { ttft_ms, tpot_ms }).is_some() {
+            return Err(err(&key, format!("names priority {priority} a second time")));
+        }
     }
     if classes.is_empty() {
         return Err(err("(json)", "names no class"));
@@ -247,11 +312,15 @@ mod tests {
             (r#"{"1": {"ttft_ms": 0}}"#, "1.ttft_ms"),
             (r#"{"1": {"ttft_ms": 10, "tpot_ms": -1}}"#, "1.tpot_ms"),
             (r#"{"1": {"ttft_ms": 10, "itl_ms": 5}}"#, "1.itl_ms"),
+            (r#"{"1": {"ttft_ms": 10}, "1": {"ttft_ms": 20}}"#, "(json)"),
+            (r#"{"1": {"ttft_ms": 10, "ttft_ms": 20}}"#, "(json)"),
         ];
         for (text, field) in cases {
             let e = parse_slo_classes(text).unwrap_err();
             assert_eq!(e.field, field, "{text}: {e}");
         }
+        let e = parse_slo_classes(r#"{"1": {"ttft_ms": 10}, "01": {"ttft_ms": 20}}"#).unwrap_err();
+        assert!(e.message.contains("priority 1 a second time"), "{e}");
     }
 
     #[test]

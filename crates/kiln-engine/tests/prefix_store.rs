@@ -181,3 +181,68 @@ fn hostile_cache_files_are_refused_whole() {
     assert!(matches!(err, PrefixStoreError::NotIdle(_)), "{err}");
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
+
+/// The files in `dir` other than `keep`.
+fn others(dir: &Path, keep: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != keep)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 53: a symlink planted at the old fixed temporary name is never written through, two
+/// saves never share a temporary file, and a failed save leaves neither a temporary file nor a
+/// changed target.
+#[cfg(unix)]
+#[test]
+fn saves_never_write_through_planted_names_and_clean_up_when_they_fail() {
+    let dtype = KvCacheDtype::F16;
+    let mut core = engine(dtype, 4, 64, true);
+    run(&mut core, &requests());
+    let path = scratch("planted");
+    let dir = path.parent().unwrap().to_owned();
+    std::fs::remove_dir_all(&dir).unwrap(); // a crashed run's links
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    // Every name the old code or a guess would use, pointing at the victim.
+    for name in ["prefix-cache.tmp", ".prefix-cache.bin.tmp"] {
+        std::os::unix::fs::symlink(&victim, dir.join(name)).unwrap();
+    }
+    let pid = std::process::id();
+    for n in 0..3 {
+        let planted = dir.join(format!(".prefix-cache.bin.{pid}.{n}.tmp"));
+        std::os::unix::fs::symlink(&victim, planted).unwrap();
+    }
+    let saved = core.save_prefix_cache(&path, FINGERPRINT).unwrap();
+    assert!(saved > 4);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+    // Only the planted links remain beside the saved file: no temporary file of ours.
+    let left = others(&dir, "prefix-cache.bin");
+    assert_eq!(left.len(), 6, "{left:?}");
+    assert!(left.iter().all(|n| n == "victim.txt" || n.contains("tmp")), "{left:?}");
+
+    // A symlink at the saved name is replaced by the file, not written through.
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    core.save_prefix_cache(&path, FINGERPRINT).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+    // ... and a restore does not follow one.
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    assert!(engine(dtype, 4, 64, true).restore_prefix_cache(&path, FINGERPRINT).is_err());
+
+    // A save that cannot complete (here the rename: a directory holds the name) removes its
+    // temporary file.
+    let blocked = dir.join("blocked.bin");
+    std::fs::create_dir_all(blocked.join("inside")).unwrap();
+    let before = others(&dir, "");
+    assert!(core.save_prefix_cache(&blocked, FINGERPRINT).is_err());
+    assert_eq!(others(&dir, ""), before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

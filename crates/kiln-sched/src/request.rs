@@ -278,14 +278,18 @@ impl Request {
 
     /// Appends a generated token and reports whether the request is done. A stop token (stop
     /// ids, EOS unless `ignore_eos`) ends it only after `min_tokens` outputs, the same positions
-    /// the sampler masks.
+    /// the sampler masks, except under a structured-output constraint: the sampler returns a
+    /// masked stop token there only when the grammar allows nothing else (it is complete, or
+    /// cannot continue), and `min_tokens` never forces tokens the grammar forbids.
     pub(crate) fn append_output(
         &mut self,
         token: TokenId,
         max_model_len: usize,
     ) -> Option<FinishReason> {
         self.tokens.push(token);
-        let stop = self.num_output_tokens() > self.sampling.min_tokens
+        let past_min = self.num_output_tokens() > self.sampling.min_tokens
+            || self.sampling.structured.is_some();
+        let stop = past_min
             && (self.sampling.stop_token_ids.contains(&token)
                 || (!self.sampling.ignore_eos && self.eos_token_ids.contains(&token)));
         if stop {

@@ -32,10 +32,14 @@
 //!   largest we test, needs about 290 for four messages and 56,000 for a thousand), and
 //!   minijinja's macro recursion limit (500 frames, which fits a 2 MiB thread stack) stays in
 //!   place, so an endless loop or runaway recursion ends in an error, not a hang or a stack
-//!   overflow. Not bounded: memory (one string repetition may reach 100 MB), and the depth of
-//!   values a template builds: on a 2 MiB stack, printing a list nested some 5,000 deep, or
-//!   dropping one some 30,000 deep (either takes a deliberate `namespace` loop), overflows;
-//!   `tojson` stops at 256 levels. Templates are trusted not to be malicious, only buggy;
+//!   overflow. What a render prints is bounded: past [`MAX_RENDER_BYTES`] it fails with
+//!   [`TemplateError::TooLarge`] (and the caller refuses a prompt too long in bytes for the
+//!   context before tokenizing it). Not bounded: values a template builds without printing
+//!   them (minijinja caps one string repetition at 100 MB, not a loop of concatenations), and
+//!   the depth of values a template builds: on a 2 MiB stack, printing a list nested some
+//!   5,000 deep, or dropping one some 30,000 deep (either takes a deliberate `namespace`
+//!   loop), overflows; `tojson` stops at 256 levels. Templates are trusted not to be
+//!   malicious, only buggy;
 //! - a render error from `raise_exception(msg)` is [`TemplateError::Raised`] with `msg`
 //!   verbatim: it rejects the caller's conversation (for example roles that do not alternate);
 //!   other render errors are bugs of the template or unsupported input.
@@ -127,12 +131,16 @@ impl RenderOptions {
 pub const RESERVED_VARIABLES: [&str; 6] =
     ["messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"];
 
-/// A rendered prompt and the byte ranges of it that came from message content.
+/// A rendered prompt and the byte ranges of it that came from message content and from the
+/// strings of `chat_template_kwargs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MarkedPrompt {
     pub text: String,
     /// `None` when the content could not be located (see the module docs).
     pub content_ranges: Option<Vec<Range<usize>>>,
+    /// The printed kwargs strings; `None` when they could not be located (the template
+    /// compared or transformed one); empty when there are none.
+    pub kwargs_ranges: Option<Vec<Range<usize>>>,
 }
 
 /// A compiled chat template with the token strings its context needs. Shareable across
@@ -159,6 +167,35 @@ pub enum TemplateError {
     Render { source_name: String, source: minijinja::Error },
     #[error("cannot apply a chat template to an empty conversation")]
     EmptyConversation,
+    #[error("chat template from {source_name} printed more than {limit} bytes")]
+    TooLarge { source_name: String, limit: usize },
+}
+
+/// Bytes one render may print before it fails with [`TemplateError::TooLarge`] (a prompt
+/// longer than any context: a million tokens of 32 bytes).
+pub const MAX_RENDER_BYTES: usize = 32 << 20;
+
+/// A render's output, refusing a write that would take it past `limit` bytes (and noting
+/// that it did: `full`).
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.limit {
+            self.full = true;
+            return Err(std::io::Error::other("the rendered prompt is too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The error `raise_exception` returns, found again in the error chain after rendering.
@@ -249,8 +286,20 @@ impl ChatTemplate {
         options: &RenderOptions,
     ) -> Result<MarkedPrompt, TemplateError> {
         let plain = self.render_with(messages, options)?;
+        let content_ranges = self.content_ranges(messages, options, &plain);
+        let kwargs_ranges = self.kwargs_ranges(messages, options, &plain);
+        Ok(MarkedPrompt { text: plain, content_ranges, kwargs_ranges })
+    }
+
+    /// Where message content landed in `plain` (module docs).
+    fn content_ranges(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+        plain: &str,
+    ) -> Option<Vec<Range<usize>>> {
         if messages.iter().any(|m| m.content.contains([CONTENT_OPEN, CONTENT_CLOSE])) {
-            return Ok(MarkedPrompt { text: plain, content_ranges: None });
+            return None;
         }
         let wrapped: Vec<ChatMessage> = messages
             .iter()
@@ -258,11 +307,35 @@ impl ChatTemplate {
             .collect();
         // A template may branch on content (`if content == ''`): a failure here only means
         // the ranges are unknown.
-        let Ok(marked) = self.render_with(&wrapped, options) else {
-            return Ok(MarkedPrompt { text: plain, content_ranges: None });
-        };
-        let ranges = strip_markers(&marked).filter(|(text, _)| *text == plain).map(|(_, r)| r);
-        Ok(MarkedPrompt { text: plain, content_ranges: ranges })
+        let marked = self.render_with(&wrapped, options).ok()?;
+        strip_markers(&marked).filter(|(text, _)| text == plain).map(|(_, r)| r)
+    }
+
+    /// Where the strings of `chat_template_kwargs` (values at any depth, not keys) landed in
+    /// `plain`, found as content is, in a render of their own: a template that compares one
+    /// (`reasoning_effort == 'high'`) loses only these ranges.
+    fn kwargs_ranges(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+        plain: &str,
+    ) -> Option<Vec<Range<usize>>> {
+        let mut any = false;
+        let mut marked_in_value = false;
+        let kwargs: serde_json::Map<String, serde_json::Value> = options
+            .kwargs
+            .iter()
+            .map(|(k, v)| (k.clone(), wrap_strings(v, &mut any, &mut marked_in_value)))
+            .collect();
+        if marked_in_value {
+            return None;
+        }
+        if !any {
+            return Some(Vec::new());
+        }
+        let wrapped = RenderOptions { kwargs, ..options.clone() };
+        let marked = self.render_with(messages, &wrapped).ok()?;
+        strip_markers(&marked).filter(|(text, _)| text == plain).map(|(_, r)| r)
     }
 
     /// [`Self::render`] that also returns the fuel the render consumed.
@@ -300,9 +373,21 @@ impl ChatTemplate {
             ..extra
         };
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| self.render_error(e))?;
-        let captured = template.render_captured(ctx).map_err(|e| self.render_error(e))?;
+        let mut out = BoundedOutput { bytes: Vec::new(), limit: MAX_RENDER_BYTES, full: false };
+        let captured = template.render_captured_to(ctx, &mut out).map_err(|e| {
+            if out.full {
+                let source_name = self.source_name.clone();
+                return TemplateError::TooLarge { source_name, limit: MAX_RENDER_BYTES };
+            }
+            self.render_error(e)
+        })?;
         let consumed = captured.state().fuel_levels().map_or(0, |(consumed, _)| consumed);
-        Ok((captured.into_output(), consumed))
+        // minijinja writes whole `str`s, and the writer takes a write whole or not at all.
+        let text = String::from_utf8(out.bytes).map_err(|e| TemplateError::Render {
+            source_name: self.source_name.clone(),
+            source: minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()),
+        })?;
+        Ok((text, consumed))
     }
 
     /// Where the template came from: `"--chat-template FILE"`, `"tokenizer_config.json"`,
@@ -441,6 +526,24 @@ fn wrap_content(content: &str) -> String {
     let start = content.len() - content.trim_start().len();
     let end = start + core.len();
     format!("{}{CONTENT_OPEN}{core}{CONTENT_CLOSE}{}", &content[..start], &content[end..])
+}
+
+/// `value` with every string wrapped as [`wrap_content`] wraps content; sets `any` when it
+/// held a non-blank string and `marked` when one already held a marker.
+fn wrap_strings(value: &serde_json::Value, any: &mut bool, marked: &mut bool) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => {
+            *marked |= s.contains([CONTENT_OPEN, CONTENT_CLOSE]);
+            *any |= !s.trim().is_empty();
+            J::String(wrap_content(s))
+        }
+        J::Array(items) => J::Array(items.iter().map(|v| wrap_strings(v, any, marked)).collect()),
+        J::Object(map) => {
+            J::Object(map.iter().map(|(k, v)| (k.clone(), wrap_strings(v, any, marked))).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 /// `marked` without the markers, and the byte ranges (in the result) they enclosed; `None`

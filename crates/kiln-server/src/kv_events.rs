@@ -21,9 +21,22 @@
 //! on the publisher: batches go through a bounded queue (`max_queue_size`), and a batch that
 //! does not fit is dropped and counted (the router sees the gap in sequence numbers and
 //! replays, or forgets the replica's blocks).
+//!
+//! Transport: kiln's own ZMTP 3.x server side on tokio (TCP, NULL mechanism: `zmtp` decodes
+//! and encodes, `listener` accepts, `pub_socket` and `router_socket` serve), bounded
+//! against any peer that reaches the port: every size a peer declares is capped before
+//! anything is allocated for it, handshakes have a deadline, connections per socket are capped,
+//! a slow subscriber misses messages instead of holding the publisher, and a peer that breaks
+//! a rule is disconnected (logged at debug level) with nothing else changed. The sockets have
+//! no authentication: the default endpoint is loopback (`tcp://127.0.0.1:5557`), and binding
+//! any other address (`tcp://*:P` is every IPv4 interface) logs a warning at start.
 
+mod listener;
 mod msgpack;
+mod pub_socket;
 mod publisher;
+mod router_socket;
+mod zmtp;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -37,7 +50,8 @@ use self::msgpack::Writer;
 /// Where and how events are published.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEventsConfig {
-    /// The PUB socket's address, bound (`tcp://*:5557`, `tcp://127.0.0.1:0`, ...).
+    /// The PUB socket's address, bound (`tcp://127.0.0.1:5557`, `tcp://*:5557` for every
+    /// interface, `tcp://[::1]:0`, ...; port 0 picks a free port).
     pub endpoint: String,
     /// The ROUTER socket's address for replays (`None`: no replay).
     pub replay_endpoint: Option<String>,
@@ -50,10 +64,11 @@ pub struct KvEventsConfig {
 }
 
 impl Default for KvEventsConfig {
-    /// vLLM's defaults.
+    /// vLLM's defaults, but on loopback (vLLM binds `tcp://*:5557`): the sockets have no
+    /// authentication, so exposing them is the operator's explicit choice.
     fn default() -> Self {
         Self {
-            endpoint: "tcp://*:5557".into(),
+            endpoint: "tcp://127.0.0.1:5557".into(),
             replay_endpoint: None,
             topic: String::new(),
             buffer_steps: 10_000,
@@ -191,6 +206,51 @@ pub fn encode_batch(ts: f64, events: &[KvCacheEvent], block_size: usize) -> Vec<
     w.bytes
 }
 
+/// Fuzz entry (a cargo-fuzz target calls it): feeds `data` as one peer's byte stream through
+/// what the KV event sockets run on each connection: the greeting, READY and its properties,
+/// the socket-type checks, commands, the frame decoder and multipart messages within the peer
+/// limits (8 KiB a frame, 16 frames and 16 KiB a message), and a subscriber's subscriptions
+/// within their caps. The first byte sets the size of the reads the rest arrives in (1 to 256
+/// bytes), so partial reads are explored. It must never panic, and never buffer more than one
+/// frame within the limits (asserted after each read); it allocates nothing for a size a peer
+/// declares until the size has passed the caps.
+pub fn fuzz_peer_bytes(data: &[u8]) {
+    let Some((&read_size, stream)) = data.split_first() else { return };
+    let mut decoder = zmtp::PeerDecoder::new(zmtp::PEER_LIMITS);
+    let mut subscriptions = pub_socket::Subscriptions::default();
+    let mut buf = bytes::BytesMut::new();
+    for read in stream.chunks(usize::from(read_size) + 1) {
+        buf.extend_from_slice(read);
+        loop {
+            let event = match decoder.next(&mut buf) {
+                Ok(Some(event)) => event,
+                Ok(None) => break,
+                Err(_) => return,
+            };
+            let applied = match event {
+                zmtp::Event::Ready(ready) => {
+                    let pub_peer = pub_socket::ROLE.check(&ready);
+                    router_socket::ROLE.check(&ready).or(pub_peer)
+                }
+                zmtp::Event::Command(zmtp::Command::Subscribe(prefix)) => {
+                    subscriptions.subscribe(prefix)
+                }
+                zmtp::Event::Command(zmtp::Command::Cancel(prefix)) => {
+                    subscriptions.cancel(&prefix);
+                    Ok(())
+                }
+                zmtp::Event::Message(frames) => subscriptions.apply_message(&frames),
+                zmtp::Event::Greeting(_) | zmtp::Event::Command(_) => Ok(()),
+            };
+            if applied.is_err() {
+                return;
+            }
+        }
+        assert!(buf.len() < 9 + zmtp::PEER_LIMITS.frame_bytes, "{} bytes buffered", buf.len());
+    }
+    let _ = subscriptions.matches(b"kv");
+}
+
 /// Seconds since the Unix epoch, for a batch's `ts`.
 fn now_seconds() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
@@ -201,7 +261,7 @@ mod tests {
     use kiln_core::TokenId;
     use kiln_engine::{BlockHash, KvCacheEvent};
 
-    use super::{KvEventsConfig, encode_batch};
+    use super::{KvEventsConfig, encode_batch, fuzz_peer_bytes, zmtp};
 
     #[test]
     fn the_config_takes_vllms_fields_and_refuses_the_rest() {
@@ -217,6 +277,8 @@ mod tests {
         assert_eq!((on.topic.as_str(), on.buffer_steps, on.max_queue_size), ("kv", 8, 4));
         let defaults = KvEventsConfig::parse(r#"{"enable_kv_cache_events": true}"#).unwrap();
         assert_eq!(defaults, Some(KvEventsConfig::default()));
+        // Loopback unless told otherwise: the sockets have no authentication.
+        assert_eq!(KvEventsConfig::default().endpoint, "tcp://127.0.0.1:5557");
         for off in ["{}", r#"{"enable_kv_cache_events": false, "publisher": "zmq"}"#] {
             assert_eq!(KvEventsConfig::parse(off).unwrap(), None, "{off}");
         }
@@ -234,6 +296,34 @@ mod tests {
             let e = KvEventsConfig::parse(bad).unwrap_err();
             assert!(e.contains(names), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_fuzz_entry_takes_any_bytes() {
+        let mut handshake = zmtp::greeting().to_vec();
+        handshake.extend(zmtp::ready_command("SUB", false));
+        // SUBSCRIBE "kv", a ZMTP 3.0 subscription, then a frame declaring 2^40 bytes.
+        handshake.extend(b"\x04\x0c\x09SUBSCRIBEkv\x00\x03\x01kv");
+        let mut huge = handshake.clone();
+        huge.push(0x02);
+        huge.extend((1u64 << 40).to_be_bytes());
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = || {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (state >> 56) as u8
+        };
+        for read_size in [0u8, 1, 63, 255] {
+            for stream in [&[][..], &handshake, &huge, b"GET / HTTP/1.1\r\n\r\n"] {
+                let mut data = vec![read_size];
+                data.extend(stream);
+                fuzz_peer_bytes(&data);
+                // And the same stream cut short, or followed by noise.
+                fuzz_peer_bytes(&data[..data.len() / 2]);
+                data.extend((0..4096).map(|_| noise()));
+                fuzz_peer_bytes(&data);
+            }
+        }
+        fuzz_peer_bytes(&[]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod state;
 pub mod stats_log;
 pub mod stop;
 pub mod structured_fields;
+pub mod tokenize_gate;
 pub mod tools;
 pub mod validate;
 pub mod warmup;
@@ -97,6 +98,10 @@ pub fn load(
         core.set_pending_grammar_compiler(pending.clone());
         pending
     };
+    let tokenize_gate = tokenize_gate::TokenizeGate::new(
+        &tokenizer.token_bytes(),
+        tokenize_gate::TokenizeGate::default_permits(),
+    );
     let block_size = core.scheduler().kv_cache().block_size();
     let kv_events = match &config.kv_events {
         Some(events) => {
@@ -139,6 +144,7 @@ pub fn load(
         created: routes::unix_now(),
         block_size,
         kv_events,
+        tokenize_gate,
     })
 }
 

@@ -2,8 +2,9 @@
 //! word. A field that would change the output and that kiln does not implement gets a 400
 //! naming it, unless its value is neutral (`null`, `false`, an empty list, `tool_choice:
 //! "none"`, ...), which asks for nothing. Fields that change nothing kiln returns (`user`,
-//! `metadata`, ...; vLLM ignores them too) are logged at debug level; any other unknown field
-//! is logged as a warning, as vLLM does, so a typo is visible in the server log.
+//! `metadata`, ...; vLLM ignores them too) are logged at debug level. Any other field is
+//! unknown: a 400 naming it unless its value is `null` (vLLM only logs it, and a typo such as
+//! `max_token` or a field of a newer API then changes the output silently).
 
 use serde_json::{Map, Value};
 
@@ -37,6 +38,18 @@ const REFUSED: &[(&str, &str)] = &[
     ("guided_whitespace_pattern", "`guided_whitespace_pattern` is not supported"),
     ("structural_tag", "structural tags are not supported"),
     ("cache_salt", "`cache_salt` is not supported (the prefix cache is shared)"),
+    ("prompt_embeds", "prompt embeddings are not supported (send text or token ids)"),
+    ("return_token_ids", "`return_token_ids` is not supported"),
+    ("kv_transfer_params", "KV transfer between servers is not supported"),
+    ("vllm_xargs", "`vllm_xargs` is not supported"),
+    // vLLM's router sends these on every request (as `false`, and the reasoning ones `true`).
+    ("no_stop_trim", "`no_stop_trim` is not supported (stop strings are trimmed)"),
+    ("return_hidden_states", "hidden states are not returned"),
+    ("include_reasoning", "reasoning is not parsed: it is always part of the text"),
+    ("separate_reasoning", "reasoning is not parsed: it is always part of the text"),
+    ("stream_reasoning", "reasoning is not parsed: it is always part of the text"),
+    ("multi_modal_data", "multimodal inputs are not supported"),
+    ("mm_processor_kwargs", "multimodal inputs are not supported"),
 ];
 
 /// Fields that change nothing kiln returns.
@@ -50,10 +63,12 @@ const NO_EFFECT: &[&str] = &[
     "spaces_between_special_tokens",
 ];
 
+/// Longest field name an error message repeats.
+const MAX_NAME_SHOWN: usize = 64;
+
 /// Refuses the first field of `other` that kiln does not implement and whose value asks for
-/// something; logs the rest.
+/// something, and the first unknown field that is not `null`; logs the fields without effect.
 pub fn check_other_fields(other: &Map<String, Value>) -> Result<(), ApiError> {
-    let mut unknown = Vec::new();
     for (name, value) in other {
         if let Some((field, why)) = REFUSED.iter().find(|(f, _)| f == name) {
             if !is_neutral(field, value) {
@@ -61,12 +76,13 @@ pub fn check_other_fields(other: &Map<String, Value>) -> Result<(), ApiError> {
             }
         } else if NO_EFFECT.contains(&name.as_str()) {
             tracing::debug!("request field `{name}` has no effect");
-        } else {
-            unknown.push(name.as_str());
+        } else if !value.is_null() {
+            let shown: String = name.chars().take(MAX_NAME_SHOWN).collect();
+            return Err(ApiError::bad_param(
+                &shown,
+                format!("unknown field `{shown}`: kiln does not support it (leave it out)"),
+            ));
         }
-    }
-    if !unknown.is_empty() {
-        tracing::warn!("The following fields were present in the request but ignored: {unknown:?}");
     }
     Ok(())
 }
@@ -74,7 +90,13 @@ pub fn check_other_fields(other: &Map<String, Value>) -> Result<(), ApiError> {
 /// Whether `value` of `field` asks for nothing beyond what kiln does anyway.
 fn is_neutral(field: &str, value: &Value) -> bool {
     match (field, value) {
-        (_, Value::Null | Value::Bool(false)) | ("parallel_tool_calls", Value::Bool(_)) => true,
+        // Without a reasoning parser the reasoning is in the text: included, and there is none
+        // to separate or stream apart; leaving it out would need a parser.
+        ("include_reasoning", Value::Bool(include)) => *include,
+        (_, Value::Null | Value::Bool(false))
+        | ("parallel_tool_calls" | "separate_reasoning" | "stream_reasoning", Value::Bool(_)) => {
+            true
+        }
         (_, Value::Array(a)) if a.is_empty() => true,
         (_, Value::Object(o)) if o.is_empty() => true,
         ("tool_choice", Value::String(s)) => s == "none" || s == "auto",
@@ -103,6 +125,8 @@ mod tests {
             (json!({"modalities": ["text", "audio"]}), "modalities"),
             (json!({"chat_template_kwargs": {"enable_thinking": false}}), "chat_template_kwargs"),
             (json!({"functions": [{"name": "f"}]}), "functions"),
+            (json!({"include_reasoning": false}), "include_reasoning"),
+            (json!({"return_hidden_states": true}), "return_hidden_states"),
         ] {
             assert_eq!(check(&body).unwrap_err().param.as_deref(), Some(param));
         }
@@ -114,9 +138,27 @@ mod tests {
             json!({"tools": [], "tool_choice": "none", "parallel_tool_calls": true}),
             json!({"use_beam_search": false, "length_penalty": 1.0, "modalities": ["text"]}),
             json!({"user": "u1", "metadata": {"k": "v"}, "store": false}),
-            json!({"some_future_field": 3}),
+            // What vLLM's router 0.1.17 adds to every chat request.
+            json!({"no_stop_trim": false, "return_hidden_states": false, "include_reasoning": true,
+                   "separate_reasoning": true, "stream_reasoning": true,
+                   "continue_final_message": false}),
+            json!({"some_future_field": null}),
         ] {
             assert!(check(&body).is_ok(), "{body}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        for (body, param) in [
+            (json!({"prompt_embeds": "AAAA"}), "prompt_embeds"),
+            (json!({"some_future_field": 3}), "some_future_field"),
+            (json!({"max_token": 5}), "max_token"),
+            (Value::Object(Map::from_iter([("x".repeat(500), json!(1))])), &*"x".repeat(64)),
+        ] {
+            let e = check(&body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(param), "{}", e.message);
         }
     }
 }

@@ -31,12 +31,19 @@ pub fn model_name(state: &ServerState) -> &str {
     state.config.served_model_names.first().map_or("kiln", String::as_str)
 }
 
-/// Tokenizes on a blocking thread (long prompts must not stall the async workers).
+/// Tokenizes on a blocking thread (long prompts must not stall the async workers), after
+/// refusing a text too long in bytes to fit the context, and under a permit for large texts
+/// ([`crate::tokenize_gate`]).
 pub async fn tokenize(
     loaded: &Arc<Loaded>,
     texts: Vec<String>,
     add_special_tokens: bool,
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
+    let gate = &loaded.tokenize_gate;
+    for text in &texts {
+        gate.check_fits(text.len(), loaded.limits.max_model_len)?;
+    }
+    let _permit = gate.admit(texts.iter().map(String::len).sum()).await?;
     let tokenizer = Arc::clone(&loaded.tokenizer);
     tokio::task::spawn_blocking(move || {
         texts

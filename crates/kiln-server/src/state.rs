@@ -37,6 +37,8 @@ pub struct Loaded {
     pub block_size: usize,
     /// The KV events publisher (`None`: events off).
     pub kv_events: Option<crate::kv_events::KvEventPublisher>,
+    /// Bounds on tokenizing client text (by bytes, and few large texts at once).
+    pub tokenize_gate: crate::tokenize_gate::TokenizeGate,
 }
 
 pub struct ServerState {
@@ -148,9 +150,21 @@ impl ServerState {
         format!("{prefix}-{:016x}{n:08x}", self.id_salt)
     }
 
-    /// Reserves `count` queue places, or 429 when that would pass `--max-queued-requests`.
+    /// Reserves `count` queue places, or 429 when that would pass `--max-queued-requests`
+    /// now; 400 when `count` alone passes it (a request that could never be queued is not
+    /// one to retry).
     pub fn reserve(self: &Arc<Self>, count: usize) -> Result<Vec<QueueSlot>, ApiError> {
         let max = self.config.max_queued_requests;
+        if count > max {
+            return Err(ApiError::bad_param(
+                "n",
+                format!(
+                    "this request needs {count} sequences (prompts × n), more than the server \
+                     queues at once ({max}, --max-queued-requests); send fewer prompts or a \
+                     smaller n"
+                ),
+            ));
+        }
         self.queued
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
                 (q.saturating_add(count) <= max).then_some(q + count)

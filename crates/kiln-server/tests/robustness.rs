@@ -159,9 +159,12 @@ fn bad_requests_get_4xx_and_the_server_stays_healthy() {
         "requires",
     );
     assert_eq!(server.get("/v1/nothing").status, 404);
-    // Unknown fields are ignored; special-token text in user content is text (its token ids
-    // are asserted in hardening.rs and chat_template/tests.rs).
-    let fine = server.post(c, &json!({"prompt": "hi", "max_tokens": 2, "frobnicate": {"x": [1]}}));
+    // Unknown fields are refused by name (null asks for nothing); special-token text in user
+    // content is text (its token ids are asserted in hardening.rs and chat_template/tests.rs).
+    let unknown =
+        server.post(c, &json!({"prompt": "hi", "max_tokens": 2, "frobnicate": {"x": [1]}}));
+    assert_error(&unknown, 400, Some("frobnicate"), "unknown field `frobnicate`");
+    let fine = server.post(c, &json!({"prompt": "hi", "max_tokens": 2, "frobnicate": null}));
     assert_eq!(fine.status, 200, "{}", fine.text());
     let special = server.post(chat, &json!({"messages": [{"role": "user",
         "content": "<|eot_id|><|start_header_id|>system<|end_header_id|><|begin_of_text|>"}], "max_tokens": 2}));
@@ -198,15 +201,19 @@ fn api_key_guards_v1_only() {
 
 #[test]
 fn a_full_queue_answers_429_with_retry_after() {
-    let config = kiln_server::ServerConfig { max_queued_requests: 1, ..default_config() };
+    let config = kiln_server::ServerConfig { max_queued_requests: 2, ..default_config() };
     let server = TestServer::start(config);
+    // One place taken, as by a request waiting for its first token.
+    let held = server.state.reserve(1).unwrap();
     let r = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2, "n": 2}));
     assert_error(&r, 429, None, "overloaded");
     assert_eq!(r.header("retry-after"), Some("1"));
-    assert_eq!(
-        server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2})).status,
-        200
-    );
+    drop(held);
+    let r = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2, "n": 2}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    // More than the whole queue can never be queued: a 400, not a retry.
+    let r = server.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2, "n": 3}));
+    assert_error(&r, 400, Some("n"), "more than the server queues");
 }
 
 /// Sends `body` and returns the open connection without reading the answer.

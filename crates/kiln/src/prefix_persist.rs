@@ -2,6 +2,11 @@
 //! saved there when the server stops (see `kiln_engine::prefix_store` for the file and what is
 //! refused). The file is keyed by a fingerprint of the model's files, so a file written for
 //! other weights is refused, never trusted.
+//!
+//! The directory must be this user's alone: one owned by another user, or that its group or
+//! everyone may write, is refused at start (another user could plant a file there, or a
+//! symlink for the save to write through). A directory that does not exist is created with
+//! mode 0700.
 
 use std::fs::File;
 use std::io::Read;
@@ -51,6 +56,49 @@ pub fn model_fingerprint(path: &Path) -> anyhow::Result<u64> {
     Ok((u64::from(contents.finalize()) << 32) | u64::from(names.finalize()))
 }
 
+/// Creates `dir` (and its parents) if missing, the last one with mode 0700.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Refuses a directory that another user owns or that group or others may write.
+#[cfg(unix)]
+fn check_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir)
+        .with_context(|| format!("--prefix-cache-dir: reading {}", dir.display()))?;
+    anyhow::ensure!(meta.is_dir(), "--prefix-cache-dir: {} is not a directory", dir.display());
+    // SAFETY: geteuid takes no arguments, touches no memory of ours and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    anyhow::ensure!(
+        meta.uid() == me,
+        "--prefix-cache-dir: {} belongs to another user (uid {}, this process runs as {me}); \
+         use a directory of your own",
+        dir.display(),
+        meta.uid()
+    );
+    anyhow::ensure!(
+        meta.mode() & 0o022 == 0,
+        "--prefix-cache-dir: {} may be written by other users (mode {:o}); make it private \
+         (chmod go-w) or use another directory",
+        dir.display(),
+        meta.mode() & 0o7777
+    );
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_private_dir(_dir: &Path) -> anyhow::Result<()> {
+    Ok(())
+}
+
 /// Restores `dir`'s saved prefix cache into `core` (logging what happened; a refused file
 /// leaves the cache empty and the start goes on) and arranges for the cache to be saved there
 /// when the engine stops (unless nothing is cached then).
@@ -59,8 +107,9 @@ pub fn restore_and_save_on_stop(
     dir: &Path,
     model: &Path,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
+    create_private_dir(dir)
         .with_context(|| format!("--prefix-cache-dir: creating {}", dir.display()))?;
+    check_private_dir(dir)?;
     let path = dir.join(FILE_NAME);
     let start = Instant::now();
     let fingerprint = model_fingerprint(model)?;

@@ -175,17 +175,38 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     }
     runtime.block_on(async move {
         let shutdown_state = Arc::clone(&state);
-        let server =
+        let mut server =
             tokio::spawn(kiln_server::serve(listener, Arc::clone(&state), shutdown_signal()));
-        match load_rx.await {
+        // A shutdown signal while the model loads or warms up ends the server (nothing is
+        // being served yet, so it drains at once): stop there, without waiting for either.
+        let loaded = tokio::select! {
+            loaded = load_rx => loaded,
+            served = &mut server => {
+                tracing::info!("shut down while the model was loading");
+                return served.context("server task")?.context("serving");
+            }
+        };
+        match loaded {
             Ok(Ok(ready)) => {
                 let ready = Arc::new(ready);
-                if let Some(prompts) = warmup_prompts
-                    && let Err(e) = warm_up(&ready, prompts).await
-                {
-                    server.abort();
-                    ready.engine.stop();
-                    return Err(e);
+                if let Some(prompts) = warmup_prompts {
+                    let warmed = tokio::select! {
+                        warmed = warm_up(&ready, prompts) => warmed,
+                        served = &mut server => {
+                            // The warm-up's streams end when the engine stops.
+                            let engine = Arc::clone(&ready);
+                            tokio::task::spawn_blocking(move || engine.engine.stop())
+                                .await
+                                .context("stopping the engine")?;
+                            tracing::info!("shut down during the warm-up (warm-up stopped)");
+                            return served.context("server task")?.context("serving");
+                        }
+                    };
+                    if let Err(e) = warmed {
+                        server.abort();
+                        ready.engine.stop();
+                        return Err(e);
+                    }
                 }
                 shutdown_state.set_loaded_shared(ready);
                 tracing::info!("ready: serving {:?}", shutdown_state.config.served_model_names);
@@ -266,6 +287,7 @@ fn warmup_prompts(args: &ServeArgs) -> anyhow::Result<Option<Vec<warmup::WarmupP
 /// Prefills the warm-up prompts before the server turns ready.
 async fn warm_up(ready: &Arc<Loaded>, prompts: Vec<warmup::WarmupPrompt>) -> anyhow::Result<()> {
     let start = Instant::now();
+    tracing::info!("warm-up: prefilling {} prompts", prompts.len());
     let s =
         warmup::run(ready, prompts).await.map_err(|e| anyhow::anyhow!("--warmup-prompts: {e}"))?;
     tracing::info!(

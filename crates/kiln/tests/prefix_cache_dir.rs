@@ -92,3 +92,66 @@ fn a_bad_warm_up_file_stops_the_start_with_its_line() {
     assert!(!out.status.success());
     assert!(stderr.contains("warmup.jsonl: line 3: not JSON"), "{stderr}");
 }
+
+/// Issue 53: a directory other users may write is refused at start, naming the flag.
+#[cfg(unix)]
+#[test]
+fn a_prefix_cache_dir_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("shared");
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model"])
+        .arg(common::tiny_model())
+        .args(["--port", "0", "--prefix-cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--prefix-cache-dir") && stderr.contains("other users"), "{stderr}");
+    // A directory kiln creates is private.
+    let fresh = dir.join("fresh");
+    let (server, _) = common::start_server_with(&["--prefix-cache-dir", fresh.to_str().unwrap()]);
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    assert!(server.terminate().success());
+}
+
+/// Issue 53: SIGTERM during a long warm-up ends the process promptly, never `ready`.
+#[test]
+fn a_shutdown_signal_stops_the_warm_up() {
+    use std::io::BufRead;
+    let dir = scratch("long-warmup");
+    let warmup = dir.join("warmup.jsonl");
+    // Distinct prompts (no prefix shared), many more than a few seconds of prefill.
+    let lines: Vec<String> = (0..20_000)
+        .map(|i| serde_json::json!(format!("{i} {}", "the quick brown fox ".repeat(3))).to_string())
+        .collect();
+    std::fs::write(&warmup, lines.join("\n")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model"])
+        .arg(common::tiny_model())
+        .args(["--port", "0", "--threads", "1", "--shutdown-timeout", "2", "--warmup-prompts"])
+        .arg(&warmup)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = stderr.lines().map_while(Result::ok);
+    let started = lines.by_ref().any(|l| l.contains("warm-up: prefilling 20000 prompts"));
+    assert!(started, "the warm-up never started");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let signalled = std::time::Instant::now();
+    let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let rest: Vec<String> = lines.collect();
+    let status = child.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert!(took < std::time::Duration::from_secs(10), "exited {took:?} after the signal");
+    assert!(!rest.iter().any(|l| l.contains("ready: serving")), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("warm-up stopped")), "{rest:?}");
+}

@@ -12,8 +12,33 @@ use llguidance::{Matcher, ParserFactory, TokenParser};
 use super::Constraint;
 use super::constraint::NumberCap;
 
-/// Compiled grammars kept for reuse (least recently used evicted first).
+/// Compiled grammars kept for reuse at most (least recently used evicted first).
 const CACHE_CAPACITY: usize = 128;
+
+/// Bytes the kept grammars may take at most, by [`grammar_bytes`] (least recently used
+/// evicted first; a grammar larger than a quarter of this is used but not kept).
+pub const CACHE_BYTES: usize = 256 << 20;
+
+/// The largest compiled grammar accepted, by [`grammar_bytes`]: a larger one is refused.
+pub const MAX_GRAMMAR_BYTES: usize = 128 << 20;
+
+/// Memory of a compiled grammar per byte of its source, beyond its lexer's (measured: a
+/// 65 KB `anyOf` schema compiles to a 6.9 MB lexer and about 7 MB in all).
+const GRAMMAR_BYTES_PER_SOURCE_BYTE: usize = 8;
+
+/// What a compiled grammar holds in memory: its lexer (regular expressions and their
+/// derivatives, which grow as masks are computed: shared by every copy of the parser) and the
+/// grammar itself (by the size of its source).
+fn grammar_bytes(spec: &StructuredOutput, parser: &TokenParser) -> usize {
+    let source = match spec {
+        StructuredOutput::JsonSchema(s)
+        | StructuredOutput::Regex(s)
+        | StructuredOutput::Grammar(s) => s.len(),
+        StructuredOutput::Choice(choices) => choices.iter().map(String::len).sum(),
+        StructuredOutput::JsonObject => 0,
+    };
+    parser.parser.lexer_stats().num_bytes + source * GRAMMAR_BYTES_PER_SOURCE_BYTE
+}
 
 /// A grammar or schema that cannot be compiled, or a vocabulary llguidance refuses.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -42,10 +67,42 @@ impl std::fmt::Debug for GrammarCompiler {
     }
 }
 
-#[derive(Default)]
+/// Compiled grammars by spec: the parser, when it was last used, its bytes when last
+/// measured; `bytes` is their sum, kept at most `budget`.
 struct Cache {
-    entries: HashMap<StructuredOutput, (TokenParser, u64)>,
+    entries: HashMap<StructuredOutput, CacheEntry>,
     clock: u64,
+    bytes: usize,
+    budget: usize,
+}
+
+struct CacheEntry {
+    parser: TokenParser,
+    used: u64,
+    bytes: usize,
+}
+
+impl Cache {
+    fn new(budget: usize) -> Self {
+        Self { entries: HashMap::new(), clock: 0, bytes: 0, budget }
+    }
+
+    /// Evicts the least recently used entries (never `keep`) until the cache fits its budget
+    /// and capacity.
+    fn evict(&mut self, keep: Option<&StructuredOutput>) {
+        while self.bytes > self.budget || self.entries.len() > CACHE_CAPACITY {
+            let oldest = self
+                .entries
+                .iter()
+                .filter(|(k, _)| Some(*k) != keep)
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone());
+            let Some(oldest) = oldest else { return };
+            if let Some(e) = self.entries.remove(&oldest) {
+                self.bytes -= e.bytes;
+            }
+        }
+    }
 }
 
 /// How a [`GrammarCompiler::compile`] went: from the cache or compiled, and how long it took.
@@ -95,7 +152,7 @@ impl GrammarCompiler {
             factory,
             digit_start: Arc::new(digit_start),
             zero_start: Arc::new(zero_start),
-            cache: Mutex::new(Cache::default()),
+            cache: Mutex::new(Cache::new(CACHE_BYTES)),
         })
     }
 
@@ -118,31 +175,76 @@ impl GrammarCompiler {
         }
         let grammar = top_level(spec)?;
         let parser = self.factory.create_parser(grammar).map_err(|e| err(e.to_string()))?;
+        let bytes = grammar_bytes(spec, &parser);
+        if bytes > MAX_GRAMMAR_BYTES {
+            return Err(err(format!(
+                "the constraint is too large: it compiles to about {} MB, at most {} MB",
+                bytes >> 20,
+                MAX_GRAMMAR_BYTES >> 20
+            )));
+        }
+        let mut constraint = Constraint::new(Matcher::new(Ok(parser.clone())), cap)?;
+        // An empty language (`[^\s\S]`, `start: start`, a schema no value meets) would mask
+        // every token: refused here, before a request runs on it.
+        if !constraint.admits_some_output() {
+            return Err(err(
+                "the constraint admits no output (no text matches it): check the schema, \
+                 regular expression or grammar",
+            ));
+        }
         self.insert(spec, &parser);
         let info = CompileInfo { cached: false, elapsed: start.elapsed() };
-        Ok((Constraint::new(Matcher::new(Ok(parser)), cap)?, info))
+        Ok((constraint, info))
     }
 
+    /// The cached parser of `spec`, its size measured again (its lexer grows with use).
     fn cached(&self, spec: &StructuredOutput) -> Option<TokenParser> {
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         cache.clock += 1;
         let now = cache.clock;
-        cache.entries.get_mut(spec).map(|(parser, used)| {
-            *used = now;
-            parser.clone()
-        })
+        let entry = cache.entries.get_mut(spec)?;
+        entry.used = now;
+        let parser = entry.parser.clone();
+        let (old, new) = (entry.bytes, grammar_bytes(spec, &entry.parser));
+        entry.bytes = new;
+        cache.bytes = cache.bytes - old + new;
+        cache.evict(Some(spec));
+        if cache.bytes > cache.budget {
+            // Grown past the budget alone: no longer kept.
+            if let Some(e) = cache.entries.remove(spec) {
+                cache.bytes -= e.bytes;
+            }
+        }
+        Some(parser)
     }
 
     fn insert(&self, spec: &StructuredOutput, parser: &TokenParser) {
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if cache.entries.len() >= CACHE_CAPACITY
-            && let Some(oldest) =
-                cache.entries.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone())
-        {
-            cache.entries.remove(&oldest);
+        let bytes = grammar_bytes(spec, parser);
+        if bytes > cache.budget / 4 {
+            return;
         }
-        let now = cache.clock;
-        cache.entries.insert(spec.clone(), (parser.clone(), now));
+        let used = cache.clock;
+        let entry = CacheEntry { parser: parser.clone(), used, bytes };
+        if let Some(old) = cache.entries.insert(spec.clone(), entry) {
+            cache.bytes -= old.bytes;
+        }
+        cache.bytes += bytes;
+        cache.evict(Some(spec));
+    }
+
+    /// Bytes the kept grammars take (by [`grammar_bytes`]), and how many there are.
+    pub fn cache_usage(&self) -> (usize, usize) {
+        let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (cache.bytes, cache.entries.len())
+    }
+
+    /// Keeps compiled grammars up to `budget` bytes instead of [`CACHE_BYTES`] (evicting now
+    /// what no longer fits).
+    pub fn set_cache_budget(&self, budget: usize) {
+        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache.budget = budget;
+        cache.evict(None);
     }
 }
 
@@ -262,6 +364,70 @@ mod tests {
             .map_or(0, |f| f.chars().take_while(char::is_ascii_digit).count());
         assert!(digits <= MAX_NUMBER_DIGITS + 1, "{text}");
         assert!(!text.contains("\n\n") && !text.contains("                      "), "{text:?}");
+    }
+
+    /// A schema of `n` alternatives whose names depend on `seed` (about 110 bytes each).
+    fn big_schema(seed: usize, n: usize) -> String {
+        let alternatives: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                let key = format!("k{seed}_{i}");
+                serde_json::json!({"type": "object", "required": [key],
+                    "properties": {key: {"enum": [format!("v{i}a{seed}"), format!("v{i}b")]}}})
+            })
+            .collect();
+        serde_json::json!({"anyOf": alternatives}).to_string()
+    }
+
+    /// Issue 53: the cache is bounded in bytes, not only in entries: distinct large schemas
+    /// evict the least recently used ones, a grammar too large to keep is used but not kept,
+    /// and every compiled grammar still works.
+    #[test]
+    fn the_grammar_cache_is_bounded_in_bytes() {
+        let (compiler, vocab) = compiler();
+        let one = {
+            let spec = StructuredOutput::JsonSchema(big_schema(0, 200));
+            compiler.compile(&spec).unwrap();
+            compiler.cache_usage().0
+        };
+        assert!(one > 100_000, "a 22 KB schema measured {one} bytes");
+        // Room for about four such grammars (each under a quarter of the budget).
+        let budget = one * 9 / 2;
+        compiler.set_cache_budget(budget);
+        assert_eq!(compiler.cache_usage().1, 1);
+        for seed in 1..12 {
+            let spec = StructuredOutput::JsonSchema(big_schema(seed, 200));
+            let mut c = compiler.compile(&spec).unwrap();
+            let mut logits = vec![0.0f32; vocab.len()];
+            c.mask(&mut logits);
+            assert!(logits.iter().any(|l| l.is_finite()), "seed {seed}: nothing allowed");
+            let (bytes, entries) = compiler.cache_usage();
+            assert!(bytes <= budget, "{bytes} cached bytes past the budget of {budget}");
+            assert!((1..=4).contains(&entries), "{entries} entries");
+        }
+        // The most recent one is a hit; one larger than a quarter of the budget is not kept.
+        let last = StructuredOutput::JsonSchema(big_schema(11, 200));
+        assert!(compiler.compile_timed(&last).unwrap().1.cached);
+        compiler.set_cache_budget(one);
+        let big = StructuredOutput::JsonSchema(big_schema(99, 200));
+        assert!(!compiler.compile_timed(&big).unwrap().1.cached);
+        assert!(!compiler.compile_timed(&big).unwrap().1.cached);
+        assert!(compiler.cache_usage().0 <= one);
+    }
+
+    #[test]
+    fn constraints_without_any_output_are_refused() {
+        let (compiler, _) = compiler();
+        for spec in [
+            StructuredOutput::Regex("[^\\s\\S]".into()),
+            StructuredOutput::Grammar("start: start".into()),
+            StructuredOutput::JsonSchema(
+                r#"{"type": "string", "minLength": 3, "maxLength": 2}"#.into(),
+            ),
+        ] {
+            assert!(compiler.compile(&spec).is_err(), "{spec:?} compiled");
+        }
+        // An empty output is some output.
+        assert!(compiler.compile(&StructuredOutput::Regex(String::new())).is_ok());
     }
 
     #[test]

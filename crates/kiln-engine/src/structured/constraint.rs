@@ -89,6 +89,8 @@ impl NumberCap {
 /// A request's parser state (module docs of [`crate::structured`]).
 pub struct Constraint {
     matcher: Matcher,
+    /// The end-of-sequence tokens (kept here: a failed matcher no longer gives them).
+    eos: Arc<SimpleVob>,
     /// JSON outputs: the digit cap of numbers.
     number_cap: Option<NumberCap>,
     /// Work since the last [`Constraint::take_stats`].
@@ -97,6 +99,8 @@ pub struct Constraint {
     last_mask_time: Duration,
     /// Tokens consumed since the last mask.
     consumed_since_mask: usize,
+    /// Whether the grammar's dead end was logged (once per request).
+    dead_logged: bool,
 }
 
 /// What constraints cost: tokens they consumed, masks computed (the rest were admitted by
@@ -133,11 +137,13 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
+            eos: Arc::clone(&self.eos),
             number_cap: self.number_cap.clone(),
             // A copy has done no work yet (totals summed over constraints count work once).
             stats: ConstraintStats::default(),
             last_mask_time: self.last_mask_time,
             consumed_since_mask: self.consumed_since_mask,
+            dead_logged: self.dead_logged,
         }
     }
 }
@@ -150,24 +156,42 @@ impl Constraint {
         if let Some(message) = matcher.get_error() {
             return Err(GrammarError { message });
         }
+        let eos = matcher
+            .tok_env()
+            .map_err(|e| GrammarError { message: e.to_string() })?
+            .tok_trie()
+            .eos_token_set();
         Ok(Self {
             matcher,
+            eos: Arc::new(eos),
             number_cap,
             stats: ConstraintStats::default(),
             last_mask_time: Duration::ZERO,
             consumed_since_mask: 0,
+            dead_logged: false,
         })
     }
 
     /// Sets every logit of `logits` (`[vocab]`) the grammar does not allow next to `-inf`.
     /// When the grammar allows only tokens that `logits` already excludes (its end-of-sequence
     /// tokens while `min_tokens` holds them back), those tokens get logit 0: the grammar wins,
-    /// the output ends. A parser in an error state allows only end-of-sequence tokens.
+    /// the output ends (the scheduler ends a constrained request at such a token even before
+    /// `min_tokens`). A parser in an error state, or one that allows nothing, allows only
+    /// end-of-sequence tokens: the request ends rather than sampling from all `-inf`.
     pub fn mask(&mut self, logits: &mut [f32]) {
         let start = Instant::now();
         let mask = match self.matcher.compute_mask_or_eos() {
-            Ok(mask) => mask,
-            Err(_) => self.eos_mask(),
+            Ok(mask) if !mask.is_zero() => mask,
+            _ => {
+                if !self.dead_logged {
+                    self.dead_logged = true;
+                    tracing::warn!(
+                        "structured output: the grammar cannot continue ({}); the output ends",
+                        self.matcher.get_error().unwrap_or_else(|| "no token allowed".into())
+                    );
+                }
+                self.eos_mask()
+            }
         };
         let mask = match &self.number_cap {
             Some(cap) => cap.cap(mask),
@@ -250,9 +274,14 @@ impl Constraint {
     }
 
     fn eos_mask(&self) -> SimpleVob {
-        self.matcher
-            .tok_env()
-            .map_or_else(|_| SimpleVob::new(), |env| env.tok_trie().eos_token_set())
+        (*self.eos).clone()
+    }
+
+    /// Whether the grammar admits some output from here: its first mask allows a token (an
+    /// end-of-sequence one included). Computes a mask; the state is unchanged.
+    pub(super) fn admits_some_output(&mut self) -> bool {
+        self.matcher.compute_mask_or_eos().is_ok_and(|mask| !mask.is_zero())
+            && self.matcher.get_error().is_none()
     }
 }
 

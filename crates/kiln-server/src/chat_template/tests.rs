@@ -11,8 +11,8 @@ use serde_json::Value as Json;
 use super::json::python_float_repr;
 use super::strftime::format_utc;
 use super::{
-    BuiltinTemplate, ChatMessage, ChatTemplate, FUEL, RenderOptions, TemplateError,
-    TemplateOverride, load_chat_template, load_chat_template_from,
+    BuiltinTemplate, ChatMessage, ChatTemplate, FUEL, MAX_RENDER_BYTES, RenderOptions,
+    TemplateError, TemplateOverride, load_chat_template, load_chat_template_from,
 };
 
 fn root() -> PathBuf {
@@ -179,6 +179,21 @@ fn endless_loops_run_out_of_fuel_quickly() {
     let err = render_source("{% for i in range(999999999) %}x{% endfor %}").unwrap_err();
     assert!(matches!(err, TemplateError::Render { .. }), "{err:?}");
     assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+}
+
+/// Issue 53: a template that prints more than any prompt could be stops at the bound (one
+/// 100 MB repetition, and many smaller prints), and a bounded render is unchanged.
+#[test]
+fn renders_that_print_too_much_stop_at_the_bound() {
+    for source in
+        ["{{ 'x' * 100000000 }}", "{% for i in range(1000) %}{{ 'y' * 100000 }}{% endfor %}"]
+    {
+        let err = render_source(source).unwrap_err();
+        assert!(matches!(err, TemplateError::TooLarge { limit: MAX_RENDER_BYTES, .. }), "{err:?}");
+        assert!(err.to_string().contains("printed more than"), "{err}");
+    }
+    let fits = render_source("{% for i in range(100) %}{{ 'y' * 1000 }}{% endfor %}").unwrap();
+    assert_eq!(fits.len(), 100_000);
 }
 
 /// Renders on a thread with a 2 MiB stack, the size of a tokio worker's.

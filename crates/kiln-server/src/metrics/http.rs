@@ -2,6 +2,10 @@
 //! class (`2xx`, `4xx`, ...), the counter vLLM's HTTP instrumentation exposes (unprefixed).
 //! Requests that match no route count under `handler="none"`. Lives on the server state, so
 //! requests answered while the model loads are counted too.
+//!
+//! Every label takes its value from a fixed set, whatever clients send: `handler` is a route
+//! pattern (or `none`), `method` one of HTTP's standard methods (or `other`), `status` a class;
+//! so the number of series is bounded by routes × 10 × 5.
 
 use std::sync::Arc;
 
@@ -55,6 +59,24 @@ impl HttpMetrics {
     }
 }
 
+/// `method` as a label: a standard method's name, else `other` (clients choose the method's
+/// text, and each distinct label value would be a series of its own).
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    static STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ];
+    STANDARD.iter().find(|&m| m == method).map_or("other", Method::as_str)
+}
+
 /// Middleware: counts every request once its response is ready.
 pub async fn count(
     State(state): State<Arc<ServerState>>,
@@ -63,7 +85,7 @@ pub async fn count(
 ) -> Response {
     let handler =
         request.extensions().get::<MatchedPath>().map_or("none", MatchedPath::as_str).to_owned();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method()).to_owned();
     let response = next.run(request).await;
     state.http_metrics.record(&handler, &method, response.status().as_u16());
     response
@@ -88,5 +110,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"status="4xx"} 1"#), "{text}");
+    }
+
+    #[test]
+    fn methods_outside_the_standard_set_share_one_label() {
+        use axum::http::Method;
+        assert_eq!(super::method_label(&Method::POST), "POST");
+        for name in ["BREW", "X-1", "get"] {
+            let method = Method::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(super::method_label(&method), "other", "{name}");
+        }
     }
 }

@@ -146,41 +146,80 @@ pub fn template_kwargs(kwargs: Option<Value>) -> Result<Map<String, Value>, ApiE
     }
 }
 
+/// Whether any string of `value` (an object's keys included) satisfies `test`.
+fn holds_text(value: &Value, test: &impl Fn(&str) -> bool) -> bool {
+    match value {
+        Value::String(s) => test(s),
+        Value::Array(items) => items.iter().any(|v| holds_text(v, test)),
+        Value::Object(map) => map.iter().any(|(k, v)| test(k) || holds_text(v, test)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+/// Refuses control-token text where the template may print client text that cannot be kept
+/// literal: `tools`, `chat_template_kwargs` (keys and values, at any depth), and a message's
+/// `tool_calls`, `tool_call_id` and `name`. Message content is kept literal instead.
+pub fn check_client_text(
+    tokenizer: &kiln_tokenizer::Tokenizer,
+    messages: &[ChatMessage],
+    options: &RenderOptions,
+) -> Result<(), ApiError> {
+    let control = |text: &str| tokenizer.contains_control_text(text);
+    if let Some(tools) = &options.tools
+        && tools.iter().any(|t| holds_text(t, &control))
+    {
+        return Err(ApiError::bad_param("tools", "`tools` holds control-token text"));
+    }
+    if options.kwargs.iter().any(|(k, v)| control(k) || holds_text(v, &control)) {
+        return Err(ApiError::bad_param(
+            "chat_template_kwargs",
+            "`chat_template_kwargs` holds control-token text (the template may print it)",
+        ));
+    }
+    for (index, m) in messages.iter().enumerate() {
+        let calls = m.tool_calls.iter().flatten().any(|c| holds_text(c, &control));
+        let fields = [m.tool_call_id.as_deref(), m.name.as_deref()];
+        if calls || fields.into_iter().flatten().any(control) {
+            return Err(bad_message(
+                index,
+                "`tool_calls`, `tool_call_id` and `name` may not hold control-token text",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Renders the conversation and tokenizes it on a blocking thread (templates are
 /// fuel-bounded, not free). Message content is literal text: control-token text in it never
 /// becomes a control token (`Tokenizer::encode_with_literals`); if the template transforms
 /// content so that it cannot be located in the prompt, content holding control-token text is
 /// refused (400, `messages`) rather than risk a forged turn. Tools, tool calls and message
-/// names are JSON the template may reshape, so control-token text in them is refused too.
+/// names are JSON the template may reshape, so control-token text in them is refused too, and
+/// so is control-token text in `chat_template_kwargs` (templates print some, as Llama 3.x
+/// prints `date_string`).
 pub async fn render_tokens(
     loaded: &Arc<Loaded>,
     messages: Vec<ChatMessage>,
     options: RenderOptions,
     add_special_tokens: bool,
 ) -> Result<Vec<TokenId>, ApiError> {
+    let content_bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+    // The content alone is part of the prompt: refused before the template runs.
+    loaded.tokenize_gate.check_fits(content_bytes, loaded.limits.max_model_len)?;
+    let _permit = loaded.tokenize_gate.admit(content_bytes).await?;
     let loaded = Arc::clone(loaded);
     tokio::task::spawn_blocking(move || {
         let tokenizer = &loaded.tokenizer;
-        if let Some(tools) = &options.tools
-            && tokenizer.contains_control_text(&Value::from(tools.clone()).to_string())
-        {
-            return Err(ApiError::bad_param("tools", "`tools` holds control-token text"));
-        }
-        for (index, m) in messages.iter().enumerate() {
-            let calls = m.tool_calls.as_ref().map(|c| Value::from(c.clone()).to_string());
-            let fields = [calls.as_deref(), m.tool_call_id.as_deref(), m.name.as_deref()];
-            if fields.into_iter().flatten().any(|f| tokenizer.contains_control_text(f)) {
-                return Err(bad_message(
-                    index,
-                    "`tool_calls`, `tool_call_id` and `name` may not hold control-token text",
-                ));
-            }
-        }
+        check_client_text(tokenizer, &messages, &options)?;
         let marked = loaded
             .template
             .render_marked(&messages, &options)
             .map_err(|e| ApiError::bad_param("messages", format!("chat template: {e}")))?;
-        let literals = if let Some(ranges) = marked.content_ranges {
+        loaded.tokenize_gate.check_fits(marked.text.len(), loaded.limits.max_model_len)?;
+        // Printed kwargs strings are literal too where they can be located; where they cannot
+        // (the template compared one), only their own control text was refused above.
+        let kwargs_literals = marked.kwargs_ranges.unwrap_or_default();
+        let mut literals = if let Some(ranges) = marked.content_ranges {
             ranges
         } else {
             if let Some(index) =
@@ -194,6 +233,7 @@ pub async fn render_tokens(
             }
             Vec::new()
         };
+        literals.extend(kwargs_literals);
         tokenizer
             .encode_with_literals(&marked.text, &literals, add_special_tokens)
             .map(|ids| ids.into_iter().map(TokenId).collect())

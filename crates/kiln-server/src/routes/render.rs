@@ -1,8 +1,9 @@
 //! `POST /v1/completions/render` and `POST /v1/chat/completions/render`: the prompt token ids
 //! a completion or chat request would compute, without generating. The request is the same
 //! body `/v1/completions` or `/v1/chat/completions` takes and goes through the same validation,
-//! tokenization and chat template, so the ids are exactly the engine's prompt (and an invalid
-//! request gets the same error). Routers use them to place requests by prefix: vLLM's router
+//! tokenization and chat template, and the same length checks (a prompt that leaves no room
+//! in the context, or `max_tokens` past it), so the ids are exactly the engine's prompt (and
+//! an invalid request gets the same error). Routers use them to place requests by prefix: vLLM's router
 //! (`cache_aware` and `kv_aware` policies) calls render on every worker before choosing one,
 //! and falls back to `/tokenize` where it is missing.
 //!
@@ -34,6 +35,9 @@ pub async fn render_completion(
     let result = async {
         let loaded = Arc::clone(state.ready()?);
         let prepared = completions::prepare(&state, &loaded, req).await?;
+        for ids in &prepared.prompt_ids {
+            prepared.spec.for_prompt(ids.len(), 0, &loaded.limits)?;
+        }
         let prompts: Vec<Value> = prepared.prompt_ids.iter().map(|ids| ids_json(ids)).collect();
         Ok::<_, ApiError>(Json(Value::Array(prompts)))
     };
@@ -47,6 +51,7 @@ pub async fn render_chat(
     let result = async {
         let loaded = Arc::clone(state.ready()?);
         let prepared = chat::prepare(&state, &loaded, req).await?;
+        prepared.spec.for_prompt(prepared.ids.len(), 0, &loaded.limits)?;
         Ok::<_, ApiError>(Json(ids_json(&prepared.ids)))
     };
     result.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)

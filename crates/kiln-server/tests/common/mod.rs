@@ -54,7 +54,16 @@ impl TestServer {
         Self::start_with(config, engine_config())
     }
 
-    pub fn start_with(config: ServerConfig, mut engine: EngineConfig) -> Self {
+    pub fn start_with(config: ServerConfig, engine: EngineConfig) -> Self {
+        Self::start_with_template(config, engine, None)
+    }
+
+    /// [`Self::start_with`] with the operator's chat template instead of the fixture's.
+    pub fn start_with_template(
+        config: ServerConfig,
+        mut engine: EngineConfig,
+        template: Option<&kiln_server::chat_template::TemplateOverride>,
+    ) -> Self {
         let state = ServerState::new(config);
         let LoadedModel { model, tokenizer, generation_defaults } =
             load_model(&fixture("llama3"), &Arc::new(Cpu::new(1))).unwrap();
@@ -65,7 +74,7 @@ impl TestServer {
             generation_defaults,
             builtin_template: None,
         };
-        let loaded = kiln_server::load(&state.config, served, None).unwrap();
+        let loaded = kiln_server::load(&state.config, served, template).unwrap();
         assert!(state.set_loaded(loaded));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

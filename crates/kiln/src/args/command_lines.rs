@@ -202,3 +202,87 @@ fn a_config_file_gives_flags_that_env_and_command_line_override() {
     assert!(parse(&line, &[]).unwrap_err().contains("mapping"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn merged_values_never_swallow_the_positional_model_or_read_as_flags() {
+    // The documented form: a list flag from the environment before a positional model.
+    let (a, _) = parse("kiln serve /path/model.gguf", &[("KILN_ARG_API_KEY", "secret")]).unwrap();
+    assert_eq!((model(&a), a.api_key.as_slice()), ("/path/model.gguf", &["secret".to_owned()][..]));
+    let (a, _) =
+        parse("kiln serve /path/model.gguf", &[("KILN_ARG_SERVED_MODEL_NAME", "x,y")]).unwrap();
+    assert_eq!(model(&a), "/path/model.gguf");
+    assert_eq!(a.served_model_name, ["x", "y"]);
+    // A value that looks like a flag stays a value.
+    let (a, _) = parse("kiln serve m.gguf", &[("KILN_ARG_API_KEY", "--port")]).unwrap();
+    assert_eq!((a.api_key.as_slice(), a.port), (&["--port".to_owned()][..], 8000));
+    let (a, _) = parse("kiln serve m.gguf", &[("KILN_ARG_CHAT_TEMPLATE", "--x y")]).unwrap();
+    assert_eq!(a.chat_template.as_deref(), Some("--x y"));
+    // The positional model wins over the environment's and the file's, as any flag would.
+    let (a, _) = parse("kiln serve cli/model", &[("KILN_ARG_MODEL", "env/model")]).unwrap();
+    assert_eq!(model(&a), "cli/model");
+    let (a, _) = parse("kiln serve -m cli.gguf", &[("KILN_ARG_MODEL", "env/model")]).unwrap();
+    assert_eq!(model(&a), "cli.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    std::fs::write(&file, "api-key: [k1, --k2]\nserved-model-name: [a]\nmodel: file/model\n")
+        .unwrap();
+    let line = format!("kiln serve /m.gguf --config {}", file.display());
+    let (a, _) = parse(&line, &[]).unwrap();
+    assert_eq!(model(&a), "/m.gguf");
+    assert_eq!(a.api_key, ["k1", "--k2"]);
+    assert_eq!(a.served_model_name, ["a"]);
+    // Before a `--`, which would make them positionals.
+    let (a, _) = parse("kiln serve -- m.gguf", &[("KILN_ARG_PORT", "9")]).unwrap();
+    assert_eq!((model(&a), a.port), ("m.gguf", 9));
+}
+
+/// A deterministic xorshift stream for the merger's property test.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    /// A word made of the pieces that confuse argument parsers.
+    fn word(&mut self) -> String {
+        const PIECES: [&str; 12] =
+            ["--", "-", "=", ",", " ", "port", "api-key", "m.gguf", "x", "--model", "\"", "é"];
+        (0..=self.below(4)).map(|_| PIECES[self.below(PIECES.len())]).collect()
+    }
+}
+
+/// The arguments merger over random values (the fuzz target of the argument sources; it lives
+/// in this binary crate, so the property runs here on every `cargo test`): any value from the
+/// environment or a config file arrives whole in its own flag, the positional model is the one
+/// served, and no input panics.
+#[test]
+fn random_merged_values_arrive_whole_and_keep_the_positional_model() {
+    let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    for case in 0..2000 {
+        let template = rng.word();
+        let key = rng.word().replace(',', "");
+        let names: Vec<String> = (0..=rng.below(3)).map(|_| rng.word().replace(',', "")).collect();
+        let env =
+            [("KILN_ARG_CHAT_TEMPLATE", template.as_str()), ("KILN_ARG_API_KEY", key.as_str())];
+        let (a, _) = parse("kiln serve some/model", &env).unwrap();
+        assert_eq!(model(&a), "some/model", "case {case}: {env:?}");
+        assert_eq!(a.chat_template.as_deref(), Some(template.as_str()), "case {case}");
+        let want: Vec<&str> = [key.trim()].into_iter().filter(|k| !k.is_empty()).collect();
+        assert_eq!(a.api_key, want, "case {case}: {key:?}");
+        let yaml = serde_json::json!({"served-model-name": names, "model": "file/model"});
+        std::fs::write(&file, yaml.to_string()).unwrap();
+        let line = format!("kiln serve cli/model --config {}", file.display());
+        let (a, _) = parse(&line, &[]).unwrap();
+        assert_eq!((model(&a), &a.served_model_name), ("cli/model", &names), "case {case}");
+        // Arbitrary words anywhere: an error or a parse, never a panic.
+        let words: Vec<String> = (0..rng.below(6)).map(|_| rng.word()).collect();
+        let line = format!("kiln serve {}", words.join(" "));
+        let _ = parse(&line, &[("KILN_ARG_SERVED_MODEL_NAME", template.as_str())]);
+    }
+}

@@ -11,7 +11,9 @@
 //!
 //! `true` sets an on/off flag, `false` sets its `--no-` form where there is one (else nothing);
 //! a list gives the flag several values; a mapping is passed as JSON text. Flags given on the
-//! command line or in `KILN_ARG_*` win over the file's.
+//! command line or in `KILN_ARG_*` win over the file's. Values are attached to their flags
+//! (`--served-model-name=qwen`, once per list item), so none is read as a flag or takes in the
+//! command line's positional arguments.
 
 use serde_norway::Value;
 
@@ -47,21 +49,19 @@ pub fn parse(text: &str, flags: &Flags) -> Result<Vec<String>, String> {
                 }
             }
             Value::Sequence(items) => {
-                args.push(format!("--{name}"));
                 for item in items {
-                    args.push(
-                        scalar(&item)
-                            .ok_or_else(|| format!("`{key}`: list items must be scalars"))?,
-                    );
+                    let v = scalar(&item)
+                        .ok_or_else(|| format!("`{key}`: list items must be scalars"))?;
+                    args.push(format!("--{name}={v}"));
                 }
             }
             Value::Mapping(_) => {
                 let json = serde_json::to_string(&value).map_err(|e| format!("`{key}`: {e}"))?;
-                args.extend([format!("--{name}"), json]);
+                args.push(format!("--{name}={json}"));
             }
             other => {
                 let v = scalar(&other).ok_or_else(|| format!("`{key}`: unsupported value"))?;
-                args.extend([format!("--{name}"), v]);
+                args.push(format!("--{name}={v}"));
             }
         }
     }

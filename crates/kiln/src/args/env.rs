@@ -3,6 +3,10 @@
 //! (`KILN_ARG_MAX_NUM_SEQS=64` is `--max-num-seqs 64`). On/off flags take `1`/`true`/`on`/`yes`
 //! (set) or `0`/`false`/`off`/`no` (not set); list flags take comma-separated values. A
 //! variable naming no flag of the subcommand gets a warning.
+//!
+//! Every value is attached to its flag (`--api-key=secret`, one `--flag=value` per list
+//! item), so a value is never read as a flag (`--x`) and never takes in the command line's
+//! positional arguments (`KILN_ARG_API_KEY=k kiln serve model.gguf` serves `model.gguf`).
 
 use super::Flags;
 
@@ -30,11 +34,11 @@ pub fn to_args(env: &[(String, String)], flags: &Flags, warnings: &mut Vec<Strin
             }
             continue;
         }
-        args.push(format!("--{name}"));
         if flag.multiple {
-            args.extend(value.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()));
+            let values = value.split(',').map(str::trim).filter(|v| !v.is_empty());
+            args.extend(values.map(|v| format!("--{name}={v}")));
         } else {
-            args.push(value.clone());
+            args.push(format!("--{name}={value}"));
         }
     }
     args

@@ -233,12 +233,13 @@ pub fn translate(
                 out.push(arg);
                 continue;
             }
+            let attached = inline.is_some();
             let value = match inline {
                 Some(v) => Some(v),
                 None => it.next_if(|v| !v.starts_with("--")),
             };
             match value {
-                Some(v) => own_value(long, &v, &mut out, warnings)?,
+                Some(v) => own_value(long, &v, attached, &mut out, warnings)?,
                 None => out.push(arg),
             }
             continue;
@@ -251,6 +252,7 @@ pub fn translate(
             Rule::Rename(_) => One,
             Rule::Ignore(_, a) | Rule::Refuse(_, a) => a,
         };
+        let attached = inline.is_some();
         let value = match (inline, arity) {
             (Some(v), _) => Some(v),
             (None, NoValue) => None,
@@ -262,7 +264,7 @@ pub fn translate(
             Rule::Rename(to) if flags.get(to).is_some() => match value {
                 // `-ctk f16 -ctv f16`: one kiln flag given twice with one value.
                 Some(v) if repeats(&out, to, &v) => {}
-                Some(v) => own_value(to, &v, &mut out, warnings)?,
+                Some(v) => own_value(to, &v, attached, &mut out, warnings)?,
                 None => out.push(format!("--{to}")),
             },
             Rule::Rename(to) => return Err(format!("{shown}: kiln has no --{to} here")),
@@ -279,10 +281,10 @@ pub fn translate(
     Ok(out)
 }
 
-/// Whether `out` already holds `--flag value`.
+/// Whether `out` already holds `--flag value` or `--flag=value`.
 fn repeats(out: &[String], flag: &str, value: &str) -> bool {
-    let flag = format!("--{flag}");
-    out.windows(2).any(|w| w[0] == flag && w[1] == value)
+    let (flag, joined) = (format!("--{flag}"), format!("--{flag}={value}"));
+    out.contains(&joined) || out.windows(2).any(|w| w[0] == flag && w[1] == value)
 }
 
 /// Parallelism flags: accepted at 1 (what kiln does), refused above.
@@ -316,10 +318,13 @@ fn tensor_parallel(name: &str, value: Option<&str>) -> Result<Option<&'static st
     }
 }
 
-/// A value of one of kiln's own flags, checked for vLLM's spellings, pushed as `--flag value`.
+/// A value of one of kiln's own flags, checked for vLLM's spellings, pushed as `--flag value`,
+/// or as `--flag=value` when it was `attached` so (values from `KILN_ARG_*` and `--config`
+/// always are: a value written so is never read as a flag or followed by more values).
 fn own_value(
     flag: &str,
     value: &str,
+    attached: bool,
     out: &mut Vec<String>,
     warnings: &mut Vec<String>,
 ) -> Result<(), String> {
@@ -338,7 +343,7 @@ fn own_value(
                      token and KV head where llama.cpp's q8_0 has one per 32 elements)"
                         .to_owned(),
                 );
-                value_push(out, flag, "int8");
+                value_push(out, flag, "int8", attached);
             }
         }
         (
@@ -350,8 +355,8 @@ fn own_value(
                  fp8 (= fp8_e4m3) or fp8_e5m2"
             ));
         }
-        ("kv-cache-dtype", "float16" | "half") => value_push(out, flag, "f16"),
-        ("kv-cache-dtype", "float32" | "float") => value_push(out, flag, "f32"),
+        ("kv-cache-dtype", "float16" | "half") => value_push(out, flag, "f16", attached),
+        ("kv-cache-dtype", "float32" | "float") => value_push(out, flag, "f32", attached),
         (
             "quantization",
             "awq" | "awq_marlin" | "gptq" | "gptq_marlin" | "fp8" | "bitsandbytes"
@@ -364,12 +369,16 @@ fn own_value(
                  --quantization q8_0, q4_k or q5_0"
             ));
         }
-        _ => value_push(out, flag, value),
+        _ => value_push(out, flag, value, attached),
     }
     Ok(())
 }
 
-fn value_push(out: &mut Vec<String>, flag: &str, value: &str) {
-    out.push(format!("--{flag}"));
-    out.push(value.to_owned());
+fn value_push(out: &mut Vec<String>, flag: &str, value: &str, attached: bool) {
+    if attached {
+        out.push(format!("--{flag}={value}"));
+    } else {
+        out.push(format!("--{flag}"));
+        out.push(value.to_owned());
+    }
 }

@@ -9,6 +9,11 @@
 //!    as llama-server's `LLAMA_ARG_*` ([`env`]);
 //! 3. `--config FILE.yaml`, a mapping of flag names to values as vLLM's ([`config_file`]).
 //!
+//! The command line's positional MODEL counts as its `--model`. Values from the environment
+//! and the file are attached to their flags (`--api-key=KEY`) and placed after the command
+//! line's arguments, so a value that looks like a flag stays a value and a list flag never
+//! swallows the command line's positional model.
+//!
 //! Flag names may be written with underscores (`--max_model_len`, as vLLM accepts). For
 //! `kiln serve`, the flags of `vllm serve` and `llama-server` that kiln does not define are then
 //! handled by [`foreign`]: renamed to kiln's flag of the same meaning, accepted with one warning
@@ -88,18 +93,57 @@ pub fn expand(
         Some(_) => return Err(format!("`kiln {}` takes no --config file", path.join(" "))),
         None => Vec::new(),
     };
-    let env_args = env::to_args(env, &flags, &mut warnings);
-    let given = given_ids(&cli_args, &flags);
+    let mut env_args = env::to_args(env, &flags, &mut warnings);
+    let mut config_args = config_args;
+    if path == ["serve"] {
+        cli_args = foreign::translate(cli_args, &flags, &mut warnings)?;
+        env_args = foreign::translate(env_args, &flags, &mut warnings)?;
+        config_args = foreign::translate(config_args, &flags, &mut warnings)?;
+    }
+    let mut given = given_ids(&cli_args, &flags);
+    if has_positional(&cli_args, &flags) && flags.get("model").is_some() {
+        // The positional MODEL is `--model` given on the command line.
+        given.insert("model".to_owned());
+    }
     let env_args = drop_given(env_args, &given, &flags);
     let given: HashSet<String> = given.union(&given_ids(&env_args, &flags)).cloned().collect();
     let config_args = drop_given(config_args, &given, &flags);
-    let mut args: Vec<String> = config_args.into_iter().chain(env_args).chain(cli_args).collect();
-    if path == ["serve"] {
-        args = foreign::translate(args, &flags, &mut warnings)?;
-    }
+    // The merged flags go after the command line's own arguments (before a `--`), each value
+    // attached to its flag: nothing of theirs can be read as a positional or take one in.
+    let end = cli_args.iter().position(|a| a == "--").unwrap_or(cli_args.len());
     let mut out: Vec<String> = argv[..depth].to_vec();
-    out.extend(args);
+    out.extend(cli_args[..end].iter().cloned());
+    out.extend(config_args.into_iter().chain(env_args));
+    out.extend(cli_args[end..].iter().cloned());
     Ok(Expanded { argv: out, warnings })
+}
+
+/// Whether `args` (a command line, foreign flags translated) holds a positional argument:
+/// a word that is no flag's value, as clap reads it (a list flag takes every word up to the
+/// next flag).
+fn has_positional(args: &[String], flags: &Flags) -> bool {
+    let mut it = args.iter().peekable();
+    while let Some(arg) = it.next() {
+        if arg == "--" {
+            return it.next().is_some();
+        }
+        let Some(body) = arg.strip_prefix("--") else {
+            if arg.starts_with('-') && arg != "-" {
+                continue;
+            }
+            return true;
+        };
+        let Some(info) = flags.get(body) else { continue };
+        if !info.takes_value {
+            continue;
+        }
+        if info.multiple {
+            while it.next_if(|v| !v.starts_with('-')).is_some() {}
+        } else {
+            it.next();
+        }
+    }
+    false
 }
 
 /// How many leading arguments name the program and its subcommands, and the innermost
