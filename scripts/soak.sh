@@ -10,7 +10,8 @@
 #     kiln:num_requests_waiting are 0;
 #   - resident memory stayed bounded: the peak after the first minute is at most 1.5x (plus
 #     64 MiB) the resident size at the end of the first minute, plus the KV cache's size (it is
-#     reserved untouched and becomes resident as its blocks are first used);
+#     reserved untouched and becomes resident as its blocks are first used) and the grammar
+#     cache's byte budget (256 MiB; the large schemas below fill it);
 #   - SIGTERM ends the server with status 0, and its log holds no panic;
 #   - hostile clients mixed into the load get their precise refusals and change nothing else:
 #     ZMTP peers declaring a 2^40-byte frame on the KV-events PUB and replay sockets (closed;
@@ -378,9 +379,11 @@ with open(log_path) as f:
     for line in f:
         if "KV cache:" in line and "MiB in all" in line:
             kv_kib = int(float(line.split("(")[1].split(" MiB")[0]) * 1024)
-bound = (baseline or 0) * 1.5 + 64 * 1024 + kv_kib
+GRAMMAR_CACHE_KIB = 256 * 1024  # kiln_engine::structured::CACHE_BYTES
+bound = (baseline or 0) * 1.5 + 64 * 1024 + kv_kib + GRAMMAR_CACHE_KIB
 print(f"rss after warm-up {baseline // 1024 if baseline else '?'} MiB, peak {peak // 1024} MiB, "
-      f"bound {bound // 1024:.0f} MiB (KV cache {kv_kib // 1024} MiB)")
+      f"bound {bound // 1024:.0f} MiB (KV cache {kv_kib // 1024} MiB, grammar cache "
+      f"{GRAMMAR_CACHE_KIB // 1024} MiB)")
 if not kv_kib:
     print("FAIL: no KV cache size in the server log"); ok = False
 if baseline and peak > bound:
