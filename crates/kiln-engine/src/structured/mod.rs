@@ -4,9 +4,11 @@
 //! parser over a trie of the vocabulary's bytes).
 //!
 //! - [`GrammarCompiler`]: built once per model from the tokenizer's token bytes; compiles a
-//!   [`StructuredOutput`] into a [`Constraint`] and keeps the most recently used compiled
-//!   grammars, so a schema sent again (every turn of an agent, every `n > 1` sample) costs a
-//!   clone instead of a compilation. Shared (`Arc`) by the server, which compiles once to refuse
+//!   [`StructuredOutput`] into a [`Constraint`] (refusing one whose language is empty, which
+//!   would mask every token, and one that compiles past [`MAX_GRAMMAR_BYTES`]) and keeps the
+//!   most recently used compiled grammars within [`CACHE_BYTES`] (each measured by its lexer
+//!   and source, again at every hit as its lexer grows), so a schema sent again (every turn
+//!   of an agent, every `n > 1` sample) costs a clone instead of a compilation. Shared (`Arc`) by the server, which compiles once to refuse
 //!   a bad grammar with a 400 before queueing, and the engine, which then hits the cache.
 //!   A server builds it in the background ([`PendingCompiler`]) so that it starts at once.
 //! - [`Constraint`]: one request's parser state; the sampler masks each row with it, or asks
@@ -42,7 +44,7 @@ mod pending;
 #[cfg(test)]
 pub(crate) mod test_vocab;
 
-pub use compiler::{CompileInfo, GrammarCompiler, GrammarError};
+pub use compiler::{CACHE_BYTES, CompileInfo, GrammarCompiler, GrammarError, MAX_GRAMMAR_BYTES};
 pub use constraint::{Constraint, ConstraintStats, MASK_AT_LEAST_EVERY, MAX_NUMBER_DIGITS};
 pub use kiln_core::StructuredOutput;
 pub use pending::PendingCompiler;
