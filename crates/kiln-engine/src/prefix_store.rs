@@ -222,16 +222,17 @@ fn create_temp(path: &Path) -> std::io::Result<(File, PathBuf)> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    loop {
+    for attempt in 1.. {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
         match open_no_follow(&mut options, &tmp) {
             Ok(file) => return Ok((file, tmp)),
             // A leftover of a crashed process with our pid, or a planted name: the next one.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 1000 => {}
             Err(e) => return Err(e),
         }
     }
+    unreachable!("the attempts end in a return")
 }
 
 /// Writes the engine's reachable cached blocks to `path` (through a temporary file of its own

@@ -84,10 +84,16 @@ pub fn load(
     };
     // Built in the background: the server answers at once, and the first structured request
     // waits for the vocabulary trie (most of a second for a 262k-token vocabulary).
+    // [vocab] what each token decodes to: the tokenize gate's bound and the grammar's trie.
+    let token_bytes = tokenizer.token_bytes();
+    let tokenize_gate = tokenize_gate::TokenizeGate::new(
+        &token_bytes,
+        tokenize_gate::TokenizeGate::default_permits(),
+    );
     let grammar = if let Some(pending) = core.grammar_compiler() {
         pending.clone()
     } else {
-        let (bytes, eos) = (tokenizer.token_bytes(), tokenizer.eos_token_ids().to_vec());
+        let (bytes, eos) = (token_bytes, tokenizer.eos_token_ids().to_vec());
         let vocab_size = limits.vocab_size;
         let pending = PendingCompiler::build_in_background(move || {
             GrammarCompiler::new(bytes, vocab_size, &eos).map(Arc::new).map_err(|e| {
@@ -98,10 +104,6 @@ pub fn load(
         core.set_pending_grammar_compiler(pending.clone());
         pending
     };
-    let tokenize_gate = tokenize_gate::TokenizeGate::new(
-        &tokenizer.token_bytes(),
-        tokenize_gate::TokenizeGate::default_permits(),
-    );
     let block_size = core.scheduler().kv_cache().block_size();
     let kv_events = match &config.kv_events {
         Some(events) => {

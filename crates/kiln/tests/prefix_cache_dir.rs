@@ -76,20 +76,25 @@ fn warm_up_and_a_saved_prefix_cache_serve_the_first_request_from_the_cache() {
     assert_eq!((text, cached_damaged), (expected, 0));
 }
 
+/// `kiln serve` of the tiny model with `flag path`, which must fail to start; its stderr.
+fn refused_start(flag: &str, path: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model"])
+        .arg(common::tiny_model())
+        .args(["--port", "0", flag])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "kiln serve {flag} {} started", path.display());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_bad_warm_up_file_stops_the_start_with_its_line() {
     let dir = scratch("bad-warmup");
     let warmup = dir.join("warmup.jsonl");
     std::fs::write(&warmup, "\"fine\"\n{\"prompt\": \"also fine\"}\nnot json\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--model"])
-        .arg(common::tiny_model())
-        .args(["--port", "0", "--warmup-prompts"])
-        .arg(&warmup)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused_start("--warmup-prompts", &warmup);
     assert!(stderr.contains("warmup.jsonl: line 3: not JSON"), "{stderr}");
 }
 
@@ -102,15 +107,7 @@ fn a_prefix_cache_dir_others_may_write_is_refused() {
     let cache = dir.join("cache");
     std::fs::create_dir_all(&cache).unwrap();
     std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--model"])
-        .arg(common::tiny_model())
-        .args(["--port", "0", "--prefix-cache-dir"])
-        .arg(&cache)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused_start("--prefix-cache-dir", &cache);
     assert!(stderr.contains("--prefix-cache-dir") && stderr.contains("other users"), "{stderr}");
     // A directory kiln creates is private.
     let fresh = dir.join("fresh");
