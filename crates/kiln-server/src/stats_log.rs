@@ -44,28 +44,31 @@ pub fn stats_line(before: &StatsTotals, now: &StatsTotals, elapsed: Duration) ->
 }
 
 /// Logs a stats line every `interval` while the server runs (from when the model is loaded).
+///
+/// The first interval's baseline is the model's zero totals as of the tick before the one that
+/// first finds it loaded: a request served between the load and that tick is still logged.
 pub async fn run(state: Arc<ServerState>, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut before: Option<(StatsTotals, Instant)> = None;
+    let mut last_tick = Instant::now();
     let mut was_busy = false;
     loop {
-        // The first tick is immediate: it takes the baseline.
         ticker.tick().await;
+        let at = Instant::now();
+        let tick_before = std::mem::replace(&mut last_tick, at);
         let Some(loaded) = state.loaded() else { continue };
         let now = loaded.metrics.totals();
-        let at = Instant::now();
-        if let Some((prev, prev_at)) = before {
-            let busy = now.prompt_tokens != prev.prompt_tokens
-                || now.generation_tokens != prev.generation_tokens;
-            if busy || was_busy {
-                tracing::info!("{}", stats_line(&prev, &now, at - prev_at));
-            }
-            if now.spec_decode.num_drafts > prev.spec_decode.num_drafts {
-                tracing::info!("{}", spec_decode_log_line(&prev.spec_decode, &now.spec_decode));
-            }
-            was_busy = busy;
+        let (prev, prev_at) = before.unwrap_or_else(|| (StatsTotals::default(), tick_before));
+        let busy = now.prompt_tokens != prev.prompt_tokens
+            || now.generation_tokens != prev.generation_tokens;
+        if busy || was_busy {
+            tracing::info!("{}", stats_line(&prev, &now, at - prev_at));
         }
+        if now.spec_decode.num_drafts > prev.spec_decode.num_drafts {
+            tracing::info!("{}", spec_decode_log_line(&prev.spec_decode, &now.spec_decode));
+        }
+        was_busy = busy;
         before = Some((now, at));
     }
 }
