@@ -4,7 +4,9 @@
 //! head), prints GB/s of weights read and GOP/s (2·m·n·k per call), best of 3 runs. With `cold`,
 //! each call takes the next of enough copies of the matrix to fill 128 MiB, so weights come
 //! from memory as in a decode step rather than from the caches. `KILN_ISA` picks the path;
-//! `QUANT_BENCH_ROWS=1,4` limits the row counts.
+//! `QUANT_BENCH_ROWS=1,4` limits the row counts; `QUANT_BENCH_SHAPES=llama-1b` takes the
+//! matrices of a Llama-3.2-1B Q4_K_M file instead (Q4_K and Q6_K, the tied Q6_K LM head), and
+//! two of its Q5_K_M file's Q5_K ones.
 
 use std::time::Instant;
 
@@ -25,7 +27,7 @@ fn main() {
             .collect(),
         Err(_) => vec![1, 4, 16, 64, 256, 2048],
     };
-    let shapes = [
+    let gemma = [
         (GgmlType::Q5_0, 1024usize, 640usize),
         (GgmlType::Q4K, 640, 1024),
         (GgmlType::Q5_0, 2048, 640),
@@ -35,7 +37,23 @@ fn main() {
         (GgmlType::Q5K, 2048, 1024),
         (GgmlType::Q8_0, 262_144, 640),
     ];
-    for (ty, n, k) in shapes {
+    let llama_1b = [
+        (GgmlType::Q4K, 2048usize, 2048usize),
+        (GgmlType::Q4K, 512, 2048),
+        (GgmlType::Q6K, 512, 2048),
+        (GgmlType::Q4K, 8192, 2048),
+        (GgmlType::Q4K, 2048, 8192),
+        (GgmlType::Q6K, 2048, 8192),
+        (GgmlType::Q5K, 2048, 2048),
+        (GgmlType::Q5K, 8192, 2048),
+        (GgmlType::Q6K, 128_256, 2048),
+    ];
+    let shapes: &[(GgmlType, usize, usize)] = match std::env::var("QUANT_BENCH_SHAPES").as_deref() {
+        Ok("llama-1b") => &llama_1b,
+        Ok(other) => panic!("QUANT_BENCH_SHAPES: unknown set {other:?} (known: llama-1b)"),
+        Err(_) => &gemma,
+    };
+    for &(ty, n, k) in shapes {
         if !ty.name().contains(&filter) && !filter.is_empty() {
             continue;
         }

@@ -21,10 +21,11 @@ pub type DraftModel<B> = Box<dyn kiln_models::Model<B>>;
 pub fn cpu_backend(threads: usize) -> Arc<Cpu> {
     let backend = Arc::new(Cpu::new(threads));
     tracing::info!(
-        "CPU backend: {} threads, {} kernels (best here: {})",
+        "CPU backend: {} threads, {} kernels (best here: {}), weight prefetch into {}",
         backend.pool().num_threads(),
         kiln_kernels::CpuIsa::selected(),
-        kiln_kernels::CpuIsa::best()
+        kiln_kernels::CpuIsa::best(),
+        kiln_kernels::PrefetchLevel::selected()
     );
     backend
 }

@@ -15,6 +15,9 @@ pub(crate) trait Isa: Copy {
     /// When true, [`Isa::dot`] may saturate for weights `>= 128`, and Q8_0 uses
     /// [`Isa::dot_q8`] instead (which computes `Σ (w − 128)·x` directly).
     const SIGNED_Q8: bool;
+    /// Whether the K-quant kernels may build decode-sized levels straight from the record
+    /// (`levels`); the scalar reference always reads the unpacked quads.
+    const FROM_RECORD: bool;
 
     /// 64 bytes at `p`.
     unsafe fn load(p: *const u8) -> Self::V;
@@ -113,6 +116,7 @@ impl Isa for Scalar {
     type V = Bytes64;
     type F = [f32; 16];
     const SIGNED_Q8: bool = false;
+    const FROM_RECORD: bool = false;
 
     unsafe fn load(p: *const u8) -> Bytes64 {
         // SAFETY: forwarded from the caller.

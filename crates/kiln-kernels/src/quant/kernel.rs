@@ -5,6 +5,8 @@
 //! (64 rows, 256 with AMX); for each chunk the task walks its groups, and for every 256-element
 //! unit of a group the record is unpacked once (into per-thread scratch) and dotted with the
 //! chunk's rows, so a chunk's activations stay in cache while the task's weights stream past.
+//! K-quant chunks of decode size (at most `levels::FROM_RECORD_MAX_ROWS` rows) unpack only
+//! the scales and build each pair of quads from the record in registers (`levels`).
 //! The 16 lanes of every vector are the 16 weight rows of the group, so no horizontal sums are
 //! needed. Activation rows are taken 4 at a time, so each weight vector loaded from the unpacked
 //! record feeds 4 `vpdpbusd`. With [`CpuIsa::Amx`], every full 16 activation rows go through
@@ -30,7 +32,9 @@ use super::QuantMatrix;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::isa::{Isa, Scalar};
-use super::repack::{LANES, Unpacked, signed_quads, unpack};
+use super::levels::{Levels, Q4Record, Q5Record, Q6Record, Quads, from_record};
+use super::repack::{LANES, Unpacked, signed_quads, unpack, unpack_scales};
+use crate::prefetch_level::prefetch_line;
 use crate::thread_pool::SharedMut;
 use crate::{CpuIsa, SimdLevel};
 
@@ -224,8 +228,16 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                 if prefetch && g + PREFETCH_GROUPS < end {
                     prefetch_record(w, g + PREFETCH_GROUPS, u);
                 }
+                // Decode-sized chunks build K-quant levels from the record (`levels`).
+                let fused = !tiles && from_record::<S>(ty, r1 - r0);
                 // SAFETY: `rec` is a whole record of `w`; features are the caller's.
-                unsafe { unpack::<S>(ty, nb, rec, &mut s.un) };
+                unsafe {
+                    if fused {
+                        unpack_scales::<S>(ty, nb, rec, &mut s.un);
+                    } else {
+                        unpack::<S>(ty, nb, rec, &mut s.un);
+                    }
+                }
                 let quads = if ty == GgmlType::Q8_0 { rec } else { s.un.quads.as_ptr().cast() };
                 let sq = if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
                     quads
@@ -249,17 +261,18 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                         i += TILE_M;
                         continue;
                     }
-                    // SAFETY: `quads` holds the unit's quads; rows `i..i + R` are below `m`,
-                    // `u` is a unit of `k`.
+                    let lv = Unit { ty, nb, quads, rec, fused };
+                    // SAFETY: `quads` holds the unit's quads (unless `fused`: `rec` is its
+                    // record); rows `i..i + R` are below `m`, `u` is a unit of `k`.
                     unsafe {
-                        if r1 - i >= TILE_ROWS {
-                            rows::<S, TILE_ROWS>(ty, nb, quads, un, acts, i, u, a);
-                            i += TILE_ROWS;
-                        } else {
-                            rows::<S, 1>(ty, nb, quads, un, acts, i, u, a);
-                            i += 1;
+                        match r1 - i {
+                            1 => rows::<S, 1>(lv, un, acts, i, u, a),
+                            2 => rows::<S, 2>(lv, un, acts, i, u, a),
+                            3 => rows::<S, 3>(lv, un, acts, i, u, a),
+                            _ => rows::<S, TILE_ROWS>(lv, un, acts, i, u, a),
                         }
                     }
+                    i += (r1 - i).min(TILE_ROWS);
                 }
             }
             if !direct {
@@ -295,27 +308,19 @@ pub(crate) const PREFETCH_MAX_ROWS: usize = 64;
 /// computes, so that streaming the weights overlaps the arithmetic (the 178 MB Q8_0 LM head
 /// of the default model: 7.2 → 5.7–6.2 ms at m = 1, 10.5 → 6.7–7.0 ms at m = 4,
 /// 13.5 → 10.7–11.2 ms at m = 16). One record at a time keeps each burst of prefetches small
-/// (the whole next group at once was slower). The lines go to L1 (`T0`): on AMD Zen 5 the LM
-/// head at 16 rows took 8.8–9.0 ms against 9.5–10.5 with `T1`, and batch-64 decode gained
-/// 13–18 % in an A/B of the hint alone. The general kernel uses it; the register tiles of
-/// `pairs` spread their requests over the arithmetic instead ([`super::prefetch`]). A hint
-/// only: results never depend on it.
+/// (the whole next group at once was slower). The lines go to the cache level of
+/// [`crate::PrefetchLevel::selected`] (L1 on AMD, L2 on Intel). The general kernel uses it;
+/// the register tiles of `pairs` spread their requests over the arithmetic instead
+/// ([`super::prefetch`]). A hint only: results never depend on it.
 #[inline(always)]
 #[allow(clippy::inline_always)]
 pub(crate) fn prefetch_record(w: &QuantMatrix, g: usize, u: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let start = w.record(g, u);
-        let len = if u + 1 == w.units { w.group_bytes - u * w.full_record } else { w.full_record };
-        for off in (0..len).step_by(64) {
-            // SAFETY: prefetching is a hint that never faults; the addresses lie inside `w`'s
-            // data (record `u` of group `g`).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off).cast()) };
-        }
+    let start = w.record(g, u);
+    let len = if u + 1 == w.units { w.group_bytes - u * w.full_record } else { w.full_record };
+    for off in (0..len).step_by(64) {
+        // The addresses lie inside `w`'s data (record `u` of group `g`).
+        prefetch_line(start.wrapping_add(off));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (w, g, u);
 }
 
 /// Where one unit's pass reads and writes the accumulators of its rows (row `r` is 16 f32).
@@ -450,19 +455,32 @@ unsafe fn tile_rows<S: Isa>(
     }
 }
 
+/// Where [`rows`] reads one unit's levels.
+#[derive(Clone, Copy)]
+struct Unit {
+    ty: GgmlType,
+    /// Blocks in the unit.
+    nb: usize,
+    /// The unit's unpacked quads (Q8_0: its record); unused when `fused`.
+    quads: *const u8,
+    /// The unit's record.
+    rec: *const u8,
+    /// K-quant levels come from `rec` ([`from_record`]); the scratch holds only the scales.
+    fused: bool,
+}
+
 /// Activation rows `i..i + R` against one unit.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
 unsafe fn rows<S: Isa, const R: usize>(
-    ty: GgmlType,
-    nb: usize,
-    quads: *const u8,
+    lv: Unit,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
     u: usize,
     acc: Acc,
 ) {
+    let Unit { ty, nb, quads, rec, fused } = lv;
     // SAFETY: forwarded from the caller.
     unsafe {
         match ty {
@@ -472,8 +490,13 @@ unsafe fn rows<S: Isa, const R: usize>(
             GgmlType::Q8_0 => row_a::<S, false, R>(7, nb, quads, un, acts, i, u, acc),
             GgmlType::Q4_0 => row_a::<S, false, R>(3, nb, quads, un, acts, i, u, acc),
             GgmlType::Q5_0 => row_a::<S, false, R>(4, nb, quads, un, acts, i, u, acc),
-            GgmlType::Q4K | GgmlType::Q5K => row_k45::<S, R>(quads, un, acts, i, u, acc),
-            GgmlType::Q6K => row_q6k::<S, R>(quads, un, acts, i, u, acc),
+            GgmlType::Q4K if fused => row_k45::<S, R, _>(Q4Record::new(rec), un, acts, i, u, acc),
+            GgmlType::Q5K if fused => row_k45::<S, R, _>(Q5Record::new(rec), un, acts, i, u, acc),
+            GgmlType::Q4K | GgmlType::Q5K => {
+                row_k45::<S, R, _>(Quads(quads), un, acts, i, u, acc);
+            }
+            GgmlType::Q6K if fused => row_q6k::<S, R, _>(Q6Record::new(rec), un, acts, i, u, acc),
+            GgmlType::Q6K => row_q6k::<S, R, _>(Quads(quads), un, acts, i, u, acc),
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
         }
     }
@@ -538,8 +561,8 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
 /// Rows `i..i + R` against one Q4_K/Q5_K block.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_k45<S: Isa, const R: usize>(
-    quads: *const u8,
+unsafe fn row_k45<S: Isa, const R: usize, L: Levels<S>>(
+    levels: L,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
@@ -547,17 +570,16 @@ unsafe fn row_k45<S: Isa, const R: usize>(
     acc: Acc,
 ) {
     let k = acts.k;
-    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
-    // quads; `acc` has at least `R` rows.
+    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; `levels` reads a
+    // whole unit (64 quads); `acc` has at least `R` rows.
     unsafe {
         let x: [*const i8; R] = acts.unit_rows(i, u);
         let mut t = [S::zero(); R];
         for s in 0..8 {
-            let w = quads.add(s * 8 * 64);
             let mut p0 = [S::zero(); R];
             let mut p1 = [S::zero(); R];
             for q in (0..8).step_by(2) {
-                let (w0, w1) = (S::load(w.add(q * 64)), S::load(w.add(q * 64 + 64)));
+                let (w0, w1) = levels.pair(4 * s + q / 2);
                 for r in 0..R {
                     p0[r] = S::dot(p0[r], w0, x[r].add(s * 32 + 4 * q));
                     p1[r] = S::dot(p1[r], w1, x[r].add(s * 32 + 4 * q + 4));
@@ -587,8 +609,8 @@ unsafe fn row_k45<S: Isa, const R: usize>(
 /// Rows `i..i + R` against one Q6_K block.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_q6k<S: Isa, const R: usize>(
-    quads: *const u8,
+unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>>(
+    levels: L,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
@@ -596,18 +618,17 @@ unsafe fn row_q6k<S: Isa, const R: usize>(
     acc: Acc,
 ) {
     let k = acts.k;
-    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; the unit holds 64
-    // quads; `acc` has at least `R` rows.
+    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; `levels` reads a
+    // whole unit (64 quads); `acc` has at least `R` rows.
     unsafe {
         let x: [*const i8; R] = acts.unit_rows(i, u);
         let s16: [*const i32; R] = acts.unit_sums16(i, u);
         let mut t = [S::zero(); R];
         for s in 0..16 {
-            let w = quads.add(s * 4 * 64);
             let mut p0 = [S::zero(); R];
             let mut p1 = [S::zero(); R];
             for q in (0..4).step_by(2) {
-                let (w0, w1) = (S::load(w.add(q * 64)), S::load(w.add(q * 64 + 64)));
+                let (w0, w1) = levels.pair(2 * s + q / 2);
                 for r in 0..R {
                     p0[r] = S::dot(p0[r], w0, x[r].add(s * 16 + 4 * q));
                     p1[r] = S::dot(p1[r], w1, x[r].add(s * 16 + 4 * q + 4));

@@ -24,6 +24,7 @@ mod dequant;
 pub mod formats;
 mod isa;
 mod kernel;
+mod levels;
 #[cfg(target_arch = "x86_64")]
 mod pairs;
 #[cfg(target_arch = "x86_64")]

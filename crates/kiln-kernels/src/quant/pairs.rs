@@ -11,6 +11,8 @@
 //! instead of a subtraction per group. On a CPU that issues two `vpdpbusd` per cycle (AMD Zen
 //! 5) that doubles the work each load and broadcast serves, and the tile runs at about 75 % of
 //! the `vpdpbusd` peak against the general kernel's 50–60 %.
+//! As in the general kernel, K-quant calls of decode size take their levels straight from the
+//! records (`levels`); larger ones unpack each unit once for all their row tiles.
 //!
 //! Bitwise contract: a block's `t` is an exact integer whichever way it is summed, and the f32
 //! steps, `acc = fma(t, d_w·d_x, acc)` per block in column order, are the general kernel's, so
@@ -24,9 +26,10 @@ use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
 use super::isa::Isa;
 use super::kernel::{Acc, PREFETCH_GROUPS, PREFETCH_MAX_ROWS, ROW_CHUNK, stream_output};
+use super::levels::{Q4Record, Q5Record, Q6Record, Quads, from_record};
 use super::pairs_k;
 use super::prefetch::Prefetch;
-use super::repack::{LANES, UNIT, Unpacked, unpack};
+use super::repack::{LANES, UNIT, Unpacked, unpack, unpack_scales};
 use super::x86::Vnni;
 use crate::thread_pool::SharedMut;
 
@@ -123,12 +126,20 @@ unsafe fn group_tile<const G: usize>(
             let direct = (lanes[j] == LANES).then_some(dst);
             Acc::for_unit(u, w.units, scratch[j], direct, n, stream)
         });
+        // Decode-sized chunks build K-quant levels from the record (`levels`).
+        let fused = from_record::<Vnni>(ty, rows.len());
+        let recs: [*const u8; G] = std::array::from_fn(|j| w.record(g + j, u));
         let mut quads = [std::ptr::null(); G];
         for (j, q) in quads.iter_mut().enumerate() {
-            let rec = w.record(g + j, u);
-            // SAFETY: `rec` is a whole record of `nb` blocks.
-            unsafe { unpack::<Vnni>(ty, nb, rec, &mut s.un[j]) };
-            *q = if ty == GgmlType::Q8_0 { rec } else { s.un[j].quads.as_ptr().cast() };
+            // SAFETY: `recs[j]` is a whole record of `nb` blocks.
+            unsafe {
+                if fused {
+                    unpack_scales::<Vnni>(ty, nb, recs[j], &mut s.un[j]);
+                } else {
+                    unpack::<Vnni>(ty, nb, recs[j], &mut s.un[j]);
+                }
+            }
+            *q = if ty == GgmlType::Q8_0 { recs[j] } else { s.un[j].quads.as_ptr().cast() };
         }
         let s = &*s;
         // This unit's share of the groups `PREFETCH_GROUPS` ahead, spread over its row tiles.
@@ -147,11 +158,12 @@ unsafe fn group_tile<const G: usize>(
             // `u` are inside `acts` (`k` columns); the features are the caller's.
             unsafe {
                 let acc = acc.map(|a| a.rows_from(i - rows.start));
+                let lv = UnitLevels { ty, nb, quads, recs, fused };
                 if rows.end - i >= TILE_ROWS {
-                    tile_any::<G, TILE_ROWS>(ty, nb, quads, s, acts, i, u, acc, pf);
+                    tile_any::<G, TILE_ROWS>(lv, s, acts, i, u, acc, pf);
                     i += TILE_ROWS;
                 } else {
-                    tile_any::<G, 1>(ty, nb, quads, s, acts, i, u, acc, pf);
+                    tile_any::<G, 1>(lv, s, acts, i, u, acc, pf);
                     i += 1;
                 }
             }
@@ -187,17 +199,29 @@ pub(crate) fn unit_share_ahead(
     Prefetch::bytes(w, base + span * c0 / w.cols, base + span * c1 / w.cols)
 }
 
+/// Where [`tile_any`] reads one unit of `G` groups.
+#[derive(Clone, Copy)]
+struct UnitLevels<const G: usize> {
+    ty: GgmlType,
+    /// Blocks in the unit.
+    nb: usize,
+    /// Each group's unpacked quads (Q8_0: its record); unused when `fused`.
+    quads: [*const u8; G],
+    /// Each group's record.
+    recs: [*const u8; G],
+    /// K-quant levels come from `recs` ([`from_record`]); the scratch holds only the scales.
+    fused: bool,
+}
+
 /// Activation rows `i..i + R` against unit `u` of groups `0..G`, by weight type; `pf` is
 /// requested along the way.
 ///
 /// # Safety
-/// As [`tile`].
+/// As [`tile`]; when `lv.fused`, `lv.recs` are the groups' K-quant records.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
-#[allow(clippy::inline_always, clippy::too_many_arguments)]
+#[allow(clippy::inline_always)]
 unsafe fn tile_any<const G: usize, const R: usize>(
-    ty: GgmlType,
-    nb: usize,
-    quads: [*const u8; G],
+    lv: UnitLevels<G>,
     s: &PairScratch,
     acts: &QuantActs,
     i: usize,
@@ -205,14 +229,26 @@ unsafe fn tile_any<const G: usize, const R: usize>(
     acc: [Acc; G],
     pf: Prefetch,
 ) {
+    let UnitLevels { ty, nb, quads, recs, fused } = lv;
     let un: [&Unpacked; G] = std::array::from_fn(|j| &*s.un[j]);
     // SAFETY: forwarded from the caller.
     unsafe {
         match ty {
-            GgmlType::Q4K | GgmlType::Q5K => {
-                pairs_k::tile_k45::<G, R>(quads, un, acts, i, u, acc, pf);
+            GgmlType::Q4K if fused => {
+                pairs_k::tile_k45::<G, R, _>(recs.map(Q4Record::new), un, acts, i, u, acc, pf);
             }
-            GgmlType::Q6K => pairs_k::tile_q6k::<G, R>(quads, un, acts, i, u, acc, pf),
+            GgmlType::Q5K if fused => {
+                pairs_k::tile_k45::<G, R, _>(recs.map(Q5Record::new), un, acts, i, u, acc, pf);
+            }
+            GgmlType::Q4K | GgmlType::Q5K => {
+                pairs_k::tile_k45::<G, R, _>(quads.map(Quads), un, acts, i, u, acc, pf);
+            }
+            GgmlType::Q6K if fused => {
+                pairs_k::tile_q6k::<G, R, _>(recs.map(Q6Record::new), un, acts, i, u, acc, pf);
+            }
+            GgmlType::Q6K => {
+                pairs_k::tile_q6k::<G, R, _>(quads.map(Quads), un, acts, i, u, acc, pf);
+            }
             _ => tile::<G, R>(ty, nb, quads, un, acts, i, u, acc, pf),
         }
     }

@@ -10,7 +10,7 @@
 use super::act::QuantActs;
 use super::isa::Isa;
 use super::kernel::Acc;
-use super::pairs::dots;
+use super::levels::Levels;
 use super::prefetch::Prefetch;
 use super::repack::Unpacked;
 use super::x86::Vnni;
@@ -25,8 +25,8 @@ type V = <Vnni as Isa>::V;
 /// with blocks of 256); `quads[j]` holds the unit's 64 quads; `acc[j]` has `R` rows.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
-pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
-    quads: [*const u8; G],
+pub(super) unsafe fn tile_k45<const G: usize, const R: usize, L: Levels<Vnni>>(
+    levels: [L; G],
     un: [&Unpacked; G],
     acts: &QuantActs,
     i: usize,
@@ -44,7 +44,7 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
         for s in 0..8 {
             pf.step();
             let mut p: [[V; G]; R] = [[Vnni::zero(); G]; R];
-            dots(&mut p, quads, &x, s * 8, 8);
+            level_dots(&mut p, levels, &x, s * 4, 4);
             add_scaled(&mut t, &p, un, s);
         }
         for (r, tr) in t.iter().enumerate() {
@@ -76,8 +76,8 @@ pub(super) unsafe fn tile_k45<const G: usize, const R: usize>(
 /// As [`tile_k45`].
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
-pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
-    quads: [*const u8; G],
+pub(super) unsafe fn tile_q6k<const G: usize, const R: usize, L: Levels<Vnni>>(
+    levels: [L; G],
     un: [&Unpacked; G],
     acts: &QuantActs,
     i: usize,
@@ -97,7 +97,7 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
             // `Σ (q − 32)·x = Σ q·x − 32·Σx`: the correction starts the sum.
             let mut p: [[V; G]; R] =
                 std::array::from_fn(|r| [Vnni::splat32(-(*s16[r].add(s) << 5)); G]);
-            dots(&mut p, quads, &x, s * 4, 4);
+            level_dots(&mut p, levels, &x, s * 2, 2);
             add_scaled(&mut t, &p, un, s);
         }
         for (r, tr) in t.iter().enumerate() {
@@ -106,6 +106,40 @@ pub(super) unsafe fn tile_q6k<const G: usize, const R: usize>(
                 let d = Vnni::loadf(un[j].fscale[0].as_ptr());
                 let a = Vnni::fmadd(Vnni::cvt(tj), Vnni::mulf(d, dx), acc[j].get::<Vnni>(r));
                 acc[j].put::<Vnni>(r, a);
+            }
+        }
+    }
+}
+
+/// `p[r][j] += Σ_q w_j(q) · x_r(q)` over the quads of the `n` pairs from pair `v0` of the unit
+/// (activations from element `8·v0` of each row), every broadcast quad feeding all `G` groups.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and VNNI available; pairs `v0..v0 + n` inside every unit of `levels`, and
+/// their activations inside every row of `x`.
+#[inline(always)] // must inline into the `#[target_feature]` entry point
+#[allow(clippy::inline_always)]
+unsafe fn level_dots<L: Levels<Vnni>, const G: usize, const R: usize>(
+    p: &mut [[V; G]; R],
+    levels: [L; G],
+    x: &[*const i8; R],
+    v0: usize,
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        for v in v0..v0 + n {
+            // A loop, not `array::from_fn`: its closure is not always inlined into the
+            // `#[target_feature]` caller, and then neither are the vector operations.
+            let mut wv = [(Vnni::zero(), Vnni::zero()); G];
+            for (wj, lj) in wv.iter_mut().zip(&levels) {
+                *wj = lj.pair(v);
+            }
+            for (pr, xr) in p.iter_mut().zip(x) {
+                for (pj, (w0, w1)) in pr.iter_mut().zip(&wv) {
+                    *pj = Vnni::dot(*pj, *w0, xr.add(8 * v));
+                    *pj = Vnni::dot(*pj, *w1, xr.add(8 * v + 4));
+                }
             }
         }
     }

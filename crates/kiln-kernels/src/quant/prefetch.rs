@@ -14,8 +14,9 @@
 //! matrix's data, and results never depend on what is requested or when.
 
 use super::QuantMatrix;
+use crate::prefetch_level::prefetch_line;
 
-/// Whole cache lines of a weight matrix's data to request into L1.
+/// Whole cache lines of a weight matrix's data to request into the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Prefetch {
     /// First cache line of the range (64-byte aligned; never dereferenced).
@@ -50,15 +51,12 @@ impl Prefetch {
         PrefetchSteps { rest: self, per_step }
     }
 
-    /// Requests the range into L1 (`T0`).
+    /// Requests the range (at the level of [`crate::PrefetchLevel::selected`]).
     #[inline(always)] // inlines into the `#[target_feature]` tiles
     #[allow(clippy::inline_always)]
     pub(crate) fn issue(self) {
-        #[cfg(target_arch = "x86_64")]
         for l in 0..self.lines {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            // SAFETY: prefetching is a hint that never faults; the address is not dereferenced.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.start.wrapping_add(l * 64).cast()) };
+            prefetch_line(self.start.wrapping_add(l * 64));
         }
     }
 }

@@ -167,7 +167,7 @@ fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
             for n in [1usize, 17, 40] {
                 let (_, q) = quantized(ty, n, k, n as u64 + k as u64);
                 let w = dequantized(&q);
-                for m in [1usize, 3, 4, 6, 17, 64, 65, 130, 300] {
+                for m in [1usize, 2, 3, 4, 6, 17, 64, 65, 130, 300] {
                     let x = values(m * k, m as u64 + 5, 2.0);
                     let mut acts = QuantActs::default();
                     acts.quantize(&pool, &x, m, k, q.act_block());

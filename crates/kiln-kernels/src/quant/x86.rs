@@ -181,6 +181,7 @@ pub(crate) struct Avx2;
 
 impl Isa for Vnni {
     const SIGNED_Q8: bool = false;
+    const FROM_RECORD: bool = true;
     avx512_common!("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c");
 
     #[inline]
@@ -206,6 +207,7 @@ impl Isa for Vnni {
 
 impl Isa for Avx512 {
     const SIGNED_Q8: bool = true;
+    const FROM_RECORD: bool = true;
     avx512_common!("avx512f,avx512bw,avx512vl,fma,f16c");
 
     #[inline]
@@ -247,6 +249,7 @@ impl Isa for Avx2 {
     type V = Pair<__m256i>;
     type F = Pair<__m256>;
     const SIGNED_Q8: bool = true;
+    const FROM_RECORD: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Writes a random-weight f16 GGUF with the tensor shapes of a real model, for benchmarks that
+read one file with both kiln and llama.cpp (quantize it with `llama-quantize` first).
+
+    python3 scripts/bench/shape_gguf.py SHAPE TOKENIZER_GGUF OUT.gguf
+
+SHAPE is `llama-3.2-1b` or `llama-3.1-8b`. The tokenizer (vocabulary, scores, token types,
+special ids) is copied from TOKENIZER_GGUF (the default model's file is fine) and cut or padded
+to the shape's vocabulary. Weights are N(0, 0.02) from a fixed seed, norms are 1, so the file is
+the same on every run; tensors are written one at a time (an 8B shape never sits in memory).
+Needs the `gguf` and `numpy` packages.
+"""
+
+import sys
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.constants import TokenType
+
+SHAPES = {
+    # hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings, rope theta
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
+}
+
+
+def field(reader, key):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    if len(f.types) and f.types[0].name == "ARRAY":
+        return [f.contents(i) for i in range(len(f.data))]
+    return f.contents()
+
+
+def tokenizer(path, vocab):
+    reader = GGUFReader(path)
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    scores = field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    types = field(reader, "tokenizer.ggml.token_type") or [int(TokenType.NORMAL)] * len(tokens)
+    model = field(reader, "tokenizer.ggml.model") or "llama"
+    specials = {
+        key: field(reader, f"tokenizer.ggml.{key}_token_id")
+        for key in ("bos", "eos", "unknown", "padding")
+    }
+    tokens, scores, types = tokens[:vocab], scores[:vocab], types[:vocab]
+    for i in range(len(tokens), vocab):
+        tokens.append(f"<unused_shape_{i}>")
+        scores.append(-1e9)
+        types.append(int(TokenType.UNUSED))
+    specials = {k: v for k, v in specials.items() if v is not None and v < vocab}
+    return model, tokens, scores, types, specials
+
+
+def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied):
+    """(name, numpy shape in row-major order, is a norm) for every tensor."""
+    head_dim = hidden // heads
+    yield "token_embd.weight", (vocab, hidden), False
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,), True
+        yield b + "attn_q.weight", (heads * head_dim, hidden), False
+        yield b + "attn_k.weight", (kv_heads * head_dim, hidden), False
+        yield b + "attn_v.weight", (kv_heads * head_dim, hidden), False
+        yield b + "attn_output.weight", (hidden, heads * head_dim), False
+        yield b + "ffn_norm.weight", (hidden,), True
+        yield b + "ffn_gate.weight", (inter, hidden), False
+        yield b + "ffn_up.weight", (inter, hidden), False
+        yield b + "ffn_down.weight", (hidden, inter), False
+    yield "output_norm.weight", (hidden,), True
+    if not tied:
+        yield "output.weight", (vocab, hidden), False
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in SHAPES:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(SHAPES)}}} TOKENIZER_GGUF OUT.gguf")
+    name, tok_path, out = sys.argv[1:]
+    hidden, inter, layers, heads, kv_heads, vocab, tied, theta = SHAPES[name]
+    model, tokens, scores, types, specials = tokenizer(tok_path, vocab)
+
+    w = GGUFWriter(out, "llama")
+    w.add_name(f"random-weight {name} shape")
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_file_type(1)  # mostly f16
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    for key, value in specials.items():
+        getattr(w, {"unknown": "add_unk_token_id", "padding": "add_pad_token_id"}.get(
+            key, f"add_{key}_token_id"))(value)
+
+    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied))
+    for tname, shape, norm in specs:
+        dtype = np.float32 if norm else np.float16
+        w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                          raw_dtype=GGMLQuantizationType.F32 if norm else GGMLQuantizationType.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    for tname, shape, norm in specs:
+        if norm:
+            data = np.ones(shape, dtype=np.float32)
+        else:
+            data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        w.write_tensor_data(data)
+        print(f"{tname} {shape}", file=sys.stderr)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# kiln against llama.cpp on random-weight GGUFs of real model shapes: for each shape and type,
+# batch-1, batch-4 and batch-16 decode and prefill 512, alternating RUNS times, medians, ratios,
+# and batch-1 decode as a share of the measured read bandwidth (`membw`: the weights one token
+# reads, over the time per token). The f16 file is written by `shape_gguf.py` (the default
+# model's tokenizer cut to the shape's vocabulary) and quantized by `llama-quantize`; both
+# engines read the same quantized file. Needs the `gguf` and `numpy` Python packages.
+#
+#   LLAMA_QUANTIZE=.../llama-quantize LLAMA_BENCH=.../llama-bench \
+#   LLAMA_BATCHED=.../llama-batched-bench scripts/bench/shapes.sh [RUNS] [THREADS]
+#
+# SHAPES (default "llama-3.2-1b"; also "llama-3.1-8b"), TYPES (default "Q4_K_M Q5_K_M Q6_K
+# Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln binary) and CELLS
+# (default "b1 b4 b16 pp512") choose what runs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUNS="${1:-3}"
+THREADS="${2:-2}"
+SHAPES="${SHAPES:-llama-3.2-1b}"
+TYPES="${TYPES:-Q4_K_M Q5_K_M Q6_K Q8_0}"
+CELLS="${CELLS:-b1 b4 b16 pp512}"
+DIR="${DIR:-${CARGO_TARGET_DIR:-target}/shapes}"
+: "${LLAMA_QUANTIZE:?set LLAMA_QUANTIZE to the llama-quantize of llama.cpp}"
+mkdir -p "$DIR"
+TOKENIZER="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
+cargo build --release -q -p kiln
+cargo build --release -q -p kiln-kernels --example membw
+KILN="${KILN:-${CARGO_TARGET_DIR:-target}/release/kiln}"
+MEMBW="$("${CARGO_TARGET_DIR:-target}"/release/examples/membw "$THREADS" 1024)"
+echo "$MEMBW"
+GBS="$(echo "$MEMBW" | sed -E 's/.*: ([0-9.]+) GB\/s.*/\1/')"
+
+# kiln_cell CELL FILE: one number (tok/s).
+kiln_cell() {
+  local args=(bench latency --model "$2" --threads "$THREADS")
+  case "$1" in
+    pp512) "$KILN" "${args[@]}" --batch-size 1 --input-len 512 --output-len 1 2>/dev/null |
+      awk -F'|' '$2 ~ /^ *1 *$/ {gsub(/ /, "", $6); print $6}' ;;
+    b*) "$KILN" "${args[@]}" --batch-size "${1#b}" --input-len 16 --output-len 64 2>/dev/null |
+      awk -F'|' -v b="${1#b}" '$2 ~ "^ *" b " *$" {gsub(/ /, "", $8); print $8}' ;;
+  esac
+}
+# llama_cell CELL FILE: the same cell with llama.cpp.
+llama_cell() {
+  case "$1" in
+    pp512) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 512 -n 0 -r 1 2>/dev/null |
+      awk -F'|' '/pp512/ {split($8, v, " "); print v[1]}' ;;
+    b1) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 0 -n 64 -r 1 2>/dev/null |
+      awk -F'|' '/tg64/ {split($8, v, " "); print v[1]}' ;;
+    b*) "${LLAMA_BATCHED:?}" -m "$2" -t "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg 64 \
+      -npl "${1#b}" 2>/dev/null | awk -F'|' '$2 ~ /^ *16 *$/ {gsub(/ /, "", $9); print $9}' ;;
+  esac
+}
+# read_bytes FILE: the bytes one decoded token reads, every tensor but an untied token embedding.
+read_bytes() {
+  python3 - "$1" <<'PY'
+import sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+names = {t.name for t in r.tensors}
+untied = "output.weight" in names
+print(sum(int(t.n_bytes) for t in r.tensors if not (untied and t.name == "token_embd.weight")))
+PY
+}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+
+for shape in $SHAPES; do
+  f16="$DIR/$shape-f16.gguf"
+  [[ -s "$f16" ]] || python3 scripts/bench/shape_gguf.py "$shape" "$TOKENIZER" "$f16"
+  for ty in $TYPES; do
+    file="$DIR/$shape-${ty,,}.gguf"
+    [[ -s "$file" ]] || "$LLAMA_QUANTIZE" "$f16" "$file" "$ty" "$THREADS" >/dev/null 2>&1
+    # The bytes one decoded token reads: every tensor but an untied token embedding.
+    read_bytes="$(read_bytes "$file")"
+    declare -A K=() L=()
+    for run in $(seq "$RUNS"); do
+      for cell in $CELLS; do
+        K[$cell]+=" $(kiln_cell "$cell" "$file")"
+        L[$cell]+=" $(llama_cell "$cell" "$file")"
+      done
+    done
+    echo
+    mib=$((read_bytes / 1048576))
+    echo "### $shape $ty: $mib MiB read per token, $RUNS runs, medians"
+    echo
+    echo "| cell | kiln tok/s | llama.cpp tok/s | kiln / llama.cpp | batch-1 share of ${GBS} GB/s |"
+    echo "|---|---:|---:|---:|---:|"
+    for cell in $CELLS; do
+      k="$(echo "${K[$cell]}" | median)"
+      l="$(echo "${L[$cell]}" | median)"
+      awk -v c="$cell" -v k="$k" -v l="$l" -v b="$read_bytes" -v g="$GBS" 'BEGIN {
+        share = (c == "b1") ? sprintf("%.0f %% (llama.cpp %.0f %%)", 100 * k * b / (g * 1e9),
+          100 * l * b / (g * 1e9)) : ""
+        printf "| %s | %.1f | %.1f | %.2fx | %s |\n", c, k, l, k / l, share }'
+    done
+    unset K L
+  done
+done
