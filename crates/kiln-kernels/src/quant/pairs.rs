@@ -323,7 +323,7 @@ unsafe fn tile<const G: usize, const R: usize>(
 /// activations inside every row of `x`.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
-pub(super) unsafe fn dots<const G: usize, const R: usize>(
+unsafe fn dots<const G: usize, const R: usize>(
     p: &mut [[__m512i; G]; R],
     quads: [*const u8; G],
     x: &[*const i8; R],

@@ -17,12 +17,12 @@ use super::x86::Vnni;
 
 type V = <Vnni as Isa>::V;
 
-/// Rows `i..i + R` against one Q4_K / Q5_K unit `u` of groups `0..G` (levels at `quads[j]`,
+/// Rows `i..i + R` against one Q4_K / Q5_K unit `u` of groups `0..G` (levels from `levels[j]`,
 /// scales and mins in `un[j]`); a part of `pf` per sub-block.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI available; block `u` of rows `i..i + R` inside `acts` (quantized
-/// with blocks of 256); `quads[j]` holds the unit's 64 quads; `acc[j]` has `R` rows.
+/// with blocks of 256); `levels[j]` reads a whole unit (64 quads); `acc[j]` has `R` rows.
 #[inline(always)] // must inline into the `#[target_feature]` entry point
 #[allow(clippy::inline_always)]
 pub(super) unsafe fn tile_k45<const G: usize, const R: usize, L: Levels<Vnni>>(
