@@ -169,6 +169,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
         let _ = (kv, pairs);
         unreachable!("{} does not support token trees", self.name());
     }
+    /// Whether [`Backend::combine_rows`] works (mixture-of-experts layers need it; a model
+    /// with experts is refused at load on a backend without it).
+    fn supports_experts(&self) -> bool {
+        false
+    }
+    /// The weighted sum of each token's expert outputs: `out[t] = Σ_j weights[t·k + j] ·
+    /// src[rows[t·k + j]]` over rows of `width`, summed in `j` order from zero, so a row's
+    /// result depends on its own `k` picks alone. `src`: `[_, width]`, `out`: `[rows.len() / k,
+    /// width]`. Only called on a backend that [`Backend::supports_experts`].
+    fn combine_rows(
+        &self,
+        src: Self::View<'_>,
+        width: usize,
+        k: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: Self::ViewMut<'_>,
+    ) {
+        let _ = (src, width, k, rows, weights, out);
+        unreachable!("{} does not run mixture-of-experts layers", self.name());
+    }
     /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
     fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);
     /// `dst[i] = src[rows[i]]` over rows of `width`.
@@ -218,11 +239,36 @@ pub struct Workspace<B: Backend> {
     pub row_seqs: Vec<SeqSpan>,
     /// The tree keys of those rows, when the step holds a token tree.
     pub row_trees: Vec<TreeKeys>,
+    /// Host side of a mixture-of-experts layer's routing, reused by every layer.
+    pub routing: ExpertRouting,
+}
+
+/// Which experts a mixture-of-experts layer sends each of its `n` tokens to, with `k` picks per
+/// token, laid out for the expert-grouped matmuls: the picks sorted by expert (then token), so
+/// each expert's rows are one contiguous segment.
+#[derive(Clone, Debug, Default)]
+pub struct ExpertRouting {
+    /// `[n, num_experts]` the router's logits.
+    pub logits: Logits,
+    /// `[n · k]` the token of each pick, in expert-sorted order (the rows to gather).
+    pub tokens: Vec<usize>,
+    /// `[n · k]` for token `t`'s `j`-th pick (its picks in ascending expert order), the row
+    /// of that pick in the expert-sorted order.
+    pub rows: Vec<usize>,
+    /// `[n · k]` the weight of token `t`'s `j`-th pick, in the order of `rows`.
+    pub weights: Vec<f32>,
+    /// `[num_experts + 1]` expert `e`'s picks are sorted rows `offsets[e]..offsets[e + 1]`.
+    pub offsets: Vec<usize>,
 }
 
 impl<B: Backend> Default for Workspace<B> {
     fn default() -> Self {
-        Self { buffers: Vec::new(), row_seqs: Vec::new(), row_trees: Vec::new() }
+        Self {
+            buffers: Vec::new(),
+            row_seqs: Vec::new(),
+            row_trees: Vec::new(),
+            routing: ExpertRouting::default(),
+        }
     }
 }
 

@@ -422,6 +422,22 @@ impl Backend for Reference {
         host_rows::gather_rows(src, width, rows, dst);
     }
 
+    fn supports_experts(&self) -> bool {
+        true
+    }
+
+    fn combine_rows(
+        &self,
+        src: &[f32],
+        width: usize,
+        k: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut [f32],
+    ) {
+        host_rows::combine_rows(src, width, k, rows, weights, out);
+    }
+
     fn logits(
         &self,
         x: &[f32],

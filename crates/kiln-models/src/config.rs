@@ -63,6 +63,46 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// RMSNorm over each head of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// The experts of a mixture-of-experts model (`None`: every layer's MLP is dense).
+    pub moe: Option<MoeConfig>,
+}
+
+/// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
+/// token goes to its `experts_per_token` best by softmax probability (ties to the lower index)
+/// with those probabilities as weights, renormalised to sum to one when `norm_topk_prob`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// The FFN width of one expert.
+    pub expert_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    /// `[num_layers]`: whether layer `l` has experts (else its MLP is dense, of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+/// The most experts a layer may have (a hostile config asks for absurd counts).
+pub(crate) const MAX_EXPERTS: usize = 4096;
+
+impl MoeConfig {
+    /// Checks the counts against each other and the limits; `err` names the file.
+    pub(crate) fn validate(&self, err: impl Fn(String) -> LoadError) -> Result<(), LoadError> {
+        let (e, k) = (self.num_experts, self.experts_per_token);
+        if !(1..=MAX_EXPERTS).contains(&e) {
+            return Err(err(format!("{e} experts is out of range 1..={MAX_EXPERTS}")));
+        }
+        if !(1..=e).contains(&k) {
+            return Err(err(format!("{k} experts per token is out of range 1..={e}")));
+        }
+        if !(1..=MAX_DIM).contains(&self.expert_intermediate_size) {
+            return Err(err(format!(
+                "expert FFN width {} is out of range 1..={MAX_DIM}",
+                self.expert_intermediate_size
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Limits that keep a hostile config from requesting absurd allocations.
@@ -224,10 +264,16 @@ impl ModelConfig {
             o_bias: attention_bias,
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
             qk_norm: false,
+            moe: None,
         };
         let ctx = HfContext { window, keyed_local_theta };
         architecture.apply_hf(&f, &ctx, &mut config)?;
         Ok(config)
+    }
+
+    /// The expert settings when layer `l` has experts.
+    pub fn layer_experts(&self, l: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| m.sparse_layers.get(l).copied().unwrap_or(false))
     }
 
     /// The attention window of layer `l`.

@@ -1,7 +1,8 @@
 //! The decoder-only transformer of every supported family: Llama 2/3, Mistral (sliding
-//! window), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Gemma 3 (q/k RMSNorm, sandwich norms,
-//! GeLU-tanh MLP, scaled embeddings, sliding-window layers with their own RoPE base), with
-//! grouped-query attention and optionally tied embeddings, from safetensors or GGUF weights.
+//! window), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), Qwen3-MoE (Qwen3 with a mixture of experts
+//! as the MLP, `moe`) and Gemma 3 (q/k RMSNorm, sandwich norms, GeLU-tanh MLP, scaled
+//! embeddings, sliding-window layers with their own RoPE base), with grouped-query attention
+//! and optionally tied embeddings, from safetensors or GGUF weights.
 //!
 //! Per layer: `h += [norm](o_proj(attn(rope(q), rope(k), v)))` over `rmsnorm(h)`, then
 //! `h += [norm](down(act(gate(x)) * up(x)))` over `rmsnorm(h)`, where the bracketed output
@@ -20,8 +21,8 @@
 use std::sync::Arc;
 
 use kiln_backend::{
-    AttentionShape, Backend, ForwardBatch, ForwardError, KvLayout, LinearJob, Logits, RopeConfig,
-    RopeScaling, SeqSpan, TreeMask, Workspace,
+    AttentionShape, Backend, ExpertRouting, ForwardBatch, ForwardError, KvLayout, LinearJob,
+    Logits, RopeConfig, RopeScaling, SeqSpan, TreeMask, Workspace,
 };
 
 use crate::model::Model;
@@ -30,6 +31,7 @@ use crate::weights::Weights;
 use crate::{LoadError, ModelConfig};
 
 mod mlp;
+mod moe;
 
 use mlp::{Mlp, MlpIo};
 
@@ -78,9 +80,16 @@ struct StepBuffers<'a, B: Backend> {
     attn: &'a mut B::Buffer,
     /// `[t, h]` a sublayer's output.
     proj: &'a mut B::Buffer,
-    /// `[min(t, SLICE_TOKENS), intermediate]` each.
+    /// `[min(t, SLICE_TOKENS), intermediate]` each; with experts, at least
+    /// `[min(t, SLICE_TOKENS) · k, expert intermediate]`.
     gate: &'a mut B::Buffer,
     up: &'a mut B::Buffer,
+    /// `[min(t, SLICE_TOKENS) · k, h]` each with experts (else empty): the picked rows, and
+    /// their experts' outputs.
+    picked: &'a mut B::Buffer,
+    picked_out: &'a mut B::Buffer,
+    /// The experts' host routing, taken from the workspace for the step.
+    routing: ExpertRouting,
     /// `[num_rows, h]` the logits rows, gathered and normed.
     rows: &'a mut B::Buffer,
     rows_normed: &'a mut B::Buffer,
@@ -112,6 +121,12 @@ impl<B: Backend> DecoderModel<B> {
         let opt_norm = |t: Tensor, len: usize, present: bool| {
             if present { norm(t, len).map(Some) } else { Ok(None) }
         };
+        if c.moe.is_some() && !backend.supports_experts() {
+            return Err(LoadError::Backend {
+                name: "mixture of experts".into(),
+                message: format!("the {} backend does not run expert layers", backend.name()),
+            });
+        }
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let t = |x: L| Tensor::Layer(l, x);
@@ -131,7 +146,12 @@ impl<B: Backend> DecoderModel<B> {
                 attn_out_norm: opt_norm(t(L::AttnOutNorm), h, sandwich)?,
                 mlp_norm: norm(t(L::MlpNorm), h)?,
                 mlp_out_norm: opt_norm(t(L::MlpOutNorm), h, sandwich)?,
-                mlp: Mlp::load_dense(w, l, (h, c.intermediate_size), c.mlp_bias, c.hidden_act)?,
+                mlp: match c.layer_experts(l) {
+                    Some(moe) => Mlp::load_moe(w, l, h, moe, c.hidden_act)?,
+                    None => {
+                        Mlp::load_dense(w, l, (h, c.intermediate_size), c.mlp_bias, c.hidden_act)?
+                    }
+                },
                 local_rope: c.layer_window(l).is_some() && c.rope_local_theta.is_some(),
             });
         }
@@ -280,6 +300,9 @@ impl<B: Backend> DecoderModel<B> {
             out: B::view_mut(b.proj, hr.clone()),
             gate: &mut *b.gate,
             up: &mut *b.up,
+            picked: &mut *b.picked,
+            picked_out: &mut *b.picked_out,
+            routing: &mut b.routing,
         };
         layer.mlp.forward(be, io);
         let next =
@@ -377,17 +400,11 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
     }
 
     fn weight_bytes(&self) -> usize {
-        let be = &*self.backend;
-        let layer_bytes: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let attn = [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj];
-                attn.into_iter().chain(l.mlp.matrices()).map(|w| be.weight_bytes(w)).sum::<usize>()
-            })
-            .sum();
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        layer_bytes + be.weight_bytes(head)
+        self.matrix_bytes(Mlp::matrices)
+    }
+
+    fn active_weight_bytes(&self) -> usize {
+        self.matrix_bytes(Mlp::active_matrices)
     }
 
     fn forward(
@@ -424,6 +441,8 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
         }
         let gather = (!prune).then_some(batch.logits_rows());
         self.logits(&mut b, t, gather, num_rows, logits);
+        let routing = std::mem::take(&mut b.routing);
+        workspace.routing = routing;
         workspace.row_seqs = row_seqs;
         workspace.row_trees = row_trees;
         Ok(())
@@ -431,6 +450,21 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
 }
 
 impl<B: Backend> DecoderModel<B> {
+    /// Bytes of the layers' matrices, with `mlp` choosing each MLP's, and of the LM head.
+    fn matrix_bytes(&self, mlp: fn(&Mlp<B>) -> Vec<&B::Weight>) -> usize {
+        let be = &*self.backend;
+        let layer_bytes: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let attn = [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj];
+                attn.into_iter().chain(mlp(&l.mlp)).map(|w| be.weight_bytes(w)).sum::<usize>()
+            })
+            .sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        layer_bytes + be.weight_bytes(head)
+    }
+
     /// The step's buffers, grown to its token count.
     fn step_buffers<'w>(
         &self,
@@ -444,6 +478,10 @@ impl<B: Backend> DecoderModel<B> {
         let kv_dim = c.num_kv_heads * c.head_dim;
         let local_rot = self.local_rope.as_ref().map_or(0, |_| c.head_dim);
         let slice = t.min(SLICE_TOKENS);
+        let (picks, expert_i) = c
+            .moe
+            .as_ref()
+            .map_or((0, 0), |m| (slice * m.experts_per_token, m.expert_intermediate_size));
         let lens = [
             t * h,
             t * h,
@@ -452,15 +490,33 @@ impl<B: Backend> DecoderModel<B> {
             t * kv_dim,
             t * q_dim,
             t * h,
-            slice * i,
-            slice * i,
+            (slice * i).max(picks * expert_i),
+            (slice * i).max(picks * expert_i),
+            picks * h,
+            picks * h,
             num_rows * h,
             num_rows * h,
             t * c.head_dim,
             t * local_rot,
         ];
-        let [hidden, normed, q, k, v, attn, proj, gate, up, rows, rows_normed, angles, local] =
-            workspace.take(&*self.backend, lens);
+        let routing = std::mem::take(&mut workspace.routing);
+        let [
+            hidden,
+            normed,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            picked,
+            picked_out,
+            rows,
+            rows_normed,
+            angles,
+            local,
+        ] = workspace.take(&*self.backend, lens);
         StepBuffers {
             hidden,
             normed,
@@ -471,6 +527,9 @@ impl<B: Backend> DecoderModel<B> {
             proj,
             gate,
             up,
+            picked,
+            picked_out,
+            routing,
             rows,
             rows_normed,
             angles,

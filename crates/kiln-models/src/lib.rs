@@ -22,7 +22,7 @@ mod names;
 mod safetensors_store;
 mod weights;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, ModelConfig, MoeConfig};
 pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{

@@ -19,8 +19,15 @@ pub trait Model<B: Backend>: Send + Sync {
     /// The KV cache shape this model writes.
     fn kv_layout(&self) -> KvLayout;
 
-    /// Bytes of weights read by one full forward step (what decode costs in bandwidth).
+    /// Bytes of the weights the model holds (of a dense model, also what one full forward step
+    /// reads).
     fn weight_bytes(&self) -> usize;
+
+    /// Bytes of the weights one token reads (what batch-1 decode costs in bandwidth): less than
+    /// [`Model::weight_bytes`] for a mixture of experts, which reads only its picked experts.
+    fn active_weight_bytes(&self) -> usize {
+        self.weight_bytes()
+    }
 
     /// Runs the batch: writes this step's K/V into `kv` at the batch's slots and fills `logits`
     /// with one row per entry of `batch.logits_rows()`.

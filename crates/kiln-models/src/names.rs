@@ -30,6 +30,26 @@ pub(crate) enum LayerTensor {
     GateBias,
     UpBias,
     DownBias,
+    /// The mixture-of-experts router, `[num_experts, hidden]`.
+    Router,
+}
+
+/// One of an expert's three matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExpertMatrix {
+    Gate,
+    Up,
+    Down,
+}
+
+/// Where an expert's matrix is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ExpertName {
+    /// A tensor of its own (Hugging Face: `mlp.experts.{e}.gate_proj.weight`).
+    Own(String),
+    /// Slice `e` of one tensor stacking every expert of the layer (`[num_experts, rows, cols]`;
+    /// GGUF: `ffn_gate_exps.weight`).
+    Stacked(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +101,7 @@ impl Naming {
                     L::GateBias => "mlp.gate_proj.bias",
                     L::UpBias => "mlp.up_proj.bias",
                     L::DownBias => "mlp.down_proj.bias",
+                    L::Router => "mlp.gate.weight",
                 });
                 format!("model.layers.{l}.{leaf}")
             }
@@ -106,9 +127,23 @@ impl Naming {
                     L::GateBias => "ffn_gate.bias",
                     L::UpBias => "ffn_up.bias",
                     L::DownBias => "ffn_down.bias",
+                    L::Router => "ffn_gate_inp.weight",
                 };
                 format!("blk.{l}.{leaf}")
             }
+        }
+    }
+
+    /// Where expert `e`'s `m` of layer `l` is stored.
+    pub(crate) fn expert(self, l: usize, m: ExpertMatrix, e: usize) -> ExpertName {
+        let (hf, gguf) = match m {
+            ExpertMatrix::Gate => ("gate_proj", "ffn_gate_exps"),
+            ExpertMatrix::Up => ("up_proj", "ffn_up_exps"),
+            ExpertMatrix::Down => ("down_proj", "ffn_down_exps"),
+        };
+        match self {
+            Self::Hf(_) => ExpertName::Own(format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")),
+            Self::Gguf => ExpertName::Stacked(format!("blk.{l}.{gguf}.weight")),
         }
     }
 }

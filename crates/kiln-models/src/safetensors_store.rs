@@ -307,6 +307,20 @@ impl crate::weights::WeightSource for WeightStore {
         WeightStore::matrix(self, name, rows, cols)
     }
 
+    fn expert_matrix(
+        &self,
+        name: &str,
+        _expert: (usize, usize),
+        _rows: usize,
+        _cols: usize,
+    ) -> Result<HostTensor, LoadError> {
+        // Hugging Face checkpoints store one tensor per expert; only GGUF names stacked ones.
+        Err(LoadError::format(
+            self.describe_files(),
+            format!("`{name}`: stacked expert tensors come from GGUF files only"),
+        ))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         WeightStore::vector(self, name, len)
     }

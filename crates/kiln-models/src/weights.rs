@@ -5,12 +5,20 @@
 use kiln_backend::{Backend, GgmlType, HostTensor};
 
 use crate::LoadError;
-use crate::names::{Naming, Tensor};
+use crate::names::{ExpertMatrix, ExpertName, Naming, Tensor};
 
 /// Tensors by stored name.
 pub(crate) trait WeightSource {
     /// A `[rows, cols]` matrix in its stored format.
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError>;
+    /// Expert `e`'s `[rows, cols]` slice of a `[n, rows, cols]` tensor, `expert = (e, n)`.
+    fn expert_matrix(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostTensor, LoadError>;
     /// A 1-D tensor of `len` elements as f32.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
     fn contains(&self, name: &str) -> bool;
@@ -39,6 +47,46 @@ impl<B: Backend> Weights<'_, B> {
     ) -> Result<B::Weight, LoadError> {
         let name = self.naming.name(t);
         let tensor = self.source.matrix(&name, rows, cols)?;
+        let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
+        self.backend
+            .load_weight(tensor, convert)
+            .map_err(|e| LoadError::Backend { name, message: e.to_string() })
+    }
+
+    /// A matrix kept in its stored type whatever `--quantization` asks (a router: its scores
+    /// pick the experts, so they are computed in float as the checkpoint has them).
+    pub(crate) fn float_matrix(
+        &self,
+        t: Tensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Weight, LoadError> {
+        let name = self.naming.name(t);
+        let tensor = self.source.matrix(&name, rows, cols)?;
+        self.backend
+            .load_weight(tensor, None)
+            .map_err(|e| LoadError::Backend { name, message: e.to_string() })
+    }
+
+    /// Expert `e` (of `num_experts`)'s matrix `m` of layer `l`, `[rows, cols]`, converted like
+    /// [`Weights::matrix`].
+    pub(crate) fn expert_matrix(
+        &self,
+        (l, m): (usize, ExpertMatrix),
+        (e, num_experts): (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Weight, LoadError> {
+        let (name, tensor) = match self.naming.expert(l, m, e) {
+            ExpertName::Own(name) => {
+                let tensor = self.source.matrix(&name, rows, cols)?;
+                (name, tensor)
+            }
+            ExpertName::Stacked(name) => {
+                let tensor = self.source.expert_matrix(&name, (e, num_experts), rows, cols)?;
+                (format!("{name}[{e}]"), tensor)
+            }
+        };
         let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
         self.backend
             .load_weight(tensor, convert)

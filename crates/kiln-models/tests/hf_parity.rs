@@ -10,8 +10,9 @@ mod common;
 use common::{Runner, argmax, assert_rows_close, cases, fixture};
 use kiln_models::LogitsWanted;
 
-/// Every fixture: the Llama family and Gemma 3 (sandwich norms, sliding layers, GeLU).
-const MODELS: [&str; 6] = ["llama3", "llama2", "mistral", "qwen2", "qwen3", "gemma3"];
+/// Every fixture: the Llama family, Qwen3-MoE (8 experts, 2 per token, a dense layer between
+/// two sparse ones) and Gemma 3 (sandwich norms, sliding layers, GeLU).
+const MODELS: [&str; 7] = ["llama3", "llama2", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3"];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;
 /// Batching, chunking and caching must not change a single bit of the logits.
@@ -66,10 +67,11 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
 }
 
 /// A step of more tokens than a layer takes at once (the forward pass cuts it into slices of at
-/// most 512 tokens around attention) gives every sequence the logits it gets alone.
+/// most 512 tokens around attention) gives every sequence the logits it gets alone; with
+/// experts, whichever other tokens share a token's experts.
 #[test]
 fn step_of_1200_tokens_equals_each_sequence_alone() {
-    for name in ["gemma3", "llama3"] {
+    for name in ["gemma3", "llama3", "qwen3moe"] {
         let mut runner = Runner::new(name);
         let vocab = runner.vocab() as u32;
         let seqs: Vec<Vec<u32>> = (0..6u32)
@@ -143,7 +145,7 @@ fn decode_after_prefill_equals_full_recompute_and_transformers() {
 /// for the chunk after it.
 #[test]
 fn rows_without_logits_change_no_logits_and_no_cache() {
-    for name in ["gemma3", "llama3", "qwen3"] {
+    for name in ["gemma3", "llama3", "qwen3", "qwen3moe"] {
         let mut runner = Runner::new(name);
         let vocab = runner.vocab() as u32;
         let seq = |s: u32, len: u32| -> Vec<u32> {

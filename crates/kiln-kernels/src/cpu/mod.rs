@@ -24,7 +24,7 @@ use crate::attention::{QuantKv, paged_attention, paged_attention_quant, write_kv
 use crate::host_rows;
 use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
-use crate::{ThreadPool, WeightMatrix, linear_multi};
+use crate::{SharedMut, ThreadPool, WeightMatrix, linear_multi};
 
 /// The CPU backend; cheap to clone (the pool is shared).
 #[derive(Clone)]
@@ -266,6 +266,32 @@ impl Backend for Cpu {
 
     fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
         host_rows::gather_rows(src, width, rows, dst);
+    }
+
+    fn supports_experts(&self) -> bool {
+        true
+    }
+
+    fn combine_rows(
+        &self,
+        src: &[f32],
+        width: usize,
+        k: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut [f32],
+    ) {
+        /// Tokens per task: enough work to pay for a dispatch.
+        const TOKENS: usize = 8;
+        let n = rows.len() / k;
+        let shared = SharedMut::new(&mut out[..n * width]);
+        self.pool.run(n.div_ceil(TOKENS), |task| {
+            let t = task * TOKENS..((task + 1) * TOKENS).min(n);
+            // SAFETY: each task owns output rows `t`, inside `out[..n * width]`.
+            let o = unsafe { shared.slice(t.start * width, t.len() * width) };
+            let picks = t.start * k..t.end * k;
+            host_rows::combine_rows(src, width, k, &rows[picks.clone()], &weights[picks], o);
+        });
     }
 
     fn logits(

@@ -48,6 +48,46 @@ impl Keys<'_> {
         }
     }
 
+    pub(crate) fn opt_bool(&self, k: &str) -> Result<Option<bool>, LoadError> {
+        self.file.bool(&self.key(k))
+    }
+
+    pub(crate) fn has_tensor(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    /// The dense FFN width; a mixture-of-experts file without dense layers may give only the
+    /// experts' (`expert_feed_forward_length`).
+    fn ffn_length(&self) -> Result<usize, LoadError> {
+        match self.opt_dim("feed_forward_length")? {
+            Some(d) => Ok(d),
+            None => self
+                .opt_dim("expert_feed_forward_length")?
+                .ok_or_else(|| self.err(format!("missing `{}`", self.key("feed_forward_length")))),
+        }
+    }
+
+    /// The experts of a mixture-of-experts file (`expert_count`, `expert_used_count`,
+    /// `expert_feed_forward_length`, `expert_weights_norm`, default `norm_default`); a layer has
+    /// experts when it has a router (`blk.N.ffn_gate_inp.weight`).
+    pub(crate) fn moe(
+        &self,
+        num_layers: usize,
+        norm_default: bool,
+    ) -> Result<super::MoeConfig, LoadError> {
+        let moe = super::MoeConfig {
+            num_experts: self.dim("expert_count")?,
+            experts_per_token: self.dim("expert_used_count")?,
+            expert_intermediate_size: self.dim("expert_feed_forward_length")?,
+            norm_topk_prob: self.opt_bool("expert_weights_norm")?.unwrap_or(norm_default),
+            sparse_layers: (0..num_layers)
+                .map(|l| self.has_tensor(&format!("blk.{l}.ffn_gate_inp.weight")))
+                .collect(),
+        };
+        moe.validate(|m| self.err(m))?;
+        Ok(moe)
+    }
+
     /// `(heads, kv heads, head dim)`, checked against each other.
     fn attention_dims(&self, hidden_size: usize) -> Result<(usize, usize, usize), LoadError> {
         let num_heads = self.dim("attention.head_count")?;
@@ -170,7 +210,7 @@ impl ModelConfig {
             architecture,
             vocab_size: vocab_size(file)?,
             hidden_size,
-            intermediate_size: keys.dim("feed_forward_length")?,
+            intermediate_size: keys.ffn_length()?,
             num_layers,
             num_heads,
             num_kv_heads,
@@ -195,6 +235,7 @@ impl ModelConfig {
             o_bias: file.tensor("blk.0.attn_output.bias").is_some(),
             mlp_bias: file.tensor("blk.0.ffn_up.bias").is_some(),
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
+            moe: None,
         };
         architecture.apply_gguf(&keys, &mut config)?;
         Ok(config)

@@ -1,12 +1,13 @@
-//! The feed-forward block of a decoder layer. [`Mlp`] is an enum so that other kinds (a
-//! mixture of experts: a router, per-expert gate/up/down, top-k combine) join as variants
-//! without touching the families that use the dense one.
+//! The feed-forward block of a decoder layer: dense, or a mixture of experts
+//! ([`super::moe`]: a router, per-expert gate/up/down, top-k combine). [`Mlp`] is an enum so
+//! that other kinds join as variants without touching the families that use these.
 
-use kiln_backend::{Backend, GateActivation, LinearJob};
+use kiln_backend::{Backend, ExpertRouting, GateActivation, LinearJob};
 
-use crate::LoadError;
+use super::moe::MoeMlp;
 use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
+use crate::{LoadError, MoeConfig};
 
 /// A gated MLP: `down(act(gate(x)) * up(x))`.
 pub(crate) struct DenseMlp<B: Backend> {
@@ -23,16 +24,22 @@ pub(crate) struct DenseMlp<B: Backend> {
 /// The feed-forward block of a layer.
 pub(crate) enum Mlp<B: Backend> {
     Dense(DenseMlp<B>),
+    Moe(MoeMlp<B>),
 }
 
 /// Buffers of one MLP call over `n` tokens: the normed input `[n, hidden]`, the output
-/// `[n, hidden]`, and the gate/up intermediates `[n, intermediate]`.
+/// `[n, hidden]`, and the gate/up intermediates (`[n, intermediate]`; with `k` experts per
+/// token, `[n·k, expert intermediate]`). A mixture of experts also takes its picked rows and
+/// their outputs (`[n·k, hidden]` each) and the host routing scratch.
 pub(crate) struct MlpIo<'a, B: Backend> {
     pub n: usize,
     pub input: B::View<'a>,
     pub out: B::ViewMut<'a>,
     pub gate: &'a mut B::Buffer,
     pub up: &'a mut B::Buffer,
+    pub picked: &'a mut B::Buffer,
+    pub picked_out: &'a mut B::Buffer,
+    pub routing: &'a mut ExpertRouting,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -58,10 +65,30 @@ impl<B: Backend> Mlp<B> {
         }))
     }
 
-    /// The weight matrices (for the bytes one step reads).
+    /// The mixture of experts of `layer` (see [`MoeMlp::load`]).
+    pub(crate) fn load_moe(
+        w: &Weights<'_, B>,
+        layer: usize,
+        hidden: usize,
+        moe: &MoeConfig,
+        act: GateActivation,
+    ) -> Result<Self, LoadError> {
+        MoeMlp::load(w, layer, hidden, moe, act).map(Self::Moe)
+    }
+
+    /// Every weight matrix (the bytes the model holds).
     pub(crate) fn matrices(&self) -> Vec<&B::Weight> {
         match self {
             Self::Dense(m) => vec![&m.gate_proj, &m.up_proj, &m.down_proj],
+            Self::Moe(m) => m.matrices(),
+        }
+    }
+
+    /// The matrices one token reads (all of them but the experts it is not sent to).
+    pub(crate) fn active_matrices(&self) -> Vec<&B::Weight> {
+        match self {
+            Self::Dense(_) => self.matrices(),
+            Self::Moe(m) => m.active_matrices(),
         }
     }
 
@@ -69,13 +96,14 @@ impl<B: Backend> Mlp<B> {
     pub(crate) fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
         match self {
             Self::Dense(m) => m.forward(backend, io),
+            Self::Moe(m) => m.forward(backend, io),
         }
     }
 }
 
 impl<B: Backend> DenseMlp<B> {
     fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
-        let MlpIo { n, input, out, gate, up } = io;
+        let MlpIo { n, input, out, gate, up, .. } = io;
         let len = n * self.intermediate;
         backend.linear(
             input,

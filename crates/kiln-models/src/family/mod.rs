@@ -5,7 +5,7 @@
 //! [`ModelConfig`], so a new family adds a module here and, if it brings a new block kind (a
 //! mixture-of-experts MLP), a variant of the decoder's `Mlp`.
 //!
-//! Families: [`llama`] (Llama 2/3, Mistral), [`qwen`] (Qwen2, Qwen3), [`gemma3`].
+//! Families: [`llama`] (Llama 2/3, Mistral), [`qwen`] (Qwen2, Qwen3, Qwen3-MoE), [`gemma3`].
 
 mod gemma3;
 mod llama;
@@ -24,6 +24,8 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with a mixture-of-experts MLP.
+    Qwen3Moe,
     Gemma3,
 }
 
@@ -37,10 +39,10 @@ pub(crate) struct HfContext {
 
 impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-         Qwen3ForCausalLM, Gemma3ForCausalLM";
+         Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM";
 
     /// GGUF `general.architecture` values kiln runs.
-    pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, gemma3";
+    pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen3moe, gemma3";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
@@ -49,6 +51,7 @@ impl Architecture {
             "MistralForCausalLM" => Self::Mistral,
             "Qwen2ForCausalLM" => Self::Qwen2,
             "Qwen3ForCausalLM" => Self::Qwen3,
+            "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
             "Gemma3ForCausalLM" => Self::Gemma3,
             _ => return None,
         })
@@ -60,6 +63,7 @@ impl Architecture {
             "llama" => Self::Llama,
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
+            "qwen3moe" => Self::Qwen3Moe,
             "gemma3" => Self::Gemma3,
             _ => return None,
         })
@@ -77,7 +81,7 @@ impl Architecture {
                 llama::apply_hf(self, ctx, c);
                 Ok(())
             }
-            Self::Qwen2 | Self::Qwen3 => qwen::apply_hf(self, f, c),
+            Self::Qwen2 | Self::Qwen3 | Self::Qwen3Moe => qwen::apply_hf(self, f, c),
             Self::Gemma3 => gemma3::apply_hf(f, ctx, c),
         }
     }
@@ -90,6 +94,7 @@ impl Architecture {
                 Ok(())
             }
             Self::Qwen2 | Self::Qwen3 => Ok(()),
+            Self::Qwen3Moe => qwen::apply_gguf_moe(keys, c),
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
         }
     }

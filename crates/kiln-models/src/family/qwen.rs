@@ -1,9 +1,11 @@
-//! Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm over each head of q and k before RoPE). Neither
-//! slides its window in the checkpoints kiln runs; a config that asks for it is refused.
+//! Qwen2 (bias on q/k/v), Qwen3 (RMSNorm over each head of q and k before RoPE) and
+//! Qwen3-MoE (Qwen3's attention, experts in the MLP of every layer but `mlp_only_layers`).
+//! None slides its window in the checkpoints kiln runs; a config that asks for it is refused.
 
 use super::Architecture;
 use crate::config::Fields;
-use crate::{LoadError, ModelConfig};
+use crate::config::gguf::Keys;
+use crate::{LoadError, ModelConfig, MoeConfig};
 
 pub(super) fn apply_hf(
     arch: Architecture,
@@ -15,7 +17,49 @@ pub(super) fn apply_hf(
     }
     match arch {
         Architecture::Qwen2 => c.qkv_bias = true,
+        Architecture::Qwen3Moe => {
+            c.qk_norm = true;
+            c.moe = Some(hf_moe(f, c.num_layers)?);
+        }
         _ => c.qk_norm = true,
     }
+    Ok(())
+}
+
+/// Qwen3-MoE's experts from `config.json`, as transformers reads them: layer `l` has experts
+/// unless it is in `mlp_only_layers`, when `(l + 1)` is a multiple of `decoder_sparse_step`.
+fn hf_moe(f: &Fields<'_>, num_layers: usize) -> Result<MoeConfig, LoadError> {
+    let num_experts = match f.opt_usize("num_experts")? {
+        Some(e) => e,
+        None => f.dim("num_local_experts")?,
+    };
+    let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(f.err("`decoder_sparse_step` must be at least 1".into()));
+    }
+    let mut dense = vec![false; num_layers];
+    if let Some(v) = f.json.get("mlp_only_layers").filter(|v| !v.is_null()) {
+        let bad = || f.err(format!("`mlp_only_layers` must list layer indices below {num_layers}"));
+        for l in v.as_array().ok_or_else(bad)? {
+            let l = l.as_u64().and_then(|l| usize::try_from(l).ok()).filter(|l| *l < num_layers);
+            dense[l.ok_or_else(bad)?] = true;
+        }
+    }
+    let moe = MoeConfig {
+        num_experts,
+        experts_per_token: f.dim("num_experts_per_tok")?,
+        expert_intermediate_size: f.dim("moe_intermediate_size")?,
+        norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        sparse_layers: (0..num_layers).map(|l| !dense[l] && (l + 1) % step == 0).collect(),
+    };
+    moe.validate(|m| f.err(m))?;
+    Ok(moe)
+}
+
+/// Qwen3-MoE from GGUF: llama.cpp renormalises the picked experts' weights unless the file
+/// says otherwise.
+pub(super) fn apply_gguf_moe(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
+    c.qk_norm = true;
+    c.moe = Some(keys.moe(c.num_layers, true)?);
     Ok(())
 }

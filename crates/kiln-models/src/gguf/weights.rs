@@ -57,6 +57,32 @@ impl WeightSource for GgufFile {
         self.weight(info, rows, cols)
     }
 
+    fn expert_matrix(
+        &self,
+        name: &str,
+        (expert, num_experts): (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostTensor, LoadError> {
+        let dims = [cols as u64, rows as u64, num_experts as u64];
+        let info = self.expect(name, &dims, &[num_experts, rows, cols])?;
+        let err = |m: String| LoadError::format(self.path(), format!("tensor `{name}`: {m}"));
+        let ty = GgmlType::from_gguf_id(info.type_id)
+            .ok_or_else(|| err(format!("unsupported type {}", info.type_id)))?;
+        let per_expert = ty
+            .row_bytes(cols)
+            .and_then(|b| b.checked_mul(rows))
+            .filter(|b| b.checked_mul(num_experts) == Some(info.num_bytes))
+            .ok_or_else(|| {
+                err(format!("{} bytes do not hold {num_experts} experts", info.num_bytes))
+            })?;
+        let start = info.offset + expert * per_expert;
+        let bytes = Storage::mapped(Arc::clone(self.mapped_file()), start, per_expert)
+            .ok_or_else(|| err("data out of bounds".into()))?;
+        HostTensor::new(ty, rows, cols, bytes)
+            .ok_or_else(|| err(format!("expert {expert} does not hold [{rows}, {cols}]")))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         let info = self.expect(name, &[len as u64], &[len])?;
         let t = self.weight(info, 1, len)?;

@@ -1,0 +1,189 @@
+//! The mixture-of-experts MLP (Qwen3-MoE): a float router scores every expert for each token,
+//! each token goes to its `k` best, and its output is the weighted sum of those experts' gated
+//! MLPs.
+//!
+//! Routing is computed on the host exactly as transformers does it: softmax of the router
+//! logits in f32, the `k` largest probabilities (ties to the lower expert index), renormalised
+//! to sum to one when `norm_topk_prob`; a token's picks are then summed in ascending expert
+//! order, as transformers' loop over experts adds them.
+//!
+//! The matmuls are grouped by expert: the step's picks are sorted by expert (then token) and
+//! gathered into one `[n·k, hidden]` buffer, so each expert's weights are read once per step
+//! for all of its tokens. Every backend op computes each row on its own, and the combine sums
+//! a token's own picks in a fixed order, so a token's output never depends on which other
+//! tokens chose the same experts (batched == alone, bit for bit).
+
+use std::cmp::Ordering;
+
+use kiln_backend::{Backend, ExpertRouting, GateActivation, LinearJob};
+
+use crate::names::{ExpertMatrix, LayerTensor as L, Tensor};
+use crate::weights::Weights;
+use crate::{LoadError, MoeConfig};
+
+use super::mlp::MlpIo;
+
+/// One expert's gated MLP: `[i, h]` gate and up, `[h, i]` down.
+struct Expert<B: Backend> {
+    gate: B::Weight,
+    up: B::Weight,
+    down: B::Weight,
+}
+
+pub(crate) struct MoeMlp<B: Backend> {
+    /// `[num_experts, hidden]`, in its stored float type.
+    router: B::Weight,
+    experts: Vec<Expert<B>>,
+    top_k: usize,
+    norm_topk_prob: bool,
+    act: GateActivation,
+    /// One expert's FFN width.
+    intermediate: usize,
+    hidden: usize,
+}
+
+impl<B: Backend> MoeMlp<B> {
+    pub(crate) fn load(
+        w: &Weights<'_, B>,
+        layer: usize,
+        hidden: usize,
+        moe: &MoeConfig,
+        act: GateActivation,
+    ) -> Result<Self, LoadError> {
+        let (h, i, n) = (hidden, moe.expert_intermediate_size, moe.num_experts);
+        let router = w.float_matrix(Tensor::Layer(layer, L::Router), n, h)?;
+        let experts = (0..n)
+            .map(|e| {
+                let m = |which, rows, cols| w.expert_matrix((layer, which), (e, n), rows, cols);
+                Ok(Expert {
+                    gate: m(ExpertMatrix::Gate, i, h)?,
+                    up: m(ExpertMatrix::Up, i, h)?,
+                    down: m(ExpertMatrix::Down, h, i)?,
+                })
+            })
+            .collect::<Result<_, LoadError>>()?;
+        Ok(Self {
+            router,
+            experts,
+            top_k: moe.experts_per_token,
+            norm_topk_prob: moe.norm_topk_prob,
+            act,
+            intermediate: i,
+            hidden: h,
+        })
+    }
+
+    /// Every matrix: the router, then each expert's gate, up and down.
+    pub(crate) fn matrices(&self) -> Vec<&B::Weight> {
+        let experts = self.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
+        std::iter::once(&self.router).chain(experts).collect()
+    }
+
+    /// The matrices one token reads: the router and `k` experts' (the bytes of an expert
+    /// are the same for all of them).
+    pub(crate) fn active_matrices(&self) -> Vec<&B::Weight> {
+        let experts = self.experts.iter().take(self.top_k).flat_map(|e| [&e.gate, &e.up, &e.down]);
+        std::iter::once(&self.router).chain(experts).collect()
+    }
+
+    pub(crate) fn forward<'a>(&'a self, be: &B, io: MlpIo<'a, B>) {
+        let MlpIo { n, input, out, gate, up, picked, picked_out, routing } = io;
+        let (k, i, h) = (self.top_k, self.intermediate, self.hidden);
+        be.logits(input, n, &self.router, None, &mut routing.logits);
+        route(routing, n, k, self.norm_topk_prob);
+        let rows = n * k;
+        be.gather_rows(input, h, &routing.tokens, B::view_mut(picked, 0..rows * h));
+        for (e, expert) in self.experts.iter().enumerate() {
+            let seg = routing.offsets[e]..routing.offsets[e + 1];
+            if seg.is_empty() {
+                continue;
+            }
+            let (hs, is) = (seg.start * h..seg.end * h, seg.start * i..seg.end * i);
+            let x = B::view(picked, hs);
+            let jobs = &mut [
+                LinearJob { weight: &expert.gate, bias: None, out: B::view_mut(gate, is.clone()) },
+                LinearJob { weight: &expert.up, bias: None, out: B::view_mut(up, is) },
+            ];
+            be.linear(x, seg.len(), jobs);
+        }
+        be.gated_act(self.act, B::view_mut(gate, 0..rows * i), B::view(up, 0..rows * i));
+        for (e, expert) in self.experts.iter().enumerate() {
+            let seg = routing.offsets[e]..routing.offsets[e + 1];
+            if seg.is_empty() {
+                continue;
+            }
+            let (hs, is) = (seg.start * h..seg.end * h, seg.start * i..seg.end * i);
+            let down =
+                LinearJob { weight: &expert.down, bias: None, out: B::view_mut(picked_out, hs) };
+            be.linear(B::view(gate, is), seg.len(), &mut [down]);
+        }
+        let src = B::view(picked_out, 0..rows * h);
+        be.combine_rows(src, h, k, &routing.rows, &routing.weights, out);
+    }
+}
+
+/// Fills `r`'s picks from its `[n, num_experts]` logits: each token's `k` experts by softmax
+/// probability (ties to the lower index), their weights (renormalised when `normalize`), and the
+/// expert-sorted layout (see [`ExpertRouting`]). Needs `1 <= k <= num_experts`.
+pub(crate) fn route(r: &mut ExpertRouting, n: usize, k: usize, normalize: bool) {
+    let num_experts = r.logits.vocab_size();
+    r.tokens.clear();
+    r.tokens.resize(n * k, 0);
+    r.rows.clear();
+    r.weights.clear();
+    r.offsets.clear();
+    r.offsets.resize(num_experts + 1, 0);
+    for t in 0..n {
+        let logits = r.logits.row(t);
+        let first = r.rows.len();
+        // The best `k` so far, by logit (softmax keeps the order), best first; a later expert
+        // goes behind an equal one. `rows` holds each pick's expert until the layout below.
+        for (e, &x) in logits.iter().enumerate() {
+            let len = r.rows.len() - first;
+            if len == k && x.partial_cmp(&r.weights[first + k - 1]) != Some(Ordering::Greater) {
+                continue;
+            }
+            let at = r.weights[first..].iter().position(|&b| b < x).unwrap_or(len);
+            r.rows.insert(first + at, e);
+            r.weights.insert(first + at, x);
+            r.rows.truncate(first + k);
+            r.weights.truncate(first + k);
+        }
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = logits.iter().map(|&x| (x - max).exp()).sum();
+        let (experts, weights) = (&mut r.rows[first..], &mut r.weights[first..]);
+        weights.iter_mut().for_each(|w| *w = (*w - max).exp() / sum);
+        if normalize {
+            let total: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|w| *w /= total);
+        }
+        // Ascending expert order, the order the combine sums in (insertion sort: k is small).
+        for j in 1..k {
+            let mut i = j;
+            while i > 0 && experts[i - 1] > experts[i] {
+                experts.swap(i - 1, i);
+                weights.swap(i - 1, i);
+                i -= 1;
+            }
+        }
+        for &e in &*experts {
+            r.offsets[e + 1] += 1;
+        }
+    }
+    for e in 0..num_experts {
+        r.offsets[e + 1] += r.offsets[e];
+    }
+    // Counting sort by expert, tokens ascending within each expert: `offsets[e]` serves as
+    // expert `e`'s cursor, ending at the next expert's start, and is shifted back after.
+    for (p, e) in r.rows.iter_mut().enumerate() {
+        let row = r.offsets[*e];
+        r.offsets[*e] += 1;
+        r.tokens[row] = p / k;
+        *e = row;
+    }
+    r.offsets.copy_within(0..num_experts, 1);
+    r.offsets[0] = 0;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,68 @@
+use kiln_backend::ExpertRouting;
+
+use super::route;
+
+/// Routing of `logits` (`[n, experts]`, one row per token).
+fn routed(logits: &[&[f32]], k: usize, normalize: bool) -> ExpertRouting {
+    let mut r = ExpertRouting::default();
+    r.logits.reset(logits.len(), logits[0].len());
+    for (t, row) in logits.iter().enumerate() {
+        r.logits.row_mut(t).copy_from_slice(row);
+    }
+    route(&mut r, logits.len(), k, normalize);
+    r
+}
+
+fn softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+    x.iter().map(|v| (v - max).exp() / sum).collect()
+}
+
+#[test]
+fn picks_the_top_k_and_sorts_rows_by_expert() {
+    // Token 0 picks experts 3 and 1; token 1 picks 1 and 0; token 2 picks 2 and 3.
+    let rows: [&[f32]; 3] = [&[0.0, 2.0, -1.0, 3.0], &[1.5, 4.0, 0.0, -2.0], &[0.0, 0.0, 5.0, 1.0]];
+    let r = routed(&rows, 2, false);
+    // Expert segments: 0: [t1], 1: [t0, t1], 2: [t2], 3: [t0, t2].
+    assert_eq!(r.offsets, [0, 1, 3, 4, 6]);
+    assert_eq!(r.tokens, [1, 0, 1, 2, 0, 2]);
+    // Each token's picks in ascending expert order point at their sorted rows.
+    assert_eq!(r.rows, [1, 4, 0, 2, 3, 5]);
+    let p0 = softmax(rows[0]);
+    assert_eq!(&r.weights[..2], &[p0[1], p0[3]]);
+    let p2 = softmax(rows[2]);
+    assert_eq!(&r.weights[4..], &[p2[2], p2[3]]);
+}
+
+#[test]
+fn normalized_weights_sum_to_one() {
+    let r = routed(&[&[0.3, -1.0, 2.0, 0.7, 0.1]], 3, true);
+    let p = softmax(&[0.3, -1.0, 2.0, 0.7, 0.1]);
+    // transformers divides by the sum of the picks in probability order (2, 3, 0).
+    let total = p[2] + p[3] + p[0];
+    // Experts 0, 2, 3 in index order, divided by the sum of the picks.
+    assert_eq!(r.weights, [p[0] / total, p[2] / total, p[3] / total]);
+    assert_eq!(r.offsets, [0, 1, 1, 2, 3, 3]);
+}
+
+#[test]
+fn ties_go_to_the_lower_expert() {
+    let r = routed(&[&[1.0, 2.0, 2.0, 2.0]], 2, false);
+    assert_eq!(r.offsets, [0, 0, 1, 2, 2], "experts 1 and 2, not 3");
+    let nan = routed(&[&[f32::NAN, f32::NAN, f32::NAN]], 2, false);
+    assert_eq!(nan.offsets.last(), Some(&2), "NaN logits still give k distinct picks");
+}
+
+#[test]
+fn a_tokens_picks_do_not_depend_on_the_others() {
+    let a: &[f32] = &[0.1, 0.9, -0.4, 0.5, 0.2, -0.1];
+    let b: &[f32] = &[1.0, -1.0, 0.4, 0.3, 2.2, 0.0];
+    let alone = routed(&[a], 2, true);
+    let batched = routed(&[b, a, b], 2, true);
+    assert_eq!(&batched.weights[2..4], &alone.weights[..]);
+    let experts = |r: &ExpertRouting, t: usize| -> Vec<usize> {
+        (0..2).map(|j| r.offsets.partition_point(|&o| o <= r.rows[t * 2 + j]) - 1).collect()
+    };
+    assert_eq!(experts(&batched, 1), experts(&alone, 0));
+}
