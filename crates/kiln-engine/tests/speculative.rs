@@ -17,7 +17,7 @@ use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig, 
 use kiln_kernels::Cpu;
 use kiln_models::load_model;
 
-const FIXTURES: [&str; 6] = ["llama2", "llama3", "mistral", "qwen2", "qwen3", "gemma3"];
+const FIXTURES: [&str; 7] = ["llama2", "llama3", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3"];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
@@ -158,8 +158,13 @@ fn speculated_equals_not_on_every_fixture() {
 
 #[test]
 fn speculated_equals_not_with_chunks_prefix_cache_and_preemption() {
-    let name = "llama3";
-    let reqs = requests(512);
+    for (name, vocab) in [("llama3", 512), ("qwen3moe", 503)] {
+        speculated_equals_not_through_chunks_and_preemption(name, vocab);
+    }
+}
+
+fn speculated_equals_not_through_chunks_and_preemption(name: &str, vocab: u32) {
+    let reqs = requests(vocab);
     let expected = run(&mut engine(name, &ROOMY, None), &reqs);
     // Small steps: prompts prefilled in chunks, drafts cut by the token budget.
     let chunked = Setup { num_kv_blocks: 512, max_num_batched_tokens: 6, prefix_caching: true };

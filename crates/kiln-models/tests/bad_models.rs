@@ -181,3 +181,27 @@ fn broken_gguf_models_name_what_is_wrong() {
     }
     std::fs::remove_file(&ok).unwrap();
 }
+
+/// Mixture-of-experts settings that disagree with each other or the weights are refused with
+/// the key or the tensor named.
+#[test]
+fn bad_expert_configs_are_refused() {
+    let edit = |tag: &str, from: &str, to: &str| {
+        let dir = copy_fixture("qwen3moe", tag);
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{from}");
+        std::fs::write(&path, text.replace(from, to)).unwrap();
+        load_error(&dir)
+    };
+    let msg = edit("topk", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9");
+    assert!(msg.contains("9 experts per token is out of range 1..=8"), "{msg}");
+    let msg = edit("count", "\"num_experts\": 8", "\"num_experts\": 9");
+    assert!(msg.contains("mlp.gate.weight") && msg.contains("expected [9, 64]"), "{msg}");
+    let msg = edit("width", "\"moe_intermediate_size\": 32", "\"moe_intermediate_size\": 48");
+    assert!(msg.contains("mlp.experts.0.gate_proj.weight") && msg.contains("[48, 64]"), "{msg}");
+    let msg = edit("dense", "\"mlp_only_layers\": [\n    1\n  ]", "\"mlp_only_layers\": [7]");
+    assert!(msg.contains("`mlp_only_layers` must list layer indices below 3"), "{msg}");
+    let msg = edit("step", "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0");
+    assert!(msg.contains("`decoder_sparse_step` must be at least 1"), "{msg}");
+}

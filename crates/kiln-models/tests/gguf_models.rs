@@ -46,6 +46,7 @@ fn gguf_name(hf: &str, sandwich: bool) -> String {
                 "mlp.gate_proj" => "ffn_gate",
                 "mlp.up_proj" => "ffn_up",
                 "mlp.down_proj" => "ffn_down",
+                "mlp.gate" => "ffn_gate_inp",
                 m => panic!("unmapped tensor {m}"),
             };
             return format!("blk.{layer}.{name}.{kind}");
@@ -131,8 +132,20 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
             .collect();
         w.metadata(&key("attention.sliding_window_pattern"), GgufValue::Array(sliding));
     }
+    let num_experts = cfg["num_experts"].as_u64().unwrap_or(0);
+    if num_experts > 0 {
+        w.metadata(&key("expert_count"), GgufValue::U32(num_experts as u32))
+            .metadata(&key("expert_used_count"), GgufValue::U32(num("num_experts_per_tok") as u32))
+            .metadata(
+                &key("expert_feed_forward_length"),
+                GgufValue::U32(num("moe_intermediate_size") as u32),
+            );
+    }
     write_vocab(&mut w, &src, num("vocab_size") as usize);
     let store = WeightStore::open_dir(&src).unwrap();
+    for l in 0..layers {
+        write_stacked_experts(&mut w, &store, l, num_experts);
+    }
     let mut names: Vec<String> =
         vec!["model.embed_tokens.weight".into(), "model.norm.weight".into()];
     if store.contains("lm_head.weight") {
@@ -158,6 +171,7 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
             "mlp.gate_proj",
             "mlp.up_proj",
             "mlp.down_proj",
+            "mlp.gate",
         ] {
             names.push(format!("model.layers.{l}.{m}.weight"));
             names.push(format!("model.layers.{l}.{m}.bias"));
@@ -189,6 +203,28 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
     path
 }
 
+/// Layer `l`'s experts as llama.cpp stacks them: `ffn_{gate,up,down}_exps.weight`, one tensor
+/// per matrix kind holding every expert (ggml dims `[cols, rows, num_experts]`).
+fn write_stacked_experts(w: &mut GgufWriter, store: &WeightStore, l: u64, num_experts: u64) {
+    let expert = |e: u64, m: &str| format!("model.layers.{l}.mlp.experts.{e}.{m}.weight");
+    if num_experts == 0 || !store.contains(&expert(0, "gate_proj")) {
+        return;
+    }
+    for (m, gguf) in
+        [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")]
+    {
+        let shape = store.shape(&expert(0, m)).unwrap().to_vec();
+        let mut data = Vec::new();
+        for e in 0..num_experts {
+            data.extend(
+                store.matrix(&expert(e, m), shape[0], shape[1]).unwrap().to_f32_vec().unwrap(),
+            );
+        }
+        let dims = [shape[1] as u64, shape[0] as u64, num_experts];
+        w.tensor_f32(&format!("blk.{l}.{gguf}.weight"), &dims, &data);
+    }
+}
+
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-gguf-models-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -198,9 +234,13 @@ fn temp_dir(tag: &str) -> PathBuf {
 #[test]
 fn converted_fixtures_match_transformers() {
     let dir = temp_dir("convert");
-    for (name, arch) in
-        [("llama2", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3", "gemma3")]
-    {
+    for (name, arch) in [
+        ("llama2", "llama"),
+        ("qwen2", "qwen2"),
+        ("qwen3", "qwen3"),
+        ("qwen3moe", "qwen3moe"),
+        ("gemma3", "gemma3"),
+    ] {
         let path = convert(name, arch, &dir);
         let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
         for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {

@@ -7,8 +7,9 @@
 
 mod common;
 
-use common::{Runner, argmax, assert_rows_close, cases, fixture};
-use kiln_models::LogitsWanted;
+use common::{Runner, argmax, assert_rows_close, cases, cpu, fixture};
+use kiln_kernels::GgmlType;
+use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 
 /// Every fixture: the Llama family, Qwen3-MoE (8 experts, 2 per token, a dense layer between
 /// two sparse ones) and Gemma 3 (sandwich norms, sliding layers, GeLU).
@@ -87,6 +88,33 @@ fn step_of_1200_tokens_equals_each_sequence_alone() {
         for (i, want) in alone.iter().enumerate() {
             let rows = &batched[i * 200..(i + 1) * 200];
             assert_rows_close(rows, want, BITWISE, &format!("{name} sequence {i}"));
+        }
+    }
+}
+
+/// With quantized experts (Q8_0; Q5_0, which 64-wide rows give for Q4_K) a token's logits
+/// still do not depend on how many other tokens share its experts: every expert's matmul runs
+/// over a different number of rows in the batch than alone.
+#[test]
+fn quantized_experts_batched_equal_alone() {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4K] {
+        let options = LoadOptions { quantization: Some(ty) };
+        let loaded = load_model_with(&fixture("qwen3moe"), &options, &cpu()).unwrap();
+        let mut runner = Runner::with(loaded);
+        let vocab = runner.vocab() as u32;
+        let seqs: Vec<Vec<u32>> = (0..5u32)
+            .map(|s| (0..(40 + 37 * s)).map(|i| (i * 17 + s * 11 + 5) % vocab).collect())
+            .collect();
+        let alone: Vec<_> = seqs.iter().map(|seq| runner.one_shot(seq)).collect();
+        runner.batch.clear();
+        for seq in &seqs {
+            let table = runner.blocks(seq.len());
+            runner.batch.push_seq(seq, 0, &table, LogitsWanted::All).unwrap();
+        }
+        let mut rows = runner.run().into_iter();
+        for (i, (seq, want)) in seqs.iter().zip(&alone).enumerate() {
+            let got: Vec<_> = rows.by_ref().take(seq.len()).collect();
+            assert_rows_close(&got, want, BITWISE, &format!("{} sequence {i}", ty.name()));
         }
     }
 }
