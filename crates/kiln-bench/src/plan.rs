@@ -12,13 +12,23 @@
 //! `b × (2 × matmul MACs + attention FLOPs)`; the step takes the larger of bytes / bandwidth and
 //! FLOPs / peak. Prefill is arithmetic: per token, 2 × the blocks' matmul MACs (the LM head
 //! runs once per prompt) plus attention at the mean context `L / 2`.
+//!
+//! A mixture of experts holds all its experts (capacity counts `weight_bytes`), but a token
+//! multiplies with its `k` alone: the MACs count `k` experts' FFNs and the router, and a
+//! decode step reads the bytes every token shares plus the distinct experts its `b` tokens
+//! pick, `E·(1 − (1 − k/E)^b)` per sparse layer on average for uniform routing.
 
 use kiln_backend::KvCacheDtype;
 
 /// The shape facts the estimate needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelShape {
+    /// Every weight's bytes (what the memory holds).
     pub weight_bytes: u64,
+    /// The bytes one token reads (less than `weight_bytes` with experts).
+    pub active_weight_bytes: u64,
+    /// The sparse layers' experts, when the model has any.
+    pub experts: Option<ExpertShape>,
     pub num_layers: usize,
     pub hidden: usize,
     pub num_heads: usize,
@@ -32,13 +42,43 @@ pub struct ModelShape {
     pub max_position_embeddings: usize,
 }
 
+/// The experts of a mixture-of-experts model's sparse layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertShape {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// One expert's FFN width.
+    pub intermediate: usize,
+    /// How many layers have experts (the others' MLP is dense, of `ModelShape::intermediate`).
+    pub sparse_layers: usize,
+}
+
 impl ModelShape {
     /// Multiply-adds of the transformer blocks' matmuls per token.
     pub fn block_macs(&self) -> u64 {
         let (h, q, kv) =
             (self.hidden, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
-        let per_layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate;
-        (per_layer * self.num_layers) as u64
+        let attn = h * q + 2 * h * kv + q * h;
+        let dense = 3 * h * self.intermediate;
+        let (sparse_layers, sparse) = self.experts.as_ref().map_or((0, 0), |e| {
+            (e.sparse_layers, 3 * h * e.intermediate * e.experts_per_token + h * e.num_experts)
+        });
+        let dense_layers = self.num_layers - sparse_layers.min(self.num_layers);
+        (attn * self.num_layers + dense * dense_layers + sparse * sparse_layers) as u64
+    }
+
+    /// Weight bytes one decode step over `batch` tokens reads: what every token reads, plus
+    /// the experts beyond a token's own `k` that the others pick (expected, uniform routing).
+    pub fn step_weight_bytes(&self, batch: usize) -> f64 {
+        let active = self.active_weight_bytes as f64;
+        let Some(e) = self.experts.as_ref().filter(|e| e.num_experts > e.experts_per_token) else {
+            return active;
+        };
+        let (n, k) = (e.num_experts as f64, e.experts_per_token as f64);
+        // One expert's bytes over all sparse layers.
+        let per_expert = (self.weight_bytes as f64 - active) / (n - k);
+        let distinct = n * (1.0 - (1.0 - k / n).powf(batch.max(1) as f64));
+        active + (distinct - k).max(0.0) * per_expert
     }
 
     /// Multiply-adds of the LM head per token.
@@ -191,7 +231,7 @@ pub fn decode_estimate(
     dtype: KvDtype,
 ) -> DecodeEstimate {
     let b = batch as f64;
-    let bytes = shape.weight_bytes as f64 + b * shape.kv_bytes_read(context, dtype) as f64;
+    let bytes = shape.step_weight_bytes(batch) + b * shape.kv_bytes_read(context, dtype) as f64;
     let flops = b
         * (2.0 * (shape.block_macs() + shape.lm_head_macs()) as f64
             + shape.attention_flops(context) as f64);
@@ -221,6 +261,8 @@ mod tests {
     fn gemma() -> ModelShape {
         ModelShape {
             weight_bytes: 246_587_904,
+            active_weight_bytes: 246_587_904,
+            experts: None,
             num_layers: 18,
             hidden: 640,
             num_heads: 4,
@@ -256,6 +298,40 @@ mod tests {
         assert_eq!(g.attention_flops(2048), 56_623_104);
         // One sequence's K and V at 2048: 2 × 256 dims × 4 B × 13,824 positions.
         assert_eq!(g.kv_bytes_read(2048, KvDtype::F32), 28_311_552);
+    }
+
+    /// Qwen3-30B-A3B's block shape: 128 experts of width 768, 8 per token.
+    #[test]
+    fn experts_count_k_of_them_per_token() {
+        let expert_bytes = 3 * 2048 * 768; // one expert's three matrices at 1 byte a weight
+        let moe = ModelShape {
+            weight_bytes: 1000 + 128 * expert_bytes,
+            active_weight_bytes: 1000 + 8 * expert_bytes,
+            experts: Some(ExpertShape {
+                num_experts: 128,
+                experts_per_token: 8,
+                intermediate: 768,
+                sparse_layers: 1,
+            }),
+            num_layers: 1,
+            hidden: 2048,
+            num_heads: 32,
+            num_kv_heads: 4,
+            head_dim: 128,
+            intermediate: 6144,
+            vocab: 151_936,
+            layer_windows: vec![None],
+            max_position_embeddings: 4096,
+        };
+        // Attention: 2048·4096 + 2·2048·512 + 4096·2048; MLP: 8 experts' 3·2048·768, router.
+        let attn = 2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048;
+        assert_eq!(moe.block_macs(), (attn + 8 * 3 * 2048 * 768 + 2048 * 128) as u64);
+        assert_eq!(moe.step_weight_bytes(1), moe.active_weight_bytes as f64);
+        // 16 tokens pick 128·(1 − (15/16)^16) ≈ 82.5 distinct experts on average.
+        let b16 = moe.step_weight_bytes(16);
+        let distinct = 128.0 * (1.0 - (1.0f64 - 8.0 / 128.0).powi(16));
+        assert!((b16 - (1000.0 + distinct * expert_bytes as f64)).abs() < 1.0, "{b16}");
+        assert!(moe.step_weight_bytes(10_000) <= moe.weight_bytes as f64 + 1.0);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 
 use anyhow::bail;
-use kiln_bench::plan::{KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate};
+use kiln_bench::plan::{
+    ExpertShape, KvDtype, Machine, ModelShape, capacity, decode_estimate, prefill_estimate,
+};
 use kiln_core::Rng;
 use kiln_engine::{EngineConfig, KvCacheDtype};
 use kiln_kernels::{Cpu, GgmlType, ThreadPool, probe};
@@ -63,8 +65,16 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     }
     let loaded = args.model.load(args.threads)?;
     let config = loaded.model.config().clone();
+    let experts = config.moe.as_ref().map(|m| ExpertShape {
+        num_experts: m.num_experts,
+        experts_per_token: m.experts_per_token,
+        intermediate: m.expert_intermediate_size,
+        sparse_layers: m.sparse_layers.iter().filter(|s| **s).count(),
+    });
     let shape = ModelShape {
         weight_bytes: loaded.model.weight_bytes() as u64,
+        active_weight_bytes: loaded.model.active_weight_bytes() as u64,
+        experts,
         num_layers: config.num_layers,
         hidden: config.hidden_size,
         num_heads: config.num_heads,
@@ -119,6 +129,20 @@ fn describe_capacity(
         shape.block_macs() as f64 / 1e6,
         shape.lm_head_macs() as f64 / 1e6
     );
+    if let Some(e) = &shape.experts {
+        let _ = writeln!(
+            s,
+            "experts: {} per sparse layer ({} of {} layers), {} per token, FFN {}; one token reads \
+             {} bytes ({:.1} MiB) of the weights",
+            e.num_experts,
+            e.sparse_layers,
+            shape.num_layers,
+            e.experts_per_token,
+            e.intermediate,
+            shape.active_weight_bytes,
+            mib(shape.active_weight_bytes)
+        );
+    }
     let _ = writeln!(
         s,
         "KV cache ({}): {} bytes per token = 2 × {} layers × {} KV heads × {} dims × {} bytes",
@@ -276,6 +300,8 @@ mod tests {
         let layout = kiln_models::KvLayout { num_layers: 18, num_kv_heads: 2, head_dim: 256 };
         let shape = ModelShape {
             weight_bytes: 0,
+            active_weight_bytes: 0,
+            experts: None,
             num_layers: 18,
             hidden: 640,
             num_heads: 4,
