@@ -4,7 +4,9 @@ read one file with both kiln and llama.cpp (quantize it with `llama-quantize` fi
 
     python3 scripts/bench/shape_gguf.py SHAPE TOKENIZER_GGUF OUT.gguf
 
-SHAPE is `llama-3.2-1b` or `llama-3.1-8b`. The tokenizer (vocabulary, scores, token types,
+SHAPE is `llama-3.2-1b`, `llama-3.1-8b` or `qwen3-30b-a3b-12l` (Qwen3-30B-A3B's tensors with 12
+of its 48 layers: 128 experts of FFN 768 per layer, 8 per token, stacked in one
+`ffn_*_exps` tensor per layer as llama.cpp writes them). The tokenizer (vocabulary, scores, token types,
 special ids) is copied from TOKENIZER_GGUF (the default model's file is fine) and cut or padded
 to the shape's vocabulary. Weights are N(0, 0.02) from a fixed seed, norms are 1, so the file is
 the same on every run; tensors are written one at a time (an 8B shape never sits in memory).
@@ -21,6 +23,11 @@ SHAPES = {
     # hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings, rope theta
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
+    "qwen3-30b-a3b-12l": (2048, 6144, 12, 32, 4, 151936, False, 1000000.0),
+}
+# The mixture-of-experts shapes: architecture, head dim, experts, experts per token, expert FFN.
+EXPERTS = {
+    "qwen3-30b-a3b-12l": ("qwen3moe", 128, 128, 8, 768),
 }
 
 
@@ -52,9 +59,10 @@ def tokenizer(path, vocab):
     return model, tokens, scores, types, specials
 
 
-def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied):
-    """(name, numpy shape in row-major order, is a norm) for every tensor."""
-    head_dim = hidden // heads
+def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None):
+    """(name, numpy shape in row-major order, is a norm) for every tensor: float32 for norms
+    and the router, f16 for the rest."""
+    head_dim = experts[1] if experts else hidden // heads
     yield "token_embd.weight", (vocab, hidden), False
     for i in range(layers):
         b = f"blk.{i}."
@@ -63,7 +71,17 @@ def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied):
         yield b + "attn_k.weight", (kv_heads * head_dim, hidden), False
         yield b + "attn_v.weight", (kv_heads * head_dim, hidden), False
         yield b + "attn_output.weight", (hidden, heads * head_dim), False
+        if experts:
+            yield b + "attn_q_norm.weight", (head_dim,), True
+            yield b + "attn_k_norm.weight", (head_dim,), True
         yield b + "ffn_norm.weight", (hidden,), True
+        if experts:
+            _, _, n, _, width = experts
+            yield b + "ffn_gate_inp.weight", (n, hidden), True
+            yield b + "ffn_gate_exps.weight", (n, width, hidden), False
+            yield b + "ffn_up_exps.weight", (n, width, hidden), False
+            yield b + "ffn_down_exps.weight", (n, hidden, width), False
+            continue
         yield b + "ffn_gate.weight", (inter, hidden), False
         yield b + "ffn_up.weight", (inter, hidden), False
         yield b + "ffn_down.weight", (hidden, inter), False
@@ -79,7 +97,10 @@ def main():
     hidden, inter, layers, heads, kv_heads, vocab, tied, theta = SHAPES[name]
     model, tokens, scores, types, specials = tokenizer(tok_path, vocab)
 
-    w = GGUFWriter(out, "llama")
+    experts = EXPERTS.get(name)
+    arch = experts[0] if experts else "llama"
+    head_dim = experts[1] if experts else hidden // heads
+    w = GGUFWriter(out, arch)
     w.add_name(f"random-weight {name} shape")
     w.add_context_length(8192)
     w.add_embedding_length(hidden)
@@ -87,9 +108,16 @@ def main():
     w.add_feed_forward_length(inter)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(theta)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if experts else 1e-5)
+    if experts:
+        _, _, n, k, width = experts
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_expert_count(n)
+        w.add_expert_used_count(k)
+        w.add_expert_feed_forward_length(width)
     w.add_vocab_size(vocab)
     w.add_file_type(1)  # mostly f16
     w.add_tokenizer_model(model)
@@ -100,7 +128,7 @@ def main():
         getattr(w, {"unknown": "add_unk_token_id", "padding": "add_pad_token_id"}.get(
             key, f"add_{key}_token_id"))(value)
 
-    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied))
+    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts))
     for tname, shape, norm in specs:
         dtype = np.float32 if norm else np.float16
         w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
@@ -110,7 +138,10 @@ def main():
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
     for tname, shape, norm in specs:
-        if norm:
+        if tname.endswith("ffn_gate_inp.weight"):
+            # A router with spread logits, so that tokens pick varied experts.
+            data = rng.standard_normal(shape, dtype=np.float32) * 0.5
+        elif norm:
             data = np.ones(shape, dtype=np.float32)
         else:
             data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)

@@ -34,6 +34,16 @@ pub struct LinearJob<'a, B: Backend> {
     pub out: B::ViewMut<'a>,
 }
 
+/// One matrix per expert of a [`Backend::linear_experts`] call.
+pub struct ExpertLinearJob<'a, B: Backend> {
+    /// One `[n, k]` matrix per expert, all of one shape.
+    pub weights: &'a [B::Weight],
+    /// `n`
+    pub width: usize,
+    /// `[rows, n]`
+    pub out: &'a mut B::Buffer,
+}
+
 /// The most matrices one [`Backend::linear`] call takes (q/k/v; gate/up).
 pub const MAX_LINEAR_JOBS: usize = 4;
 
@@ -189,6 +199,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) {
         let _ = (src, width, k, rows, weights, out);
         unreachable!("{} does not run mixture-of-experts layers", self.name());
+    }
+    /// Expert-grouped matmuls: for every job, rows `offsets[e]..offsets[e + 1]` of `out` are
+    /// the same rows of `x` (`[offsets[E], k]`) times `weights[e]ᵀ`, each row's result the one
+    /// [`Backend::linear`] gives it (so bitwise independent of the other experts' rows). At
+    /// most [`MAX_LINEAR_JOBS`] jobs. The default runs one `linear` per expert with rows.
+    fn linear_experts(
+        &self,
+        x: &Self::Buffer,
+        k: usize,
+        offsets: &[usize],
+        jobs: &mut [ExpertLinearJob<'_, Self>],
+    ) {
+        for e in 0..offsets.len().saturating_sub(1) {
+            let rows = offsets[e]..offsets[e + 1];
+            if rows.is_empty() {
+                continue;
+            }
+            let xs = Self::view(x, rows.start * k..rows.end * k);
+            let mut linear: Vec<LinearJob<'_, Self>> = jobs
+                .iter_mut()
+                .map(|j| LinearJob {
+                    weight: &j.weights[e],
+                    bias: None,
+                    out: Self::view_mut(j.out, rows.start * j.width..rows.end * j.width),
+                })
+                .collect();
+            self.linear(xs, rows.len(), &mut linear);
+        }
     }
     /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
     fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);

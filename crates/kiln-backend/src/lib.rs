@@ -25,7 +25,7 @@ pub mod ops;
 mod storage;
 mod tensor;
 
-pub use backend::{Backend, ExpertRouting, LinearJob, MAX_LINEAR_JOBS, Workspace};
+pub use backend::{Backend, ExpertLinearJob, ExpertRouting, LinearJob, MAX_LINEAR_JOBS, Workspace};
 pub use batch::{ForwardBatch, LogitsWanted, SeqSpan, TREE_ROOT, TreeKeys, TreeMask};
 pub use error::{ForwardError, LoadTensorError};
 pub use ggml_type::GgmlType;

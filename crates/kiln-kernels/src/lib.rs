@@ -35,7 +35,10 @@ pub mod vmath;
 pub use cpu::{Cpu, CpuKvStore, KvLayer, KvLayerMut};
 pub use kiln_backend as backend;
 pub use kiln_backend::{MappedFile, Storage};
-pub use matmul::{LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_multi};
+pub use matmul::{
+    ExpertJob, LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_experts,
+    linear_multi,
+};
 pub use prefetch_level::{PREFETCH_ENV, PrefetchLevel};
 pub use quant::{GgmlType, QuantMatrix};
 pub use reference::Reference;

@@ -220,6 +220,16 @@ impl<T> SharedMut<T> {
         self.0
     }
 
+    /// The same memory from element `offset` on.
+    ///
+    /// # Safety
+    /// `offset` must be in bounds of the original slice (or its end).
+    #[must_use]
+    pub unsafe fn at(&self, offset: usize) -> Self {
+        // SAFETY: guaranteed by the caller.
+        Self(unsafe { self.0.add(offset) })
+    }
+
     /// # Safety
     /// `offset..offset + len` must be in bounds of the original slice, and no other task may
     /// access that range while the returned slice lives.

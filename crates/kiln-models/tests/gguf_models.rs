@@ -91,18 +91,13 @@ fn write_vocab(w: &mut GgufWriter, src: &Path, vocab_size: usize) {
     );
 }
 
-/// Writes `fixture`'s weights and config as a GGUF of architecture `arch`.
-fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
-    let src = fixture(name);
-    let cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+/// `cfg`'s hyperparameters as `arch`'s GGUF metadata keys.
+fn write_config(w: &mut GgufWriter, arch: &str, cfg: &Value) {
     let num = |k: &str| cfg[k].as_u64().unwrap();
     let heads = num("num_attention_heads");
     let kv_heads = num("num_key_value_heads");
     let head_dim = cfg["head_dim"].as_u64().unwrap_or(num("hidden_size") / heads);
     let layers = num("num_hidden_layers");
-    let gemma = arch == "gemma3";
-    let mut w = GgufWriter::new();
     let key = |k: &str| format!("{arch}.{k}");
     w.metadata("general.architecture", GgufValue::String(arch.into()))
         .metadata(&key("embedding_length"), GgufValue::U32(num("hidden_size") as u32))
@@ -122,7 +117,7 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
         .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
         .unwrap_or(10_000.0);
     w.metadata(&key("rope.freq_base"), GgufValue::F32(theta as f32));
-    if gemma {
+    if arch == "gemma3" {
         w.metadata(&key("attention.sliding_window"), GgufValue::U32(num("sliding_window") as u32));
         let sliding = cfg["layer_types"]
             .as_array()
@@ -141,6 +136,21 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
                 GgufValue::U32(num("moe_intermediate_size") as u32),
             );
     }
+}
+
+/// Writes `fixture`'s weights and config as a GGUF of architecture `arch`.
+fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
+    let src = fixture(name);
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let num = |k: &str| cfg[k].as_u64().unwrap();
+    let heads = num("num_attention_heads");
+    let kv_heads = num("num_key_value_heads");
+    let layers = num("num_hidden_layers");
+    let gemma = arch == "gemma3";
+    let num_experts = cfg["num_experts"].as_u64().unwrap_or(0);
+    let mut w = GgufWriter::new();
+    write_config(&mut w, arch, &cfg);
     write_vocab(&mut w, &src, num("vocab_size") as usize);
     let store = WeightStore::open_dir(&src).unwrap();
     for l in 0..layers {

@@ -13,8 +13,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kiln_backend::{
-    AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
-    LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan, TreeMask,
+    AttentionShape, Backend, ExpertLinearJob, ForwardError, GateActivation, GgmlType, HostTensor,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan, TreeMask,
 };
 
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
@@ -270,6 +270,20 @@ impl Backend for Cpu {
 
     fn supports_experts(&self) -> bool {
         true
+    }
+
+    fn linear_experts(
+        &self,
+        x: &Vec<f32>,
+        k: usize,
+        offsets: &[usize],
+        jobs: &mut [ExpertLinearJob<'_, Self>],
+    ) {
+        let mut cpu_jobs = Vec::with_capacity(jobs.len());
+        for j in jobs.iter_mut() {
+            cpu_jobs.push(crate::ExpertJob { weights: j.weights, out: &mut j.out[..] });
+        }
+        crate::linear_experts(&self.pool, x, k, offsets, &mut cpu_jobs);
     }
 
     fn combine_rows(

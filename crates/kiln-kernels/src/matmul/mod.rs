@@ -15,6 +15,7 @@
 //! per-thread buffers that only grow), then tasks own 16-row groups of weights. Their outputs
 //! obey the same batch invariance.
 
+mod experts;
 mod gemv;
 
 use std::cell::RefCell;
@@ -26,6 +27,7 @@ use crate::thread_pool::SharedMut;
 use crate::{CpuIsa, SimdLevel, ThreadPool};
 use kiln_backend::Storage;
 
+pub use experts::{ExpertJob, linear_experts};
 pub use gemv::gemv_rows;
 
 /// Weight rows per task (a multiple of the 4-row tile).

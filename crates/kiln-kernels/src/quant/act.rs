@@ -67,6 +67,22 @@ impl QuantActs {
 
     /// Quantizes `x[m, k]` with blocks of `block` (`k % block == 0`, `block % 64 == 0` or 32).
     pub fn quantize(&mut self, pool: &ThreadPool, x: &[f32], m: usize, k: usize, block: usize) {
+        self.quantize_on(Some(pool), x, m, k, block);
+    }
+
+    /// [`Self::quantize`] on the calling thread alone (inside a pool task).
+    pub fn quantize_here(&mut self, x: &[f32], m: usize, k: usize, block: usize) {
+        self.quantize_on(None, x, m, k, block);
+    }
+
+    fn quantize_on(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        block: usize,
+    ) {
         assert!(k.is_multiple_of(block) && x.len() == m * k);
         self.m = m;
         self.k = k;
@@ -103,7 +119,7 @@ impl QuantActs {
                 quantize_row(&x[i * k..(i + 1) * k], block, qs, d, sums);
             }
         };
-        if m * k >= 1 << 15 {
+        if let Some(pool) = pool.filter(|_| m * k >= 1 << 15) {
             pool.run(m.div_ceil(ROWS_PER_TASK), |t| {
                 run(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m));
             });

@@ -9,13 +9,13 @@
 //!
 //! The matmuls are grouped by expert: the step's picks are sorted by expert (then token) and
 //! gathered into one `[n·k, hidden]` buffer, so each expert's weights are read once per step
-//! for all of its tokens. Every backend op computes each row on its own, and the combine sums
+//! for all of its tokens, all experts in one backend call (`linear_experts`) per matrix kind. Every backend op computes each row on its own, and the combine sums
 //! a token's own picks in a fixed order, so a token's output never depends on which other
 //! tokens chose the same experts (batched == alone, bit for bit).
 
 use std::cmp::Ordering;
 
-use kiln_backend::{Backend, ExpertRouting, GateActivation, LinearJob};
+use kiln_backend::{Backend, ExpertLinearJob, ExpertRouting, GateActivation};
 
 use crate::names::{ExpertMatrix, LayerTensor as L, Tensor};
 use crate::weights::Weights;
@@ -23,17 +23,13 @@ use crate::{LoadError, MoeConfig};
 
 use super::mlp::MlpIo;
 
-/// One expert's gated MLP: `[i, h]` gate and up, `[h, i]` down.
-struct Expert<B: Backend> {
-    gate: B::Weight,
-    up: B::Weight,
-    down: B::Weight,
-}
-
 pub(crate) struct MoeMlp<B: Backend> {
     /// `[num_experts, hidden]`, in its stored float type.
     router: B::Weight,
-    experts: Vec<Expert<B>>,
+    /// Expert `e`'s `[i, h]` gate and up and `[h, i]` down matrices are element `e` of each.
+    gates: Vec<B::Weight>,
+    ups: Vec<B::Weight>,
+    downs: Vec<B::Weight>,
     top_k: usize,
     norm_topk_prob: bool,
     act: GateActivation,
@@ -52,19 +48,16 @@ impl<B: Backend> MoeMlp<B> {
     ) -> Result<Self, LoadError> {
         let (h, i, n) = (hidden, moe.expert_intermediate_size, moe.num_experts);
         let router = w.float_matrix(Tensor::Layer(layer, L::Router), n, h)?;
-        let experts = (0..n)
-            .map(|e| {
-                let m = |which, rows, cols| w.expert_matrix((layer, which), (e, n), rows, cols);
-                Ok(Expert {
-                    gate: m(ExpertMatrix::Gate, i, h)?,
-                    up: m(ExpertMatrix::Up, i, h)?,
-                    down: m(ExpertMatrix::Down, h, i)?,
-                })
-            })
-            .collect::<Result<_, LoadError>>()?;
+        let matrices = |which, rows, cols| {
+            (0..n)
+                .map(|e| w.expert_matrix((layer, which), (e, n), rows, cols))
+                .collect::<Result<Vec<_>, LoadError>>()
+        };
         Ok(Self {
             router,
-            experts,
+            gates: matrices(ExpertMatrix::Gate, i, h)?,
+            ups: matrices(ExpertMatrix::Up, i, h)?,
+            downs: matrices(ExpertMatrix::Down, h, i)?,
             top_k: moe.experts_per_token,
             norm_topk_prob: moe.norm_topk_prob,
             act,
@@ -75,14 +68,19 @@ impl<B: Backend> MoeMlp<B> {
 
     /// Every matrix: the router, then each expert's gate, up and down.
     pub(crate) fn matrices(&self) -> Vec<&B::Weight> {
-        let experts = self.experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]);
-        std::iter::once(&self.router).chain(experts).collect()
+        self.active_matrices_of(self.gates.len())
     }
 
     /// The matrices one token reads: the router and `k` experts' (the bytes of an expert
     /// are the same for all of them).
     pub(crate) fn active_matrices(&self) -> Vec<&B::Weight> {
-        let experts = self.experts.iter().take(self.top_k).flat_map(|e| [&e.gate, &e.up, &e.down]);
+        self.active_matrices_of(self.top_k)
+    }
+
+    /// The router and the first `experts` experts' matrices.
+    fn active_matrices_of(&self, experts: usize) -> Vec<&B::Weight> {
+        let e = self.gates.iter().zip(&self.ups).zip(&self.downs).take(experts);
+        let experts = e.flat_map(|((g, u), d)| [g, u, d]);
         std::iter::once(&self.router).chain(experts).collect()
     }
 
@@ -93,30 +91,19 @@ impl<B: Backend> MoeMlp<B> {
         route(routing, n, k, self.norm_topk_prob);
         let rows = n * k;
         be.gather_rows(input, h, &routing.tokens, B::view_mut(picked, 0..rows * h));
-        for (e, expert) in self.experts.iter().enumerate() {
-            let seg = routing.offsets[e]..routing.offsets[e + 1];
-            if seg.is_empty() {
-                continue;
-            }
-            let (hs, is) = (seg.start * h..seg.end * h, seg.start * i..seg.end * i);
-            let x = B::view(picked, hs);
-            let jobs = &mut [
-                LinearJob { weight: &expert.gate, bias: None, out: B::view_mut(gate, is.clone()) },
-                LinearJob { weight: &expert.up, bias: None, out: B::view_mut(up, is) },
-            ];
-            be.linear(x, seg.len(), jobs);
-        }
+        let offsets = &routing.offsets;
+        be.linear_experts(
+            &*picked,
+            h,
+            offsets,
+            &mut [
+                ExpertLinearJob { weights: &self.gates, width: i, out: &mut *gate },
+                ExpertLinearJob { weights: &self.ups, width: i, out: &mut *up },
+            ],
+        );
         be.gated_act(self.act, B::view_mut(gate, 0..rows * i), B::view(up, 0..rows * i));
-        for (e, expert) in self.experts.iter().enumerate() {
-            let seg = routing.offsets[e]..routing.offsets[e + 1];
-            if seg.is_empty() {
-                continue;
-            }
-            let (hs, is) = (seg.start * h..seg.end * h, seg.start * i..seg.end * i);
-            let down =
-                LinearJob { weight: &expert.down, bias: None, out: B::view_mut(picked_out, hs) };
-            be.linear(B::view(gate, is), seg.len(), &mut [down]);
-        }
+        let down = ExpertLinearJob { weights: &self.downs, width: h, out: &mut *picked_out };
+        be.linear_experts(&*gate, i, offsets, &mut [down]);
         let src = B::view(picked_out, 0..rows * h);
         be.combine_rows(src, h, k, &routing.rows, &routing.weights, out);
     }
@@ -152,10 +139,14 @@ pub(crate) fn route(r: &mut ExpertRouting, n: usize, k: usize, normalize: bool) 
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f32 = logits.iter().map(|&x| (x - max).exp()).sum();
         let (experts, weights) = (&mut r.rows[first..], &mut r.weights[first..]);
-        weights.iter_mut().for_each(|w| *w = (*w - max).exp() / sum);
+        for w in weights.iter_mut() {
+            *w = (*w - max).exp() / sum;
+        }
         if normalize {
             let total: f32 = weights.iter().sum();
-            weights.iter_mut().for_each(|w| *w /= total);
+            for w in weights.iter_mut() {
+                *w /= total;
+            }
         }
         // Ascending expert order, the order the combine sums in (insertion sort: k is small).
         for j in 1..k {
