@@ -2,16 +2,19 @@
 # kiln against llama.cpp on random-weight GGUFs of real model shapes: for each shape and type,
 # batch-1, batch-4 and batch-16 decode and prefill 512, alternating RUNS times, medians, ratios,
 # and batch-1 decode as a share of the measured read bandwidth (`membw`: the weights one token
-# reads, over the time per token). The f16 file is written by `shape_gguf.py` (the default
-# model's tokenizer cut to the shape's vocabulary) and quantized by `llama-quantize`; both
-# engines read the same quantized file. Needs the `gguf` and `numpy` Python packages.
+# reads, of a mixture-of-experts layer only the experts a token routes to, over the time per
+# token). The f16 file is written by `shape_gguf.py` (the default model's tokenizer cut to the
+# shape's vocabulary) and quantized by `llama-quantize`; both engines read the same quantized
+# file. Needs the `gguf` and `numpy` Python packages.
 #
 #   LLAMA_QUANTIZE=.../llama-quantize LLAMA_BENCH=.../llama-bench \
 #   LLAMA_BATCHED=.../llama-batched-bench scripts/bench/shapes.sh [RUNS] [THREADS]
 #
-# SHAPES (default "llama-3.2-1b"; also "llama-3.1-8b"), TYPES (default "Q4_K_M Q5_K_M Q6_K
-# Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln binary) and CELLS
-# (default "b1 b4 b16 pp512") choose what runs.
+# SHAPES (default "llama-3.2-1b"; also "llama-3.1-8b", and "qwen3-30b-a3b-12l": Qwen3-30B-A3B's
+# mixture-of-experts layers, 12 of its 48, so the file fits a 24 GB machine), TYPES (default
+# "Q4_K_M Q5_K_M Q6_K Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln
+# binary), CELLS (default "b1 b4 b16 pp512") and TG (tokens each decode cell generates,
+# default 64) choose what runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS="${1:-3}"
@@ -19,6 +22,7 @@ THREADS="${2:-2}"
 SHAPES="${SHAPES:-llama-3.2-1b}"
 TYPES="${TYPES:-Q4_K_M Q5_K_M Q6_K Q8_0}"
 CELLS="${CELLS:-b1 b4 b16 pp512}"
+TG="${TG:-64}"
 DIR="${DIR:-${CARGO_TARGET_DIR:-target}/shapes}"
 : "${LLAMA_QUANTIZE:?set LLAMA_QUANTIZE to the llama-quantize of llama.cpp}"
 mkdir -p "$DIR"
@@ -36,7 +40,7 @@ kiln_cell() {
   case "$1" in
     pp512) "$KILN" "${args[@]}" --batch-size 1 --input-len 512 --output-len 1 2>/dev/null |
       awk -F'|' '$2 ~ /^ *1 *$/ {gsub(/ /, "", $6); print $6}' ;;
-    b*) "$KILN" "${args[@]}" --batch-size "${1#b}" --input-len 16 --output-len 64 2>/dev/null |
+    b*) "$KILN" "${args[@]}" --batch-size "${1#b}" --input-len 16 --output-len "$TG" 2>/dev/null |
       awk -F'|' -v b="${1#b}" '$2 ~ "^ *" b " *$" {gsub(/ /, "", $8); print $8}' ;;
   esac
 }
@@ -45,21 +49,35 @@ llama_cell() {
   case "$1" in
     pp512) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 512 -n 0 -r 1 2>/dev/null |
       awk -F'|' '/pp512/ {split($8, v, " "); print v[1]}' ;;
-    b1) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 0 -n 64 -r 1 2>/dev/null |
-      awk -F'|' '/tg64/ {split($8, v, " "); print v[1]}' ;;
-    b*) "${LLAMA_BATCHED:?}" -m "$2" -t "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg 64 \
+    b1) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 0 -n "$TG" -r 1 2>/dev/null |
+      awk -F'|' -v tg="tg$TG" '$0 ~ tg {split($8, v, " "); print v[1]}' ;;
+    b*) "${LLAMA_BATCHED:?}" -m "$2" -t "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg "$TG" \
       -npl "${1#b}" 2>/dev/null | awk -F'|' '$2 ~ /^ *16 *$/ {gsub(/ /, "", $9); print $9}' ;;
   esac
 }
-# read_bytes FILE: the bytes one decoded token reads, every tensor but an untied token embedding.
+# read_bytes FILE: the bytes one decoded token reads: every tensor but an untied token
+# embedding, and of a mixture-of-experts layer's stacked `*_exps` tensors only the share of the
+# experts one token uses (`expert_used_count / expert_count`).
 read_bytes() {
   python3 - "$1" <<'PY'
 import sys
 from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])
+def meta(suffix):
+    for key, field in r.fields.items():
+        if key.endswith(suffix):
+            return int(field.parts[field.data[0]][0])
+    return None
+experts, used = meta(".expert_count"), meta(".expert_used_count")
 names = {t.name for t in r.tensors}
 untied = "output.weight" in names
-print(sum(int(t.n_bytes) for t in r.tensors if not (untied and t.name == "token_embd.weight")))
+total = 0
+for t in r.tensors:
+    if untied and t.name == "token_embd.weight":
+        continue
+    share = used / experts if experts and "_exps." in t.name else 1
+    total += int(t.n_bytes) * share
+print(int(total))
 PY
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
@@ -70,7 +88,6 @@ for shape in $SHAPES; do
   for ty in $TYPES; do
     file="$DIR/$shape-${ty,,}.gguf"
     [[ -s "$file" ]] || "$LLAMA_QUANTIZE" "$f16" "$file" "$ty" "$THREADS" >/dev/null 2>&1
-    # The bytes one decoded token reads: every tensor but an untied token embedding.
     read_bytes="$(read_bytes "$file")"
     declare -A K=() L=()
     for run in $(seq "$RUNS"); do

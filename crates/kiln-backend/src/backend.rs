@@ -288,12 +288,16 @@ pub struct Workspace<B: Backend> {
 pub struct ExpertRouting {
     /// `[n, num_experts]` the router's logits.
     pub logits: Logits,
+    /// `[n, 1]` the shared expert's gate logits, when the layer has a shared expert.
+    pub shared_logits: Logits,
     /// `[n · k]` the token of each pick, in expert-sorted order (the rows to gather).
     pub tokens: Vec<usize>,
-    /// `[n · k]` for token `t`'s `j`-th pick (its picks in ascending expert order), the row
-    /// of that pick in the expert-sorted order.
+    /// `[n · k']` for token `t`'s `j`-th pick (its picks in ascending expert order), the row
+    /// of that pick in the expert-sorted order; with a shared expert `k' = k + 1` and token
+    /// `t`'s last pick is row `n·k + t`, the shared expert's output for it.
     pub rows: Vec<usize>,
-    /// `[n · k]` the weight of token `t`'s `j`-th pick, in the order of `rows`.
+    /// `[n · k']` the weight of token `t`'s `j`-th pick, in the order of `rows` (the shared
+    /// expert's: the sigmoid of its gate).
     pub weights: Vec<f32>,
     /// `[num_experts + 1]` expert `e`'s picks are sorted rows `offsets[e]..offsets[e + 1]`.
     pub offsets: Vec<usize>,

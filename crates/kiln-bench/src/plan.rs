@@ -49,6 +49,8 @@ pub struct ExpertShape {
     pub experts_per_token: usize,
     /// One expert's FFN width.
     pub intermediate: usize,
+    /// The FFN width of the shared expert every token also runs (0: none).
+    pub shared_intermediate: usize,
     /// How many layers have experts (the others' MLP is dense, of `ModelShape::intermediate`).
     pub sparse_layers: usize,
 }
@@ -61,7 +63,10 @@ impl ModelShape {
         let attn = h * q + 2 * h * kv + q * h;
         let dense = 3 * h * self.intermediate;
         let (sparse_layers, sparse) = self.experts.as_ref().map_or((0, 0), |e| {
-            (e.sparse_layers, 3 * h * e.intermediate * e.experts_per_token + h * e.num_experts)
+            let shared =
+                if e.shared_intermediate > 0 { 3 * h * e.shared_intermediate + h } else { 0 };
+            let routed = 3 * h * e.intermediate * e.experts_per_token + h * e.num_experts;
+            (e.sparse_layers, routed + shared)
         });
         let dense_layers = self.num_layers - sparse_layers.min(self.num_layers);
         (attn * self.num_layers + dense * dense_layers + sparse * sparse_layers) as u64
@@ -311,6 +316,7 @@ mod tests {
                 num_experts: 128,
                 experts_per_token: 8,
                 intermediate: 768,
+                shared_intermediate: 0,
                 sparse_layers: 1,
             }),
             num_layers: 1,

@@ -70,6 +70,8 @@ pub struct ModelConfig {
 /// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
 /// token goes to its `experts_per_token` best by softmax probability (ties to the lower index)
 /// with those probabilities as weights, renormalised to sum to one when `norm_topk_prob`.
+/// A shared expert (Qwen2-MoE), when there is one, sees every token and is added to the picks'
+/// sum scaled by the sigmoid of its own one-row gate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
     pub num_experts: usize,
@@ -77,6 +79,8 @@ pub struct MoeConfig {
     /// The FFN width of one expert.
     pub expert_intermediate_size: usize,
     pub norm_topk_prob: bool,
+    /// The FFN width of the shared expert (`None`: no shared expert).
+    pub shared_expert_intermediate_size: Option<usize>,
     /// `[num_layers]`: whether layer `l` has experts (else its MLP is dense, of
     /// `intermediate_size`).
     pub sparse_layers: Vec<bool>,
@@ -100,6 +104,11 @@ impl MoeConfig {
                 "expert FFN width {} is out of range 1..={MAX_DIM}",
                 self.expert_intermediate_size
             )));
+        }
+        if let Some(w) = self.shared_expert_intermediate_size
+            && !(1..=MAX_DIM).contains(&w)
+        {
+            return Err(err(format!("shared expert FFN width {w} is out of range 1..={MAX_DIM}")));
         }
         Ok(())
     }

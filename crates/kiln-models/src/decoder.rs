@@ -81,11 +81,12 @@ struct StepBuffers<'a, B: Backend> {
     /// `[t, h]` a sublayer's output.
     proj: &'a mut B::Buffer,
     /// `[min(t, SLICE_TOKENS), intermediate]` each; with experts, at least
-    /// `[min(t, SLICE_TOKENS) · k, expert intermediate]`.
+    /// `[min(t, SLICE_TOKENS) · k, expert intermediate]` and `[min(t, SLICE_TOKENS), shared
+    /// expert intermediate]`.
     gate: &'a mut B::Buffer,
     up: &'a mut B::Buffer,
     /// `[min(t, SLICE_TOKENS) · k, h]` each with experts (else empty): the picked rows, and
-    /// their experts' outputs.
+    /// their experts' outputs (`k + 1` rows a token with a shared expert).
     picked: &'a mut B::Buffer,
     picked_out: &'a mut B::Buffer,
     /// The experts' host routing, taken from the workspace for the step.
@@ -478,10 +479,14 @@ impl<B: Backend> DecoderModel<B> {
         let kv_dim = c.num_kv_heads * c.head_dim;
         let local_rot = self.local_rope.as_ref().map_or(0, |_| c.head_dim);
         let slice = t.min(SLICE_TOKENS);
-        let (picks, expert_i) = c
-            .moe
-            .as_ref()
-            .map_or((0, 0), |m| (slice * m.experts_per_token, m.expert_intermediate_size));
+        // The picked rows, the gate/up rows the experts need (the shared expert's too), and
+        // the picks' outputs (plus the shared expert's rows).
+        let (picks, expert_gate, outs) = c.moe.as_ref().map_or((0, 0, 0), |m| {
+            let picks = slice * m.experts_per_token;
+            let shared = m.shared_expert_intermediate_size.map_or(0, |si| slice * si);
+            let outs = picks + if shared > 0 { slice } else { 0 };
+            (picks, (picks * m.expert_intermediate_size).max(shared), outs)
+        });
         let lens = [
             t * h,
             t * h,
@@ -490,10 +495,10 @@ impl<B: Backend> DecoderModel<B> {
             t * kv_dim,
             t * q_dim,
             t * h,
-            (slice * i).max(picks * expert_i),
-            (slice * i).max(picks * expert_i),
+            (slice * i).max(expert_gate),
+            (slice * i).max(expert_gate),
             picks * h,
-            picks * h,
+            outs * h,
             num_rows * h,
             num_rows * h,
             t * c.head_dim,

@@ -32,6 +32,12 @@ pub(crate) enum LayerTensor {
     DownBias,
     /// The mixture-of-experts router, `[num_experts, hidden]`.
     Router,
+    /// The shared expert's gated MLP (Qwen2-MoE).
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    /// `[1, hidden]` the shared expert's gate: its output is scaled by the sigmoid of this.
+    SharedExpertGate,
 }
 
 /// One of an expert's three matrices.
@@ -102,6 +108,10 @@ impl Naming {
                     L::UpBias => "mlp.up_proj.bias",
                     L::DownBias => "mlp.down_proj.bias",
                     L::Router => "mlp.gate.weight",
+                    L::SharedGate => "mlp.shared_expert.gate_proj.weight",
+                    L::SharedUp => "mlp.shared_expert.up_proj.weight",
+                    L::SharedDown => "mlp.shared_expert.down_proj.weight",
+                    L::SharedExpertGate => "mlp.shared_expert_gate.weight",
                 });
                 format!("model.layers.{l}.{leaf}")
             }
@@ -128,6 +138,10 @@ impl Naming {
                     L::UpBias => "ffn_up.bias",
                     L::DownBias => "ffn_down.bias",
                     L::Router => "ffn_gate_inp.weight",
+                    L::SharedGate => "ffn_gate_shexp.weight",
+                    L::SharedUp => "ffn_up_shexp.weight",
+                    L::SharedDown => "ffn_down_shexp.weight",
+                    L::SharedExpertGate => "ffn_gate_inp_shexp.weight",
                 };
                 format!("blk.{l}.{leaf}")
             }
@@ -142,7 +156,10 @@ impl Naming {
             ExpertMatrix::Down => ("down_proj", "ffn_down_exps"),
         };
         match self {
-            Self::Hf(_) => ExpertName::Own(format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")),
+            Self::Hf(arch) => ExpertName::Own(
+                arch.hf_expert(l, m, e)
+                    .unwrap_or_else(|| format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")),
+            ),
             Self::Gguf => ExpertName::Stacked(format!("blk.{l}.{gguf}.weight")),
         }
     }

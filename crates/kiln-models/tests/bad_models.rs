@@ -186,14 +186,15 @@ fn broken_gguf_models_name_what_is_wrong() {
 /// the key or the tensor named.
 #[test]
 fn bad_expert_configs_are_refused() {
-    let edit = |tag: &str, from: &str, to: &str| {
-        let dir = copy_fixture("qwen3moe", tag);
+    let edit_of = |name: &str, tag: &str, from: &str, to: &str| {
+        let dir = copy_fixture(name, tag);
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "{from}");
         std::fs::write(&path, text.replace(from, to)).unwrap();
         load_error(&dir)
     };
+    let edit = |tag: &str, from: &str, to: &str| edit_of("qwen3moe", tag, from, to);
     let msg = edit("topk", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9");
     assert!(msg.contains("9 experts per token is out of range 1..=8"), "{msg}");
     let msg = edit("count", "\"num_experts\": 8", "\"num_experts\": 9");
@@ -204,4 +205,17 @@ fn bad_expert_configs_are_refused() {
     assert!(msg.contains("`mlp_only_layers` must list layer indices below 3"), "{msg}");
     let msg = edit("step", "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0");
     assert!(msg.contains("`decoder_sparse_step` must be at least 1"), "{msg}");
+    let (from, to) = ("\"shared_expert_intermediate_size\": 48", "\"shared_expert_width\": 48");
+    let msg = edit_of("qwen2moe", "shared", from, to);
+    assert!(msg.contains("shared_expert_intermediate_size"), "{msg}");
+    let (from, to) =
+        ("\"shared_expert_intermediate_size\": 48", "\"shared_expert_intermediate_size\": 40");
+    let msg = edit_of("qwen2moe", "shared-width", from, to);
+    assert!(
+        msg.contains("mlp.shared_expert.gate_proj.weight") && msg.contains("[40, 64]"),
+        "{msg}"
+    );
+    let (from, to) = ("\"num_local_experts\": 4", "\"num_local_experts\": 0");
+    let msg = edit_of("mixtral", "mixtral-count", from, to);
+    assert!(msg.contains("`num_local_experts` = 0 is out of range"), "{msg}");
 }

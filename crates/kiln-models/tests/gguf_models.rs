@@ -46,7 +46,11 @@ fn gguf_name(hf: &str, sandwich: bool) -> String {
                 "mlp.gate_proj" => "ffn_gate",
                 "mlp.up_proj" => "ffn_up",
                 "mlp.down_proj" => "ffn_down",
-                "mlp.gate" => "ffn_gate_inp",
+                "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+                "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+                "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+                "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+                "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
                 m => panic!("unmapped tensor {m}"),
             };
             return format!("blk.{layer}.{name}.{kind}");
@@ -127,15 +131,23 @@ fn write_config(w: &mut GgufWriter, arch: &str, cfg: &Value) {
             .collect();
         w.metadata(&key("attention.sliding_window_pattern"), GgufValue::Array(sliding));
     }
-    let num_experts = cfg["num_experts"].as_u64().unwrap_or(0);
+    let num_experts = num_experts(cfg);
     if num_experts > 0 {
         w.metadata(&key("expert_count"), GgufValue::U32(num_experts as u32))
-            .metadata(&key("expert_used_count"), GgufValue::U32(num("num_experts_per_tok") as u32))
-            .metadata(
-                &key("expert_feed_forward_length"),
-                GgufValue::U32(num("moe_intermediate_size") as u32),
-            );
+            .metadata(&key("expert_used_count"), GgufValue::U32(num("num_experts_per_tok") as u32));
+        // Mixtral's experts are `intermediate_size` wide: its files have no expert width key.
+        if let Some(width) = cfg["moe_intermediate_size"].as_u64() {
+            w.metadata(&key("expert_feed_forward_length"), GgufValue::U32(width as u32));
+        }
+        if let Some(width) = cfg["shared_expert_intermediate_size"].as_u64() {
+            w.metadata(&key("expert_shared_feed_forward_length"), GgufValue::U32(width as u32));
+        }
     }
+}
+
+/// `num_experts` (Qwen) or `num_local_experts` (Mixtral); 0 for a dense model.
+fn num_experts(cfg: &Value) -> u64 {
+    cfg["num_experts"].as_u64().or(cfg["num_local_experts"].as_u64()).unwrap_or(0)
 }
 
 /// Writes `fixture`'s weights and config as a GGUF of architecture `arch`.
@@ -148,7 +160,7 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
     let kv_heads = num("num_key_value_heads");
     let layers = num("num_hidden_layers");
     let gemma = arch == "gemma3";
-    let num_experts = cfg["num_experts"].as_u64().unwrap_or(0);
+    let num_experts = num_experts(&cfg);
     let mut w = GgufWriter::new();
     write_config(&mut w, arch, &cfg);
     write_vocab(&mut w, &src, num("vocab_size") as usize);
@@ -182,6 +194,11 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
             "mlp.up_proj",
             "mlp.down_proj",
             "mlp.gate",
+            "block_sparse_moe.gate",
+            "mlp.shared_expert.gate_proj",
+            "mlp.shared_expert.up_proj",
+            "mlp.shared_expert.down_proj",
+            "mlp.shared_expert_gate",
         ] {
             names.push(format!("model.layers.{l}.{m}.weight"));
             names.push(format!("model.layers.{l}.{m}.bias"));
@@ -205,7 +222,10 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
                 *x += 1.0;
             }
         }
-        let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        if hf.ends_with("shared_expert_gate.weight") {
+            dims.truncate(1); // llama.cpp's `ffn_gate_inp_shexp` is 1-D
+        }
         w.tensor_f32(&gguf_name(hf, gemma), &dims, &data);
     }
     let path = dir.join(format!("{name}.gguf"));
@@ -214,12 +234,28 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
 }
 
 /// Layer `l`'s experts as llama.cpp stacks them: `ffn_{gate,up,down}_exps.weight`, one tensor
-/// per matrix kind holding every expert (ggml dims `[cols, rows, num_experts]`).
+/// per matrix kind holding every expert (ggml dims `[cols, rows, num_experts]`), from Qwen's
+/// `mlp.experts.{e}.{gate,up,down}_proj` or Mixtral's `block_sparse_moe.experts.{e}.w{1,3,2}`.
 fn write_stacked_experts(w: &mut GgufWriter, store: &WeightStore, l: u64, num_experts: u64) {
-    let expert = |e: u64, m: &str| format!("model.layers.{l}.mlp.experts.{e}.{m}.weight");
-    if num_experts == 0 || !store.contains(&expert(0, "gate_proj")) {
+    let qwen = |e: u64, m: &str| format!("model.layers.{l}.mlp.experts.{e}.{m}.weight");
+    let mixtral = |e: u64, m: &str| {
+        let w = match m {
+            "gate_proj" => "w1",
+            "up_proj" => "w3",
+            _ => "w2",
+        };
+        format!("model.layers.{l}.block_sparse_moe.experts.{e}.{w}.weight")
+    };
+    if num_experts == 0 {
         return;
     }
+    let expert: &dyn Fn(u64, &str) -> String = if store.contains(&qwen(0, "gate_proj")) {
+        &qwen
+    } else if store.contains(&mixtral(0, "gate_proj")) {
+        &mixtral
+    } else {
+        return;
+    };
     for (m, gguf) in
         [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")]
     {
@@ -249,6 +285,8 @@ fn converted_fixtures_match_transformers() {
         ("qwen2", "qwen2"),
         ("qwen3", "qwen3"),
         ("qwen3moe", "qwen3moe"),
+        ("qwen2moe", "qwen2moe"),
+        ("mixtral", "llama"),
         ("gemma3", "gemma3"),
     ] {
         let path = convert(name, arch, &dir);

@@ -11,9 +11,12 @@ use common::{Runner, argmax, assert_rows_close, cases, cpu, fixture};
 use kiln_kernels::GgmlType;
 use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 
-/// Every fixture: the Llama family, Qwen3-MoE (8 experts, 2 per token, a dense layer between
-/// two sparse ones) and Gemma 3 (sandwich norms, sliding layers, GeLU).
-const MODELS: [&str; 7] = ["llama3", "llama2", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3"];
+/// Every fixture: the Llama family, the mixtures of experts (Mixtral: 4 experts, 2 per token,
+/// bf16; Qwen2-MoE: a shared expert, unnormalised weights; Qwen3-MoE: 8 experts, 2 per token;
+/// both Qwens with a dense layer between two sparse ones) and Gemma 3 (sandwich norms, sliding
+/// layers, GeLU).
+const MODELS: [&str; 9] =
+    ["llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3"];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;
 /// Batching, chunking and caching must not change a single bit of the logits.
@@ -72,7 +75,7 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
 /// experts, whichever other tokens share a token's experts.
 #[test]
 fn step_of_1200_tokens_equals_each_sequence_alone() {
-    for name in ["gemma3", "llama3", "qwen3moe"] {
+    for name in ["gemma3", "llama3", "qwen3moe", "qwen2moe"] {
         let mut runner = Runner::new(name);
         let vocab = runner.vocab() as u32;
         let seqs: Vec<Vec<u32>> = (0..6u32)

@@ -69,6 +69,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         num_experts: m.num_experts,
         experts_per_token: m.experts_per_token,
         intermediate: m.expert_intermediate_size,
+        shared_intermediate: m.shared_expert_intermediate_size.unwrap_or(0),
         sparse_layers: m.sparse_layers.iter().filter(|s| **s).count(),
     });
     let shape = ModelShape {
@@ -132,13 +133,18 @@ fn describe_capacity(
     if let Some(e) = &shape.experts {
         let _ = writeln!(
             s,
-            "experts: {} per sparse layer ({} of {} layers), {} per token, FFN {}; one token reads \
-             {} bytes ({:.1} MiB) of the weights",
+            "experts: {} per sparse layer ({} of {} layers), {} per token, FFN {}{}; one token \
+             reads {} bytes ({:.1} MiB) of the weights",
             e.num_experts,
             e.sparse_layers,
             shape.num_layers,
             e.experts_per_token,
             e.intermediate,
+            if e.shared_intermediate > 0 {
+                format!(", a shared expert of FFN {}", e.shared_intermediate)
+            } else {
+                String::new()
+            },
             shape.active_weight_bytes,
             mib(shape.active_weight_bytes)
         );

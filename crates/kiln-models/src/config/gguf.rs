@@ -68,18 +68,25 @@ impl Keys<'_> {
     }
 
     /// The experts of a mixture-of-experts file (`expert_count`, `expert_used_count`,
-    /// `expert_feed_forward_length`, `expert_weights_norm`, default `norm_default`); a layer has
-    /// experts when it has a router (`blk.N.ffn_gate_inp.weight`).
+    /// `expert_feed_forward_length`, else `feed_forward_length` as Mixtral's files have it,
+    /// `expert_weights_norm`, default `norm_default`, and a shared expert's
+    /// `expert_shared_feed_forward_length`); a layer has experts when it has a router
+    /// (`blk.N.ffn_gate_inp.weight`).
     pub(crate) fn moe(
         &self,
         num_layers: usize,
         norm_default: bool,
     ) -> Result<super::MoeConfig, LoadError> {
+        let width = match self.opt_dim("expert_feed_forward_length")? {
+            Some(w) => w,
+            None => self.dim("feed_forward_length")?,
+        };
         let moe = super::MoeConfig {
             num_experts: self.dim("expert_count")?,
             experts_per_token: self.dim("expert_used_count")?,
-            expert_intermediate_size: self.dim("expert_feed_forward_length")?,
+            expert_intermediate_size: width,
             norm_topk_prob: self.opt_bool("expert_weights_norm")?.unwrap_or(norm_default),
+            shared_expert_intermediate_size: self.opt_dim("expert_shared_feed_forward_length")?,
             sparse_layers: (0..num_layers)
                 .map(|l| self.has_tensor(&format!("blk.{l}.ffn_gate_inp.weight")))
                 .collect(),

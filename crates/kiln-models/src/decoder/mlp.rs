@@ -29,8 +29,10 @@ pub(crate) enum Mlp<B: Backend> {
 
 /// Buffers of one MLP call over `n` tokens: the normed input `[n, hidden]`, the output
 /// `[n, hidden]`, and the gate/up intermediates (`[n, intermediate]`; with `k` experts per
-/// token, `[n·k, expert intermediate]`). A mixture of experts also takes its picked rows and
-/// their outputs (`[n·k, hidden]` each) and the host routing scratch.
+/// token, `[n·k, expert intermediate]`, and at least `[n, shared intermediate]`). A mixture of
+/// experts also takes its picked rows (`[n·k, hidden]`) and their outputs (`[n·k, hidden]`,
+/// `[n·(k + 1), hidden]` with a shared expert, whose rows come last) and the host routing
+/// scratch.
 pub(crate) struct MlpIo<'a, B: Backend> {
     pub n: usize,
     pub input: B::View<'a>,
@@ -79,7 +81,7 @@ impl<B: Backend> Mlp<B> {
     /// Every weight matrix (the bytes the model holds).
     pub(crate) fn matrices(&self) -> Vec<&B::Weight> {
         match self {
-            Self::Dense(m) => vec![&m.gate_proj, &m.up_proj, &m.down_proj],
+            Self::Dense(m) => m.weights().to_vec(),
             Self::Moe(m) => m.matrices(),
         }
     }
@@ -102,8 +104,46 @@ impl<B: Backend> Mlp<B> {
 }
 
 impl<B: Backend> DenseMlp<B> {
+    /// A mixture of experts' shared expert of `layer`: `[i, h]` gate and up, `[h, i]` down,
+    /// no biases.
+    pub(super) fn load_shared(
+        w: &Weights<'_, B>,
+        layer: usize,
+        (h, i): (usize, usize),
+        act: GateActivation,
+    ) -> Result<Self, LoadError> {
+        let t = |x: L| Tensor::Layer(layer, x);
+        Ok(Self {
+            gate_proj: w.matrix(t(L::SharedGate), i, h)?,
+            up_proj: w.matrix(t(L::SharedUp), i, h)?,
+            down_proj: w.matrix(t(L::SharedDown), h, i)?,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+            act,
+            intermediate: i,
+        })
+    }
+
+    /// Its three matrices.
+    pub(super) fn weights(&self) -> [&B::Weight; 3] {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+    }
+
     fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
         let MlpIo { n, input, out, gate, up, .. } = io;
+        self.run(backend, n, input, (gate, up), out);
+    }
+
+    /// `out = mlp(input)` over `n` tokens; `gate` and `up` hold `[n, intermediate]`.
+    pub(super) fn run<'o>(
+        &'o self,
+        backend: &B,
+        n: usize,
+        input: B::View<'_>,
+        (gate, up): (&mut B::Buffer, &mut B::Buffer),
+        out: B::ViewMut<'o>,
+    ) {
         let len = n * self.intermediate;
         backend.linear(
             input,

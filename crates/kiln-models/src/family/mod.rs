@@ -5,7 +5,8 @@
 //! [`ModelConfig`], so a new family adds a module here and, if it brings a new block kind (a
 //! mixture-of-experts MLP), a variant of the decoder's `Mlp`.
 //!
-//! Families: [`llama`] (Llama 2/3, Mistral), [`qwen`] (Qwen2, Qwen3, Qwen3-MoE), [`gemma3`].
+//! Families: [`llama`] (Llama 2/3, Mistral, Mixtral), [`qwen`] (Qwen2, Qwen3, Qwen2-MoE,
+//! Qwen3-MoE), [`gemma3`].
 
 mod gemma3;
 mod llama;
@@ -15,15 +16,19 @@ use crate::LoadError;
 use crate::ModelConfig;
 use crate::config::Fields;
 use crate::config::gguf::Keys;
-use crate::names::LayerTensor;
+use crate::names::{ExpertMatrix, LayerTensor};
 
 /// Model families kiln runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Mistral,
+    /// Mistral's attention with a mixture-of-experts MLP in every layer.
+    Mixtral,
     Qwen2,
     Qwen3,
+    /// Qwen2's attention with a mixture-of-experts MLP and a gated shared expert.
+    Qwen2Moe,
     /// Qwen3's attention with a mixture-of-experts MLP.
     Qwen3Moe,
     Gemma3,
@@ -38,19 +43,22 @@ pub(crate) struct HfContext {
 }
 
 impl Architecture {
-    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-         Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM";
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
+         MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
+         Qwen3MoeForCausalLM, Gemma3ForCausalLM";
 
-    /// GGUF `general.architecture` values kiln runs.
-    pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen3moe, gemma3";
+    /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
+    pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
         Some(match name {
             "LlamaForCausalLM" => Self::Llama,
             "MistralForCausalLM" => Self::Mistral,
+            "MixtralForCausalLM" => Self::Mixtral,
             "Qwen2ForCausalLM" => Self::Qwen2,
             "Qwen3ForCausalLM" => Self::Qwen3,
+            "Qwen2MoeForCausalLM" => Self::Qwen2Moe,
             "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
             "Gemma3ForCausalLM" => Self::Gemma3,
             _ => return None,
@@ -63,6 +71,7 @@ impl Architecture {
             "llama" => Self::Llama,
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
+            "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
             "gemma3" => Self::Gemma3,
             _ => return None,
@@ -77,11 +86,10 @@ impl Architecture {
         c: &mut ModelConfig,
     ) -> Result<(), LoadError> {
         match self {
-            Self::Llama | Self::Mistral => {
-                llama::apply_hf(self, ctx, c);
-                Ok(())
+            Self::Llama | Self::Mistral | Self::Mixtral => llama::apply_hf(self, f, ctx, c),
+            Self::Qwen2 | Self::Qwen3 | Self::Qwen2Moe | Self::Qwen3Moe => {
+                qwen::apply_hf(self, f, c)
             }
-            Self::Qwen2 | Self::Qwen3 | Self::Qwen3Moe => qwen::apply_hf(self, f, c),
             Self::Gemma3 => gemma3::apply_hf(f, ctx, c),
         }
     }
@@ -89,12 +97,9 @@ impl Architecture {
     /// Sets the family's switches from GGUF metadata on `c` (which holds the shared shape).
     pub(crate) fn apply_gguf(self, keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
         match self {
-            Self::Llama | Self::Mistral => {
-                llama::apply_gguf(c);
-                Ok(())
-            }
+            Self::Llama | Self::Mistral | Self::Mixtral => llama::apply_gguf(keys, c),
             Self::Qwen2 | Self::Qwen3 => Ok(()),
-            Self::Qwen3Moe => qwen::apply_gguf_moe(keys, c),
+            Self::Qwen2Moe | Self::Qwen3Moe => qwen::apply_gguf_moe(self, keys, c),
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
         }
     }
@@ -103,6 +108,16 @@ impl Architecture {
     pub(crate) fn hf_layer_leaf(self, t: LayerTensor) -> Option<&'static str> {
         match self {
             Self::Gemma3 => gemma3::hf_layer_leaf(t),
+            Self::Mixtral => llama::mixtral_layer_leaf(t),
+            _ => None,
+        }
+    }
+
+    /// The family's Hugging Face name for expert `e`'s `m` of layer `l`, where it differs from
+    /// the common `mlp.experts.{e}.{gate,up,down}_proj.weight`.
+    pub(crate) fn hf_expert(self, l: usize, m: ExpertMatrix, e: usize) -> Option<String> {
+        match self {
+            Self::Mixtral => Some(llama::mixtral_expert(l, m, e)),
             _ => None,
         }
     }

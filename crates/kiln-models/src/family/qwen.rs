@@ -1,6 +1,8 @@
-//! Qwen2 (bias on q/k/v), Qwen3 (RMSNorm over each head of q and k before RoPE) and
-//! Qwen3-MoE (Qwen3's attention, experts in the MLP of every layer but `mlp_only_layers`).
-//! None slides its window in the checkpoints kiln runs; a config that asks for it is refused.
+//! Qwen2 (bias on q/k/v), Qwen3 (RMSNorm over each head of q and k before RoPE), Qwen2-MoE
+//! (Qwen2's attention; experts plus a shared expert scaled by its sigmoid gate) and Qwen3-MoE
+//! (Qwen3's attention). The MoE families put experts in the MLP of every layer but
+//! `mlp_only_layers`. None slides its window in the checkpoints kiln runs; a config that asks
+//! for it is refused.
 
 use super::Architecture;
 use crate::config::Fields;
@@ -17,6 +19,13 @@ pub(super) fn apply_hf(
     }
     match arch {
         Architecture::Qwen2 => c.qkv_bias = true,
+        Architecture::Qwen2Moe => {
+            c.qkv_bias = f.opt_bool("qkv_bias")?.unwrap_or(true);
+            let mut moe = hf_moe(f, c.num_layers)?;
+            moe.shared_expert_intermediate_size = Some(f.dim("shared_expert_intermediate_size")?);
+            moe.validate(|m| f.err(m))?;
+            c.moe = Some(moe);
+        }
         Architecture::Qwen3Moe => {
             c.qk_norm = true;
             c.moe = Some(hf_moe(f, c.num_layers)?);
@@ -26,7 +35,7 @@ pub(super) fn apply_hf(
     Ok(())
 }
 
-/// Qwen3-MoE's experts from `config.json`, as transformers reads them: layer `l` has experts
+/// Qwen2/3-MoE's routed experts from `config.json`, as transformers reads them: layer `l` has experts
 /// unless it is in `mlp_only_layers`, when `(l + 1)` is a multiple of `decoder_sparse_step`.
 fn hf_moe(f: &Fields<'_>, num_layers: usize) -> Result<MoeConfig, LoadError> {
     let num_experts = match f.opt_usize("num_experts")? {
@@ -50,16 +59,27 @@ fn hf_moe(f: &Fields<'_>, num_layers: usize) -> Result<MoeConfig, LoadError> {
         experts_per_token: f.dim("num_experts_per_tok")?,
         expert_intermediate_size: f.dim("moe_intermediate_size")?,
         norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+        shared_expert_intermediate_size: None,
         sparse_layers: (0..num_layers).map(|l| !dense[l] && (l + 1) % step == 0).collect(),
     };
     moe.validate(|m| f.err(m))?;
     Ok(moe)
 }
 
-/// Qwen3-MoE from GGUF: llama.cpp renormalises the picked experts' weights unless the file
-/// says otherwise.
-pub(super) fn apply_gguf_moe(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
-    c.qk_norm = true;
-    c.moe = Some(keys.moe(c.num_layers, true)?);
+/// Qwen2/3-MoE from GGUF. llama.cpp renormalises Qwen3-MoE's picked weights and not
+/// Qwen2-MoE's unless the file says otherwise; a Qwen2-MoE's shared expert is as wide as the
+/// dense FFN unless `expert_shared_feed_forward_length` says otherwise.
+pub(super) fn apply_gguf_moe(
+    arch: Architecture,
+    keys: &Keys<'_>,
+    c: &mut ModelConfig,
+) -> Result<(), LoadError> {
+    let qwen3 = arch == Architecture::Qwen3Moe;
+    c.qk_norm |= qwen3;
+    let mut moe = keys.moe(c.num_layers, qwen3)?;
+    if !qwen3 {
+        moe.shared_expert_intermediate_size.get_or_insert(c.intermediate_size);
+    }
+    c.moe = Some(moe);
     Ok(())
 }

@@ -53,7 +53,10 @@ impl GgufFile {
 
 impl WeightSource for GgufFile {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
-        let info = self.expect(name, &[cols as u64, rows as u64], &[rows, cols])?;
+        // A one-row matrix may be stored 1-D (llama.cpp's `ffn_gate_inp_shexp`).
+        let flat = rows == 1 && self.tensor(name).is_some_and(|t| t.dims == [cols as u64]);
+        let dims: &[u64] = if flat { &[cols as u64] } else { &[cols as u64, rows as u64] };
+        let info = self.expect(name, dims, &[rows, cols])?;
         self.weight(info, rows, cols)
     }
 

@@ -9,7 +9,7 @@ fn routed(logits: &[&[f32]], k: usize, normalize: bool) -> ExpertRouting {
     for (t, row) in logits.iter().enumerate() {
         r.logits.row_mut(t).copy_from_slice(row);
     }
-    route(&mut r, logits.len(), k, normalize);
+    route(&mut r, logits.len(), k, normalize, false);
     r
 }
 
@@ -33,6 +33,30 @@ fn picks_the_top_k_and_sorts_rows_by_expert() {
     assert_eq!(&r.weights[..2], &[p0[1], p0[3]]);
     let p2 = softmax(rows[2]);
     assert_eq!(&r.weights[4..], &[p2[2], p2[3]]);
+}
+
+#[test]
+fn a_shared_expert_is_each_tokens_last_pick() {
+    let rows: [&[f32]; 3] = [&[0.0, 2.0, -1.0, 3.0], &[1.5, 4.0, 0.0, -2.0], &[0.0, 0.0, 5.0, 1.0]];
+    let mut r = ExpertRouting::default();
+    r.logits.reset(3, 4);
+    r.shared_logits.reset(3, 1);
+    for (t, row) in rows.iter().enumerate() {
+        r.logits.row_mut(t).copy_from_slice(row);
+        r.shared_logits.row_mut(t)[0] = t as f32 - 1.0;
+    }
+    route(&mut r, 3, 2, false, true);
+    // The routed layout is the one without a shared expert; each token then takes row
+    // 6 + t (after the 3·2 picked rows) with weight sigmoid(gate).
+    let plain = routed(&rows, 2, false);
+    assert_eq!(r.offsets, plain.offsets);
+    assert_eq!(r.tokens, plain.tokens);
+    assert_eq!(r.rows, [1, 4, 6, 0, 2, 7, 3, 5, 8]);
+    let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+    for t in 0..3 {
+        assert_eq!(r.weights[3 * t..3 * t + 2], plain.weights[2 * t..2 * t + 2]);
+        assert_eq!(r.weights[3 * t + 2], sigmoid(t as f32 - 1.0));
+    }
 }
 
 #[test]
