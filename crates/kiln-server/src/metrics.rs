@@ -42,6 +42,10 @@
 //! - [`Metrics::set_cache_config`], once at start: `kiln:cache_config_info`, a gauge at 1 whose
 //!   labels describe the KV cache (`block_size`, `cache_dtype`, `enable_prefix_caching`,
 //!   `num_gpu_blocks`, as vLLM names them).
+//! - [`Metrics::set_model_config`], once at start: `kiln:model_config_info`, a gauge at 1 whose
+//!   labels describe the model: `architecture`, `weight_bytes` (what memory holds),
+//!   `active_weight_bytes` (what one token reads: less with experts), `num_experts`,
+//!   `num_experts_per_tok` and `num_sparse_layers` (0 for a dense model).
 //! - [`Metrics::render`], per scrape: `process_cpu_seconds_total`,
 //!   `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
 //!   `process_start_time_seconds` and `process_open_fds` are read from `/proc/self` (Linux only;
@@ -191,6 +195,19 @@ pub struct CacheConfigInfo {
     pub num_blocks: usize,
 }
 
+/// What `kiln:model_config_info` states about the model.
+#[derive(Clone, Debug)]
+pub struct ModelConfigInfo {
+    /// The model family (`Qwen3Moe`, `Llama`, ...).
+    pub architecture: String,
+    pub weight_bytes: u64,
+    pub active_weight_bytes: u64,
+    /// Experts per sparse layer, 0 for a dense model.
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub num_sparse_layers: usize,
+}
+
 /// Totals for the periodic stats log ([`crate::stats_log`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StatsTotals {
@@ -221,6 +238,7 @@ struct LastTotals {
 
 type ReasonLabel = [(&'static str, String); 1];
 type CacheConfigLabels = [(&'static str, String); 4];
+type ModelConfigLabels = [(&'static str, String); 6];
 
 /// The server's metrics; `Send + Sync`, shared as `Arc<Metrics>`.
 #[derive(Debug)]
@@ -258,6 +276,7 @@ pub struct Metrics {
     request_params_max_tokens: Histogram,
     request_max_num_generation_tokens: Histogram,
     cache_config_info: Family<CacheConfigLabels, Gauge>,
+    model_config_info: Family<ModelConfigLabels, Gauge>,
     prefix: String,
     last_totals: Mutex<LastTotals>,
 }
@@ -306,6 +325,7 @@ impl Metrics {
             request_params_max_tokens: Histogram::new(token_buckets()),
             request_max_num_generation_tokens: Histogram::new(token_buckets()),
             cache_config_info: Family::default(),
+            model_config_info: Family::default(),
             prefix: prefix.to_owned(),
             last_totals: Mutex::new(LastTotals::default()),
         };
@@ -465,6 +485,11 @@ impl Metrics {
             "Information of the LLMEngine CacheConfig",
             self.cache_config_info.clone(),
         );
+        self.registry.register(
+            name("model_config_info"),
+            "The model: its family, weight bytes held and read per token, and its experts",
+            self.model_config_info.clone(),
+        );
     }
 
     /// Called by the engine thread after every step with the engine's counters (totals since
@@ -542,6 +567,19 @@ impl Metrics {
             ("num_gpu_blocks", c.num_blocks.to_string()),
         ];
         self.cache_config_info.get_or_create(&labels).set(1);
+    }
+
+    /// States the model's shape (`model_config_info`); call once.
+    pub fn set_model_config(&self, c: &ModelConfigInfo) {
+        let labels = [
+            ("architecture", escape_label_value(&c.architecture)),
+            ("weight_bytes", c.weight_bytes.to_string()),
+            ("active_weight_bytes", c.active_weight_bytes.to_string()),
+            ("num_experts", c.num_experts.to_string()),
+            ("num_experts_per_tok", c.num_experts_per_tok.to_string()),
+            ("num_sparse_layers", c.num_sparse_layers.to_string()),
+        ];
+        self.model_config_info.get_or_create(&labels).set(1);
     }
 
     /// The running totals the periodic stats log turns into rates.

@@ -12,7 +12,7 @@ use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 use kiln_models::{Architecture, LoadedModel, load_tokenizer};
 use kiln_server::chat_template::{BuiltinTemplate, TemplateOverride};
 use kiln_server::kv_events::KvEventsConfig;
-use kiln_server::metrics::CacheConfigInfo;
+use kiln_server::metrics::{CacheConfigInfo, ModelConfigInfo};
 use kiln_server::state::Loaded;
 use kiln_server::{ConnectionLimits, ServedModel, ServerConfig, ServerState, warmup};
 
@@ -447,6 +447,15 @@ fn start<B: kiln_models::Backend>(
         args.kv_cache_dtype.name()
     );
     let builtin_template = builtin_template(model.config().architecture);
+    let experts = model.config().moe.as_ref();
+    let model_info = ModelConfigInfo {
+        architecture: format!("{:?}", model.config().architecture),
+        weight_bytes: model.weight_bytes() as u64,
+        active_weight_bytes: model.active_weight_bytes() as u64,
+        num_experts: experts.map_or(0, |m| m.num_experts),
+        num_experts_per_tok: experts.map_or(0, |m| m.experts_per_token),
+        num_sparse_layers: experts.map_or(0, |m| m.sparse_layers.iter().filter(|s| **s).count()),
+    };
     let LoadedModel { model, mut tokenizer, generation_defaults } = loaded;
     if let Some(spec) = &args.tokenizer {
         let path = spec.resolve()?;
@@ -506,6 +515,7 @@ fn start<B: kiln_models::Backend>(
         enable_prefix_caching: args.scheduler.enable_prefix_caching,
         num_blocks: sizing.num_blocks,
     });
+    ready.metrics.set_model_config(&model_info);
     Ok(ready)
 }
 

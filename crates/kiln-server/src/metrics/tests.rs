@@ -579,7 +579,8 @@ const VLLM_NAMES: [&str; 28] = [
 
 /// Series vLLM does not have (modules `slo`, `swap`, `structured` and `busy`), exposed under
 /// the configured prefix too.
-const KILN_ONLY_NAMES: [&str; 18] = [
+const KILN_ONLY_NAMES: [&str; 19] = [
+    "vllm:model_config_info",
     "vllm:structured_output_tokens_total",
     "vllm:structured_output_masks_total",
     "vllm:structured_output_mask_seconds_total",
@@ -609,6 +610,14 @@ fn vllm_prefix_gives_vllms_metric_names() {
         enable_prefix_caching: true,
         num_blocks: 100,
     });
+    m.set_model_config(&super::ModelConfigInfo {
+        architecture: "Qwen3Moe".into(),
+        weight_bytes: 4000,
+        active_weight_bytes: 700,
+        num_experts: 128,
+        num_experts_per_tok: 8,
+        num_sparse_layers: 12,
+    });
     let (content_type, text) = m.render_for(Some("*/*"), "");
     assert!(content_type.starts_with("text/plain; version=0.0.4"));
     let mut names: Vec<String> = text
@@ -626,6 +635,7 @@ fn vllm_prefix_gives_vllms_metric_names() {
     assert_eq!(names, expected);
     assert!(!text.contains("kiln:"));
     assert!(text.contains(r#"vllm:cache_config_info{model_name="test-model",block_size="16",cache_dtype="f16",enable_prefix_caching="True",num_gpu_blocks="100"} 1"#), "{text}");
+    assert!(text.contains(r#"vllm:model_config_info{model_name="test-model",architecture="Qwen3Moe",weight_bytes="4000",active_weight_bytes="700",num_experts="128",num_experts_per_tok="8",num_sparse_layers="12"} 1"#), "{text}");
     let (content_type, text) = m.render_for(Some("application/openmetrics-text;version=1.0.0"), "");
     assert!(content_type.starts_with("application/openmetrics-text") && text.ends_with("# EOF\n"));
 }

@@ -61,12 +61,22 @@ impl TestServer {
     /// [`Self::start_with`] with the operator's chat template instead of the fixture's.
     pub fn start_with_template(
         config: ServerConfig,
+        engine: EngineConfig,
+        template: Option<&kiln_server::chat_template::TemplateOverride>,
+    ) -> Self {
+        Self::start_model("llama3", config, engine, template)
+    }
+
+    /// A server of the fixture `name`.
+    pub fn start_model(
+        name: &str,
+        config: ServerConfig,
         mut engine: EngineConfig,
         template: Option<&kiln_server::chat_template::TemplateOverride>,
     ) -> Self {
         let state = ServerState::new(config);
         let LoadedModel { model, tokenizer, generation_defaults } =
-            load_model(&fixture("llama3"), &Arc::new(Cpu::new(1))).unwrap();
+            load_model(&fixture(name), &Arc::new(Cpu::new(1))).unwrap();
         engine.eos_token_ids = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
         let served = ServedModel {
             core: EngineCore::new(model, engine).unwrap(),
