@@ -12,9 +12,9 @@
 //! gathered into one `[n·k, hidden]` buffer, so each expert's weights are read once per step
 //! for all of its tokens, all experts in one backend call (`linear_experts`) per matrix kind.
 //! The shared expert runs on the step's rows as a dense MLP into the rows after the picks'.
-//! Every backend op computes each row on its own, and the combine sums
-//! a token's own picks in a fixed order, so a token's output never depends on which other
-//! tokens chose the same experts (batched == alone, bit for bit).
+//! Every backend op computes each row on its own, and the combine sums a token's own picks in
+//! a fixed order, so a token's output never depends on which other tokens chose the same
+//! experts (batched == alone, bit for bit).
 
 use std::cmp::Ordering;
 
@@ -90,8 +90,8 @@ impl<B: Backend> MoeMlp<B> {
         self.active_matrices_of(self.gates.len())
     }
 
-    /// The matrices one token reads: the router and `k` experts' (the bytes of an expert
-    /// are the same for all of them).
+    /// The matrices one token reads: the router, the shared expert's and `k` experts' (the
+    /// bytes of an expert are the same for all of them).
     pub(crate) fn active_matrices(&self) -> Vec<&B::Weight> {
         self.active_matrices_of(self.top_k)
     }
