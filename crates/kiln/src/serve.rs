@@ -371,6 +371,10 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         Device::Cpu => {
             args.device.gpu_utilization()?; // a bad value is an error everywhere
             args.device.warn_on_cpu();
+            if args.model.quantization.is_none() {
+                let needed = crate::memory_fit::weight_file_bytes(&model_path)?;
+                crate::memory_fit::check_fits(needed, available_memory(), &model_path)?;
+            }
             let backend = crate::model_arg::cpu_backend(args.threads);
             let loaded = args.model.load_path_on(&model_path, &backend)?;
             let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend, &loaded)?;

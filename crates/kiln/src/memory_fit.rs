@@ -1,0 +1,71 @@
+//! The start-up check that a model's weights fit in host memory before the CPU backend loads
+//! them. The CPU kernels hold quantized weights in their own layout, a copy in anonymous
+//! memory as large as the stored tensors, so a model whose weight files exceed the memory
+//! available would be killed by the kernel's OOM killer half-way through loading; it is
+//! refused first, with the numbers. A mixture of experts holds every expert, though a token
+//! reads only a few. With `--quantization` the loaded size differs from the files', and the
+//! check is left to the KV-cache sizing after load.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+/// The bytes of the weight files at `path`: a GGUF file's size, or the sum of a Hugging Face
+/// directory's `*.safetensors`.
+pub fn weight_file_bytes(path: &Path) -> anyhow::Result<u64> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(path).with_context(|| format!("listing {}", path.display()))? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|e| e == "safetensors") {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+/// Refuses weights of `needed` bytes when `available` (memory the system can give, if known)
+/// cannot hold them.
+pub fn check_fits(needed: u64, available: Option<u64>, what: &Path) -> anyhow::Result<()> {
+    let gib = |b: u64| b as f64 / f64::from(1 << 30);
+    match available {
+        Some(available) if needed > available => bail!(
+            "the weights of {} take {:.2} GiB, more than the {:.2} GiB of memory available \
+             (MemAvailable); kiln holds every weight in memory (a mixture of experts: every \
+             expert): free memory or use a smaller quantization of the model",
+            what.display(),
+            gib(needed),
+            gib(available)
+        ),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_larger_than_the_memory_are_refused_with_the_numbers() {
+        let path = Path::new("model.gguf");
+        check_fits(1 << 30, Some(2 << 30), path).unwrap();
+        check_fits(1 << 30, None, path).unwrap();
+        let msg = check_fits(3 << 30, Some(2 << 30), path).unwrap_err().to_string();
+        assert!(msg.contains("take 3.00 GiB, more than the 2.00 GiB"), "{msg}");
+    }
+
+    #[test]
+    fn a_directory_counts_its_safetensors() {
+        let dir = std::env::temp_dir().join(format!("kiln-memory-fit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.safetensors"), [0u8; 100]).unwrap();
+        std::fs::write(dir.join("b.safetensors"), [0u8; 50]).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), [0u8; 1000]).unwrap();
+        assert_eq!(weight_file_bytes(&dir).unwrap(), 150);
+        assert_eq!(weight_file_bytes(&dir.join("a.safetensors")).unwrap(), 100);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
