@@ -90,6 +90,11 @@ pub struct MoeConfig {
 pub(crate) const MAX_EXPERTS: usize = 4096;
 
 impl MoeConfig {
+    /// How many layers have experts.
+    pub fn num_sparse_layers(&self) -> usize {
+        self.sparse_layers.iter().filter(|s| **s).count()
+    }
+
     /// Checks the counts against each other and the limits; `err` names the file.
     pub(crate) fn validate(&self, err: impl Fn(String) -> LoadError) -> Result<(), LoadError> {
         let (e, k) = (self.num_experts, self.experts_per_token);

@@ -70,7 +70,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         experts_per_token: m.experts_per_token,
         intermediate: m.expert_intermediate_size,
         shared_intermediate: m.shared_expert_intermediate_size.unwrap_or(0),
-        sparse_layers: m.sparse_layers.iter().filter(|s| **s).count(),
+        sparse_layers: m.num_sparse_layers(),
     });
     let shape = ModelShape {
         weight_bytes: loaded.model.weight_bytes() as u64,

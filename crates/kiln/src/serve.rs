@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kiln_core::TokenId;
 use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
-use kiln_models::{Architecture, LoadedModel, load_tokenizer};
+use kiln_models::{Architecture, LoadedModel, MoeConfig, load_tokenizer};
 use kiln_server::chat_template::{BuiltinTemplate, TemplateOverride};
 use kiln_server::kv_events::KvEventsConfig;
 use kiln_server::metrics::{CacheConfigInfo, ModelConfigInfo};
@@ -458,7 +458,7 @@ fn start<B: kiln_models::Backend>(
         active_weight_bytes: model.active_weight_bytes() as u64,
         num_experts: experts.map_or(0, |m| m.num_experts),
         num_experts_per_tok: experts.map_or(0, |m| m.experts_per_token),
-        num_sparse_layers: experts.map_or(0, |m| m.sparse_layers.iter().filter(|s| **s).count()),
+        num_sparse_layers: experts.map_or(0, MoeConfig::num_sparse_layers),
     };
     let LoadedModel { model, mut tokenizer, generation_defaults } = loaded;
     if let Some(spec) = &args.tokenizer {

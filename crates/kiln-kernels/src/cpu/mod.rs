@@ -52,6 +52,10 @@ fn kernel_job<'a>(job: &'a mut LinearJob<'_, Cpu>) -> crate::LinearJob<'a> {
     crate::LinearJob { weight: job.weight, bias: job.bias.map(Vec::as_slice), out: &mut *job.out }
 }
 
+fn expert_job<'a>(job: &'a mut ExpertLinearJob<'_, Cpu>) -> crate::ExpertJob<'a> {
+    crate::ExpertJob { weights: job.weights, out: &mut job.out[..] }
+}
+
 impl Backend for Cpu {
     type Weight = WeightMatrix;
     type Vector = Vec<f32>;
@@ -279,11 +283,17 @@ impl Backend for Cpu {
         offsets: &[usize],
         jobs: &mut [ExpertLinearJob<'_, Self>],
     ) {
-        let mut cpu_jobs = Vec::with_capacity(jobs.len());
-        for j in jobs.iter_mut() {
-            cpu_jobs.push(crate::ExpertJob { weights: j.weights, out: &mut j.out[..] });
+        let run = |jobs: &mut [crate::ExpertJob<'_>]| {
+            crate::linear_experts(&self.pool, x, k, offsets, jobs);
+        };
+        match jobs {
+            [] => {}
+            [a] => run(&mut [expert_job(a)]),
+            [a, b] => run(&mut [expert_job(a), expert_job(b)]),
+            [a, b, c] => run(&mut [expert_job(a), expert_job(b), expert_job(c)]),
+            [a, b, c, d] => run(&mut [expert_job(a), expert_job(b), expert_job(c), expert_job(d)]),
+            _ => panic!("linear_experts: at most {} matrices", kiln_backend::MAX_LINEAR_JOBS),
         }
-        crate::linear_experts(&self.pool, x, k, offsets, &mut cpu_jobs);
     }
 
     fn combine_rows(

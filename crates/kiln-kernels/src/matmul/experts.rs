@@ -32,9 +32,18 @@ struct Task {
     rows: Range<usize>,
 }
 
+/// The calling thread's buffers for one call (they only grow, so a step allocates nothing).
+#[derive(Default)]
+struct Scratch {
+    /// Each active expert's quantized rows, blocks of 32 and of 256.
+    acts: Vec<[QuantActs; 2]>,
+    /// The experts with rows, ascending.
+    active: Vec<usize>,
+    tasks: Vec<Task>,
+}
+
 thread_local! {
-    /// Each active expert's quantized rows, blocks of 32 and of 256 (buffers only grow).
-    static EXPERT_ACTS: RefCell<Vec<[QuantActs; 2]>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// For every job, `out[offsets[e]..offsets[e + 1]] = x[the same rows] · weights[e]ᵀ`, where
@@ -63,31 +72,34 @@ pub fn linear_experts(
         assert!(job.out.len() >= total * n, "linear_experts: out is shorter than [rows, n]");
         *shared = SharedMut::new(job.out);
     }
-    let active: Vec<usize> = (0..num_experts).filter(|&e| offsets[e] < offsets[e + 1]).collect();
-    if active.is_empty() {
-        return;
-    }
-    let seg = |slot: usize| offsets[active[slot]]..offsets[active[slot] + 1];
-    // Which activation block sizes (32, 256) the jobs' quantized matrices need.
-    let needs = [32, 256].map(|block| {
-        jobs.iter().any(|j| {
-            active.iter().any(|&e| match &j.weights[e].data {
-                WeightData::Quant(q) => q.act_block() == block,
-                _ => false,
+    SCRATCH.with_borrow_mut(|Scratch { acts, active, tasks }| {
+        active.clear();
+        active.extend((0..num_experts).filter(|&e| offsets[e] < offsets[e + 1]));
+        if active.is_empty() {
+            return;
+        }
+        let active: &[usize] = active;
+        let seg = |slot: usize| offsets[active[slot]]..offsets[active[slot] + 1];
+        // Which activation block sizes (32, 256) the jobs' quantized matrices need.
+        let needs = [32, 256].map(|block| {
+            jobs.iter().any(|j| {
+                active.iter().any(|&e| match &j.weights[e].data {
+                    WeightData::Quant(q) => q.act_block() == block,
+                    _ => false,
+                })
             })
-        })
-    });
-    let mut tasks = Vec::new();
-    for (j, job) in jobs.iter().enumerate() {
-        for (slot, &e) in active.iter().enumerate() {
-            let w = &job.weights[e];
-            let step = rows_per_task(w, pool.num_threads());
-            for r0 in (0..w.rows).step_by(step) {
-                tasks.push(Task { job: j, slot, rows: r0..(r0 + step).min(w.rows) });
+        });
+        tasks.clear();
+        for (j, job) in jobs.iter().enumerate() {
+            for (slot, &e) in active.iter().enumerate() {
+                let w = &job.weights[e];
+                let step = rows_per_task(w, pool.num_threads());
+                for r0 in (0..w.rows).step_by(step) {
+                    tasks.push(Task { job: j, slot, rows: r0..(r0 + step).min(w.rows) });
+                }
             }
         }
-    }
-    EXPERT_ACTS.with_borrow_mut(|acts| {
+        let tasks: &[Task] = tasks;
         if acts.len() < active.len() {
             acts.resize_with(active.len(), Default::default);
         }

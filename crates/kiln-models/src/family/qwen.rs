@@ -21,23 +21,26 @@ pub(super) fn apply_hf(
         Architecture::Qwen2 => c.qkv_bias = true,
         Architecture::Qwen2Moe => {
             c.qkv_bias = f.opt_bool("qkv_bias")?.unwrap_or(true);
-            let mut moe = hf_moe(f, c.num_layers)?;
-            moe.shared_expert_intermediate_size = Some(f.dim("shared_expert_intermediate_size")?);
-            moe.validate(|m| f.err(m))?;
-            c.moe = Some(moe);
+            let shared = f.dim("shared_expert_intermediate_size")?;
+            c.moe = Some(hf_moe(f, c.num_layers, Some(shared))?);
         }
         Architecture::Qwen3Moe => {
             c.qk_norm = true;
-            c.moe = Some(hf_moe(f, c.num_layers)?);
+            c.moe = Some(hf_moe(f, c.num_layers, None)?);
         }
         _ => c.qk_norm = true,
     }
     Ok(())
 }
 
-/// Qwen2/3-MoE's routed experts from `config.json`, as transformers reads them: layer `l` has experts
-/// unless it is in `mlp_only_layers`, when `(l + 1)` is a multiple of `decoder_sparse_step`.
-fn hf_moe(f: &Fields<'_>, num_layers: usize) -> Result<MoeConfig, LoadError> {
+/// Qwen2/3-MoE's experts from `config.json`, as transformers reads them (with a `shared`
+/// expert of that width): layer `l` has experts unless it is in `mlp_only_layers`, when
+/// `(l + 1)` is a multiple of `decoder_sparse_step`.
+fn hf_moe(
+    f: &Fields<'_>,
+    num_layers: usize,
+    shared: Option<usize>,
+) -> Result<MoeConfig, LoadError> {
     let num_experts = match f.opt_usize("num_experts")? {
         Some(e) => e,
         None => f.dim("num_local_experts")?,
@@ -59,7 +62,7 @@ fn hf_moe(f: &Fields<'_>, num_layers: usize) -> Result<MoeConfig, LoadError> {
         experts_per_token: f.dim("num_experts_per_tok")?,
         expert_intermediate_size: f.dim("moe_intermediate_size")?,
         norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
-        shared_expert_intermediate_size: None,
+        shared_expert_intermediate_size: shared,
         sparse_layers: (0..num_layers).map(|l| !dense[l] && (l + 1) % step == 0).collect(),
     };
     moe.validate(|m| f.err(m))?;
