@@ -17,6 +17,24 @@ pub enum StructuredOutput {
     /// Text of this context-free grammar, in Lark syntax (llguidance's dialect: regexes,
     /// `%json` and `%ignore` included).
     Grammar(String),
+    /// A reasoning model's answer after its thinking: the output is free text up to and
+    /// including the first `reasoning.close` (`</think>`), a few newlines or spaces, then text
+    /// in the language of `answer`. The reasoning is optional when the prompt did not open
+    /// it: the output may then start with `reasoning.open` or go straight to the answer. The
+    /// reasoning is text: tokens that would break its UTF-8 are masked.
+    AfterReasoning { reasoning: ReasoningMarkers, answer: Box<StructuredOutput> },
+}
+
+/// How a reasoning model's thinking is delimited in its output.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReasoningMarkers {
+    /// The text that opens the thinking (`<think>`).
+    pub open: String,
+    /// The text that closes it (`</think>`).
+    pub close: String,
+    /// The prompt has opened the thinking (or the model always thinks): the output starts
+    /// inside it and must close it before the answer.
+    pub required: bool,
 }
 
 impl StructuredOutput {
@@ -29,6 +47,7 @@ impl StructuredOutput {
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Grammar(_) => "grammar",
+            Self::AfterReasoning { answer, .. } => answer.kind(),
         }
     }
 }

@@ -181,6 +181,7 @@ fn check(output: &StructuredOutput, text: &str) {
             let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{}: {e}", bad()));
             assert!(v.is_object(), "{}", bad());
         }
+        StructuredOutput::AfterReasoning { .. } => panic!("not among this test's outputs"),
     }
 }
 

@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub connections: ConnectionLimits,
     /// `--tool-call-parser` and `--enable-auto-tool-choice`.
     pub tools: crate::tools::ToolSettings,
+    /// `--reasoning-parser`: thinking split from the answer (`None`: it stays in the text).
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
 /// Limits of the HTTP layer against slow, idle or too many clients.
@@ -86,6 +88,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             connections: ConnectionLimits::default(),
             tools: crate::tools::ToolSettings::default(),
+            reasoning_parser: None,
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
             kv_events: None,
         }

@@ -22,6 +22,7 @@ pub mod generate;
 pub mod kv_events;
 pub mod metrics;
 pub mod protocol;
+pub mod reasoning;
 pub mod request_fields;
 pub mod request_limits;
 pub mod routes;

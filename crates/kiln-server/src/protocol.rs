@@ -119,6 +119,10 @@ pub struct ChatRequest {
     /// Extra variables of the chat template's context (e.g. `enable_thinking`).
     #[serde(default)]
     pub chat_template_kwargs: Option<Value>,
+    /// vLLM's extra: `false` leaves the parsed reasoning out of the response (needs
+    /// `--reasoning-parser`).
+    #[serde(default)]
+    pub include_reasoning: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

@@ -45,7 +45,7 @@ const REFUSED: &[(&str, &str)] = &[
     // vLLM's router sends these on every request (as `false`, and the reasoning ones `true`).
     ("no_stop_trim", "`no_stop_trim` is not supported (stop strings are trimmed)"),
     ("return_hidden_states", "hidden states are not returned"),
-    ("include_reasoning", "reasoning is not parsed: it is always part of the text"),
+    ("include_reasoning", "`include_reasoning` is only supported on /v1/chat/completions"),
     ("separate_reasoning", "reasoning is not parsed: it is always part of the text"),
     ("stream_reasoning", "reasoning is not parsed: it is always part of the text"),
     ("multi_modal_data", "multimodal inputs are not supported"),

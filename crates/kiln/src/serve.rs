@@ -54,6 +54,12 @@ pub struct ServeArgs {
     /// with `tools`); needs --tool-call-parser.
     #[arg(long)]
     enable_auto_tool_choice: bool,
+    /// Split a reasoning model's thinking (`<think>…</think>`) from its answer:
+    /// `reasoning_content` on chat, `thinking` blocks on /v1/messages; tool calls and
+    /// structured outputs apply to the answer. qwen3 (Qwen3, QwQ) or deepseek_r1 (DeepSeek-R1
+    /// and its distills).
+    #[arg(long, value_parser = parse_reasoning_parser)]
+    reasoning_parser: Option<kiln_server::reasoning::ReasoningParser>,
     /// Require `Authorization: Bearer KEY` on /v1/* endpoints (any of the keys given).
     #[arg(long, num_args = 1.., env = "KILN_API_KEY", hide_env_values = true)]
     api_key: Vec<String>,
@@ -267,6 +273,7 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
             None => None,
         },
         tools: tool_settings(args)?,
+        reasoning_parser: args.reasoning_parser,
     })
 }
 
@@ -559,6 +566,15 @@ fn parse_tool_call_parser(name: &str) -> Result<kiln_server::tools::ToolCallPars
         format!(
             "unknown tool-call parser {name:?} (known: {})",
             kiln_server::tools::ToolCallParser::NAMES
+        )
+    })
+}
+
+fn parse_reasoning_parser(name: &str) -> Result<kiln_server::reasoning::ReasoningParser, String> {
+    kiln_server::reasoning::ReasoningParser::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser {name:?} (known: {})",
+            kiln_server::reasoning::ReasoningParser::NAMES
         )
     })
 }

@@ -30,14 +30,21 @@ const GRAMMAR_BYTES_PER_SOURCE_BYTE: usize = 8;
 /// derivatives, which grow as masks are computed: shared by every copy of the parser) and the
 /// grammar itself (by the size of its source).
 fn grammar_bytes(spec: &StructuredOutput, parser: &TokenParser) -> usize {
-    let source = match spec {
+    parser.parser.lexer_stats().num_bytes + source_bytes(spec) * GRAMMAR_BYTES_PER_SOURCE_BYTE
+}
+
+/// The size of `spec`'s source text.
+fn source_bytes(spec: &StructuredOutput) -> usize {
+    match spec {
         StructuredOutput::JsonSchema(s)
         | StructuredOutput::Regex(s)
         | StructuredOutput::Grammar(s) => s.len(),
         StructuredOutput::Choice(choices) => choices.iter().map(String::len).sum(),
         StructuredOutput::JsonObject => 0,
-    };
-    parser.parser.lexer_stats().num_bytes + source * GRAMMAR_BYTES_PER_SOURCE_BYTE
+        StructuredOutput::AfterReasoning { reasoning, answer } => {
+            reasoning.open.len() + reasoning.close.len() + source_bytes(answer)
+        }
+    }
 }
 
 /// A grammar or schema that cannot be compiled, or a vocabulary llguidance refuses.
@@ -167,7 +174,7 @@ impl GrammarCompiler {
         spec: &StructuredOutput,
     ) -> Result<(Constraint, CompileInfo), GrammarError> {
         let start = Instant::now();
-        let cap = matches!(spec, StructuredOutput::JsonSchema(_) | StructuredOutput::JsonObject)
+        let cap = is_json(spec)
             .then(|| NumberCap::new(Arc::clone(&self.digit_start), Arc::clone(&self.zero_start)));
         if let Some(parser) = self.cached(spec) {
             let info = CompileInfo { cached: true, elapsed: start.elapsed() };
@@ -264,6 +271,48 @@ fn with_bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
     schema
 }
 
+/// Whether `spec`'s output (its answer, after any reasoning) is JSON.
+fn is_json(spec: &StructuredOutput) -> bool {
+    match spec {
+        StructuredOutput::JsonSchema(_) | StructuredOutput::JsonObject => true,
+        StructuredOutput::AfterReasoning { answer, .. } => is_json(answer),
+        _ => false,
+    }
+}
+
+/// Whitespace between the end of the reasoning and the answer (models write `</think>` and
+/// two newlines).
+const AFTER_REASONING: &str = r"[ \n]{0,4}";
+
+/// The answer grammar after a reasoning section: a Lark wrapper whose lazy `think` rule ends
+/// at the first `close`, and `answer` (its own grammars, the first named `answer`).
+fn after_reasoning(
+    reasoning: &kiln_core::ReasoningMarkers,
+    answer: &StructuredOutput,
+) -> Result<TopLevelGrammar, GrammarError> {
+    if matches!(answer, StructuredOutput::AfterReasoning { .. }) {
+        return Err(err("a reasoning section cannot hold another one"));
+    }
+    if reasoning.open.is_empty() || reasoning.close.is_empty() {
+        return Err(err("the reasoning markers must not be empty"));
+    }
+    let mut inner = top_level(answer)?;
+    inner.grammars[0].name = Some("answer".into());
+    let close = regex_syntax::escape(&reasoning.close).replace('/', "\\/");
+    let open = regex_syntax::escape(&reasoning.open).replace('/', "\\/");
+    let think = if reasoning.required {
+        format!("think[lazy]: /(?s:.*){close}/")
+    } else {
+        format!("think[lazy]: /[ \\n]*{open}(?s:.*){close}/")
+    };
+    let start =
+        if reasoning.required { "start: think GAP @answer" } else { "start: (think GAP)? @answer" };
+    let lark = format!("{start}\n{think}\nGAP: /{AFTER_REASONING}/\n");
+    let mut grammar = TopLevelGrammar::from_lark(lark);
+    grammar.grammars.append(&mut inner.grammars);
+    Ok(grammar)
+}
+
 /// llguidance's grammar for `spec`.
 fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
     Ok(match spec {
@@ -304,6 +353,9 @@ fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
             }
             TopLevelGrammar::from_lark(grammar.clone())
         }
+        StructuredOutput::AfterReasoning { reasoning, answer } => {
+            return after_reasoning(reasoning, answer);
+        }
     })
 }
 
@@ -318,6 +370,9 @@ mod tests {
         vocab.extend(
             ["00", ".", "-", "{", "}", "\"", ":", ",", " ", "\n", "  ", "p", "e", "true"]
                 .map(String::from),
+        );
+        vocab.extend(
+            ["<think>", "</think>", "<", "/", "think", ">", "hm", "\n\n"].map(String::from),
         );
         let eos = vocab.len() as u32;
         let mut bytes: Vec<Vec<u8>> = vocab.iter().map(|t| t.as_bytes().to_vec()).collect();
@@ -364,6 +419,67 @@ mod tests {
             .map_or(0, |f| f.chars().take_while(char::is_ascii_digit).count());
         assert!(digits <= MAX_NUMBER_DIGITS + 1, "{text}");
         assert!(!text.contains("\n\n") && !text.contains("                      "), "{text:?}");
+    }
+
+    /// Feeds `tokens` (texts of the toy vocabulary) to `constraint`, each checked first.
+    fn feed(constraint: &mut Constraint, vocab: &[String], tokens: &[&str]) {
+        for t in tokens {
+            let id = vocab.iter().position(|v| v == t).unwrap() as u32;
+            assert!(constraint.admits(id), "{t:?} refused");
+            constraint.accept(id);
+        }
+    }
+
+    /// Whether the next mask allows `token`.
+    fn admits(constraint: &mut Constraint, vocab: &[String], token: &str) -> bool {
+        let mut logits = vec![0.0; vocab.len()];
+        constraint.mask(&mut logits);
+        logits[vocab.iter().position(|v| v == token).unwrap()].is_finite()
+    }
+
+    fn after_reasoning(required: bool) -> StructuredOutput {
+        StructuredOutput::AfterReasoning {
+            reasoning: kiln_core::ReasoningMarkers {
+                open: "<think>".into(),
+                close: "</think>".into(),
+                required,
+            },
+            answer: Box::new(StructuredOutput::JsonSchema(
+                r#"{"type": "object", "properties": {"p": {"type": "number"}}, "required": ["p"]}"#
+                    .into(),
+            )),
+        }
+    }
+
+    #[test]
+    fn a_required_reasoning_section_is_free_text_until_it_closes_then_the_answer_is_constrained() {
+        let (compiler, vocab) = compiler();
+        let spec = after_reasoning(true);
+        assert_eq!(spec.kind(), "json");
+        let mut c = compiler.compile(&spec).unwrap();
+        // Inside the thinking anything goes, JSON-looking text and a split `</think>` prefix
+        // included; the end of the sequence does not.
+        feed(&mut c, &vocab, &["hm", "{", "\n", "<", "think", ">", "hm", "<", "/"]);
+        assert!(!admits(&mut c, &vocab, "<eos>"));
+        feed(&mut c, &vocab, &["hm", "</think>", "\n\n"]);
+        // After it, only the schema's JSON.
+        assert!(!admits(&mut c, &vocab, "hm"));
+        assert!(!admits(&mut c, &vocab, "<think>"));
+        feed(&mut c, &vocab, &["{", "\"", "p", "\"", ":", "1", "}"]);
+        assert!(admits(&mut c, &vocab, "<eos>"));
+    }
+
+    #[test]
+    fn an_optional_reasoning_section_may_open_or_be_skipped() {
+        let (compiler, vocab) = compiler();
+        let mut skipped = compiler.compile(&after_reasoning(false)).unwrap();
+        assert!(!admits(&mut skipped, &vocab, "hm"));
+        feed(&mut skipped, &vocab, &["{", "\"", "p", "\"", ":", "2", "}"]);
+        assert!(admits(&mut skipped, &vocab, "<eos>"));
+        let mut opened = compiler.compile(&after_reasoning(false)).unwrap();
+        // The close split over tokens ends the thinking as well as the one token does.
+        feed(&mut opened, &vocab, &["\n", "<think>", "hm", "<", "/", "think", ">", "\n", "{"]);
+        assert!(!admits(&mut opened, &vocab, "hm"));
     }
 
     /// A schema of `n` alternatives whose names depend on `seed` (about 110 bytes each).

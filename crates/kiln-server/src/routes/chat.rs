@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::generate::{ChunkFormat, Envelope, Usage, collect_all, start_all, stream_response};
 use crate::protocol::ChatRequest;
+use crate::reasoning::{ReasoningParser, ReasoningSplit, Start};
 use crate::sequence::{Delta, SequenceSpec};
 use crate::state::{Loaded, ServerState};
 use crate::tools::{self, ToolOutput, ToolStream};
@@ -38,6 +39,9 @@ pub(crate) struct Prepared {
     /// The prompt's token ids (what the engine computes, and `render` returns).
     pub ids: Vec<kiln_core::TokenId>,
     max_tokens: Option<i64>,
+    /// With `--reasoning-parser`: where each output starts, and whether the client wants the
+    /// reasoning (`include_reasoning`, default true).
+    pub reasoning: Option<(Start, bool)>,
 }
 
 /// Validates `req`, plans its tools and renders its messages through the chat template.
@@ -72,7 +76,14 @@ pub(crate) async fn prepare(
     let settings = state.config.tools;
     let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
     let plan = plan_tools(fields, settings, &mut spec)?;
-    crate::structured_fields::check_compiles(loaded, &spec).await?;
+    let include_reasoning = req.include_reasoning.unwrap_or(true);
+    if !include_reasoning && state.config.reasoning_parser.is_none() {
+        return Err(ApiError::bad_param(
+            "include_reasoning",
+            "`include_reasoning: false` needs a reasoning parser (--reasoning-parser); without \
+             one the reasoning is part of the text",
+        ));
+    }
     let options = RenderOptions {
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
         tools: plan.tools,
@@ -80,13 +91,36 @@ pub(crate) async fn prepare(
     };
     let messages = template_messages(req.messages)?;
     let ids = render_tokens(loaded, messages, options, false).await?;
-    Ok(Prepared { spec, output: plan.output, logprobs, ids, max_tokens })
+    let reasoning = state.config.reasoning_parser.map(|parser| {
+        let start = reasoning_start(loaded, parser, &ids);
+        if let Some(answer) = spec.params.structured.take() {
+            spec.params.structured = Some(ReasoningParser::constrain_answer(start, answer));
+        }
+        (start, include_reasoning)
+    });
+    crate::structured_fields::check_compiles(loaded, &spec).await?;
+    Ok(Prepared { spec, output: plan.output, logprobs, ids, max_tokens, reasoning })
+}
+
+/// Tokens at the prompt's end decoded to find an opened or closed `<think>` (enough for the
+/// markers and the whitespace around them even when a small vocabulary spells them out).
+const PROMPT_TAIL_TOKENS: usize = 64;
+
+/// Where the outputs of the prompt `ids` start, by its last tokens' text.
+pub(crate) fn reasoning_start(
+    loaded: &Loaded,
+    parser: ReasoningParser,
+    ids: &[kiln_core::TokenId],
+) -> Start {
+    let tail: Vec<u32> =
+        ids[ids.len().saturating_sub(PROMPT_TAIL_TOKENS)..].iter().map(|t| t.0).collect();
+    parser.start(&loaded.tokenizer.decode(&tail, false).unwrap_or_default())
 }
 
 async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, ApiError> {
     let loaded = Arc::clone(state.ready()?);
     let limits = loaded.limits;
-    let Prepared { spec, output, logprobs, ids, max_tokens } =
+    let Prepared { spec, output, logprobs, ids, max_tokens, reasoning } =
         prepare(&state, &loaded, req).await?;
     let settings = state.config.tools;
     let seq_specs = (0..spec.n)
@@ -108,7 +142,16 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let mut new_id = || tools::call_id(state.unique(), parser);
     if spec.stream {
         let streams = (0..spec.n).map(|_| ToolStream::new(output.clone())).collect();
-        let format = ChatChunks { loaded, envelope, state: Arc::clone(&state), streams };
+        let splits = (0..spec.n).map(|_| reasoning.map(|(start, _)| ReasoningSplit::new(start)));
+        let include_reasoning = reasoning.is_some_and(|(_, include)| include);
+        let format = ChatChunks {
+            loaded,
+            envelope,
+            state: Arc::clone(&state),
+            streams,
+            splits: splits.collect(),
+            include_reasoning,
+        };
         return Ok(stream_response(
             seqs,
             spec.n,
@@ -125,8 +168,23 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         .into_iter()
         .enumerate()
         .map(|(index, r)| {
-            let answer = tools::answer(&output, r.text, r.finish_reason);
+            let (thinking, text) = match reasoning {
+                Some((start, include)) => {
+                    let split = ReasoningSplit::whole(start, &r.text);
+                    let thinking = Some(split.reasoning).filter(|t| include && !t.is_empty());
+                    (Some(thinking), split.answer)
+                }
+                None => (None, r.text),
+            };
+            let had_thinking = thinking.as_ref().is_some_and(Option::is_some);
+            let mut answer = tools::answer(&output, text, r.finish_reason);
+            if had_thinking && answer.content.as_deref() == Some("") {
+                answer.content = None;
+            }
             let mut message = json!({"role": "assistant", "content": answer.content});
+            if let Some(thinking) = thinking {
+                message["reasoning_content"] = json!(thinking);
+            }
             if !answer.calls.is_empty() {
                 message["tool_calls"] = tools::wire_calls(&answer.calls, &mut new_id);
             }
@@ -172,6 +230,10 @@ struct ChatChunks {
     state: Arc<ServerState>,
     /// Per choice: what of its text is content and what tool calls.
     streams: Vec<ToolStream>,
+    /// Per choice, with a reasoning parser: what of its text is reasoning.
+    splits: Vec<Option<ReasoningSplit>>,
+    /// Reasoning is sent (`delta.reasoning_content`) rather than dropped.
+    include_reasoning: bool,
 }
 
 impl ChunkFormat for ChatChunks {
@@ -193,8 +255,16 @@ impl ChunkFormat for ChatChunks {
     fn delta(&mut self, index: usize, delta: Delta) -> Option<Value> {
         let (state, parser) = (&self.state, self.state.config.tools.parser);
         let mut new_id = || tools::call_id(state.unique(), parser);
-        let step = self.streams[index].push(&delta.text, delta.finish_reason, &mut new_id);
-        if step.content.is_empty()
+        let (thinking, text) = match &mut self.splits[index] {
+            Some(split) => {
+                let s = split.push(&delta.text, delta.finish_reason.is_some());
+                (if self.include_reasoning { s.reasoning } else { String::new() }, s.answer)
+            }
+            None => (String::new(), delta.text),
+        };
+        let step = self.streams[index].push(&text, delta.finish_reason, &mut new_id);
+        if thinking.is_empty()
+            && step.content.is_empty()
             && step.tool_calls.is_empty()
             && step.finish_reason.is_none()
             && delta.logprobs.is_none()
@@ -206,6 +276,9 @@ impl ChunkFormat for ChatChunks {
             .as_ref()
             .map(|lp| chat_logprobs(&self.loaded.tokenizer, std::slice::from_ref(lp)));
         let mut content = json!({});
+        if !thinking.is_empty() {
+            content["reasoning_content"] = json!(thinking);
+        }
         if !step.content.is_empty() {
             content["content"] = json!(step.content);
         }

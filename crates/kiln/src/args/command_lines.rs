@@ -92,7 +92,7 @@ const LINES: &[(&str, Expect)] = &[
     ("kiln serve Qwen/Qwen3-8B --tool-call-parser qwen3_xml",
         Expect::Refused("unknown tool-call parser")),
     ("kiln serve Qwen/QwQ-32B --reasoning-parser deepseek_r1",
-        Expect::Refused("reasoning parsers are not supported")),
+        Expect::Ok(0, |a| assert_eq!(a.reasoning_parser, Some(kiln_server::reasoning::ReasoningParser::DeepSeekR1)))),
     ("kiln serve meta-llama/Llama-2-7b-hf --enable-lora --lora-modules sql-lora=/adapters/sql",
         Expect::Refused("LoRA adapters are not supported")),
     ("kiln serve TheBloke/Llama-2-7b-Chat-AWQ --quantization awq",

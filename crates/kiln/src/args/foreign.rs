@@ -8,7 +8,7 @@
 //!   (`--max-seq-len-to-capture`, `--tensor-parallel-size 1`, `-ngl 99`), with its value if
 //!   it takes one;
 //! - **refused** with a message naming what to use instead (`--tensor-parallel-size 2`, LoRA,
-//!   reasoning parsers, `-c 4096`).
+//!   `-c 4096`).
 //!
 //! Values of kiln's own flags that only vLLM spells (`--kv-cache-dtype auto`,
 //! `--quantization awq`) are checked here too. The table is the documentation's source:
@@ -80,14 +80,6 @@ const TABLE: &[(&[&str], Rule)] = &[
         Rule::Refuse(
             "LoRA adapters are not supported yet; merge the adapter into the weights",
             NoValue,
-        ),
-    ),
-    (
-        &["reasoning-parser"],
-        Rule::Refuse(
-            "reasoning parsers are not supported yet; leave the flag out (reasoning stays in the \
-         text)",
-            One,
         ),
     ),
     (
@@ -193,7 +185,10 @@ const TABLE: &[(&[&str], Rule)] = &[
     ),
     (
         &["reasoning-format", "reasoning-budget"],
-        Rule::Refuse("reasoning handling is not supported yet; leave the flag out", One),
+        Rule::Refuse(
+            "use --reasoning-parser deepseek_r1 (or qwen3) to split the thinking from the answer",
+            One,
+        ),
     ),
 ];
 
