@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod chat_template;
+pub mod closed_schema;
 pub mod config;
 pub mod conn;
 pub mod cors;

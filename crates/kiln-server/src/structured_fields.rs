@@ -7,6 +7,11 @@
 //!   `regex`, `choice`, `grammar` (Lark syntax), `json_object: true`;
 //! - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //!
+//! JSON schemas are strict ([`crate::closed_schema`]): an object's undeclared keys are refused
+//! unless the schema admits them; `response_format.json_schema.strict: false` or
+//! `structured_outputs.disable_additional_properties: false` keep JSON Schema's permissive
+//! reading for that request.
+//!
 //! JSON may carry whitespace between tokens (as vLLM's default; the engine bounds each run);
 //! `structured_outputs.disable_any_whitespace: true` makes it compact, also the JSON of
 //! `response_format` or `guided_json` when `structured_outputs` holds only such options. At
@@ -32,12 +37,11 @@ pub fn structured_output(
 ) -> Result<Option<(StructuredOutput, &'static str)>, ApiError> {
     // `structured_outputs` holding only options (`{"disable_any_whitespace": true}`) applies
     // them to the JSON another field asks for.
-    let compact = f
-        .structured_outputs
-        .as_ref()
-        .and_then(|s| s.get("disable_any_whitespace"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let option = |name: &str| {
+        f.structured_outputs.as_ref().and_then(|s| s.get(name)).and_then(Value::as_bool)
+    };
+    let compact = option("disable_any_whitespace").unwrap_or(false);
+    let strict = option("disable_additional_properties").unwrap_or(true);
     let given: Vec<(&'static str, Value)> = [
         ("response_format", f.response_format.take()),
         ("structured_outputs", f.structured_outputs.take()),
@@ -51,7 +55,7 @@ pub fn structured_output(
     .collect();
     let parsed: Vec<(StructuredOutput, &'static str)> = given
         .into_iter()
-        .map(|(param, value)| Ok(parse(param, value)?.map(|s| (s, param))))
+        .map(|(param, value)| Ok(parse(param, value, strict)?.map(|s| (s, param))))
         .filter_map(Result::transpose)
         .collect::<Result<_, ApiError>>()?;
     match parsed.as_slice() {
@@ -97,11 +101,15 @@ fn output_kind(spec: &GenerationSpec) -> &'static str {
     spec.params.structured.as_ref().map_or("", StructuredOutput::kind)
 }
 
-fn parse(param: &'static str, value: Value) -> Result<Option<StructuredOutput>, ApiError> {
+fn parse(
+    param: &'static str,
+    value: Value,
+    strict: bool,
+) -> Result<Option<StructuredOutput>, ApiError> {
     let spec = match param {
-        "response_format" => return response_format(value),
-        "structured_outputs" => return structured_outputs(value),
-        "guided_json" => schema(param, value)?,
+        "response_format" => return response_format(value, strict),
+        "structured_outputs" => return structured_outputs(value, strict),
+        "guided_json" => schema(param, value, strict)?,
         "guided_regex" => StructuredOutput::Regex(text(param, value)?),
         "guided_choice" => choice(param, value)?,
         _ => StructuredOutput::Grammar(text(param, value)?),
@@ -113,7 +121,7 @@ fn bad(param: &str, message: impl Into<String>) -> ApiError {
     ApiError::bad_param(param, message)
 }
 
-fn response_format(value: Value) -> Result<Option<StructuredOutput>, ApiError> {
+fn response_format(value: Value, strict: bool) -> Result<Option<StructuredOutput>, ApiError> {
     const P: &str = "response_format";
     let Value::Object(mut obj) = value else {
         return Err(bad(P, "`response_format` must be an object with a `type`"));
@@ -130,10 +138,33 @@ fn response_format(value: Value) -> Result<Option<StructuredOutput>, ApiError> {
                     "`response_format` of type `json_schema` needs a `json_schema` object",
                 ));
             };
-            // `name`, `description` and `strict` describe the schema; kiln always enforces
-            // it strictly.
+            // `name` and `description` describe the schema; `strict: false` reads it as
+            // JSON Schema does (undeclared keys allowed); the schema is enforced either way.
+            let strict = match js.remove("strict") {
+                None | Some(Value::Null) => strict,
+                Some(Value::Bool(b)) => b,
+                Some(_) => {
+                    return Err(bad(
+                        "response_format.json_schema.strict",
+                        "`strict` must be a boolean",
+                    ));
+                }
+            };
+            js.remove("name");
+            js.remove("description");
+            if let Some(key) = js.keys().find(|k| *k != "schema") {
+                return Err(bad(
+                    "response_format.json_schema",
+                    format!(
+                        "`response_format.json_schema.{key}` is not supported (supported: name, \
+                         description, schema, strict)"
+                    ),
+                ));
+            }
             match js.remove("schema") {
-                Some(schema) => Some(self::schema("response_format.json_schema.schema", schema)?),
+                Some(schema) => {
+                    Some(self::schema("response_format.json_schema.schema", schema, strict)?)
+                }
                 None => {
                     return Err(bad(
                         "response_format.json_schema.schema",
@@ -161,7 +192,7 @@ fn response_format(value: Value) -> Result<Option<StructuredOutput>, ApiError> {
     Ok(spec)
 }
 
-fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError> {
+fn structured_outputs(value: Value, strict: bool) -> Result<Option<StructuredOutput>, ApiError> {
     const P: &str = "structured_outputs";
     let Value::Object(obj) = value else {
         return Err(bad(P, "`structured_outputs` must be an object"));
@@ -178,14 +209,8 @@ fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError
             "disable_fallback" | "disable_any_whitespace" if v.is_boolean() || v.is_null() => {
                 continue;
             }
-            "disable_additional_properties" if v.is_null() || v == Value::Bool(false) => continue,
-            "disable_additional_properties" => {
-                return Err(bad(
-                    "structured_outputs.disable_additional_properties",
-                    "`disable_additional_properties` is not supported: say \
-                     `\"additionalProperties\": false` in the schema",
-                ));
-            }
+            // Read above (`strict`).
+            "disable_additional_properties" if v.is_boolean() || v.is_null() => continue,
             _ if v.is_null() => continue,
             other => {
                 return Err(bad(
@@ -198,7 +223,7 @@ fn structured_outputs(value: Value) -> Result<Option<StructuredOutput>, ApiError
             }
         };
         let spec = match key.as_str() {
-            "json" => schema(param, v)?,
+            "json" => schema(param, v, strict)?,
             "regex" => StructuredOutput::Regex(text(param, v)?),
             "choice" => choice(param, v)?,
             "grammar" => StructuredOutput::Grammar(text(param, v)?),
@@ -238,22 +263,25 @@ fn without_free_whitespace(spec: StructuredOutput) -> StructuredOutput {
     StructuredOutput::JsonSchema(schema.to_string())
 }
 
-/// A JSON schema given as an object (or `true`/`false`) or as JSON text.
-fn schema(param: &str, value: Value) -> Result<StructuredOutput, ApiError> {
+/// A JSON schema given as an object (or `true`/`false`) or as JSON text; `strict`: closed
+/// ([`crate::closed_schema`]).
+fn schema(param: &str, value: Value, strict: bool) -> Result<StructuredOutput, ApiError> {
     let text = match value {
-        Value::String(s) => {
-            let parsed: Value = serde_json::from_str(&s)
-                .map_err(|e| bad(param, format!("`{param}` is not valid JSON: {e}")))?;
-            if !(parsed.is_object() || parsed.is_boolean()) {
-                return Err(bad(param, format!("`{param}` must be a JSON schema object")));
-            }
-            s
-        }
+        Value::String(s) => s,
         v @ (Value::Object(_) | Value::Bool(_)) => v.to_string(),
         _ => return Err(bad(param, format!("`{param}` must be a JSON schema object"))),
     };
     check_len(param, &text)?;
-    Ok(StructuredOutput::JsonSchema(text))
+    let mut parsed: Value = serde_json::from_str(&text)
+        .map_err(|e| bad(param, format!("`{param}` is not valid JSON: {e}")))?;
+    if !(parsed.is_object() || parsed.is_boolean()) {
+        return Err(bad(param, format!("`{param}` must be a JSON schema object")));
+    }
+    if !strict {
+        return Ok(StructuredOutput::JsonSchema(text));
+    }
+    crate::closed_schema::close(&mut parsed);
+    Ok(StructuredOutput::JsonSchema(parsed.to_string()))
 }
 
 fn text(param: &str, value: Value) -> Result<String, ApiError> {
@@ -309,6 +337,8 @@ mod tests {
     #[test]
     fn every_spelling_gives_its_constraint() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let closed = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+                            "additionalProperties": false});
         let cases = [
             (json!({"response_format": {"type": "text"}}), None),
             (
@@ -318,7 +348,17 @@ mod tests {
             (
                 json!({"response_format": {"type": "json_schema",
                     "json_schema": {"name": "x", "schema": schema, "strict": true}}}),
+                Some((StructuredOutput::JsonSchema(closed.to_string()), "response_format")),
+            ),
+            (
+                json!({"response_format": {"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema, "strict": false}}}),
                 Some((StructuredOutput::JsonSchema(schema.to_string()), "response_format")),
+            ),
+            (
+                json!({"guided_json": schema,
+                       "structured_outputs": {"disable_additional_properties": false}}),
+                Some((StructuredOutput::JsonSchema(schema.to_string()), "guided_json")),
             ),
             (
                 json!({"structured_outputs": {"regex": "[0-9]+"}}),
@@ -326,7 +366,7 @@ mod tests {
             ),
             (
                 json!({"structured_outputs": {"json": schema.to_string()}}),
-                Some((StructuredOutput::JsonSchema(schema.to_string()), "structured_outputs")),
+                Some((StructuredOutput::JsonSchema(closed.to_string()), "structured_outputs")),
             ),
             (
                 json!({"guided_choice": ["yes", "no"]}),
@@ -338,7 +378,7 @@ mod tests {
             ),
             (
                 json!({"guided_json": schema}),
-                Some((StructuredOutput::JsonSchema(schema.to_string()), "guided_json")),
+                Some((StructuredOutput::JsonSchema(closed.to_string()), "guided_json")),
             ),
         ];
         for (body, want) in cases {
@@ -352,6 +392,11 @@ mod tests {
             (json!({"response_format": {"type": "xml"}}), "response_format.type"),
             (json!({"response_format": "json"}), "response_format"),
             (json!({"response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+            (
+                json!({"response_format": {"type": "json_schema",
+                    "json_schema": {"schema": {}, "strictness": "high"}}}),
+                "response_format.json_schema",
+            ),
             (
                 json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
                 "response_format.json_schema.schema",
