@@ -26,6 +26,12 @@ def check(cond, what):
 
 
 check([m.id for m in client.models.list().data] == [model], "models.list")
+check(client.models.retrieve(model).id == model, "models.retrieve")
+try:
+    client.models.retrieve("no-such-model")
+    check(False, "models.retrieve of an unknown name fails")
+except openai.NotFoundError:
+    check(True, "models.retrieve of an unknown name is NotFoundError")
 
 # Chat, not streaming.
 chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, **greedy)

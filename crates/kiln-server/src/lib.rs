@@ -1,5 +1,5 @@
 //! kiln's OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`, `/health`, `/metrics`, `/tokenize`, `/detokenize`, `/version`.
+//! `/v1/models` (and `/v1/models/{id}`), `/health`, `/metrics`, `/tokenize`, `/detokenize`, `/version`.
 //!
 //! The server runs on tokio and axum; the engine runs on its own thread behind
 //! [`kiln_engine::EngineHandle`], which the server reaches with non-blocking submissions whose
@@ -161,6 +161,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/completions/render", post(routes::render::render_completion))
         .route("/v1/chat/completions/render", post(routes::render::render_chat))
         .route("/v1/models", get(routes::misc::models))
+        .route("/v1/models/{id}", get(routes::misc::model))
         .route("/health", get(routes::misc::health))
         .route("/version", get(routes::misc::version))
         .route("/metrics", get(routes::misc::render_metrics))

@@ -227,6 +227,11 @@ fn models_health_version_and_metrics() {
         models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["tiny", "tiny-alias"]);
     assert_eq!(models["data"][0]["max_model_len"], 256);
+    // One model by name (the SDK's `models.retrieve`), a name not served is a 404.
+    let alias = server.get("/v1/models/tiny-alias");
+    assert_eq!((alias.status, alias.json()), (200, models["data"][1].clone()));
+    let missing = server.get("/v1/models/gpt-4");
+    assert_eq!((missing.status, missing.json()["error"]["param"].clone()), (404, json!("model")));
     assert_eq!(server.get("/health").status, 200);
     assert!(server.get("/version").json()["version"].is_string());
     completion(&server, &json!({"prompt": "abc", "max_tokens": 3, "ignore_eos": true}));

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kiln_core::TokenId;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::chat_input::{render_tokens, template_kwargs, template_messages};
 use super::{check_model, model_name, tokenize};
@@ -29,18 +29,36 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
         .config
         .served_model_names
         .iter()
-        .map(|name| {
-            json!({
-                "id": name,
-                "object": "model",
-                "created": loaded.created,
-                "owned_by": "kiln",
-                "root": model_name(&state),
-                "max_model_len": loaded.limits.max_model_len,
-            })
-        })
+        .map(|name| model_card(&state, loaded, name))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: one served name's card (the SDK's `models.retrieve`); 404 for a
+/// name not served.
+pub async fn model(
+    State(state): State<Arc<ServerState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let loaded = match state.ready() {
+        Ok(loaded) => loaded,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = check_model(&state, Some(&id)) {
+        return e.into_response();
+    }
+    Json(model_card(&state, loaded, &id)).into_response()
+}
+
+fn model_card(state: &ServerState, loaded: &Loaded, name: &str) -> Value {
+    json!({
+        "id": name,
+        "object": "model",
+        "created": loaded.created,
+        "owned_by": "kiln",
+        "root": model_name(state),
+        "max_model_len": loaded.limits.max_model_len,
+    })
 }
 
 /// 200 once the model is loaded; 503 before and while draining.
