@@ -77,6 +77,8 @@ pub enum Start {
 enum Phase {
     /// Nothing but whitespace and a prefix of `<think>` yet.
     Undecided,
+    /// As `Undecided`, but the output is thinking either way (a `<think>` it repeats dropped).
+    ReasoningStart,
     Reasoning,
     /// After `</think>`: whitespace is dropped until the answer's first other character.
     AnswerStart,
@@ -101,7 +103,7 @@ pub struct SplitStep {
 impl ReasoningSplit {
     pub fn new(start: Start) -> Self {
         let phase = match start {
-            Start::Reasoning => Phase::Reasoning,
+            Start::Reasoning => Phase::ReasoningStart,
             Start::Undecided => Phase::Undecided,
         };
         Self { phase, held: String::new() }
@@ -123,13 +125,15 @@ impl ReasoningSplit {
         let mut step = SplitStep::default();
         loop {
             match self.phase {
-                Phase::Undecided => {
+                Phase::Undecided | Phase::ReasoningStart => {
                     let trimmed = self.held.trim_start();
                     if let Some(rest) = trimmed.strip_prefix(OPEN) {
                         self.held = rest.to_owned();
                         self.phase = Phase::Reasoning;
                     } else if OPEN.starts_with(trimmed) && !last {
                         return step;
+                    } else if self.phase == Phase::ReasoningStart {
+                        self.phase = Phase::Reasoning;
                     } else {
                         self.phase = Phase::Answer;
                     }
@@ -225,6 +229,9 @@ mod tests {
             ),
             (Start::Reasoning, "é</think>ü", split("é", "ü")),
             (Start::Reasoning, "</think>", split("", "")),
+            // A model that opens the thinking the prompt already opened.
+            (Start::Reasoning, "<think>\nhm</think>ok", split("\nhm", "ok")),
+            (Start::Reasoning, " <thi", split(" <thi", "")),
         ] {
             assert_eq!(ReasoningSplit::whole(start, text), want, "{text:?}");
             for piece in [1, 2, 3, 5, 100] {
