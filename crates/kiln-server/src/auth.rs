@@ -1,5 +1,6 @@
 //! API-key check. With `--api-key` (one key or vLLM's list; any of them is accepted), every
-//! endpoint that runs model work needs `Authorization: Bearer KEY`: all of `/v1/` (checked
+//! endpoint that runs model work needs `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
+//! Anthropic's clients send it): all of `/v1/` (checked
 //! before routing, so an unknown `/v1/` path is a 401 too, not a 404 that reveals what exists),
 //! `/tokenize` and `/detokenize`. `/health`, `/metrics` and `/version` stay open for probes and
 //! scrapers. Each key is compared in constant time over its bytes, so timing reveals at most
@@ -41,12 +42,14 @@ pub async fn require_api_key(
     if !is_protected(request.uri().path()) {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Anthropic's clients send the key as `x-api-key`.
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let presented = bearer.or(x_api_key).map(str::trim);
     match presented {
         Some(p)
             if keys

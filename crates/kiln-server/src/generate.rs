@@ -102,6 +102,8 @@ pub struct ChoiceResult {
     pub tokens: Vec<TokenId>,
     pub logprobs: Vec<Logprobs>,
     pub finish_reason: Option<&'static str>,
+    /// The stop string that ended the choice, if one did.
+    pub stop_string: Option<String>,
     pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
@@ -135,6 +137,7 @@ pub async fn collect_all(
         r.logprobs.extend(delta.logprobs);
         if delta.finish_reason.is_some() {
             r.finish_reason = delta.finish_reason;
+            r.stop_string = delta.stop_string;
         }
         if delta.prompt_logprobs.is_some() {
             r.prompt_logprobs = delta.prompt_logprobs;

@@ -1,5 +1,6 @@
 //! kiln's OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models` (and `/v1/models/{id}`), `/health`, `/metrics`, `/tokenize`, `/detokenize`, `/version`.
+//! Anthropic's `/v1/messages` (and `/v1/messages/count_tokens`), `/v1/models` (and
+//! `/v1/models/{id}`), `/health`, `/metrics`, `/tokenize`, `/detokenize`, `/version`.
 //!
 //! The server runs on tokio and axum; the engine runs on its own thread behind
 //! [`kiln_engine::EngineHandle`], which the server reaches with non-blocking submissions whose
@@ -11,6 +12,7 @@
 //! future resolves, then drains: it refuses new requests (503), lets in-flight ones finish for
 //! up to `shutdown_timeout`, and drops (so aborts) whatever is left.
 
+pub mod anthropic;
 pub mod auth;
 pub mod chat_template;
 pub mod closed_schema;
@@ -160,6 +162,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions/render", post(routes::render::render_completion))
         .route("/v1/chat/completions/render", post(routes::render::render_chat))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::misc::models))
         .route("/v1/models/{id}", get(routes::misc::model))
         .route("/health", get(routes::misc::health))
@@ -172,6 +176,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .fallback(|| async { ApiError::not_found("No such endpoint.").into_response() })
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), request_limits::check_head))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_api_key))
+        .layer(axum::middleware::from_fn(anthropic::shape_errors))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), cors::cors))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::http::count))
         .with_state(state)

@@ -30,6 +30,8 @@ pub struct Delta {
     pub logprobs: Option<Logprobs>,
     /// "stop" or "length" on the last delta.
     pub finish_reason: Option<&'static str>,
+    /// On the last delta, when a stop string (not a token) ended the sequence: which one.
+    pub stop_string: Option<String>,
     /// First delta only, when asked.
     pub prompt_logprobs: Option<PromptLogprobs>,
     /// First delta only: prompt tokens served from the prefix cache.
@@ -190,6 +192,7 @@ impl Sequence {
             token: out.new_token,
             logprobs: out.logprobs,
             finish_reason,
+            stop_string: if stopped { self.stop.matched().map(str::to_owned) } else { None },
             prompt_logprobs: out.prompt_logprobs,
             num_cached_tokens: out.first.map(|f| f.num_cached_tokens),
         }))

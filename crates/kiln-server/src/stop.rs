@@ -11,6 +11,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended the text, once one did.
+    matched: Option<String>,
 }
 
 /// What a piece of text released.
@@ -27,7 +29,13 @@ impl StopMatcher {
         Self {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text (after a push that returned `stopped`).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -40,8 +48,13 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return Released { text: std::mem::take(&mut self.held), stopped: false };
         }
-        let first_match = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first_match {
+        let first_match = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first_match {
+            self.matched = Some(stop.clone());
             let mut text = std::mem::take(&mut self.held);
             text.truncate(at);
             return Released { text, stopped: true };
@@ -109,5 +122,10 @@ mod tests {
     #[test]
     fn the_earliest_match_wins() {
         assert_eq!(run(&["cd", "abc"], &["xabcd"]), ("x".into(), true));
+        let stops = vec!["cd".to_owned(), "abc".to_owned()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.matched(), None);
+        assert!(m.push("xab").text == "x" && m.push("cd").stopped);
+        assert_eq!(m.matched(), Some("abc"));
     }
 }

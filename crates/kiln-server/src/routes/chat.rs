@@ -34,11 +34,11 @@ pub async fn chat_completions(
 pub(crate) struct Prepared {
     pub spec: validate::GenerationSpec,
     /// How the output is read: tool calls or plain content.
-    output: tools::ToolOutput,
-    logprobs: Option<usize>,
+    pub output: tools::ToolOutput,
+    pub logprobs: Option<usize>,
     /// The prompt's token ids (what the engine computes, and `render` returns).
     pub ids: Vec<kiln_core::TokenId>,
-    max_tokens: Option<i64>,
+    pub max_tokens: Option<i64>,
     /// With `--reasoning-parser`: where each output starts, and whether the client wants the
     /// reasoning (`include_reasoning`, default true).
     pub reasoning: Option<(Start, bool)>,
@@ -167,7 +167,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let choices: Vec<Value> = results
         .into_iter()
         .enumerate()
-        .map(|(index, r)| {
+        .map(|(index, mut r)| {
             let (thinking, text) = match reasoning {
                 Some((start, include)) => {
                     let split = ReasoningSplit::whole(start, &r.text);
@@ -188,12 +188,13 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             if !answer.calls.is_empty() {
                 message["tool_calls"] = tools::wire_calls(&answer.calls, &mut new_id);
             }
+            let stop_string = r.stop_string.take();
             let mut choice = json!({
                 "index": index,
                 "message": message,
                 "logprobs": logprobs.map(|_| chat_logprobs(tokenizer, &r.logprobs)),
                 "finish_reason": answer.finish_reason,
-                "stop_reason": Value::Null,
+                "stop_reason": stop_string,
             });
             if let Some(lps) = &r.prompt_logprobs {
                 choice["prompt_logprobs"] = prompt_logprobs(tokenizer, lps);

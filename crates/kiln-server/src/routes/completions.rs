@@ -257,7 +257,7 @@ fn choices_json(
                 "text": text,
                 "logprobs": lps,
                 "finish_reason": r.finish_reason,
-                "stop_reason": Value::Null,
+                "stop_reason": r.stop_string,
             });
             if let (Some(_), Some(lps)) = (spec.params.prompt_logprobs, &r.prompt_logprobs) {
                 choice["prompt_logprobs"] = prompt_logprobs(tokenizer, lps);

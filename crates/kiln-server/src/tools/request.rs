@@ -12,7 +12,9 @@
 //! - `{"type": "function", "function": {"name": N}}`: the output is forced to the arguments
 //!   of tool N.
 //!
-//! Forced JSON is compact (no free whitespace), as OpenAI's `arguments` are.
+//! Forced JSON is compact (no free whitespace), as OpenAI's `arguments` are, and closed: an
+//! object schema that lists `properties` admits no other key unless it says so
+//! (`additionalProperties`), as vLLM's default grammar backend and OpenAI's strict tools do.
 
 use serde_json::{Map, Value, json};
 
@@ -177,11 +179,13 @@ fn function((index, tool): (usize, &Value)) -> Result<Function, ApiError> {
             return Err(at("`function.name` must be 1 to 64 letters, digits, `_`, `-` or `.`"));
         }
     };
-    let parameters = match f.get("parameters") {
+    let mut parameters = match f.get("parameters") {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => return Err(at("`function.parameters` must be a JSON schema object")),
     };
+    // A forced call's arguments have no keys the schema does not declare (vLLM's default).
+    crate::closed_schema::close(&mut parameters);
     Ok(Function { name, parameters })
 }
 
