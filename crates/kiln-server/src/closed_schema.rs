@@ -26,11 +26,19 @@ const LIST: &[&str] = &["anyOf", "oneOf", "allOf", "prefixItems"];
 const MAP: &[&str] = &["properties", "patternProperties", "$defs", "definitions"];
 
 /// `schema` with `"additionalProperties": false` on every object schema that lists
-/// `properties` and leaves the rest unsaid.
+/// `properties` and leaves the rest unsaid, except where `allOf` composes one object out of
+/// several schemas (the object itself and its members stay open: each member describes only
+/// part of the keys, and closing them would make the whole unsatisfiable).
 pub fn close(schema: &mut Value) {
+    close_node(schema, true);
+}
+
+fn close_node(schema: &mut Value, close_self: bool) {
     let Value::Object(node) = schema else { return };
     let open_ended = ["additionalProperties", "patternProperties", "unevaluatedProperties"];
-    if node.get("properties").is_some_and(Value::is_object)
+    if close_self
+        && node.get("properties").is_some_and(Value::is_object)
+        && !node.contains_key("allOf")
         && !open_ended.iter().any(|k| node.contains_key(*k))
     {
         node.insert("additionalProperties".into(), Value::Bool(false));
@@ -39,6 +47,8 @@ pub fn close(schema: &mut Value) {
         let key = key.as_str();
         if ONE.contains(&key) {
             close(value);
+        } else if key == "allOf" {
+            value.as_array_mut().into_iter().flatten().for_each(|m| close_node(m, false));
         } else if LIST.contains(&key) {
             value.as_array_mut().into_iter().flatten().for_each(close);
         } else if MAP.contains(&key) {
@@ -52,6 +62,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn objects_composed_by_all_of_stay_open() {
+        let member = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let mut schema = json!({"allOf": [member, {"properties": {"b": {}}}],
+                                "properties": {"c": {"properties": {"d": {}}}}});
+        close(&mut schema);
+        assert_eq!(schema["allOf"][0], member);
+        assert!(schema.get("additionalProperties").is_none());
+        assert_eq!(schema["properties"]["c"]["additionalProperties"], json!(false));
+    }
 
     #[test]
     fn objects_with_properties_are_closed_where_the_schema_is_silent() {
