@@ -7,10 +7,12 @@ first failed check.
 
 import json
 import sys
+import typing
 from typing import Literal
 
 import openai
 from openai import OpenAI
+from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, Field
 
 base_url, api_key, model = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -135,6 +137,78 @@ history = messages + [
 ]
 after = client.chat.completions.create(model=model, messages=history, tools=tools, tool_choice="none", max_tokens=4, **greedy)
 check(after.choices[0].message.content is not None and after.usage.completion_tokens == 4, "tool result round trip")
+
+# The Responses API. Whole: a message item the SDK reads as output_text.
+resp = client.responses.create(
+    model=model, instructions="Be brief.", input="Hello there", max_output_tokens=8, temperature=0
+)
+check(resp.object == "response" and resp.output[-1].type == "message", "responses.create")
+check(resp.usage.output_tokens <= 8 and resp.usage.input_tokens > 0, "responses usage")
+check(resp.status == ("incomplete" if resp.usage.output_tokens == 8 else "completed"), "responses status")
+check(client.responses.retrieve(resp.id).output_text == resp.output_text, "responses.retrieve")
+
+# Streamed: every event one of the SDK's typed events, the text deltas adding up to the
+# whole response's text, the last event carrying that response.
+event_types = typing.get_args(typing.get_args(ResponseStreamEvent)[0])
+events = list(client.responses.create(
+    model=model, instructions="Be brief.", input="Hello there", max_output_tokens=8, temperature=0,
+    stream=True,
+))
+check(all(isinstance(e, event_types) for e in events), "responses stream events are typed events")
+check([e.sequence_number for e in events] == list(range(len(events))), "responses sequence numbers")
+streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+check(streamed == resp.output_text, "responses stream text == whole text")
+check(events[-1].type in ("response.completed", "response.incomplete") and events[-1].response.output_text == streamed,
+      "responses final event")
+
+# A forced function tool, streamed and assembled by the SDK's accumulator; the result goes
+# back by previous_response_id.
+fn_tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+             "parameters": t["function"]["parameters"], "strict": True} for t in tools]
+fn_choice = {"type": "function", "name": "get_weather"}
+with client.responses.stream(
+    model=model, input="Weather in Oslo for 2 days?", tools=fn_tools, tool_choice=fn_choice,
+    max_output_tokens=120, temperature=0,
+) as stream:
+    final = stream.get_final_response()
+fn_call = [item for item in final.output if item.type == "function_call"][0]
+fn_args = json.loads(fn_call.arguments)
+check(fn_call.name == "get_weather" and 1 <= fn_args["days"] <= 7, "responses.stream forced function call")
+whole_call = client.responses.create(
+    model=model, input="Weather in Oslo for 2 days?", tools=fn_tools, tool_choice=fn_choice,
+    max_output_tokens=120, temperature=0,
+).output[0]
+check(whole_call.arguments == fn_call.arguments, "responses streamed call == whole call")
+after = client.responses.create(
+    model=model, previous_response_id=final.id, tools=fn_tools, tool_choice="none",
+    input=[{"type": "function_call_output", "call_id": fn_call.call_id, "output": json.dumps({"temp": 4})}],
+    max_output_tokens=4, temperature=0,
+)
+check(after.previous_response_id == final.id and after.usage.input_tokens > final.usage.input_tokens,
+      "responses previous_response_id continues the conversation")
+
+# Structured output parsed by the SDK, and log-probabilities.
+class Small(BaseModel):
+    answer: Literal["yes", "no"]
+    confidence: int = Field(ge=0, le=9)
+
+
+parsed = client.responses.parse(
+    model=model, input="Is 7 prime?", text_format=Small, max_output_tokens=60, temperature=0
+)
+check(isinstance(parsed.output_parsed, Small), "responses.parse with pydantic")
+lp = client.responses.create(
+    model=model, input="Hello there", max_output_tokens=4, temperature=0,
+    include=["message.output_text.logprobs"], top_logprobs=2,
+)
+lps = lp.output[0].content[0].logprobs
+check(len(lps) == lp.usage.output_tokens and all(len(t.top_logprobs) == 2 for t in lps), "responses logprobs")
+client.responses.delete(resp.id)
+try:
+    client.responses.retrieve(resp.id)
+    check(False, "a deleted response is gone")
+except openai.NotFoundError:
+    check(True, "responses.delete")
 
 # Errors the SDK maps to its exception types.
 try:

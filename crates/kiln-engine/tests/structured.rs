@@ -83,6 +83,9 @@ const SCHEMA: &str = r#"{
 
 const REGEX: &str = "[0-9]{3}-[a-z]{2,4}";
 const GRAMMAR: &str = "start: item \",\" item \",\" item\nitem: /[a-c]{1,3}/ | \"none\"";
+/// [`GRAMMAR`] in GBNF, as llama.cpp and xgrammar write it (the same language).
+const GBNF: &str =
+    "root ::= item \",\" item \",\" item\nitem ::= [a-c]{1,3} | \"none\"  # comment\n";
 
 fn choices() -> Vec<String> {
     vec!["alpha".into(), "beta gamma".into(), "δ".into()]
@@ -94,6 +97,7 @@ fn outputs() -> Vec<StructuredOutput> {
         StructuredOutput::Regex(REGEX.into()),
         StructuredOutput::JsonSchema(SCHEMA.into()),
         StructuredOutput::Grammar(GRAMMAR.into()),
+        StructuredOutput::Grammar(GBNF.into()),
         StructuredOutput::JsonObject,
     ]
 }
@@ -282,7 +286,7 @@ fn grammars_that_do_not_compile_are_refused_and_change_nothing() {
         ),
         StructuredOutput::Regex("(unclosed".into()),
         StructuredOutput::Grammar("start: missing_rule".into()),
-        StructuredOutput::Grammar("root ::= \"a\"".into()),
+        StructuredOutput::Grammar("root ::= missing".into()),
         StructuredOutput::Choice(vec![]),
     ] {
         let err = core.add_request(prompt(1), params(Some(bad.clone()), None), 0).unwrap_err();

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub tools: crate::tools::ToolSettings,
     /// `--reasoning-parser`: thinking split from the answer (`None`: it stays in the text).
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// How many responses of `/v1/responses` are kept for `GET` and `previous_response_id`.
+    pub responses_store: crate::responses::store::StoreLimits,
 }
 
 /// Limits of the HTTP layer against slow, idle or too many clients.
@@ -89,6 +91,7 @@ impl Default for ServerConfig {
             connections: ConnectionLimits::default(),
             tools: crate::tools::ToolSettings::default(),
             reasoning_parser: None,
+            responses_store: crate::responses::store::StoreLimits::default(),
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
             kv_events: None,
         }

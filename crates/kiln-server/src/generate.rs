@@ -207,7 +207,7 @@ pub fn stream_response<F: ChunkFormat>(
     seqs: Vec<Sequence>,
     n: usize,
     mut usage: Usage,
-    include_usage: bool,
+    report: crate::validate::UsageReport,
     keep_alive: Duration,
     aborted: impl std::future::Future<Output = ()> + Send + 'static,
     mut format: F,
@@ -219,16 +219,19 @@ pub fn stream_response<F: ChunkFormat>(
             let tx = tx.clone();
             async move { tx.send(Event::default().data(value)).await.is_ok() }
         };
-        // With `include_usage`, every chunk but the last carries `usage: null` (OpenAI).
-        let with_usage_null = |mut chunk: Value| {
-            if include_usage {
+        // With `include_usage`, every chunk but the last carries `usage: null` (OpenAI), or
+        // the usage so far with `continuous_usage_stats` (vLLM).
+        let with_usage = |mut chunk: Value, usage: &Usage| {
+            if report.every_chunk {
+                chunk["usage"] = usage.to_json();
+            } else if report.last_chunk {
                 chunk["usage"] = Value::Null;
             }
             chunk.to_string()
         };
         for i in 0..num_choices {
             if let Some(chunk) = format.opening(i)
-                && !send(with_usage_null(chunk)).await
+                && !send(with_usage(chunk, &usage)).await
             {
                 return;
             }
@@ -241,7 +244,7 @@ pub fn stream_response<F: ChunkFormat>(
                 () = tx.closed() => return,
                 () = &mut aborted => {
                     for i in (0..num_choices).filter(|&i| !finished[i]) {
-                        if !send(with_usage_null(format.abort(i))).await {
+                        if !send(with_usage(format.abort(i), &usage)).await {
                             return;
                         }
                     }
@@ -257,7 +260,7 @@ pub fn stream_response<F: ChunkFormat>(
                         finished[i] = true;
                     }
                     if let Some(chunk) = format.delta(i, delta)
-                        && !send(with_usage_null(chunk)).await
+                        && !send(with_usage(chunk, &usage)).await
                     {
                         return;
                     }
@@ -270,7 +273,7 @@ pub fn stream_response<F: ChunkFormat>(
                 }
             }
         }
-        if include_usage {
+        if report.last_chunk {
             let mut chunk = format.chunk(&json!([]));
             chunk["usage"] = usage.to_json();
             if !send(chunk.to_string()).await {

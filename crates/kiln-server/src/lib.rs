@@ -1,5 +1,7 @@
 //! kiln's OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions`,
-//! Anthropic's `/v1/messages` (and `/v1/messages/count_tokens`), `/v1/models` (and
+//! OpenAI's `/v1/responses` (and `GET` / `DELETE /v1/responses/{id}`,
+//! `/v1/responses/{id}/cancel`), Anthropic's `/v1/messages` (and
+//! `/v1/messages/count_tokens`), `/v1/models` (and
 //! `/v1/models/{id}`), `/health`, `/metrics`, `/tokenize`, `/detokenize`, `/version`.
 //!
 //! The server runs on tokio and axum; the engine runs on its own thread behind
@@ -28,6 +30,7 @@ pub mod protocol;
 pub mod reasoning;
 pub mod request_fields;
 pub mod request_limits;
+pub mod responses;
 pub mod routes;
 pub mod sequence;
 pub mod state;
@@ -162,6 +165,9 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions/render", post(routes::render::render_completion))
         .route("/v1/chat/completions/render", post(routes::render::render_chat))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(routes::misc::models))

@@ -45,6 +45,11 @@ pub struct SamplingFields {
     pub guided_regex: Option<Value>,
     pub guided_choice: Option<Value>,
     pub guided_grammar: Option<Value>,
+    /// llama-server's `/completion` spellings: `n_predict` (`max_tokens`; -1: no limit),
+    /// `json_schema` (a schema object) and `grammar` (GBNF, or Lark).
+    pub n_predict: Option<i64>,
+    pub json_schema: Option<Value>,
+    pub grammar: Option<Value>,
     /// Every field no struct above names (checked by `request_fields`: refused when kiln does
     /// not implement it, logged when it is known to change nothing).
     #[serde(flatten)]
@@ -58,6 +63,20 @@ pub enum StopField {
     Many(Vec<String>),
 }
 
+impl SamplingFields {
+    /// `max_tokens`, or llama-server's `n_predict` (-1 or less: no limit); both given: 400.
+    pub fn max_tokens_given(&self) -> Result<Option<i64>, crate::error::ApiError> {
+        match (self.max_tokens, self.n_predict) {
+            (Some(_), Some(_)) => Err(crate::error::ApiError::bad_param(
+                "n_predict",
+                "`n_predict` and `max_tokens` both limit the output: give only one",
+            )),
+            (_, Some(n)) if n < 0 => Ok(None),
+            (m, n) => Ok(m.or(n)),
+        }
+    }
+}
+
 impl StopField {
     pub fn into_vec(self) -> Vec<String> {
         match self {
@@ -67,10 +86,13 @@ impl StopField {
     }
 }
 
+/// `stream_options`: any other key is refused (serde names it).
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM's: every chunk carries the usage so far (with `include_usage`).
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// `POST /v1/completions`.

@@ -50,6 +50,28 @@ const REFUSED: &[(&str, &str)] = &[
     ("stream_reasoning", "reasoning is not parsed: it is always part of the text"),
     ("multi_modal_data", "multimodal inputs are not supported"),
     ("mm_processor_kwargs", "multimodal inputs are not supported"),
+    // llama-server's samplers (`n_predict`, `json_schema` and `grammar` are implemented).
+    ("typical_p", "locally typical sampling is not supported (1.0 turns it off)"),
+    ("mirostat", "mirostat sampling is not supported (0 turns it off)"),
+    ("dry_multiplier", "DRY repetition penalties are not supported (0 turns them off)"),
+    ("xtc_probability", "XTC sampling is not supported (0 turns it off)"),
+    ("dynatemp_range", "dynamic temperature is not supported (0 turns it off)"),
+    ("top_n_sigma", "top-n-sigma sampling is not supported (-1 turns it off)"),
+    ("n_probs", "`n_probs` is not supported (use `logprobs`)"),
+    ("samplers", "a custom sampler order is not supported"),
+];
+
+/// llama-server's fields that only act with another one, which kiln refuses unless it is
+/// neutral (e.g. `dry_base` without `dry_multiplier`): without it they change nothing.
+const DEPENDENT: &[(&str, &str)] = &[
+    ("mirostat_tau", "mirostat"),
+    ("mirostat_eta", "mirostat"),
+    ("dry_base", "dry_multiplier"),
+    ("dry_allowed_length", "dry_multiplier"),
+    ("dry_penalty_last_n", "dry_multiplier"),
+    ("dry_sequence_breakers", "dry_multiplier"),
+    ("xtc_threshold", "xtc_probability"),
+    ("dynatemp_exponent", "dynatemp_range"),
 ];
 
 /// Fields that change nothing kiln returns.
@@ -61,6 +83,8 @@ const NO_EFFECT: &[&str] = &[
     "request_id",
     "guided_decoding_backend",
     "spaces_between_special_tokens",
+    // llama-server: reusing the KV cache of a prompt's prefix never changes kiln's output.
+    "cache_prompt",
 ];
 
 /// Longest field name an error message repeats.
@@ -76,6 +100,9 @@ pub fn check_other_fields(other: &Map<String, Value>) -> Result<(), ApiError> {
             }
         } else if NO_EFFECT.contains(&name.as_str()) {
             tracing::debug!("request field `{name}` has no effect");
+        } else if let Some((_, control)) = DEPENDENT.iter().find(|(f, _)| f == name) {
+            // The controlling field, when given and not neutral, is refused by its own name.
+            tracing::debug!("request field `{name}` has no effect without `{control}`");
         } else if !value.is_null() {
             let shown: String = name.chars().take(MAX_NAME_SHOWN).collect();
             return Err(ApiError::bad_param(
@@ -101,7 +128,12 @@ fn is_neutral(field: &str, value: &Value) -> bool {
         (_, Value::Object(o)) if o.is_empty() => true,
         ("tool_choice", Value::String(s)) => s == "none" || s == "auto",
         ("modalities", Value::Array(a)) => a.iter().all(|m| m == "text"),
-        ("length_penalty", Value::Number(n)) => n.as_f64() == Some(1.0),
+        ("length_penalty" | "typical_p", Value::Number(n)) => n.as_f64() == Some(1.0),
+        (
+            "mirostat" | "dry_multiplier" | "xtc_probability" | "dynatemp_range",
+            Value::Number(n),
+        ) => n.as_f64() == Some(0.0),
+        ("top_n_sigma", Value::Number(n)) => n.as_f64().is_some_and(|s| s <= 0.0),
         _ => false,
     }
 }
@@ -127,6 +159,11 @@ mod tests {
             (json!({"functions": [{"name": "f"}]}), "functions"),
             (json!({"include_reasoning": false}), "include_reasoning"),
             (json!({"return_hidden_states": true}), "return_hidden_states"),
+            (json!({"typical_p": 0.9}), "typical_p"),
+            (json!({"mirostat": 2, "mirostat_tau": 5.0}), "mirostat"),
+            (json!({"dry_multiplier": 0.8, "dry_base": 1.75}), "dry_multiplier"),
+            (json!({"xtc_probability": 0.5}), "xtc_probability"),
+            (json!({"n_probs": 3}), "n_probs"),
         ] {
             assert_eq!(check(&body).unwrap_err().param.as_deref(), Some(param));
         }
@@ -143,6 +180,12 @@ mod tests {
                    "separate_reasoning": true, "stream_reasoning": true,
                    "continue_final_message": false}),
             json!({"some_future_field": null}),
+            // llama-server's defaults, as its clients send them.
+            json!({"typical_p": 1.0, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+                   "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+                   "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n"],
+                   "xtc_probability": 0.0, "xtc_threshold": 0.1, "top_n_sigma": -1.0,
+                   "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "cache_prompt": true}),
         ] {
             assert!(check(&body).is_ok(), "{body}");
         }

@@ -45,6 +45,8 @@ pub struct ServerState {
     pub config: ServerConfig,
     /// `http_requests_total`, counted from the start (before the model is loaded too).
     pub http_metrics: HttpMetrics,
+    /// The responses kept by `/v1/responses` (bounded by `config.responses_store`).
+    pub responses: crate::responses::store::ResponseStore,
     loaded: OnceLock<Arc<Loaded>>,
     draining: AtomicBool,
     queued: AtomicUsize,
@@ -59,9 +61,11 @@ pub struct ServerState {
 impl ServerState {
     pub fn new(config: ServerConfig) -> Arc<Self> {
         let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let responses = crate::responses::store::ResponseStore::new(config.responses_store);
         Arc::new(Self {
             config,
             http_metrics: HttpMetrics::default(),
+            responses,
             loaded: OnceLock::new(),
             draining: AtomicBool::new(false),
             queued: AtomicUsize::new(0),

@@ -4,8 +4,10 @@
 //! - `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`,
 //!   `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`;
 //! - `structured_outputs` (vLLM): exactly one of `json` (a schema, as an object or a string),
-//!   `regex`, `choice`, `grammar` (Lark syntax), `json_object: true`;
-//! - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
+//!   `regex`, `choice`, `grammar` (Lark, or GBNF as llama.cpp and xgrammar write it),
+//!   `json_object: true`;
+//! - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`;
+//! - llama-server's `json_schema` (a schema object) and `grammar` (GBNF).
 //!
 //! JSON schemas are strict ([`crate::closed_schema`]): an object's undeclared keys are refused
 //! unless the schema admits them; `response_format.json_schema.strict: false` or
@@ -49,6 +51,8 @@ pub fn structured_output(
         ("guided_regex", f.guided_regex.take()),
         ("guided_choice", f.guided_choice.take()),
         ("guided_grammar", f.guided_grammar.take()),
+        ("json_schema", f.json_schema.take()),
+        ("grammar", f.grammar.take()),
     ]
     .into_iter()
     .filter_map(|(param, v)| v.filter(|v| !v.is_null()).map(|v| (param, v)))
@@ -109,7 +113,7 @@ fn parse(
     let spec = match param {
         "response_format" => return response_format(value, strict),
         "structured_outputs" => return structured_outputs(value, strict),
-        "guided_json" => schema(param, value, strict)?,
+        "guided_json" | "json_schema" => schema(param, value, strict)?,
         "guided_regex" => StructuredOutput::Regex(text(param, value)?),
         "guided_choice" => choice(param, value)?,
         _ => StructuredOutput::Grammar(text(param, value)?),

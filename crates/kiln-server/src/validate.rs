@@ -39,9 +39,20 @@ pub struct GenerationSpec {
     pub priority: i64,
     pub skip_special_tokens: bool,
     pub stream: bool,
-    pub include_usage: bool,
+    /// Where a stream reports usage (`stream_options`).
+    pub usage: UsageReport,
     /// The parameter that asked for `params.structured` (compile errors name it).
     pub structured_param: Option<&'static str>,
+}
+
+/// Where a stream reports usage (`stream_options`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UsageReport {
+    /// `include_usage`: a last chunk with no choices carries the usage (and every other chunk
+    /// `usage: null`).
+    pub last_chunk: bool,
+    /// `continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
+    pub every_chunk: bool,
 }
 
 fn to_usize(param: &str, value: i64, min: i64) -> Result<usize, ApiError> {
@@ -167,7 +178,16 @@ pub fn spec(
     let mut probe = params.clone();
     probe.max_tokens = max_tokens.unwrap_or(usize::MAX).max(probe.min_tokens).max(1);
     probe.validate().map_err(|e| ApiError::bad_param(e.param, e.to_string()))?;
-    let include_usage = f.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let options = f.stream_options.unwrap_or_default();
+    let include_usage = options.include_usage.unwrap_or(false);
+    let continuous_usage = options.continuous_usage_stats.unwrap_or(false);
+    if continuous_usage && !include_usage {
+        // vLLM reads it only with `include_usage`; alone it would ask for nothing.
+        return Err(ApiError::bad_param(
+            "stream_options",
+            "`stream_options.continuous_usage_stats` needs `include_usage: true`",
+        ));
+    }
     Ok(GenerationSpec {
         params,
         max_tokens,
@@ -176,7 +196,7 @@ pub fn spec(
         priority: f.priority.unwrap_or(0),
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         stream: f.stream.unwrap_or(false),
-        include_usage,
+        usage: UsageReport { last_chunk: include_usage, every_chunk: continuous_usage },
         structured_param,
     })
 }

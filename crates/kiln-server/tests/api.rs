@@ -67,6 +67,27 @@ fn completions_greedy_stream_equals_non_stream_and_token_prompts_equal_text() {
     assert_eq!(usage["completion_tokens"], 12);
     assert_eq!(usage["prompt_tokens"], whole["usage"]["prompt_tokens"]);
 
+    // vLLM's continuous usage: every chunk carries the usage so far, counting up to the end.
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let chunks: Vec<Value> = server
+        .post("/v1/completions", &streamed)
+        .sse_data()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let counts: Vec<u64> =
+        chunks.iter().map(|c| c["usage"]["completion_tokens"].as_u64().unwrap()).collect();
+    assert!(counts.len() > 2 && counts[0] >= 1, "{counts:?}");
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]) && counts.last() == Some(&12), "{counts:?}");
+    assert!(chunks.iter().all(|c| c["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]));
+    for options in [json!({"continuous_usage_stats": true}), json!({"include_usage": true, "x": 1})]
+    {
+        streamed["stream_options"] = options;
+        let r = server.post("/v1/completions", &streamed);
+        assert_eq!(r.status, 400, "{}", r.text());
+    }
+
     let ids = server.post("/tokenize", &json!({"prompt": "Hello world, and hello again"})).json();
     let tokens = ids["tokens"].clone();
     assert_eq!(ids["count"], whole["usage"]["prompt_tokens"]);

@@ -65,6 +65,8 @@ fn every_spelling_constrains_both_endpoints_streamed_and_not() {
         json!({"response_format": json_schema}),
         json!({"structured_outputs": {"json": schema(), "disable_any_whitespace": true}}),
         json!({"guided_json": SCHEMA}),
+        // llama-server's spelling.
+        json!({"json_schema": schema()}),
     ];
     for constraint in constraints {
         for (path, base) in [
@@ -105,7 +107,7 @@ type Validator = fn(&str) -> bool;
 fn regex_choice_grammar_and_json_object() {
     let server = TestServer::start(default_config());
     let base = json!({"prompt": "Answer:", "max_tokens": 60, "temperature": 0.7, "seed": 1});
-    let cases: [(Value, Validator); 5] = [
+    let cases: [(Value, Validator); 7] = [
         (json!({"guided_regex": "[A-Z][a-z]{2,5} [0-9]{2}"}), |t| {
             let (w, n) = t.split_once(' ').unwrap_or_default();
             (3..=6).contains(&w.len()) && n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit())
@@ -118,6 +120,14 @@ fn regex_choice_grammar_and_json_object() {
             json!({"structured_outputs": {"grammar": "start: \"(\" num (\"+\" num)* \")\"\nnum: /[0-9]/"}}),
             |t| t.starts_with('(') && t.ends_with(')') && t.len() >= 3,
         ),
+        // GBNF, as vLLM's xgrammar backend and llama-server's `grammar` take it.
+        (
+            json!({"structured_outputs": {"grammar": "root ::= \"(\" num (\"+\" num)* \")\"\nnum ::= [0-9]"}}),
+            |t| t.starts_with('(') && t.ends_with(')') && t.len() >= 3,
+        ),
+        (json!({"grammar": "root ::= [a-c]{2,4} \"!\"", "n_predict": 20}), |t| {
+            t.ends_with('!') && (3..=5).contains(&t.len())
+        }),
         (json!({"response_format": {"type": "json_object"}}), |t| {
             serde_json::from_str::<Value>(t).is_ok_and(|v| v.is_object())
         }),
@@ -128,6 +138,9 @@ fn regex_choice_grammar_and_json_object() {
             body[k] = v.clone();
         }
         body["n"] = json!(3);
+        if body.get("n_predict").is_some() {
+            body.as_object_mut().unwrap().remove("max_tokens");
+        }
         let r = ok(&server, "/v1/completions", &body);
         for choice in r["choices"].as_array().unwrap() {
             let text = choice["text"].as_str().unwrap();
@@ -171,6 +184,10 @@ fn malformed_constraints_are_a_400_naming_the_parameter_and_change_nothing() {
             "tools",
         ),
         (json!({"use_beam_search": true}), "use_beam_search"),
+        (json!({"grammar": "root ::= item"}), "grammar"),
+        (json!({"grammar": "root ::= \"a\"", "guided_regex": "a"}), "grammar"),
+        (json!({"n_predict": 4}), "n_predict"),
+        (json!({"typical_p": 0.5}), "typical_p"),
     ];
     for (fields, param) in cases {
         let mut body = json!({"prompt": "x", "max_tokens": 4});

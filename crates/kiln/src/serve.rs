@@ -55,7 +55,8 @@ pub struct ServeArgs {
     #[arg(long)]
     enable_auto_tool_choice: bool,
     /// Split a reasoning model's thinking (`<think>…</think>`) from its answer:
-    /// `reasoning_content` on chat, `thinking` blocks on /v1/messages; tool calls and
+    /// `reasoning_content` on chat, `thinking` blocks on /v1/messages, reasoning items on
+    /// /v1/responses; tool calls and
     /// structured outputs apply to the answer. qwen3 (Qwen3, QwQ) or deepseek_r1 (DeepSeek-R1
     /// and its distills).
     #[arg(long, value_parser = parse_reasoning_parser)]
@@ -84,6 +85,14 @@ pub struct ServeArgs {
     /// Largest request body (e.g. 4MiB); a larger declared Content-Length gets 413 at once.
     #[arg(long, default_value = "4MiB")]
     max_body_bytes: Bytes,
+    /// Responses of /v1/responses kept for `GET /v1/responses/{id}` and
+    /// `previous_response_id`, in memory, the oldest dropped first (0: none are kept, and
+    /// responses say `store: false`).
+    #[arg(long, default_value_t = 1024)]
+    max_stored_responses: usize,
+    /// Memory the stored responses (and the conversations they continue) may take.
+    #[arg(long, default_value = "128MiB")]
+    responses_store_bytes: Bytes,
     /// `max_tokens` of requests that give none (default: what is left of the context).
     #[arg(long)]
     max_tokens_default: Option<usize>,
@@ -274,6 +283,10 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
         },
         tools: tool_settings(args)?,
         reasoning_parser: args.reasoning_parser,
+        responses_store: kiln_server::responses::store::StoreLimits {
+            max_responses: args.max_stored_responses,
+            max_bytes: usize::try_from(args.responses_store_bytes.0).unwrap_or(usize::MAX),
+        },
     })
 }
 

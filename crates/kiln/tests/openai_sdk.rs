@@ -2,8 +2,10 @@
 //! official `openai` Python SDK drives it (`tests/e2e/openai_sdk.py`): chat, completions,
 //! streaming with usage, logprobs, n=2, seeds, stop strings, `chat.completions.parse` with a
 //! pydantic model, a forced tool call whole and streamed (assembled by the SDK) and its round
-//! trip, error types, auth. The SDK is
-//! installed once with pip into a virtual environment under the target directory.
+//! trip, the Responses API (whole, streamed events checked against the SDK's typed events,
+//! `responses.stream` with a forced function tool, `previous_response_id`, `responses.parse`,
+//! logprobs, retrieve and delete), error types, auth. The SDK is installed once with pip into a
+//! virtual environment under the target directory.
 
 #![allow(clippy::unwrap_used)]
 

@@ -345,13 +345,14 @@ fn top_level(spec: &StructuredOutput) -> Result<TopLevelGrammar, GrammarError> {
             if grammar.trim().is_empty() {
                 return Err(err("the grammar is empty"));
             }
+            // GBNF (llama.cpp, xgrammar) defines rules with `::=`, which Lark never has.
             if grammar.contains("::=") {
-                return Err(err(
-                    "GBNF grammars are not supported: write the grammar in Lark syntax \
-                     (`start: item+`, `item: /[a-z]+/ \",\"`)",
-                ));
+                let lark = super::gbnf::to_lark(grammar)
+                    .map_err(|e| err(format!("the GBNF grammar does not parse: {e}")))?;
+                TopLevelGrammar::from_lark(lark)
+            } else {
+                TopLevelGrammar::from_lark(grammar.clone())
             }
-            TopLevelGrammar::from_lark(grammar.clone())
         }
         StructuredOutput::AfterReasoning { reasoning, answer } => {
             return after_reasoning(reasoning, answer);

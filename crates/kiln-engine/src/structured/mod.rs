@@ -40,6 +40,7 @@
 
 mod compiler;
 mod constraint;
+pub mod gbnf;
 mod pending;
 #[cfg(test)]
 pub(crate) mod test_vocab;

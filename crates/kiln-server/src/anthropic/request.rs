@@ -5,7 +5,8 @@
 //! `thinking` as the template's `enable_thinking`.
 //!
 //! Invariants: every field and every block key is either carried over, a documented no-op
-//! (`metadata`, `service_tier`, `cache_control`, the thinking of earlier turns, which
+//! (`metadata`, `service_tier`, `cache_control` (top-level and on blocks), the thinking of
+//! earlier turns, which
 //! Anthropic leaves out of the context too), or refused with a 400 naming it; text blocks of
 //! one message are joined with a newline.
 
@@ -51,6 +52,12 @@ pub struct MessagesRequest {
     /// Changes nothing: there is one tier.
     #[serde(default)]
     pub service_tier: Option<Value>,
+    /// Automatic prompt caching: changes nothing (kiln's prefix cache is always on).
+    #[serde(default)]
+    pub cache_control: Option<Value>,
+    /// `{"format": {"type": "json_schema", "schema"}}` (structured outputs), `effort`.
+    #[serde(default)]
+    pub output_config: Option<Value>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
 }
@@ -107,6 +114,9 @@ impl MessagesRequest {
         {
             return Err(bad("max_tokens", format!("max_tokens: must be at least 1, got {max}")));
         }
+        if self.cache_control.as_ref().is_some_and(|c| !c.is_object() && !c.is_null()) {
+            return Err(bad("cache_control", "cache_control: must be an object"));
+        }
         if self.metadata.as_ref().is_some_and(|m| !m.is_object() && !m.is_null()) {
             return Err(bad("metadata", "metadata: must be an object"));
         }
@@ -141,7 +151,9 @@ impl MessagesRequest {
             Thinking::Default => None,
             Thinking::Disabled => Some(json!({"enable_thinking": false})),
         };
+        let response_format = output_format(self.output_config.as_ref())?;
         let sampling = SamplingFields {
+            response_format,
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
@@ -209,6 +221,47 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<Thinking, 
     }
 }
 
+/// `output_config`: its `format` (a JSON schema the text must follow) as chat's
+/// `response_format`; an `effort` is refused (kiln does not bound effort).
+fn output_format(config: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    const P: &str = "output_config";
+    let Some(config) = config.filter(|c| !c.is_null()) else { return Ok(None) };
+    let Some(obj) = config.as_object() else {
+        return Err(bad(P, "output_config: must be an object"));
+    };
+    let mut format = None;
+    for (key, value) in obj {
+        match (key.as_str(), value) {
+            (_, Value::Null) => {}
+            ("format", Value::Object(f)) => format = Some(f),
+            ("effort", _) => {
+                return Err(bad(
+                    P,
+                    "output_config.effort: kiln does not bound effort; leave it out",
+                ));
+            }
+            ("format", _) => return Err(bad(P, "output_config.format: must be an object")),
+            _ => {
+                return Err(bad(P, format!("output_config.{key}: Extra inputs are not permitted")));
+            }
+        }
+    }
+    let Some(format) = format else { return Ok(None) };
+    if let Some(key) = format.keys().find(|k| !["type", "schema"].contains(&k.as_str())) {
+        return Err(bad(P, format!("output_config.format.{key}: Extra inputs are not permitted")));
+    }
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Err(bad(P, "output_config.format.type: must be \"json_schema\""));
+    }
+    let schema = format.get("schema").filter(|s| s.is_object());
+    let schema =
+        schema.ok_or_else(|| bad(P, "output_config.format.schema: a JSON schema object"))?;
+    Ok(Some(json!({
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": true},
+    })))
+}
+
 /// `system`: a string or a list of text blocks.
 fn system_text(system: Value) -> Result<String, ApiError> {
     match system {
@@ -228,7 +281,7 @@ fn system_text(system: Value) -> Result<String, ApiError> {
 fn allowed_keys(kind: &str) -> &'static [&'static str] {
     match kind {
         "text" => &["type", "text", "cache_control", "citations"],
-        "tool_use" => &["type", "id", "name", "input", "cache_control"],
+        "tool_use" => &["type", "id", "name", "input", "cache_control", "caller"],
         "tool_result" => &["type", "tool_use_id", "content", "is_error", "cache_control"],
         "thinking" => &["type", "thinking", "signature"],
         "redacted_thinking" => &["type", "data"],
@@ -248,8 +301,13 @@ fn block_kind(block: &Value) -> Result<&str, String> {
             "content blocks of type {kind:?} are not supported (text, tool_use, tool_result and thinking are)"
         ));
     }
-    if let Some(key) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(format!("{kind} block: `{key}`: Extra inputs are not permitted"));
+    // A key set to null asks for nothing (the SDKs' `model_dump()` writes every field).
+    if let Some(key) = obj.iter().find(|(k, v)| !v.is_null() && !allowed.contains(&k.as_str())) {
+        return Err(format!("{kind} block: `{}`: Extra inputs are not permitted", key.0));
+    }
+    // Who made a call: the model itself (`direct`), not a program kiln cannot run.
+    if obj.get("caller").is_some_and(|c| !c.is_null() && c != &json!({"type": "direct"})) {
+        return Err("tool_use.caller: only {\"type\": \"direct\"} calls are supported".into());
     }
     if obj.get("citations").is_some_and(|c| !c.is_null() && c != &json!([])) {
         return Err("citations are not supported".into());
@@ -591,6 +649,29 @@ mod tests {
         ] {
             let e = translate(body.clone()).err().unwrap_or_else(|| panic!("{body}"));
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn output_config_format_is_a_json_schema_and_effort_is_refused() {
+        let user = json!([{"role": "user", "content": "q"}]);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let t = translate(
+            json!({"max_tokens": 8, "messages": user, "cache_control": {"type": "ephemeral"},
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+        )
+        .unwrap();
+        let format = t.chat.sampling.response_format.unwrap();
+        assert_eq!(format["json_schema"]["schema"], schema);
+        for config in [
+            json!({"effort": "high"}),
+            json!({"format": {"type": "text"}}),
+            json!({"format": {"type": "json_schema"}}),
+            json!({"format": {"type": "json_schema", "schema": {}, "x": 1}}),
+            json!({"speed": "fast"}),
+        ] {
+            let e = translate(json!({"max_tokens": 8, "messages": user, "output_config": config}));
+            assert_eq!(e.err().unwrap().param.as_deref(), Some("output_config"), "{config}");
         }
     }
 

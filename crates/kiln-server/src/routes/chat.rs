@@ -71,7 +71,10 @@ pub(crate) async fn prepare(
         }
         (false, _) => None,
     };
-    let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let max_tokens = match req.max_completion_tokens {
+        Some(m) => Some(m),
+        None => req.sampling.max_tokens_given()?,
+    };
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
     let settings = state.config.tools;
     let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
@@ -156,7 +159,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             seqs,
             spec.n,
             usage,
-            spec.include_usage,
+            spec.usage,
             state.config.keep_alive,
             state.aborted(),
             format,

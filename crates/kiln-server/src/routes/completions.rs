@@ -154,7 +154,7 @@ pub(crate) async fn prepare(
         })
         .transpose()?;
     let echo = req.echo.unwrap_or(false);
-    let max_tokens = req.sampling.max_tokens;
+    let max_tokens = req.sampling.max_tokens_given()?;
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
     crate::structured_fields::check_compiles(loaded, &spec).await?;
     if let (true, Some(k)) = (echo, logprobs) {
@@ -201,7 +201,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             seqs,
             spec.n,
             usage,
-            spec.include_usage,
+            spec.usage,
             state.config.keep_alive,
             state.aborted(),
             format,

@@ -178,6 +178,14 @@ pub const OPENAI_SDK: &str = "openai==3.54.0";
 /// The `jsonschema` version that validates structured outputs.
 pub const JSONSCHEMA: &str = "jsonschema==4.23.0";
 
+/// The `anthropic` SDK version the Messages checks are written against.
+pub const ANTHROPIC_SDK: &str = "anthropic==2.17.0";
+
+/// A python with `anthropic`: a venv under the target directory, made on first use.
+pub fn python_with_anthropic_sdk() -> PathBuf {
+    venv_with("anthropic-venv", &[ANTHROPIC_SDK]).join("bin/python")
+}
+
 /// A python with `openai` and `jsonschema`: a venv under the target directory, made on first
 /// use (and completed when a package is missing or at another version).
 pub fn python_with_sdk() -> PathBuf {
