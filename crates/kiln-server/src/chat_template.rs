@@ -19,8 +19,8 @@
 //!   Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 //!   sort_keys=False)` ([`json`]); Python `str` / `dict` methods through
 //!   `minijinja_contrib::pycompat`; `none` / `true` print as `None` / `True` (minijinja does);
-//! - the context holds `messages` (each a map `role`, `content`, then `tool_calls`,
-//!   `tool_call_id`, `name` where the message has them, in that order),
+//! - the context holds `messages` (each a map `role`, `content`, then `reasoning_content`,
+//!   `tool_calls`, `tool_call_id`, `name` where the message has them, in that order),
 //!   `add_generation_prompt`, `bos_token` / `eos_token` (the empty string when the tokenizer has
 //!   none; transformers leaves them undefined, which prints the same), `tools` (the request's
 //!   list, or `none` as transformers passes `None`, which templates test with `is not none`),
@@ -50,8 +50,8 @@
 //! Message content is data in a second sense: [`ChatTemplate::render_marked`] also returns the
 //! byte ranges of the prompt that came from message content, so the tokenizer can keep
 //! control-token text typed by a client as text (`Tokenizer::encode_with_literals`). It
-//! renders twice: once as usual, once with each message's content (its whitespace-trimmed
-//! core) wrapped in the noncharacters U+FDD0 / U+FDD1; the wrapped render, markers removed,
+//! renders twice: once as usual, once with each message's content and `reasoning_content`
+//! (their whitespace-trimmed cores) wrapped in the noncharacters U+FDD0 / U+FDD1; the wrapped render, markers removed,
 //! must equal the plain one and the markers must pair up, else the ranges are unknown (the
 //! template transformed the content, or the content holds a marker itself) and `None` is
 //! returned.
@@ -91,6 +91,8 @@ const CHATML: &str = "{% for message in messages %}\
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's thinking (`reasoning_content`), client text like `content`.
+    pub reasoning_content: Option<String>,
     /// An assistant message's calls, `[{"id", "type": "function", "function": {"name",
     /// "arguments"}}]`, with `arguments` as a JSON object (parsed from the API's string, as
     /// vLLM passes them, so templates can `tojson` or iterate them). `None`: the key is absent.
@@ -298,12 +300,20 @@ impl ChatTemplate {
         options: &RenderOptions,
         plain: &str,
     ) -> Option<Vec<Range<usize>>> {
-        if messages.iter().any(|m| m.content.contains([CONTENT_OPEN, CONTENT_CLOSE])) {
+        let marked = |t: &str| t.contains([CONTENT_OPEN, CONTENT_CLOSE]);
+        if messages
+            .iter()
+            .any(|m| marked(&m.content) || m.reasoning_content.as_deref().is_some_and(marked))
+        {
             return None;
         }
         let wrapped: Vec<ChatMessage> = messages
             .iter()
-            .map(|m| ChatMessage { content: wrap_content(&m.content), ..m.clone() })
+            .map(|m| ChatMessage {
+                content: wrap_content(&m.content),
+                reasoning_content: m.reasoning_content.as_deref().map(wrap_content),
+                ..m.clone()
+            })
             .collect();
         // A template may branch on content (`if content == ''`): a failure here only means
         // the ranges are unknown.
@@ -600,6 +610,10 @@ impl MessageObject {
         let mut keys = vec!["role", "content"];
         let mut values =
             vec![Value::from(message.role.as_str()), Value::from(message.content.as_str())];
+        if let Some(reasoning) = &message.reasoning_content {
+            keys.push("reasoning_content");
+            values.push(Value::from(reasoning.as_str()));
+        }
         if let Some(calls) = &message.tool_calls {
             keys.push("tool_calls");
             values.push(Value::from_serialize(calls));

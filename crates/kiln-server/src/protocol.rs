@@ -149,7 +149,7 @@ pub struct ChatRequest {
     pub sampling: SamplingFields,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
@@ -162,6 +162,20 @@ pub struct ChatMessageIn {
     pub tool_call_id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant message's thinking (vLLM's `reasoning_content`, or `reasoning`), for
+    /// templates that print it.
+    #[serde(default, alias = "reasoning")]
+    pub reasoning_content: Option<String>,
+    /// Any other key: refused unless neutral (`null`, an empty list), never dropped.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+impl ChatMessageIn {
+    /// A message with a role and text only.
+    pub fn text(role: &str, text: String) -> Self {
+        Self { role: role.to_owned(), content: Some(MessageContent::Text(text)), ..Self::default() }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,6 +191,9 @@ pub struct ContentPart {
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// Any other key: refused unless `null`.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 /// `POST /tokenize`: a prompt, or chat messages rendered with the template.

@@ -134,7 +134,11 @@ fn response_format(value: Value, strict: bool) -> Result<Option<StructuredOutput
     let kind = kind.as_ref().and_then(Value::as_str).unwrap_or_default();
     let spec = match kind {
         "text" => None,
-        "json_object" => Some(StructuredOutput::JsonObject),
+        // llama-server's `{"type": "json_object", "schema": {...}}` constrains to the schema.
+        "json_object" => match obj.remove("schema").filter(|s| !s.is_null()) {
+            Some(s) => Some(schema("response_format.schema", s, strict)?),
+            None => Some(StructuredOutput::JsonObject),
+        },
         "json_schema" => {
             let Some(Value::Object(mut js)) = obj.remove("json_schema") else {
                 return Err(bad(
@@ -193,6 +197,13 @@ fn response_format(value: Value, strict: bool) -> Result<Option<StructuredOutput
             ));
         }
     };
+    if let Some((key, _)) = obj.iter().find(|(_, v)| !v.is_null()) {
+        let shown: String = key.chars().take(64).collect();
+        return Err(bad(
+            P,
+            format!("`response_format.{shown}` is not supported with type {kind:?}"),
+        ));
+    }
     Ok(spec)
 }
 
@@ -384,6 +395,19 @@ mod tests {
                 json!({"guided_json": schema}),
                 Some((StructuredOutput::JsonSchema(closed.to_string()), "guided_json")),
             ),
+            // llama-server's spellings.
+            (
+                json!({"response_format": {"type": "json_object", "schema": schema}}),
+                Some((StructuredOutput::JsonSchema(closed.to_string()), "response_format")),
+            ),
+            (
+                json!({"json_schema": schema}),
+                Some((StructuredOutput::JsonSchema(closed.to_string()), "json_schema")),
+            ),
+            (
+                json!({"grammar": "root ::= \"a\""}),
+                Some((StructuredOutput::Grammar("root ::= \"a\"".into()), "grammar")),
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(parse_body(body.clone()).unwrap(), want, "{body}");
@@ -412,6 +436,13 @@ mod tests {
             (json!({"guided_choice": []}), "guided_choice"),
             (json!({"guided_choice": ["a", 1]}), "guided_choice"),
             (json!({"guided_regex": ""}), "guided_regex"),
+            (json!({"response_format": {"type": "text", "schema": {}}}), "response_format"),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}},
+                    "strict": true}}),
+                "response_format",
+            ),
+            (json!({"json_schema": "not a schema"}), "json_schema"),
             (
                 json!({"guided_regex": "a", "response_format": {"type": "json_object"}}),
                 "guided_regex",

@@ -1,14 +1,14 @@
 //! A Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`) checked and turned
 //! into the chat request kiln already serves: `system` first, each message's content blocks
 //! flattened to chat messages (`tool_use` blocks become an assistant's `tool_calls`, each
-//! `tool_result` block a `tool` message), Anthropic's tools and `tool_choice` as OpenAI's,
-//! `thinking` as the template's `enable_thinking`.
+//! `tool_result` block a `tool` message, `thinking` blocks the assistant's
+//! `reasoning_content`), Anthropic's tools and `tool_choice` as OpenAI's, `thinking` as the
+//! template's `enable_thinking`, `output_config.format` as a JSON-schema `response_format`.
 //!
 //! Invariants: every field and every block key is either carried over, a documented no-op
-//! (`metadata`, `service_tier`, `cache_control` (top-level and on blocks), the thinking of
-//! earlier turns, which
-//! Anthropic leaves out of the context too), or refused with a 400 naming it; text blocks of
-//! one message are joined with a newline.
+//! (`metadata`, `service_tier`, `cache_control` (top-level and on blocks), redacted thinking,
+//! keys set to `null`), or refused with a 400 naming it; text blocks of one message are joined
+//! with a newline.
 
 use std::collections::HashMap;
 
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::protocol::{ChatMessageIn, ChatRequest, MessageContent, SamplingFields, StopField};
+use crate::protocol::{ChatMessageIn, ChatRequest, SamplingFields, StopField};
 use crate::tools::request::MAX_TOOLS;
 
 /// `POST /v1/messages` (and, without the sampling fields, `/v1/messages/count_tokens`).
@@ -124,13 +124,7 @@ impl MessagesRequest {
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = self.system {
             let text = system_text(system)?;
-            messages.push(ChatMessageIn {
-                role: "system".into(),
-                content: Some(MessageContent::Text(text)),
-                tool_calls: None,
-                tool_call_id: None,
-                name: None,
-            });
+            messages.push(ChatMessageIn::text("system", text));
         }
         if self.messages.is_empty() {
             return Err(bad("messages", "messages: at least one message is required"));
@@ -344,13 +338,7 @@ fn chat_messages(
         Some(r @ ("user" | "assistant")) => r.to_owned(),
         _ => return Err(bad_message(index, "role: must be \"user\" or \"assistant\"")),
     };
-    let plain = |role: &str, text: String| ChatMessageIn {
-        role: role.to_owned(),
-        content: Some(MessageContent::Text(text)),
-        tool_calls: None,
-        tool_call_id: None,
-        name: None,
-    };
+    let plain = ChatMessageIn::text;
     let blocks = match obj.remove("content") {
         Some(Value::String(s)) => {
             out.push(plain(&role, s));
@@ -360,6 +348,7 @@ fn chat_messages(
         _ => return Err(bad_message(index, "content: must be a string or a list of blocks")),
     };
     let mut texts = Vec::new();
+    let mut thinking = Vec::new();
     let mut calls = Vec::new();
     let mut results = 0usize;
     for (b, block) in blocks.iter().enumerate() {
@@ -402,15 +391,19 @@ fn chat_messages(
                 }
                 results += 1;
                 out.push(ChatMessageIn {
-                    role: "tool".into(),
-                    content: Some(MessageContent::Text(text)),
-                    tool_calls: None,
                     tool_call_id: Some(id.to_owned()),
                     name: tool_names.get(id).cloned(),
+                    ..ChatMessageIn::text("tool", text)
                 });
             }
-            // The thinking of earlier turns is not part of the context (as with Anthropic).
-            ("thinking" | "redacted_thinking", "assistant") => {}
+            // The thinking goes to the template as the message's `reasoning_content` (a
+            // thinking model's template decides which turns keep it); redacted thinking has
+            // no text to show it.
+            ("thinking", "assistant") => {
+                let text = block["thinking"].as_str();
+                thinking.push(text.ok_or_else(|| at("a thinking block needs `thinking`".into()))?);
+            }
+            ("redacted_thinking", "assistant") => {}
             (kind, role) => {
                 return Err(at(format!("{kind} blocks are not allowed in {role} messages")));
             }
@@ -421,6 +414,9 @@ fn chat_messages(
         let mut m = plain(&role, texts.join("\n"));
         if !calls.is_empty() {
             m.tool_calls = Some(Value::Array(calls));
+        }
+        if !thinking.is_empty() {
+            m.reasoning_content = Some(thinking.join("\n"));
         }
         out.push(m);
     }
@@ -524,6 +520,7 @@ fn tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<ChatTools, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::MessageContent;
 
     fn translate(body: Value) -> Result<Translated, ApiError> {
         serde_json::from_value::<MessagesRequest>(body).unwrap().translate(false)
@@ -558,6 +555,7 @@ mod tests {
         let m = &t.chat.messages;
         assert!(matches!(&m[0].content, Some(MessageContent::Text(s)) if s == "be brief"));
         assert!(matches!(&m[2].content, Some(MessageContent::Text(s)) if s == "checking"));
+        assert_eq!(m[2].reasoning_content.as_deref(), Some("hm"));
         let calls = m[2].tool_calls.as_ref().unwrap();
         assert_eq!(calls[0]["function"]["arguments"], json!({"city": "Oslo"}));
         assert_eq!(

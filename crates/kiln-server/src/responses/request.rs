@@ -4,11 +4,14 @@
 //! become an assistant's `tool_calls`, each `function_call_output` a `tool` message),
 //! function tools and `tool_choice` as chat's, `text.format` as `response_format`.
 //!
+//! A reasoning item's text becomes the `reasoning_content` of the assistant turn after it (its
+//! message or calls), as vLLM passes it; the template decides which turns print it.
+//!
 //! Invariants: every field and every item key is carried over, a documented no-op (`user`,
 //! `metadata`, `safety_identifier`, `prompt_cache_key`, `service_tier`, `max_tool_calls`,
 //! which counts built-in tools only, `stream_options.include_obfuscation`,
-//! `reasoning.summary: "auto"`, the reasoning items of earlier turns, which the chat
-//! templates leave out of the context too), or refused with a 400 naming it.
+//! `reasoning.summary: "auto"`, keys set to `null`, a reasoning item no assistant turn
+//! follows), or refused with a 400 naming it.
 
 use std::collections::HashMap;
 
@@ -16,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::protocol::{ChatMessageIn, ChatRequest, MessageContent, SamplingFields};
+use crate::protocol::{ChatMessageIn, ChatRequest, SamplingFields};
 use crate::tools::request::MAX_TOOLS;
 
 /// `POST /v1/responses`.
@@ -269,13 +272,7 @@ impl ResponsesRequest {
 }
 
 fn message(role: &str, text: String) -> ChatMessageIn {
-    ChatMessageIn {
-        role: role.to_owned(),
-        content: Some(MessageContent::Text(text)),
-        tool_calls: None,
-        tool_call_id: None,
-        name: None,
-    }
+    ChatMessageIn::text(role, text)
 }
 
 /// `stream_options`: only `include_obfuscation`, which changes no text (kiln never pads
@@ -503,6 +500,8 @@ fn chat_messages(
     names: &mut HashMap<String, String>,
     out: &mut Vec<ChatMessageIn>,
 ) -> Result<(), ApiError> {
+    // The text of reasoning items not yet given to the assistant turn they precede.
+    let mut reasoning: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = |m: String| bad(param, format!("{param}.{i}: {m}"));
         let Some(obj) = item.as_object() else {
@@ -540,7 +539,12 @@ fn chat_messages(
                 };
                 let content = obj.get("content").unwrap_or(&Value::Null);
                 let text = content_text(content, role).map_err(at)?;
-                out.push(message(role, text));
+                let mut m = message(role, text);
+                if role == "assistant" && !reasoning.is_empty() {
+                    m.reasoning_content = Some(reasoning.join("\n"));
+                }
+                reasoning.clear();
+                out.push(m);
             }
             "function_call" => {
                 let (call_id, name) = (string("call_id")?, string("name")?);
@@ -550,20 +554,7 @@ fn chat_messages(
                     "id": call_id, "type": "function",
                     "function": {"name": name, "arguments": arguments},
                 });
-                // Calls after an assistant message (or after each other) join its turn.
-                match out.last_mut() {
-                    Some(last) if last.role == "assistant" => {
-                        match last.tool_calls.get_or_insert_with(|| json!([])) {
-                            Value::Array(calls) => calls.push(call),
-                            _ => return Err(at("tool calls out of order".into())),
-                        }
-                    }
-                    _ => {
-                        let mut m = message("assistant", String::new());
-                        m.tool_calls = Some(json!([call]));
-                        out.push(m);
-                    }
-                }
+                push_call(out, call, &mut reasoning);
             }
             "function_call_output" => {
                 let call_id = string("call_id")?;
@@ -576,13 +567,48 @@ fn chat_messages(
                 m.tool_call_id = Some(call_id.to_owned());
                 m.name = names.get(call_id).cloned();
                 out.push(m);
+                reasoning.clear();
             }
-            // The reasoning of earlier turns is not part of the context (the chat templates
-            // of thinking models drop it too).
-            _ => {}
+            // The reasoning goes to the assistant turn that follows it, as that message's
+            // `reasoning_content` (a thinking model's template decides which turns keep it).
+            _ => reasoning.extend(reasoning_texts(obj)),
         }
     }
     Ok(())
+}
+
+/// Adds a call to the assistant turn at the end of `out` (calls after an assistant message,
+/// or after each other, join its turn), or to a new one; the `reasoning` before it becomes
+/// that turn's `reasoning_content`.
+fn push_call(out: &mut Vec<ChatMessageIn>, call: Value, reasoning: &mut Vec<String>) {
+    match out.last_mut() {
+        Some(last) if last.role == "assistant" => match &mut last.tool_calls {
+            Some(Value::Array(calls)) => calls.push(call),
+            _ => last.tool_calls = Some(json!([call])),
+        },
+        _ => {
+            let mut m = message("assistant", String::new());
+            m.tool_calls = Some(json!([call]));
+            out.push(m);
+        }
+    }
+    if let Some(last) = out.last_mut()
+        && !reasoning.is_empty()
+        && last.reasoning_content.is_none()
+    {
+        last.reasoning_content = Some(reasoning.join("\n"));
+    }
+    reasoning.clear();
+}
+
+/// A reasoning item's text: its `content` parts, else its `summary` parts.
+fn reasoning_texts(item: &Map<String, Value>) -> Vec<String> {
+    let texts = |key: &str| -> Vec<String> {
+        let parts = item.get(key).and_then(Value::as_array).into_iter().flatten();
+        parts.filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_owned)).collect()
+    };
+    let content = texts("content");
+    if content.is_empty() { texts("summary") } else { content }
 }
 
 /// Responses' function tools (`{"type": "function", "name", "description", "parameters",
@@ -665,6 +691,7 @@ fn tool_choice(choice: Option<Value>, has_tools: bool) -> Result<Option<Value>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::MessageContent;
 
     fn translate(body: Value) -> Result<Translated, ApiError> {
         serde_json::from_value::<ResponsesRequest>(body).unwrap().translate(None, true)
@@ -702,6 +729,7 @@ mod tests {
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "developer"]);
         assert_eq!((text(&m[0]), text(&m[2]), text(&m[3])), ("be brief", "checking", "cold"));
+        assert_eq!(m[2].reasoning_content.as_deref(), Some("hm"));
         let calls = m[2].tool_calls.as_ref().unwrap();
         assert_eq!(calls[0]["function"]["arguments"], json!("{\"city\":\"Oslo\"}"));
         assert_eq!((m[3].tool_call_id.as_deref(), m[3].name.as_deref()), (Some("c1"), Some("get")));

@@ -49,6 +49,16 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                     ),
                 ));
             }
+            // A key set to null or an empty list asks for nothing (the SDKs' `model_dump()`
+            // writes `refusal`, `annotations`, `audio`, `function_call`).
+            let neutral = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
+            if let Some((key, _)) = m.other.iter().find(|(_, v)| !neutral(v)) {
+                let shown: String = key.chars().take(64).collect();
+                return Err(bad_message(index, format!("unknown field `{shown}`")));
+            }
+            if m.reasoning_content.is_some() && m.role != "assistant" {
+                return Err(bad_message(index, "only assistant messages carry `reasoning_content`"));
+            }
             let role = if m.role == "developer" { "system".to_owned() } else { m.role };
             let content = match m.content {
                 None if role == "assistant" => String::new(),
@@ -66,6 +76,13 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                     }
                     let mut text = String::new();
                     for part in parts {
+                        if let Some((key, _)) = part.other.iter().find(|(_, v)| !v.is_null()) {
+                            let shown: String = key.chars().take(64).collect();
+                            return Err(bad_message(
+                                index,
+                                format!("content parts: unknown field `{shown}`"),
+                            ));
+                        }
                         match (part.kind.as_str(), part.text) {
                             ("text", Some(t)) => text.push_str(&t),
                             ("text", None) => {
@@ -89,7 +106,14 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                 }
                 Some(calls) => Some(tool_calls(index, calls)?),
             };
-            Ok(ChatMessage { role, content, tool_calls, tool_call_id: m.tool_call_id, name: m.name })
+            Ok(ChatMessage {
+                role,
+                content,
+                reasoning_content: m.reasoning_content,
+                tool_calls,
+                tool_call_id: m.tool_call_id,
+                name: m.name,
+            })
         })
         .collect()
 }
@@ -222,9 +246,13 @@ pub async fn render_tokens(
         let mut literals = if let Some(ranges) = marked.content_ranges {
             ranges
         } else {
-            if let Some(index) =
-                messages.iter().position(|m| tokenizer.contains_control_text(&m.content))
-            {
+            let control = |m: &ChatMessage| {
+                tokenizer.contains_control_text(&m.content)
+                    || m.reasoning_content
+                        .as_deref()
+                        .is_some_and(|r| tokenizer.contains_control_text(r))
+            };
+            if let Some(index) = messages.iter().position(control) {
                 return Err(bad_message(
                     index,
                     "the content holds control-token text and this chat template transforms \
