@@ -217,10 +217,26 @@ fn a_forced_function_call_is_an_item_and_its_continuation_is_the_chat_it_stands_
     assert!(call["call_id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(whole["status"], "completed");
     assert_eq!(whole["tools"][0]["name"], "weather");
-    let events = events(&server, &forced);
-    assert_eq!(comparable(&items_of(&events)), comparable(&output));
-    let done = events.iter().find(|e| e["type"] == "response.function_call_arguments.done");
+    let streamed = events(&server, &forced);
+    assert_eq!(comparable(&items_of(&streamed)), comparable(&output));
+    let done = streamed.iter().find(|e| e["type"] == "response.function_call_arguments.done");
     assert_eq!(done.unwrap()["arguments"], call["arguments"]);
+
+    // `required` (one call: the random model would repeat calls up to the limit).
+    let required =
+        body(&json!({"max_output_tokens": 60, "tools": [tool], "tool_choice": "required",
+                                "parallel_tool_calls": false}));
+    let whole_required = respond(&server, &required);
+    let items = whole_required["output"].as_array().unwrap().clone();
+    assert!(!items.is_empty(), "{whole_required}");
+    for item in &items {
+        assert_eq!(
+            (item["type"].as_str(), item["name"].as_str()),
+            (Some("function_call"), Some("weather"))
+        );
+        assert_eq!(item["arguments"], "{\"city\":\"Oslo\"}");
+    }
+    assert_eq!(comparable(&items_of(&events(&server, &required))), comparable(&items));
 
     // The continuation's prompt is the chat conversation it stands for.
     let call_id = call["call_id"].as_str().unwrap();
