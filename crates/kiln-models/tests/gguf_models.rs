@@ -346,3 +346,88 @@ fn quantize_on_load_degrades_gracefully() {
         assert_eq!(q4k_err, q5_err, "{name}: q4_K falls back to q5_0 on 64-wide rows");
     }
 }
+
+/// How a test spoils a split model.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spoil {
+    Nothing,
+    /// The last file says it is the one before it.
+    WrongNumber,
+    /// The second file repeats a tensor of the first.
+    RepeatedTensor,
+    /// The total in `split.tensors.count` is wrong.
+    WrongTotal,
+}
+
+/// `single` rewritten as `count` files the way llama.cpp's `gguf-split` writes them: the
+/// metadata in the first, `split.no` / `split.count` / `split.tensors.count` in each, the
+/// tensors dealt out in order.
+fn split(single: &Path, count: u16, dir: &Path, spoil: Spoil) -> Vec<PathBuf> {
+    let file = kiln_models::gguf::GgufFile::open(single).unwrap();
+    let tensors = file.tensors();
+    let per_file = tensors.len().div_ceil(usize::from(count));
+    (0..count)
+        .map(|no| {
+            let mut w = GgufWriter::new();
+            if no == 0 {
+                for (key, value) in file.metadata() {
+                    w.metadata(key, value.clone());
+                }
+            }
+            let said_no = if spoil == Spoil::WrongNumber && no == count - 1 { no - 1 } else { no };
+            let total = if spoil == Spoil::WrongTotal { 1 } else { tensors.len() as i32 };
+            w.metadata("split.no", GgufValue::U16(said_no))
+                .metadata("split.count", GgufValue::U16(count))
+                .metadata("split.tensors.count", GgufValue::I32(total));
+            let mut mine: Vec<_> =
+                tensors.iter().skip(usize::from(no) * per_file).take(per_file).collect();
+            if spoil == Spoil::RepeatedTensor && no == 1 {
+                mine.push(&tensors[0]);
+            }
+            for info in mine {
+                let data = file.tensor_bytes(info).to_vec();
+                w.tensor(&info.name, &info.dims, info.type_id, data);
+            }
+            let path = dir.join(format!("model-{:05}-of-{count:05}.gguf", no + 1));
+            std::fs::write(&path, w.to_bytes()).unwrap();
+            path
+        })
+        .collect()
+}
+
+#[test]
+fn a_split_model_loads_from_its_first_file_and_gives_the_same_logits() {
+    let dir = temp_dir("split");
+    let single = convert("llama2", "llama", &dir);
+    let tokens: Vec<u32> = {
+        let case = &cases("llama2", None)[0];
+        case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect()
+    };
+    let want = Runner::with(load_model(&single, &cpu()).unwrap()).one_shot(&tokens);
+    let files = split(&single, 3, &dir, Spoil::Nothing);
+    let opened = kiln_models::gguf::GgufFile::open(&files[0]).unwrap();
+    assert_eq!(opened.num_files(), 3);
+    let got = Runner::with(load_model(&files[0], &cpu()).unwrap()).one_shot(&tokens);
+    assert_eq!(got, want, "a split model computes exactly what the single file does");
+
+    let error = |path: &Path| match kiln_models::gguf::GgufFile::open(path) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => e.to_string(),
+    };
+    let e = error(&files[1]);
+    assert!(e.contains("open its first file") && e.contains("model-00001-of-00003.gguf"), "{e}");
+    for (spoil, says) in [
+        (Spoil::WrongNumber, "expected part 3 of 3"),
+        (Spoil::RepeatedTensor, "in more than one file"),
+        (Spoil::WrongTotal, "split.tensors.count is 1"),
+    ] {
+        split(&single, 3, &dir, spoil);
+        let e = error(&files[0]);
+        assert!(e.contains(says), "{e}");
+    }
+    split(&single, 3, &dir, Spoil::Nothing);
+    std::fs::remove_file(&files[2]).unwrap();
+    let e = error(&files[0]);
+    assert!(e.contains("model-00003-of-00003.gguf"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

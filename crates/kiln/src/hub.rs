@@ -7,10 +7,12 @@
 //! `--download-dir`, else `$HF_HUB_CACHE`, `$HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`,
 //! `$XDG_CACHE_HOME/huggingface/hub`, `~/.cache/huggingface/hub` (first set wins).
 //!
-//! What a snapshot gives: with a `:TAG`, the GGUF file whose name carries the tag (llama-server's
+//! What a snapshot gives: with a `:TAG`, the GGUF model whose name carries the tag (llama-server's
 //! quantization tags, case-insensitive); without one, the directory when it has `config.json`
-//! (an HF model: tokenizer and safetensors beside it), else its GGUF file (`Q4_K_M` when there
-//! are several, as llama-server). A model missing from the cache is downloaded with `hf-hub`
+//! (an HF model: tokenizer and safetensors beside it), else its GGUF model (`Q4_K_M` when there
+//! are several, as llama-server). A GGUF model is one file, or the files of a split model
+//! (`NAME-00001-of-00003.gguf`, ..., at the top level or in one folder), all of which are
+//! downloaded and the first loaded. A model missing from the cache is downloaded with `hf-hub`
 //! (only the files it needs) unless `HF_HUB_OFFLINE=1`; a cached one is used without any
 //! network access. The environment is read once, in [`HubConfig::from_env`].
 
@@ -131,7 +133,14 @@ pub fn resolve_cached(id: &HubId, revision: &str, cache_dir: &Path) -> anyhow::R
     let files = list_files(&snapshot)?;
     let file_names: Vec<&str> = files.iter().map(String::as_str).collect();
     match pick(id, &file_names)? {
-        Pick::Gguf(name) => Ok(snapshot.join(name)),
+        Pick::Gguf(names) => {
+            let missing: Vec<&str> =
+                names.iter().copied().filter(|f| !snapshot.join(f).is_file()).collect();
+            if !missing.is_empty() {
+                bail!("{} lacks {}", snapshot.display(), missing.join(", "));
+            }
+            Ok(snapshot.join(names[0]))
+        }
         Pick::HfDir(needed) => {
             let missing: Vec<&str> =
                 needed.iter().copied().filter(|f| !snapshot.join(f).is_file()).collect();
@@ -143,13 +152,24 @@ pub fn resolve_cached(id: &HubId, revision: &str, cache_dir: &Path) -> anyhow::R
     }
 }
 
-/// File names of a snapshot directory (top level; symlinks to blobs count as files).
+/// File names of a snapshot directory, at the top level and in its folders one level down
+/// (`Q4_K_M/model-00001-of-00002.gguf`); symlinks to blobs count as files.
 fn list_files(dir: &Path) -> anyhow::Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+    let read = |d: &Path| std::fs::read_dir(d).with_context(|| format!("reading {}", d.display()));
+    for entry in read(dir)? {
         let entry = entry?;
-        if entry.path().is_file() {
-            names.push(entry.file_name().to_string_lossy().into_owned());
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if path.is_file() {
+            names.push(name);
+        } else if path.is_dir() && !name.starts_with('.') {
+            for inner in read(&path)? {
+                let inner = inner?;
+                if inner.path().is_file() {
+                    names.push(format!("{name}/{}", inner.file_name().to_string_lossy()));
+                }
+            }
         }
     }
     names.sort();
@@ -159,8 +179,8 @@ fn list_files(dir: &Path) -> anyhow::Result<Vec<String>> {
 /// What to load from a repository's file list.
 #[derive(Debug, PartialEq, Eq)]
 enum Pick<'a> {
-    /// One GGUF file.
-    Gguf(&'a str),
+    /// One GGUF model: its file, or the files of a split model, the first first.
+    Gguf(Vec<&'a str>),
     /// The directory, which must hold these files.
     HfDir(Vec<&'a str>),
 }
@@ -175,8 +195,9 @@ fn pick<'a>(id: &HubId, files: &[&'a str]) -> anyhow::Result<Pick<'a>> {
         .copied()
         .filter(|f| f.to_ascii_lowercase().ends_with(".gguf") && !f.contains("mmproj"))
         .collect();
+    let models = gguf_models(&ggufs);
     if let Some(tag) = &id.tag {
-        return gguf_with_tag(&ggufs, tag)
+        return gguf_with_tag(&models, tag)
             .map(Pick::Gguf)
             .with_context(|| format!("`{}:{tag}`", id.repo));
     }
@@ -197,38 +218,98 @@ fn pick<'a>(id: &HubId, files: &[&'a str]) -> anyhow::Result<Pick<'a>> {
         }
         return Ok(Pick::HfDir(needed));
     }
-    match ggufs.as_slice() {
+    match models.as_slice() {
         [] => bail!("`{}` has neither config.json nor a GGUF file", id.repo),
-        [one] => Ok(Pick::Gguf(one)),
-        _ => gguf_with_tag(&ggufs, DEFAULT_GGUF_TAG)
-            .map(Pick::Gguf)
-            .or_else(|_| Ok(Pick::Gguf(ggufs[0]))),
+        [one] => complete(one).map(Pick::Gguf),
+        _ => gguf_with_tag(&models, DEFAULT_GGUF_TAG)
+            .or_else(|_| complete(&models[0]))
+            .map(Pick::Gguf),
     }
 }
 
-/// The GGUF file whose name carries `tag` (`model-Q4_K_M.gguf`, `model.q4_k_m.gguf`); split
-/// files (`-00001-of-00002`) are refused.
-fn gguf_with_tag<'a>(ggufs: &[&'a str], tag: &str) -> anyhow::Result<&'a str> {
+/// A GGUF model of a repository: its name (a file's without `.gguf`, a split model's without
+/// `-0000i-of-0000n.gguf`; folders left out), its files, and how many a split model has.
+#[derive(Debug)]
+struct GgufModel<'a> {
+    name: String,
+    files: Vec<&'a str>,
+    split_count: Option<usize>,
+}
+
+/// The GGUF models among `ggufs` (the files of each split model gathered in order).
+fn gguf_models<'a>(ggufs: &[&'a str]) -> Vec<GgufModel<'a>> {
+    let mut models: Vec<GgufModel<'a>> = Vec::new();
+    for &file in ggufs {
+        let base = file.rsplit('/').next().unwrap_or(file);
+        let stem = &base[..base.len() - ".gguf".len()];
+        let split = stem.rsplit_once("-of-").and_then(|(rest, of)| {
+            let (prefix, part) = rest.rsplit_once('-')?;
+            let five = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+            (five(part) && five(of)).then(|| (prefix, part.parse::<usize>().ok(), of.parse().ok()))
+        });
+        match split {
+            Some((prefix, Some(part), Some(count))) if part >= 1 => {
+                let dir = &file[..file.len() - base.len()];
+                let key = format!("{dir}{prefix}");
+                match models.iter_mut().find(|m| {
+                    m.split_count == Some(count) && m.files[0].starts_with(&key) && m.name == prefix
+                }) {
+                    Some(m) => m.files.push(file),
+                    None => models.push(GgufModel {
+                        name: prefix.to_owned(),
+                        files: vec![file],
+                        split_count: Some(count),
+                    }),
+                }
+            }
+            _ => models.push(GgufModel {
+                name: stem.to_owned(),
+                files: vec![file],
+                split_count: None,
+            }),
+        }
+    }
+    for m in &mut models {
+        m.files.sort_unstable();
+    }
+    models
+}
+
+/// A model's files, or which parts of a split model the repository lacks.
+fn complete<'a>(model: &GgufModel<'a>) -> anyhow::Result<Vec<&'a str>> {
+    if let Some(count) = model.split_count
+        && model.files.len() != count
+    {
+        bail!(
+            "the split model `{}` has {} of its {count} files here: {}",
+            model.name,
+            model.files.len(),
+            model.files.join(", ")
+        );
+    }
+    Ok(model.files.clone())
+}
+
+/// The GGUF model whose name carries `tag` (`model-Q4_K_M.gguf`, `model.q4_k_m.gguf`,
+/// `model-Q4_K_M-00001-of-00002.gguf`).
+fn gguf_with_tag<'a>(models: &[GgufModel<'a>], tag: &str) -> anyhow::Result<Vec<&'a str>> {
     let tag = tag.to_ascii_lowercase();
-    let matches: Vec<&str> = ggufs
+    let matches: Vec<&GgufModel<'a>> = models
         .iter()
-        .copied()
-        .filter(|f| {
-            let stem = f.to_ascii_lowercase();
-            let stem = stem.trim_end_matches(".gguf");
-            stem.ends_with(&format!("-{tag}")) || stem.ends_with(&format!(".{tag}")) || stem == tag
+        .filter(|m| {
+            let name = m.name.to_ascii_lowercase();
+            name.ends_with(&format!("-{tag}")) || name.ends_with(&format!(".{tag}")) || name == tag
         })
         .collect();
+    let names =
+        |ms: &[&GgufModel<'_>]| ms.iter().map(|m| m.files[0]).collect::<Vec<_>>().join(", ");
     match matches.as_slice() {
-        [one] => Ok(one),
-        [] if ggufs
-            .iter()
-            .any(|f| f.to_ascii_lowercase().contains(&format!("{tag}-00001-of-"))) =>
-        {
-            bail!("split GGUF files are not supported")
+        [one] => complete(one),
+        [] => {
+            let all: Vec<&GgufModel<'_>> = models.iter().collect();
+            bail!("no GGUF file with the tag `{tag}` (files: {})", names(&all))
         }
-        [] => bail!("no GGUF file with the tag `{tag}` (files: {})", ggufs.join(", ")),
-        several => bail!("several GGUF files match `{tag}`: {}", several.join(", ")),
+        several => bail!("several GGUF files match `{tag}`: {}", names(several)),
     }
 }
 
@@ -253,8 +334,7 @@ fn download(id: &HubId, revision: &str, config: &HubConfig) -> anyhow::Result<()
         .with_context(|| format!("asking the Hugging Face Hub about `{}` ({revision})", id.repo))?;
     let files: Vec<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
     let wanted = match pick(id, &files)? {
-        Pick::Gguf(name) => vec![name],
-        Pick::HfDir(names) => names,
+        Pick::Gguf(names) | Pick::HfDir(names) => names,
     };
     for name in wanted {
         eprintln!("downloading {}/{name} into {}", id.repo, config.cache_dir.display());
@@ -297,13 +377,41 @@ mod tests {
             Pick::HfDir(vec!["config.json", "tokenizer.json", "model.safetensors"])
         );
         let gguf = ["m-Q4_K_M.gguf", "m-Q8_0.gguf", "m-f16.gguf", "mmproj-m-f16.gguf"];
-        assert_eq!(pick(&id("o/m"), &gguf).unwrap(), Pick::Gguf("m-Q4_K_M.gguf"));
-        assert_eq!(pick(&id("o/m:q8_0"), &gguf).unwrap(), Pick::Gguf("m-Q8_0.gguf"));
-        assert_eq!(pick(&id("o/m:F16"), &gguf).unwrap(), Pick::Gguf("m-f16.gguf"));
+        assert_eq!(pick(&id("o/m"), &gguf).unwrap(), Pick::Gguf(vec!["m-Q4_K_M.gguf"]));
+        assert_eq!(pick(&id("o/m:q8_0"), &gguf).unwrap(), Pick::Gguf(vec!["m-Q8_0.gguf"]));
+        assert_eq!(pick(&id("o/m:F16"), &gguf).unwrap(), Pick::Gguf(vec!["m-f16.gguf"]));
         let e = pick(&id("o/m:Q2_K"), &gguf).unwrap_err();
         assert!(format!("{e:#}").contains("no GGUF file with the tag `q2_k`"), "{e:#}");
-        assert_eq!(pick(&id("o/m"), &["only.gguf"]).unwrap(), Pick::Gguf("only.gguf"));
+        assert_eq!(pick(&id("o/m"), &["only.gguf"]).unwrap(), Pick::Gguf(vec!["only.gguf"]));
         assert!(pick(&id("o/m"), &["config.json", "tokenizer.json"]).is_err());
         assert!(pick(&id("o/m"), &["README.md"]).is_err());
+    }
+
+    #[test]
+    fn split_models_are_picked_whole() {
+        let files = [
+            "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf",
+            "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
+            "m-Q8_0-00001-of-00003.gguf",
+            "m-Q8_0-00003-of-00003.gguf",
+            "m-F16.gguf",
+        ];
+        assert_eq!(
+            pick(&id("o/m:Q4_K_M"), &files).unwrap(),
+            Pick::Gguf(vec![
+                "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
+                "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf"
+            ])
+        );
+        assert_eq!(
+            pick(&id("o/m"), &files).unwrap(),
+            Pick::Gguf(vec![
+                "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
+                "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf"
+            ])
+        );
+        let e = pick(&id("o/m:q8_0"), &files).unwrap_err();
+        assert!(format!("{e:#}").contains("has 2 of its 3 files"), "{e:#}");
+        assert_eq!(pick(&id("o/m:f16"), &files).unwrap(), Pick::Gguf(vec!["m-F16.gguf"]));
     }
 }

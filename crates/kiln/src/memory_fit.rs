@@ -10,12 +10,21 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 
-/// The bytes of the weight files at `path`: a GGUF file's size, or the sum of a Hugging Face
+/// The bytes of the weight files at `path`: a GGUF file's size (with the other files of a
+/// split model, named as llama.cpp names them, beside it), or the sum of a Hugging Face
 /// directory's `*.safetensors`.
 pub fn weight_file_bytes(path: &Path) -> anyhow::Result<u64> {
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.is_file() {
-        return Ok(meta.len());
+        let count = kiln_models::gguf::split_count(path).filter(|&n| n > 1);
+        let Some(count) = count.filter(|&n| n <= 1024) else { return Ok(meta.len()) };
+        let mut total = 0;
+        for no in 0..count {
+            if let Some(shard) = kiln_models::gguf::shard_name(path, no, count) {
+                total += std::fs::metadata(&shard).map_or(0, |m| m.len());
+            }
+        }
+        return Ok(total);
     }
     let mut total = 0u64;
     for entry in std::fs::read_dir(path).with_context(|| format!("listing {}", path.display()))? {
@@ -55,6 +64,19 @@ mod tests {
         check_fits(1 << 30, None, path).unwrap();
         let msg = check_fits(3 << 30, Some(2 << 30), path).unwrap_err().to_string();
         assert!(msg.contains("take 3.00 GiB, more than the 2.00 GiB"), "{msg}");
+    }
+
+    #[test]
+    fn a_split_gguf_counts_all_its_files() {
+        let dir = std::env::temp_dir().join(format!("kiln-fit-split-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (no, len) in [(1, 10), (2, 20), (3, 30)] {
+            std::fs::write(dir.join(format!("m-{no:05}-of-00003.gguf")), vec![0u8; len]).unwrap();
+        }
+        std::fs::write(dir.join("single.gguf"), [0u8; 7]).unwrap();
+        assert_eq!(weight_file_bytes(&dir.join("m-00001-of-00003.gguf")).unwrap(), 60);
+        assert_eq!(weight_file_bytes(&dir.join("single.gguf")).unwrap(), 7);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -26,9 +26,11 @@ pub struct GgufTensorInfo {
     pub dims: Vec<u64>,
     /// The ggml type id.
     pub type_id: u32,
-    /// Absolute byte offset of the tensor's data in the file.
+    /// Absolute byte offset of the tensor's data in its file.
     pub offset: usize,
     pub num_bytes: usize,
+    /// Which file of a split model holds it (0: the first, or the only one).
+    pub shard: usize,
 }
 
 /// What the header parse yields.
@@ -257,6 +259,7 @@ fn place_tensors(
             type_id,
             offset: (data_start + offset) as usize,
             num_bytes: num_bytes as usize,
+            shard: 0,
         });
     }
     Ok(tensors)

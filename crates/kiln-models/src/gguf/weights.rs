@@ -43,8 +43,9 @@ impl GgufFile {
             |m: String| LoadError::format(self.path(), format!("tensor `{}`: {m}", info.name));
         let ty = GgmlType::from_gguf_id(info.type_id)
             .ok_or_else(|| err(format!("unsupported type {}", info.type_id)))?;
-        let bytes = Storage::mapped(Arc::clone(self.mapped_file()), info.offset, info.num_bytes)
-            .ok_or_else(|| err("data out of bounds".into()))?;
+        let bytes =
+            Storage::mapped(Arc::clone(self.mapped_file(info)), info.offset, info.num_bytes)
+                .ok_or_else(|| err("data out of bounds".into()))?;
         HostTensor::new(ty, rows, cols, bytes).ok_or_else(|| {
             err(format!("{} bytes do not hold [{rows}, {cols}] {}", info.num_bytes, ty.name()))
         })
@@ -80,7 +81,7 @@ impl WeightSource for GgufFile {
                 err(format!("{} bytes do not hold {num_experts} experts", info.num_bytes))
             })?;
         let start = info.offset + expert * per_expert;
-        let bytes = Storage::mapped(Arc::clone(self.mapped_file()), start, per_expert)
+        let bytes = Storage::mapped(Arc::clone(self.mapped_file(info)), start, per_expert)
             .ok_or_else(|| err("data out of bounds".into()))?;
         HostTensor::new(ty, rows, cols, bytes)
             .ok_or_else(|| err(format!("expert {expert} does not hold [{rows}, {cols}]")))
