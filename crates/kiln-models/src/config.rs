@@ -217,6 +217,12 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| f.err("missing `architectures`".into()))?;
+        if arch_name == "Gemma3ForConditionalGeneration" {
+            let text = crate::family::gemma3::conditional_text_config(json).ok_or_else(|| {
+                f.err("Gemma3ForConditionalGeneration needs a `text_config` object".into())
+            })?;
+            return Self::from_json(&text, path);
+        }
         let architecture =
             Architecture::from_hf(arch_name).ok_or_else(|| LoadError::UnsupportedArchitecture {
                 path: path.to_path_buf(),

@@ -10,7 +10,7 @@ use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 use crate::decoder::DecoderModel;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
-use crate::weights::Weights;
+use crate::weights::{TextModelOf, WeightSource, Weights};
 use crate::{LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
@@ -54,8 +54,15 @@ pub fn load_model_with<B: Backend>(
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
     let naming = Naming::Hf(config.architecture);
-    let weights =
-        Weights { source: &store, naming, backend: &**backend, quantize: options.quantization };
+    // A multimodal checkpoint's text model (Gemma3ForConditionalGeneration) is read under
+    // its prefix.
+    let text_model =
+        TextModelOf::layout(&store).map(|(model, head)| TextModelOf { inner: &store, model, head });
+    let source: &dyn WeightSource = match &text_model {
+        Some(t) => t,
+        None => &store,
+    };
+    let weights = Weights { source, naming, backend: &**backend, quantize: options.quantization };
     let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
 }

@@ -24,6 +24,59 @@ pub(crate) trait WeightSource {
     fn contains(&self, name: &str) -> bool;
 }
 
+/// The text model of a multimodal checkpoint: its tensors under a prefix (`model.X` is read as
+/// `{model}X`) and its head under another name.
+pub(crate) struct TextModelOf<'a> {
+    pub inner: &'a dyn WeightSource,
+    pub model: &'static str,
+    pub head: &'static str,
+}
+
+impl TextModelOf<'_> {
+    /// Where a multimodal checkpoint keeps its text model: transformers 5's layout, then the
+    /// Hub's (`Gemma3ForConditionalGeneration`); `None` when `source` has neither.
+    pub(crate) fn layout(source: &dyn WeightSource) -> Option<(&'static str, &'static str)> {
+        [
+            ("model.language_model.", "lm_head.weight"),
+            ("language_model.model.", "language_model.lm_head.weight"),
+        ]
+        .into_iter()
+        .find(|(model, _)| source.contains(&format!("{model}embed_tokens.weight")))
+    }
+
+    fn name(&self, name: &str) -> String {
+        match name.strip_prefix("model.") {
+            Some(rest) => format!("{}{rest}", self.model),
+            None if name == "lm_head.weight" => self.head.to_owned(),
+            None => name.to_owned(),
+        }
+    }
+}
+
+impl WeightSource for TextModelOf<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
+        self.inner.matrix(&self.name(name), rows, cols)
+    }
+
+    fn expert_matrix(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostTensor, LoadError> {
+        self.inner.expert_matrix(&self.name(name), expert, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        self.inner.vector(&self.name(name), len)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(&self.name(name))
+    }
+}
+
 /// A source, its naming, the backend the weights go to, and the conversion to apply to float
 /// matrices.
 pub(crate) struct Weights<'a, B: Backend> {

@@ -2,6 +2,13 @@
 //! RoPE base, sandwich norms (four per layer), GeLU-tanh, embeddings scaled by
 //! `sqrt(hidden_size)`, q/k RMSNorm, `(1 + w)` norms (HF checkpoints store `w`; GGUF files the
 //! sum), attention scaled by `query_pre_attn_scalar`, tied embeddings by default.
+//!
+//! The 4B, 12B and 27B checkpoints are `Gemma3ForConditionalGeneration`: a vision tower and
+//! projector beside the same text model, whose settings are `text_config` (with transformers'
+//! `Gemma3TextConfig` defaults for the keys it leaves out, [`conditional_text_config`]) and
+//! whose weights sit under `language_model.model.` (the Hub's files) or
+//! `model.language_model.` (transformers 5's), the head under `language_model.lm_head.` or
+//! `lm_head.` when not tied. kiln runs the text model; the vision weights are not read.
 
 use kiln_backend::GateActivation;
 use serde_json::Value;
@@ -11,6 +18,47 @@ use crate::config::Fields;
 use crate::config::gguf::Keys;
 use crate::names::LayerTensor;
 use crate::{LoadError, ModelConfig};
+
+/// The keys of transformers' `Gemma3TextConfig` with their defaults (what a
+/// `Gemma3ForConditionalGeneration` checkpoint's `text_config` leaves out means these).
+const TEXT_CONFIG_DEFAULTS: &[(&str, f64)] = &[
+    ("vocab_size", 262_208.0),
+    ("hidden_size", 2304.0),
+    ("intermediate_size", 9216.0),
+    ("num_hidden_layers", 26.0),
+    ("num_attention_heads", 8.0),
+    ("num_key_value_heads", 4.0),
+    ("head_dim", 256.0),
+    ("max_position_embeddings", 131_072.0),
+    ("rms_norm_eps", 1e-6),
+    ("rope_theta", 1_000_000.0),
+    ("query_pre_attn_scalar", 256.0),
+    ("sliding_window", 4096.0),
+    ("rope_local_base_freq", 10_000.0),
+];
+
+/// The `Gemma3ForCausalLM` config of a `Gemma3ForConditionalGeneration` one: its
+/// `text_config`, the keys it lacks at transformers' defaults; `None` without a `text_config`.
+pub(crate) fn conditional_text_config(json: &Value) -> Option<Value> {
+    let mut text = json.get("text_config")?.as_object()?.clone();
+    for (key, value) in TEXT_CONFIG_DEFAULTS {
+        if text.get(*key).is_none_or(Value::is_null) {
+            let number = if value.fract() == 0.0 {
+                Value::from(*value as u64)
+            } else {
+                serde_json::Number::from_f64(*value).map_or(Value::Null, Value::Number)
+            };
+            text.insert((*key).to_owned(), number);
+        }
+    }
+    text.entry("hidden_activation").or_insert_with(|| Value::from("gelu_pytorch_tanh"));
+    // The top level ties the head for the whole model (default true, as the text config's).
+    if let Some(tie) = json.get("tie_word_embeddings").filter(|t| t.is_boolean()) {
+        text.insert("tie_word_embeddings".into(), tie.clone());
+    }
+    text.insert("architectures".into(), Value::from(vec!["Gemma3ForCausalLM"]));
+    Some(Value::Object(text))
+}
 
 /// Every 6th layer (5, 11, ...) attends globally, unless the model says otherwise.
 const SWA_PATTERN: usize = 6;

@@ -8,7 +8,7 @@
 //! Families: [`llama`] (Llama 2/3, Mistral, Mixtral), [`qwen`] (Qwen2, Qwen3, Qwen2-MoE,
 //! Qwen3-MoE), [`gemma3`].
 
-mod gemma3;
+pub(crate) mod gemma3;
 mod llama;
 mod qwen;
 
@@ -45,7 +45,7 @@ pub(crate) struct HfContext {
 impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
-         Qwen3MoeForCausalLM, Gemma3ForCausalLM";
+         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model)";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
@@ -60,7 +60,7 @@ impl Architecture {
             "Qwen3ForCausalLM" => Self::Qwen3,
             "Qwen2MoeForCausalLM" => Self::Qwen2Moe,
             "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
-            "Gemma3ForCausalLM" => Self::Gemma3,
+            "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Self::Gemma3,
             _ => return None,
         })
     }
