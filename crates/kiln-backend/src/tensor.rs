@@ -49,6 +49,21 @@ impl HostTensor {
         self.bytes
     }
 
+    /// Rows `first..first + rows` (a part of a fused matrix), viewing the same mapped bytes
+    /// (an owned tensor's are copied); `None` when out of range.
+    pub fn rows_slice(&self, first: usize, rows: usize) -> Option<Self> {
+        let end = first.checked_add(rows).filter(|&e| e <= self.rows())?;
+        let row_bytes = self.ty.row_bytes(self.cols())?;
+        let (start, len) = (first * row_bytes, (end - first) * row_bytes);
+        let bytes = match &self.bytes {
+            Storage::Owned(v) => Storage::Owned(v[start..start + len].to_vec()),
+            Storage::Mapped { file, byte_offset, .. } => {
+                Storage::mapped(std::sync::Arc::clone(file), byte_offset + start, len)?
+            }
+        };
+        Self::new(self.ty, rows, self.cols(), bytes)
+    }
+
     /// The elements as f32, for float types (norm weights and biases are loaded this way);
     /// `None` for block-quantized types, which only backends decode.
     pub fn to_f32_vec(&self) -> Option<Vec<f32>> {

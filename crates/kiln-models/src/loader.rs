@@ -8,9 +8,10 @@ use kiln_backend::{Backend, GgmlType};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 use crate::decoder::DecoderModel;
+use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
-use crate::weights::{TextModelOf, WeightSource, Weights};
+use crate::weights::{FusedParts, TextModelOf, WeightSource, Weights};
 use crate::{LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
@@ -58,10 +59,16 @@ pub fn load_model_with<B: Backend>(
     // its prefix.
     let text_model =
         TextModelOf::layout(&store).map(|(model, head)| TextModelOf { inner: &store, model, head });
-    let source: &dyn WeightSource = match &text_model {
+    let mut source: &dyn WeightSource = match &text_model {
         Some(t) => t,
         None => &store,
     };
+    // Phi-3's fused projections, read as their parts.
+    let fused = (config.architecture == Architecture::Phi3)
+        .then(|| FusedParts { inner: source, parts: crate::family::phi3::fused_parts(&config) });
+    if let Some(f) = &fused {
+        source = f;
+    }
     let weights = Weights { source, naming, backend: &**backend, quantize: options.quantization };
     let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })

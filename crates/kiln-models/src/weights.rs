@@ -2,6 +2,8 @@
 //! moved onto the model's backend, optionally converted as they load (matrices only: norms and
 //! biases stay f32).
 
+use std::collections::HashMap;
+
 use kiln_backend::{Backend, GgmlType, HostTensor};
 
 use crate::LoadError;
@@ -74,6 +76,50 @@ impl WeightSource for TextModelOf<'_> {
 
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(&self.name(name))
+    }
+}
+
+/// Matrices stored fused and read as their parts (Phi-3's `qkv_proj`, `gate_up_proj`):
+/// `parts` maps a part's name to the fused tensor's name, the part's first row and the fused
+/// tensor's rows. Other names pass through.
+pub(crate) struct FusedParts<'a> {
+    pub inner: &'a dyn WeightSource,
+    pub parts: HashMap<String, (String, usize, usize)>,
+}
+
+impl WeightSource for FusedParts<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
+        let Some((fused, first, total)) = self.parts.get(name) else {
+            return self.inner.matrix(name, rows, cols);
+        };
+        let whole = self.inner.matrix(fused, *total, cols)?;
+        whole.rows_slice(*first, rows).ok_or_else(|| LoadError::Shape {
+            path: std::path::PathBuf::from(fused),
+            name: name.to_owned(),
+            expected: vec![rows, cols],
+            found: vec![whole.rows(), whole.cols()],
+        })
+    }
+
+    fn expert_matrix(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostTensor, LoadError> {
+        self.inner.expert_matrix(name, expert, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        self.inner.vector(name, len)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        match self.parts.get(name) {
+            Some((fused, ..)) => self.inner.contains(fused),
+            None => self.inner.contains(name),
+        }
     }
 }
 

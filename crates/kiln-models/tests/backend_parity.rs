@@ -16,8 +16,10 @@ use kiln_models::{KvCacheDtype, LogitsWanted, load_model};
 
 /// The mixture-of-experts fixtures.
 const MOE: [&str; 3] = ["mixtral", "qwen2moe", "qwen3moe"];
-const MODELS: [&str; 9] =
-    ["llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3"];
+const MODELS: [&str; 10] = [
+    "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3",
+    "phi3",
+];
 /// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
 /// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.
 const BACKEND_TOLERANCE: f32 = 1e-4;

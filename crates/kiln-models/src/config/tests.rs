@@ -46,3 +46,46 @@ fn rejects_bad_configs_with_a_message_naming_the_field() {
         assert!(msg.contains(needle) && msg.contains("dir/config.json"), "{key}: {msg}");
     }
 }
+
+#[test]
+fn phi3_refuses_what_it_cannot_run_by_name() {
+    let p = Path::new("dir/config.json");
+    let mut cfg = base();
+    cfg["architectures"] = json!(["Phi3ForCausalLM"]);
+    cfg["sliding_window"] = json!(2047);
+    let c = ModelConfig::from_json(&cfg, p).unwrap();
+    assert_eq!(
+        (c.architecture, c.layer_windows.clone()),
+        (Architecture::Phi3, vec![Some(2047); 2])
+    );
+    let long = json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]});
+    for (key, value, needle) in [
+        ("rope_scaling", long, "longrope"),
+        ("partial_rotary_factor", json!(0.75), "partial_rotary"),
+    ] {
+        let mut bad = cfg.clone();
+        bad[key] = value;
+        let msg = ModelConfig::from_json(&bad, p).unwrap_err().to_string();
+        assert!(msg.contains(needle), "{key}: {msg}");
+    }
+}
+
+#[test]
+fn a_conditional_gemma3_reads_its_text_config_at_transformers_defaults() {
+    let p = Path::new("dir/config.json");
+    let cfg = json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024, "model_type": "gemma3_text"},
+        "vision_config": {"hidden_size": 1152},
+    });
+    let c = ModelConfig::from_json(&cfg, p).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!((c.vocab_size, c.num_heads, c.num_kv_heads, c.head_dim), (262_208, 8, 4, 256));
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((c.rope_theta, c.rope_local_theta), (1_000_000.0, Some(10_000.0)));
+    assert_eq!(c.layer_windows.iter().filter(|w| w.is_none()).count(), 5, "every 6th is global");
+    assert!(c.tie_word_embeddings);
+    assert!((c.attention_scale - 1.0 / 16.0).abs() < 1e-7, "query_pre_attn_scalar 256");
+}

@@ -6,10 +6,11 @@
 //! mixture-of-experts MLP), a variant of the decoder's `Mlp`.
 //!
 //! Families: [`llama`] (Llama 2/3, Mistral, Mixtral), [`qwen`] (Qwen2, Qwen3, Qwen2-MoE,
-//! Qwen3-MoE), [`gemma3`].
+//! Qwen3-MoE), [`gemma3`], [`phi3`] (Phi-3, Phi-4).
 
 pub(crate) mod gemma3;
 mod llama;
+pub(crate) mod phi3;
 mod qwen;
 
 use crate::LoadError;
@@ -32,6 +33,8 @@ pub enum Architecture {
     /// Qwen3's attention with a mixture-of-experts MLP.
     Qwen3Moe,
     Gemma3,
+    /// Llama's decoder with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4).
+    Phi3,
 }
 
 /// What the shared `config.json` parse found that families refine.
@@ -45,7 +48,7 @@ pub(crate) struct HfContext {
 impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
-         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model)";
+         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model), Phi3ForCausalLM";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
@@ -61,6 +64,7 @@ impl Architecture {
             "Qwen2MoeForCausalLM" => Self::Qwen2Moe,
             "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Self::Gemma3,
+            "Phi3ForCausalLM" => Self::Phi3,
             _ => return None,
         })
     }
@@ -91,6 +95,7 @@ impl Architecture {
                 qwen::apply_hf(self, f, c)
             }
             Self::Gemma3 => gemma3::apply_hf(f, ctx, c),
+            Self::Phi3 => phi3::apply_hf(f, ctx, c),
         }
     }
 
@@ -101,6 +106,7 @@ impl Architecture {
             Self::Qwen2 | Self::Qwen3 => Ok(()),
             Self::Qwen2Moe | Self::Qwen3Moe => qwen::apply_gguf_moe(self, keys, c),
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
+            Self::Phi3 => Err(keys.err("GGUF `phi3` models are not supported yet".into())),
         }
     }
 
