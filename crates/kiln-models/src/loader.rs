@@ -64,8 +64,10 @@ pub fn load_model_with<B: Backend>(
         None => &store,
     };
     // Phi-3's fused projections, read as their parts.
-    let fused = (config.architecture == Architecture::Phi3)
-        .then(|| FusedParts { inner: source, parts: crate::family::phi3::fused_parts(&config) });
+    let fused = (config.architecture == Architecture::Phi3).then(|| FusedParts {
+        inner: source,
+        parts: crate::family::phi3::fused_parts(&config, naming),
+    });
     if let Some(f) = &fused {
         source = f;
     }
@@ -102,8 +104,17 @@ fn load_gguf<B: Backend>(
             ),
         ));
     }
+    // Phi-3's fused projections (`attn_qkv`, `ffn_up`), read as their parts.
+    let fused = (config.architecture == Architecture::Phi3).then(|| FusedParts {
+        inner: &file,
+        parts: crate::family::phi3::fused_parts(&config, Naming::Gguf),
+    });
+    let source: &dyn WeightSource = match &fused {
+        Some(f) => f,
+        None => &file,
+    };
     let weights = Weights {
-        source: &file,
+        source,
         naming: Naming::Gguf,
         backend: &**backend,
         quantize: options.quantization,

@@ -38,13 +38,15 @@ fn gguf_name(hf: &str, sandwich: bool) -> String {
             let (module, kind) = other.rsplit_once('.').unwrap();
             let name = match module {
                 "self_attn.q_proj" => "attn_q",
+                "self_attn.qkv_proj" => "attn_qkv",
                 "self_attn.k_proj" => "attn_k",
                 "self_attn.v_proj" => "attn_v",
                 "self_attn.o_proj" => "attn_output",
                 "self_attn.q_norm" => "attn_q_norm",
                 "self_attn.k_norm" => "attn_k_norm",
                 "mlp.gate_proj" => "ffn_gate",
-                "mlp.up_proj" => "ffn_up",
+                // Phi-3's fused `gate_up_proj` is llama.cpp's `ffn_up` too.
+                "mlp.up_proj" | "mlp.gate_up_proj" => "ffn_up",
                 "mlp.down_proj" => "ffn_down",
                 "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
                 "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
@@ -187,6 +189,8 @@ fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
         }
         for m in [
             "self_attn.q_proj",
+            "self_attn.qkv_proj",
+            "mlp.gate_up_proj",
             "self_attn.k_proj",
             "self_attn.v_proj",
             "self_attn.o_proj",
@@ -288,6 +292,7 @@ fn converted_fixtures_match_transformers() {
         ("qwen2moe", "qwen2moe"),
         ("mixtral", "llama"),
         ("gemma3", "gemma3"),
+        ("phi3", "phi3"),
     ] {
         let path = convert(name, arch, &dir);
         let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());

@@ -51,7 +51,8 @@ impl Architecture {
          Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model), Phi3ForCausalLM";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
-    pub const GGUF_SUPPORTED: &'static str = "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3";
+    pub const GGUF_SUPPORTED: &'static str =
+        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
@@ -78,6 +79,7 @@ impl Architecture {
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
             "gemma3" => Self::Gemma3,
+            "phi3" => Self::Phi3,
             _ => return None,
         })
     }
@@ -106,7 +108,7 @@ impl Architecture {
             Self::Qwen2 | Self::Qwen3 => Ok(()),
             Self::Qwen2Moe | Self::Qwen3Moe => qwen::apply_gguf_moe(self, keys, c),
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
-            Self::Phi3 => Err(keys.err("GGUF `phi3` models are not supported yet".into())),
+            Self::Phi3 => phi3::apply_gguf(keys, c),
         }
     }
 
