@@ -253,6 +253,12 @@ impl ModelConfig {
             return Err(f.err(format!("head_dim = {head_dim} must be even and at most 1024")));
         }
         let (rope_theta, rope_scaling, keyed_local_theta) = rope_settings(&f)?;
+        let longrope = long_rope_settings(&f);
+        if longrope.is_some() && architecture != Architecture::Phi3 {
+            return Err(
+                f.err(format!("rope scaling type `longrope` is not supported for {arch_name}"))
+            );
+        }
         let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
         let window = f.opt_usize("sliding_window")?.filter(|w| *w > 0);
         let mut config = Self {
@@ -286,7 +292,7 @@ impl ModelConfig {
             qk_norm: false,
             moe: None,
         };
-        let ctx = HfContext { window, keyed_local_theta };
+        let ctx = HfContext { window, keyed_local_theta, longrope };
         architecture.apply_hf(&f, &ctx, &mut config)?;
         Ok(config)
     }
@@ -334,7 +340,9 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling, Option<f32>), Load
             .ok_or_else(|| f.err(format!("rope scaling needs a positive `{key}`")))
     };
     let scaling = match kind {
-        None | Some("default") => RopeScaling::None,
+        // LongRoPE: frequency divisors and an attention factor, set by the family
+        // ([`long_rope_settings`]).
+        None | Some("default" | "longrope" | "su") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear { factor: num("factor")? },
         Some("llama3") => {
             let low = num("low_freq_factor")?;
@@ -354,6 +362,14 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling, Option<f32>), Load
         Some(other) => return Err(f.err(format!("rope scaling type `{other}` is not supported"))),
     };
     Ok((theta, scaling, local_theta))
+}
+
+/// The LongRoPE settings (`rope_type` `longrope`, formerly `su`), in either config spelling.
+fn long_rope_settings(f: &Fields<'_>) -> Option<Value> {
+    let scaling = f.json.get("rope_scaling").filter(|v| v.is_object());
+    let scaling = scaling.or_else(|| f.json.get("rope_parameters").filter(|v| v.is_object()))?;
+    let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(Value::as_str);
+    matches!(kind, Some("longrope" | "su")).then(|| scaling.clone())
 }
 
 pub(crate) mod gguf;

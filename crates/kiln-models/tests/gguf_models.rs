@@ -133,6 +133,21 @@ fn write_config(w: &mut GgufWriter, arch: &str, cfg: &Value) {
             .collect();
         w.metadata(&key("attention.sliding_window_pattern"), GgufValue::Array(sliding));
     }
+    // LongRoPE as llama.cpp's converter writes it: the factors as tensors, the original context
+    // and the attention factor as keys.
+    let rope = &cfg["rope_scaling"];
+    if rope["rope_type"] == "longrope" {
+        let original = cfg["original_max_position_embeddings"].as_u64().unwrap();
+        let scale = num("max_position_embeddings") as f64 / original as f64;
+        let attn_factor = (1.0 + scale.ln() / (original as f64).ln()).sqrt();
+        w.metadata(&key("rope.scaling.original_context_length"), GgufValue::U32(original as u32))
+            .metadata(&key("rope.scaling.attn_factor"), GgufValue::F32(attn_factor as f32));
+        for (name, factors) in [("long", &rope["long_factor"]), ("short", &rope["short_factor"])] {
+            let factors: Vec<f32> =
+                factors.as_array().unwrap().iter().map(|f| f.as_f64().unwrap() as f32).collect();
+            w.tensor_f32(&format!("rope_factors_{name}.weight"), &[factors.len() as u64], &factors);
+        }
+    }
     let num_experts = num_experts(cfg);
     if num_experts > 0 {
         w.metadata(&key("expert_count"), GgufValue::U32(num_experts as u32))
@@ -293,6 +308,7 @@ fn converted_fixtures_match_transformers() {
         ("mixtral", "llama"),
         ("gemma3", "gemma3"),
         ("phi3", "phi3"),
+        ("phi3long", "phi3"),
     ] {
         let path = convert(name, arch, &dir);
         let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());

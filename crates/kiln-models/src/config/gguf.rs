@@ -56,6 +56,20 @@ impl Keys<'_> {
         self.file.tensor(name).is_some()
     }
 
+    /// The `[head_dim / 2]` positive factors in tensor `name`, when the file has it.
+    pub(crate) fn factors(
+        &self,
+        name: &str,
+        head_dim: usize,
+    ) -> Result<Option<Vec<f32>>, LoadError> {
+        positive_factors(self.file, name, head_dim)
+    }
+
+    /// An optional positive number `{arch}.{k}`.
+    pub(crate) fn opt_positive(&self, k: &str) -> Result<Option<f32>, LoadError> {
+        self.positive(k)
+    }
+
     /// The dense FFN width; a mixture-of-experts file without dense layers may give only the
     /// experts' (`expert_feed_forward_length`).
     fn ffn_length(&self) -> Result<usize, LoadError> {
@@ -189,15 +203,21 @@ fn vocab_size(file: &GgufFile) -> Result<usize, LoadError> {
 
 /// Llama 3's frequency divisors (`rope_freqs.weight`, `[head_dim / 2]`), when present.
 fn rope_freq_factors(file: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>, LoadError> {
-    if file.tensor("rope_freqs.weight").is_none() {
+    positive_factors(file, "rope_freqs.weight", head_dim)
+}
+
+/// A `[head_dim / 2]` tensor of positive RoPE frequency divisors, when present.
+pub(crate) fn positive_factors(
+    file: &GgufFile,
+    name: &str,
+    head_dim: usize,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if file.tensor(name).is_none() {
         return Ok(None);
     }
-    let factors = file.vector("rope_freqs.weight", head_dim / 2)?;
+    let factors = file.vector(name, head_dim / 2)?;
     if factors.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
-        return Err(LoadError::config(
-            file.path(),
-            "rope_freqs.weight must be positive".to_string(),
-        ));
+        return Err(LoadError::config(file.path(), format!("{name} must be positive")));
     }
     Ok(Some(factors))
 }

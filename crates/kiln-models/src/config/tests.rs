@@ -89,3 +89,25 @@ fn a_conditional_gemma3_reads_its_text_config_at_transformers_defaults() {
     assert!(c.tie_word_embeddings);
     assert!((c.attention_scale - 1.0 / 16.0).abs() < 1e-7, "query_pre_attn_scalar 256");
 }
+
+#[test]
+fn longrope_picks_its_factors_once_by_the_models_context() {
+    let p = Path::new("dir/config.json");
+    let mut cfg = base();
+    cfg["architectures"] = json!(["Phi3ForCausalLM"]);
+    cfg["max_position_embeddings"] = json!(4096);
+    let (short, long) = (json!([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]), json!(vec![2.0; 8]));
+    cfg["rope_scaling"] = json!({"type": "longrope", "short_factor": short, "long_factor": long});
+    cfg["original_max_position_embeddings"] = json!(4096);
+    let c = ModelConfig::from_json(&cfg, p).unwrap();
+    assert_eq!(c.rope_freq_factors.as_deref(), Some(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0][..]));
+    assert_eq!(c.attention_scale, 1.0 / 4.0, "no attention factor within the original context");
+    cfg["original_max_position_embeddings"] = json!(1024);
+    let c = ModelConfig::from_json(&cfg, p).unwrap();
+    assert_eq!(c.rope_freq_factors.as_deref(), Some(&[2.0; 8][..]));
+    let m2 = 1.0 + 4f64.ln() / 1024f64.ln();
+    assert!((f64::from(c.attention_scale) - m2 / 4.0).abs() < 1e-6, "{}", c.attention_scale);
+    cfg["architectures"] = json!(["LlamaForCausalLM"]);
+    let msg = ModelConfig::from_json(&cfg, p).unwrap_err().to_string();
+    assert!(msg.contains("longrope") && msg.contains("LlamaForCausalLM"), "{msg}");
+}

@@ -43,6 +43,8 @@ pub(crate) struct HfContext {
     pub window: Option<usize>,
     /// The sliding layers' RoPE base from a `rope_parameters` keyed by layer type.
     pub keyed_local_theta: Option<f32>,
+    /// LongRoPE's settings (`rope_scaling` of type `longrope`), for the families that have it.
+    pub longrope: Option<serde_json::Value>,
 }
 
 impl Architecture {

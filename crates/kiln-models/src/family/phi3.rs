@@ -2,8 +2,16 @@
 //! attention projections into `qkv_proj` (GGUF `attn_qkv`, `[q; k; v]` rows) and the MLP's into
 //! `gate_up_proj` (GGUF `ffn_up`, `[gate; up]` rows), read as their parts by [`fused_parts`];
 //! every layer slides its window when the config sets one (`sliding_window`, as transformers
-//! applies it). LongRoPE (`rope_scaling` `longrope`, GGUF `rope_factors_long`: the 128k
-//! variants) and a partial rotary factor (Phi-4-mini) are refused by name.
+//! applies it). A partial rotary factor (Phi-4-mini) is refused by name.
+//!
+//! LongRoPE (the 128k variants: `rope_scaling` `longrope`, GGUF `rope_factors_long` /
+//! `rope_factors_short`) divides each RoPE frequency by a factor and scales attention by
+//! `attention_factor²` (transformers multiplies both cos and sin by it, which scales q·k by its
+//! square as every dimension rotates). transformers picks the short factors for a forward pass
+//! no longer than `original_max_position_embeddings` and the long ones beyond, recomputing all
+//! positions; a KV cache cannot, so kiln picks once per model: the long factors when its context
+//! (`max_position_embeddings`) exceeds the original, the short ones otherwise. Sequences longer
+//! than the original then match transformers exactly; shorter ones see the long factors.
 
 use std::collections::HashMap;
 
@@ -25,15 +33,77 @@ pub(super) fn apply_hf(
         )));
     }
     c.layer_windows = vec![ctx.window; c.num_layers];
+    if let Some(s) = &ctx.longrope {
+        let partial = s.get("partial_rotary_factor").and_then(serde_json::Value::as_f64);
+        if partial.is_some_and(|p| p != 1.0) {
+            return Err(f.err("a partial rotary factor is not supported".into()));
+        }
+        let factors = |key: &str| -> Result<Vec<f32>, LoadError> {
+            let list = s.get(key).and_then(serde_json::Value::as_array);
+            let list = list.filter(|l| l.len() == c.head_dim / 2).ok_or_else(|| {
+                f.err(format!("longrope `{key}` must list {} factors", c.head_dim / 2))
+            })?;
+            list.iter()
+                .map(|v| {
+                    v.as_f64()
+                        .map(|x| x as f32)
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                        .ok_or_else(|| f.err(format!("longrope `{key}` holds {v}")))
+                })
+                .collect()
+        };
+        let original = s
+            .get("original_max_position_embeddings")
+            .and_then(serde_json::Value::as_u64)
+            .map(|o| o as usize)
+            .or(f.opt_usize("original_max_position_embeddings")?)
+            .unwrap_or(c.max_position_embeddings);
+        let number = |key: &str| s.get(key).and_then(serde_json::Value::as_f64);
+        let factor =
+            number("factor").unwrap_or(c.max_position_embeddings as f64 / original.max(1) as f64);
+        let attention_factor = number("attention_factor").unwrap_or(if factor <= 1.0 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / (original.max(2) as f64).ln()).sqrt()
+        });
+        long_rope(
+            c,
+            (factors("short_factor")?, factors("long_factor")?),
+            original,
+            attention_factor,
+        );
+    }
     Ok(())
 }
 
+/// Sets LongRoPE's divisors (the long ones when the model's context exceeds `original`) and
+/// attention factor on `c` (module docs).
+fn long_rope(
+    c: &mut ModelConfig,
+    (short, long): (Vec<f32>, Vec<f32>),
+    original: usize,
+    attention_factor: f64,
+) {
+    let factors = if c.max_position_embeddings > original { long } else { short };
+    c.rope_freq_factors = Some(factors);
+    c.attention_scale *= (attention_factor * attention_factor) as f32;
+}
+
 pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
-    if keys.has_tensor("rope_factors_long.weight") {
-        return Err(keys.err(
-            "LongRoPE (`rope_factors_long`, the 128k-context Phi-3 variants) is not supported"
-                .into(),
-        ));
+    if let Some(long) = keys.factors("rope_factors_long.weight", c.head_dim)? {
+        let short = keys.factors("rope_factors_short.weight", c.head_dim)?;
+        let short =
+            short.ok_or_else(|| keys.err("rope_factors_long without rope_factors_short".into()))?;
+        let original = keys
+            .opt_dim("rope.scaling.original_context_length")?
+            .unwrap_or(c.max_position_embeddings);
+        let factor = c.max_position_embeddings as f64 / original.max(1) as f64;
+        let attention_factor = match keys.opt_positive("rope.scaling.attn_factor")? {
+            Some(a) => f64::from(a),
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / (original.max(2) as f64).ln()).sqrt(),
+        };
+        long_rope(c, (short, long), original, attention_factor);
     }
     if let Some(dims) = keys.opt_dim("rope.dimension_count")?
         && dims != c.head_dim
