@@ -93,6 +93,9 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
     /// vLLM's: every chunk carries the usage so far (with `include_usage`).
     pub continuous_usage_stats: Option<bool>,
+    /// OpenAI's random padding of stream chunks against length side channels: no effect (kiln
+    /// pads nothing, and the text is the same either way).
+    pub include_obfuscation: Option<bool>,
 }
 
 /// `POST /v1/completions`.

@@ -183,6 +183,11 @@ fn reasoning_in_the_history_reaches_the_template_as_text() {
         (json!({"role": "user", "content": "a", "reasoning_content": "r"}), 400),
         (json!({"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}), 400),
         (json!({"role": "assistant", "content": "a", "annotations": [], "audio": null}), 200),
+        (
+            json!({"role": "user", "cache_control": {"type": "ephemeral"},
+                   "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]}),
+            200,
+        ),
     ] {
         let r = server.post("/tokenize", &json!({"messages": [message]}));
         assert_eq!(r.status, status, "{message}: {}", r.text());

@@ -157,14 +157,13 @@ async fn handle(state: Arc<ServerState>, req: ResponsesRequest) -> Result<Respon
     let asm = Assembler::new(&state, &loaded, output, reasoning, translated.logprobs);
     let mut conversation = previous.unwrap_or_default();
     conversation.extend(translated.input_items);
-    let run = Run { state, head, asm, input_tokens: ids.len(), conversation };
+    let mut run = Run { state, head, asm, input_tokens: ids.len(), conversation };
     if translated.delivery.background {
         return Ok(run.background(seq));
     }
     if translated.delivery.stream {
         return Ok(run.stream(seq, translated.delivery.store));
     }
-    let mut run = run;
     let finished = run.whole(seq).await?;
     let response = finished.object(&run.head, run.input_tokens);
     if translated.delivery.store {
@@ -192,7 +191,7 @@ enum Stop {
 }
 
 impl Run {
-    /// Keeps the finished response (replacing a background entry's `in_progress` object).
+    /// Keeps the finished response with the conversation a continuation reads.
     fn store(&self, finished: &Finished, response: Value) {
         let mut conversation = self.conversation.clone();
         conversation.extend(finished.items.iter().cloned());

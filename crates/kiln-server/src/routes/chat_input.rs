@@ -50,9 +50,12 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                 ));
             }
             // A key set to null or an empty list asks for nothing (the SDKs' `model_dump()`
-            // writes `refusal`, `annotations`, `audio`, `function_call`).
-            let neutral = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
-            if let Some((key, _)) = m.other.iter().find(|(_, v)| !neutral(v)) {
+            // writes `refusal`, `annotations`, `audio`, `function_call`); `cache_control`
+            // (prompt caching hints some proxies add) changes nothing: the prefix cache is on.
+            let neutral = |k: &str, v: &Value| {
+                v.is_null() || v.as_array().is_some_and(Vec::is_empty) || k == "cache_control"
+            };
+            if let Some((key, _)) = m.other.iter().find(|(k, v)| !neutral(k, v)) {
                 let shown: String = key.chars().take(64).collect();
                 return Err(bad_message(index, format!("unknown field `{shown}`")));
             }
@@ -76,7 +79,8 @@ pub fn template_messages(messages: Vec<ChatMessageIn>) -> Result<Vec<ChatMessage
                     }
                     let mut text = String::new();
                     for part in parts {
-                        if let Some((key, _)) = part.other.iter().find(|(_, v)| !v.is_null()) {
+                        let extra = part.other.iter().find(|(k, v)| !neutral(k, v));
+                        if let Some((key, _)) = extra {
                             let shown: String = key.chars().take(64).collect();
                             return Err(bad_message(
                                 index,
