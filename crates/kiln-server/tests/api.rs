@@ -81,6 +81,8 @@ fn completions_greedy_stream_equals_non_stream_and_token_prompts_equal_text() {
     assert!(counts.len() > 2 && counts[0] >= 1, "{counts:?}");
     assert!(counts.windows(2).all(|w| w[0] <= w[1]) && counts.last() == Some(&12), "{counts:?}");
     assert!(chunks.iter().all(|c| c["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]));
+    streamed["stream_options"] = json!({"include_usage": true, "include_obfuscation": true});
+    assert_eq!(server.post("/v1/completions", &streamed).status, 200);
     for options in [json!({"continuous_usage_stats": true}), json!({"include_usage": true, "x": 1})]
     {
         streamed["stream_options"] = options;
