@@ -217,6 +217,14 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| f.err("missing `architectures`".into()))?;
+        if let Some(q) = json.get("quantization_config").filter(|q| !q.is_null()) {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+            return Err(f.err(format!(
+                "quantized checkpoints (quantization_config.quant_method `{method}`) are not \
+                 supported yet: use the float checkpoint (with --quantization q8_0 / q4_k to \
+                 quantize it as it loads) or a GGUF file"
+            )));
+        }
         if arch_name == "Gemma3ForConditionalGeneration" {
             let text = crate::family::gemma3::conditional_text_config(json).ok_or_else(|| {
                 f.err("Gemma3ForConditionalGeneration needs a `text_config` object".into())

@@ -38,6 +38,7 @@ fn rejects_bad_configs_with_a_message_naming_the_field() {
         ("num_hidden_layers", json!(-1), "num_hidden_layers"),
         ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "yarn"),
         ("vocab_size", json!("many"), "vocab_size"),
+        ("quantization_config", json!({"quant_method": "awq", "bits": 4}), "quant_method `awq`"),
     ];
     for (key, value, needle) in cases {
         let mut cfg = base();
