@@ -7,8 +7,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use kiln_server::anthropic::request::MessagesRequest;
 use kiln_server::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
 use kiln_server::protocol::{ChatRequest, CompletionRequest};
+use kiln_server::responses::request::ResponsesRequest;
+use kiln_server::routes::chat_input::template_messages;
 use kiln_server::tools::{self, ToolCallParser, ToolOutput, ToolSettings, ToolStream};
 use kiln_server::validate::{self, Limits};
 use kiln_tokenizer::{GenerationDefaults, GgufVocab, Tokenizer};
@@ -119,9 +122,26 @@ pub fn chat_template(data: &[u8]) {
     }
 }
 
-/// A request body as the server parses and validates it (chat and completions), and the chat
-/// messages rendered with ChatML and tokenized with content literal.
+/// A request body as the server parses and validates it (chat and completions; Responses and
+/// Messages bodies translated into chat requests, their messages checked), the chat messages
+/// rendered with ChatML and tokenized with content literal, and a GBNF grammar rewritten into
+/// Lark.
 pub fn request_json(data: &[u8]) {
+    if let Ok(req) = serde_json::from_slice::<ResponsesRequest>(data)
+        && let Ok(translated) = req.translate(None, true)
+    {
+        let _ = template_messages(translated.chat.messages);
+    }
+    if let Ok(req) = serde_json::from_slice::<MessagesRequest>(data)
+        && let Ok(translated) = req.translate(false)
+    {
+        let _ = template_messages(translated.chat.messages);
+    }
+    if let Ok(text) = std::str::from_utf8(data)
+        && text.contains("::=")
+    {
+        let _ = kiln_engine::structured::gbnf::to_lark(text);
+    }
     let limits = Limits {
         max_model_len: 256,
         vocab_size: 512,
@@ -131,7 +151,8 @@ pub fn request_json(data: &[u8]) {
     };
     let defaults = GenerationDefaults::default();
     if let Ok(req) = serde_json::from_slice::<ChatRequest>(data) {
-        let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+        let max_tokens =
+            req.max_completion_tokens.or(req.sampling.max_tokens_given().ok().flatten());
         if let Ok(spec) = validate::spec(req.sampling, max_tokens, None, &limits, &defaults) {
             let _ = spec.for_prompt(10, 1, &limits);
         }
@@ -141,7 +162,7 @@ pub fn request_json(data: &[u8]) {
         let plan = tools::plan(tool_fields.0, tool_fields.1, tool_fields.2, settings, None);
         let mut options = RenderOptions::new(true);
         options.tools = plan.ok().and_then(|(plan, _)| plan.tools);
-        if let Ok(messages) = kiln_server::routes::chat_input::template_messages(req.messages) {
+        if let Ok(messages) = template_messages(req.messages) {
             let chatml = ChatTemplate::fallback(None, None);
             if let Ok(marked) = chatml.render_marked(&messages, &options) {
                 let ranges = marked.content_ranges.unwrap_or_default();

@@ -229,6 +229,25 @@ fn request_seeds() {
             "chat_logprobs",
             r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"logprobs":true,"top_logprobs":25,"max_completion_tokens":1000}"#,
         ),
+        (
+            "responses_items",
+            r#"{"model": "m", "instructions": "sys", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi<end_of_turn>"}]}, {"type": "reasoning", "id": "rs", "summary": [], "content": [{"type": "reasoning_text", "text": "think<|eot_id|>"}]}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{\"a\":1}"}, {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "r"}]}], "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": {"type": "function", "name": "f"}, "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}, "include": ["message.output_text.logprobs"], "top_logprobs": 25, "reasoning": {"effort": "none"}, "max_output_tokens": 0}"#,
+        ),
+        (
+            "messages_blocks",
+            r#"{"max_tokens": 5, "system": [{"type": "text", "text": "s"}], "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""}, {"type": "tool_use", "id": "a", "name": "f", "input": {}, "caller": null}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "r"}], "is_error": true}]}], "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}"#,
+        ),
+        (
+            "gbnf_grammar",
+            r#"root ::= item ("," ws? item){0,3}
+item ::= [a-c]{1,3} | "\u00e9\x41" | [^\n\]] .
+ws ::= [ \t]+ # comment
+"#,
+        ),
+        (
+            "llama_server_fields",
+            r#"{"prompt": "x", "n_predict": -1, "grammar": "root ::= \"a\"", "typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "dry_base": 1.75, "stream_options": {"include_usage": true, "continuous_usage_stats": true}, "stream": true}"#,
+        ),
     ];
     for (name, body) in requests {
         write_seed("request_json", name, body.as_bytes());
