@@ -154,7 +154,8 @@ async fn handle(state: Arc<ServerState>, req: ResponsesRequest) -> Result<Respon
         model: crate::routes::model_name(&state).to_owned(),
         echo: translated.echo,
     };
-    let asm = Assembler::new(&state, &loaded, output, reasoning, translated.logprobs);
+    let tokenizer = translated.logprobs.then(|| Arc::clone(&loaded.tokenizer));
+    let asm = Assembler::new(&state, tokenizer, output, reasoning);
     let mut conversation = previous.unwrap_or_default();
     conversation.extend(translated.input_items);
     let mut run = Run { state, head, asm, input_tokens: ids.len(), conversation };

@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use crate::reasoning::{ReasoningSplit, Start};
 use crate::routes::format::chat_logprobs;
 use crate::sequence::Delta;
-use crate::state::{Loaded, ServerState};
+use crate::state::ServerState;
 use crate::tools::{self, ToolCallParser, ToolOutput, ToolStream};
 
 /// What every form of the response object shares.
@@ -109,12 +109,12 @@ impl Finished {
 /// Reads one output's deltas into items (and, for a stream, events).
 pub struct Assembler {
     state: Arc<ServerState>,
-    loaded: Arc<Loaded>,
+    /// With log-probabilities asked for: the tokenizer that spells their tokens.
+    logprobs: Option<Arc<kiln_tokenizer::Tokenizer>>,
     parser: Option<ToolCallParser>,
     split: Option<ReasoningSplit>,
     include_reasoning: bool,
     tools: ToolStream,
-    logprobs: bool,
     items: Vec<Value>,
     open: Option<Open>,
     events: Vec<Value>,
@@ -129,21 +129,20 @@ pub struct Assembler {
 }
 
 impl Assembler {
+    /// `logprobs`: the tokenizer, when the message's log-probabilities are asked for.
     pub fn new(
         state: &Arc<ServerState>,
-        loaded: &Arc<Loaded>,
+        logprobs: Option<Arc<kiln_tokenizer::Tokenizer>>,
         output: ToolOutput,
         reasoning: Option<(Start, bool)>,
-        logprobs: bool,
     ) -> Self {
         Self {
             state: Arc::clone(state),
-            loaded: Arc::clone(loaded),
+            logprobs,
             parser: state.config.tools.parser,
             split: reasoning.map(|(start, _)| ReasoningSplit::new(start)),
             include_reasoning: reasoning.is_some_and(|(_, include)| include),
             tools: ToolStream::new(output),
-            logprobs,
             items: Vec::new(),
             open: None,
             events: Vec::new(),
@@ -194,10 +193,10 @@ impl Assembler {
             self.reasoning_tokens += 1;
             self.saw_reasoning = true;
         }
-        if let Some(lp) = delta.logprobs.as_ref().filter(|_| self.logprobs) {
+        if let (Some(lp), Some(tokenizer)) = (&delta.logprobs, &self.logprobs) {
             // A token of the thinking has no place in the message's log-probabilities.
             if reasoning.is_empty() || !answer.is_empty() {
-                let entries = chat_logprobs(&self.loaded.tokenizer, std::slice::from_ref(lp));
+                let entries = chat_logprobs(tokenizer, std::slice::from_ref(lp));
                 self.pending_logprobs
                     .extend(entries["content"].as_array().cloned().unwrap_or_default());
             }
@@ -241,11 +240,12 @@ impl Assembler {
 
     /// Opens an item of `kind` unless one is open; returns its output index.
     fn ensure_open(&mut self, kind: Kind, call: Option<(String, String)>) -> usize {
-        let index = self.items.len();
         if self.open.as_ref().is_some_and(|o| o.kind == kind && call.is_none()) {
-            return index;
+            return self.items.len();
         }
         self.close("completed");
+        // The item just closed (if any) took the index before this one.
+        let index = self.items.len();
         let prefix = match kind {
             Kind::Reasoning => "rs",
             Kind::Message => "msg",
@@ -397,5 +397,118 @@ impl Assembler {
         };
         self.event("response.output_item.done", json!({"output_index": index, "item": item}));
         self.items.push(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::TokenId;
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    fn delta(text: &str, finish: Option<&'static str>) -> Delta {
+        Delta {
+            text: text.into(),
+            token: TokenId(1),
+            logprobs: None,
+            finish_reason: finish,
+            stop_string: None,
+            prompt_logprobs: None,
+            num_cached_tokens: None,
+        }
+    }
+
+    /// Runs `pieces` (the last one finishes with `finish`) through an assembler; returns the
+    /// finished items and every event.
+    fn assemble(
+        output: ToolOutput,
+        reasoning: Option<(Start, bool)>,
+        pieces: &[&str],
+        finish: &'static str,
+    ) -> (Finished, Vec<Value>) {
+        let state = ServerState::new(ServerConfig::default());
+        let mut asm = Assembler::new(&state, None, output, reasoning);
+        let mut events = Vec::new();
+        for (i, piece) in pieces.iter().enumerate() {
+            let last = (i + 1 == pieces.len()).then_some(finish);
+            asm.push(&delta(piece, last));
+            events.extend(asm.take_events());
+        }
+        (asm.finished().unwrap(), events)
+    }
+
+    /// `output_index` of every item event, checked to open, fill and close each item in turn.
+    fn check_order(events: &[Value]) {
+        let mut open = None;
+        let mut next = 0;
+        for e in events {
+            let index = e["output_index"].as_u64();
+            match e["type"].as_str().unwrap() {
+                "response.output_item.added" => {
+                    assert_eq!((open, index), (None, Some(next)), "{events:?}");
+                    open = index;
+                }
+                "response.output_item.done" => {
+                    assert_eq!(index, open, "{events:?}");
+                    open = None;
+                    next += 1;
+                }
+                _ => assert_eq!(index, open, "{e}"),
+            }
+        }
+        assert_eq!(open, None);
+    }
+
+    #[test]
+    fn thinking_then_an_answer_are_two_items_in_order() {
+        let reasoning = Some((Start::Reasoning, true));
+        let pieces = ["Let me ", "see.</th", "ink>\n\nYes, ", "it is."];
+        let (finished, events) = assemble(ToolOutput::Text, reasoning, &pieces, "stop");
+        check_order(&events);
+        let items = &finished.items;
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(items[0]["type"], "reasoning");
+        assert_eq!(items[0]["content"][0]["text"], "Let me see.");
+        assert_eq!(items[1]["type"], "message");
+        assert_eq!(items[1]["content"][0]["text"], "Yes, it is.");
+        assert!(!finished.incomplete);
+        assert_eq!((finished.output_tokens, finished.reasoning_tokens), (4, 2));
+    }
+
+    #[test]
+    fn a_named_call_is_one_function_call_item_and_a_cut_one_is_incomplete() {
+        let named = ToolOutput::Named("get".into());
+        let (finished, events) = assemble(named.clone(), None, &["{\"a\":", "1}"], "stop");
+        check_order(&events);
+        let item = &finished.items[0];
+        assert_eq!(
+            (item["type"].as_str(), item["name"].as_str()),
+            (Some("function_call"), Some("get"))
+        );
+        assert_eq!(
+            (item["arguments"].as_str(), item["status"].as_str()),
+            (Some("{\"a\":1}"), Some("completed"))
+        );
+        let deltas: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.function_call_arguments.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(deltas, "{\"a\":1}");
+        let (cut, _) = assemble(named, None, &["{\"a\":"], "length");
+        assert!(cut.incomplete);
+        assert_eq!(cut.items[0]["status"], "incomplete");
+    }
+
+    #[test]
+    fn an_empty_output_is_one_empty_message() {
+        let (finished, events) = assemble(ToolOutput::Text, None, &[""], "stop");
+        check_order(&events);
+        assert_eq!(finished.items.len(), 1);
+        assert_eq!(finished.items[0]["content"][0]["text"], "");
+        let numbers: Vec<u64> =
+            events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+        assert_eq!(numbers, (0..events.len() as u64).collect::<Vec<_>>());
     }
 }
