@@ -8,24 +8,10 @@
 
 mod common;
 
-use common::{TestServer, default_config, engine_config};
+use common::{TestServer, default_config, thinking_server};
 use kiln_server::ServerConfig;
-use kiln_server::chat_template::TemplateOverride;
-use kiln_server::reasoning::ReasoningParser;
 use kiln_server::responses::store::StoreLimits;
 use serde_json::{Value, json};
-
-/// Opens the thinking at the generation prompt (as DeepSeek-R1's template does).
-const THINKING_TEMPLATE: &str = "{% for m in messages %}<|start_header_id|>{{ m.role }}\
-<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}\
-<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n{% endif %}";
-
-fn thinking_server() -> TestServer {
-    let config =
-        ServerConfig { reasoning_parser: Some(ReasoningParser::Qwen3), ..default_config() };
-    let template = TemplateOverride::Inline(THINKING_TEMPLATE.into());
-    TestServer::start_model("llama3", config, engine_config(), Some(&template))
-}
 
 fn body(extra: &Value) -> Value {
     let mut body = json!({

@@ -15,6 +15,7 @@
 //! `in_progress` and ends `completed`, `incomplete`, `failed` or `cancelled`; a cancelled or
 //! evicted background response stops its generation.
 
+mod items;
 pub mod reply;
 pub mod request;
 pub mod store;

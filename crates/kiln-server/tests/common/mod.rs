@@ -253,3 +253,19 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Opens the thinking at the generation prompt (as DeepSeek-R1's template does).
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|start_header_id|>{{ m.role }}\
+<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}\
+<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n{% endif %}";
+
+/// The llama3 fixture with `--reasoning-parser qwen3` and a template that opens the thinking,
+/// so every output is thinking.
+pub fn thinking_server() -> TestServer {
+    let config = ServerConfig {
+        reasoning_parser: Some(kiln_server::reasoning::ReasoningParser::Qwen3),
+        ..default_config()
+    };
+    let template = kiln_server::chat_template::TemplateOverride::Inline(THINKING_TEMPLATE.into());
+    TestServer::start_model("llama3", config, engine_config(), Some(&template))
+}
