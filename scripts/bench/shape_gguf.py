@@ -6,7 +6,9 @@ read one file with both kiln and llama.cpp (quantize it with `llama-quantize` fi
 
 SHAPE is `llama-3.2-1b`, `llama-3.1-8b` or `qwen3-30b-a3b-12l` (Qwen3-30B-A3B's tensors with 12
 of its 48 layers: 128 experts of FFN 768 per layer, 8 per token, stacked in one
-`ffn_*_exps` tensor per layer as llama.cpp writes them). The tokenizer (vocabulary, scores, token types,
+`ffn_*_exps` tensor per layer as llama.cpp writes them); `tiny-256` and `tiny-moe-256` are the
+small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (rows of 256, the K-quants'
+block, and weights of std 0.08 so that the logits spread). The tokenizer (vocabulary, scores, token types,
 special ids) is copied from TOKENIZER_GGUF (the default model's file is fine) and cut or padded
 to the shape's vocabulary. Weights are N(0, 0.02) from a fixed seed, norms are 1, so the file is
 the same on every run; tensors are written one at a time (an 8B shape never sits in memory).
@@ -24,10 +26,15 @@ SHAPES = {
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
     "qwen3-30b-a3b-12l": (2048, 6144, 12, 32, 4, 151936, False, 1000000.0),
+    "tiny-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
+    "tiny-moe-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
 }
+# Weight std by shape (default 0.02).
+STD = {"tiny-256": 0.08, "tiny-moe-256": 0.08}
 # The mixture-of-experts shapes: architecture, head dim, experts, experts per token, expert FFN.
 EXPERTS = {
     "qwen3-30b-a3b-12l": ("qwen3moe", 128, 128, 8, 768),
+    "tiny-moe-256": ("qwen3moe", 64, 4, 2, 256),
 }
 
 
@@ -144,7 +151,8 @@ def main():
         elif norm:
             data = np.ones(shape, dtype=np.float32)
         else:
-            data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+            std = STD.get(name, 0.02)
+            data = (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float16)
         w.write_tensor_data(data)
         print(f"{tname} {shape}", file=sys.stderr)
     w.close()

@@ -7,7 +7,7 @@
 
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
-/// Elements per Q4_0 / Q5_0 / Q8_0 block.
+/// Elements per Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL / MXFP4 block.
 pub const QK: usize = 32;
 
 /// The GGUF tensor types kiln reads.
@@ -17,16 +17,59 @@ pub enum GgmlType {
     F16,
     Bf16,
     Q4_0,
+    Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
+    Q2K,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
+    Iq4Nl,
+    Iq4Xs,
+    Mxfp4,
 }
 
 impl GgmlType {
     /// Every supported type, for tests and tables.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 16] = [
+        Self::F32,
+        Self::F16,
+        Self::Bf16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+        Self::Iq4Nl,
+        Self::Iq4Xs,
+        Self::Mxfp4,
+    ];
+    /// The block-quantized types.
+    pub const QUANTIZED: [Self; 13] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+        Self::Iq4Nl,
+        Self::Iq4Xs,
+        Self::Mxfp4,
+    ];
+    /// The types kiln also writes (quantize-on-load and the KV cache); the others are read
+    /// from files only.
+    pub const WRITABLE: [Self; 9] = [
         Self::F32,
         Self::F16,
         Self::Bf16,
@@ -37,9 +80,6 @@ impl GgmlType {
         Self::Q5K,
         Self::Q6K,
     ];
-    /// The block-quantized types.
-    pub const QUANTIZED: [Self; 6] =
-        [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
 
     /// The type for a GGUF `ggml_type` id, `None` for types kiln does not support.
     pub fn from_gguf_id(id: u32) -> Option<Self> {
@@ -47,12 +87,19 @@ impl GgmlType {
             0 => Self::F32,
             1 => Self::F16,
             2 => Self::Q4_0,
+            3 => Self::Q4_1,
             6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
+            10 => Self::Q2K,
+            11 => Self::Q3K,
             12 => Self::Q4K,
             13 => Self::Q5K,
             14 => Self::Q6K,
+            20 => Self::Iq4Nl,
+            23 => Self::Iq4Xs,
             30 => Self::Bf16,
+            39 => Self::Mxfp4,
             _ => return None,
         })
     }
@@ -63,12 +110,19 @@ impl GgmlType {
             Self::F32 => 0,
             Self::F16 => 1,
             Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
             Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2K => 10,
+            Self::Q3K => 11,
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
+            Self::Iq4Nl => 20,
+            Self::Iq4Xs => 23,
             Self::Bf16 => 30,
+            Self::Mxfp4 => 39,
         }
     }
 
@@ -79,11 +133,18 @@ impl GgmlType {
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
             Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
             Self::Q5_0 => "q5_0",
+            Self::Q5_1 => "q5_1",
             Self::Q8_0 => "q8_0",
+            Self::Q2K => "q2_K",
+            Self::Q3K => "q3_K",
             Self::Q4K => "q4_K",
             Self::Q5K => "q5_K",
             Self::Q6K => "q6_K",
+            Self::Iq4Nl => "iq4_nl",
+            Self::Iq4Xs => "iq4_xs",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
@@ -91,8 +152,14 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::Bf16 => 1,
-            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => QK,
-            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Iq4Nl
+            | Self::Mxfp4 => QK,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => QK_K,
         }
     }
 
@@ -101,12 +168,18 @@ impl GgmlType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
-            Self::Q4_0 => 18,
+            Self::Q4_0 | Self::Iq4Nl => 18,
+            Self::Q4_1 => 20,
             Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
+            Self::Mxfp4 => 17,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Iq4Xs => 136,
         }
     }
 

@@ -6,7 +6,8 @@
 //! from memory as in a decode step rather than from the caches. `KILN_ISA` picks the path;
 //! `QUANT_BENCH_ROWS=1,4` limits the row counts; `QUANT_BENCH_SHAPES=llama-1b` takes the
 //! matrices of a Llama-3.2-1B Q4_K_M file instead (Q4_K and Q6_K, the tied Q6_K LM head), and
-//! two of its Q5_K_M file's Q5_K ones.
+//! two of its Q5_K_M file's Q5_K ones; `QUANT_BENCH_SHAPES=llama-1b-types` takes three of those
+//! matrices in every type kiln reads (the types of Q2_K, Q3_K_M, IQ4_XS, Q4_1, ... files).
 
 use std::time::Instant;
 
@@ -48,9 +49,16 @@ fn main() {
         (GgmlType::Q5K, 8192, 2048),
         (GgmlType::Q6K, 128_256, 2048),
     ];
+    let every_type: Vec<(GgmlType, usize, usize)> = GgmlType::QUANTIZED
+        .into_iter()
+        .flat_map(|ty| [(ty, 2048, 2048), (ty, 8192, 2048), (ty, 2048, 8192)])
+        .collect();
     let shapes: &[(GgmlType, usize, usize)] = match std::env::var("QUANT_BENCH_SHAPES").as_deref() {
         Ok("llama-1b") => &llama_1b,
-        Ok(other) => panic!("QUANT_BENCH_SHAPES: unknown set {other:?} (known: llama-1b)"),
+        Ok("llama-1b-types") => &every_type,
+        Ok(other) => {
+            panic!("QUANT_BENCH_SHAPES: unknown set {other:?} (known: llama-1b, llama-1b-types)")
+        }
         Err(_) => &gemma,
     };
     for &(ty, n, k) in shapes {

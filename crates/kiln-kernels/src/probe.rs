@@ -64,13 +64,34 @@ pub fn pseudo_random_matrix(ty: GgmlType, n: usize, k: usize) -> Option<WeightMa
                 (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect();
-        quantize_row(ty, &vals, row);
+        if GgmlType::WRITABLE.contains(&ty) {
+            quantize_row(ty, &vals, row);
+        } else {
+            random_blocks(ty, &vals, row);
+        }
     }
     let mut bytes = Vec::with_capacity(n * rb);
     for r in 0..n {
         bytes.extend_from_slice(&src[r % 64]);
     }
     WeightMatrix::from_quantized(n, k, ty, bytes.into())
+}
+
+/// Blocks of a type kiln does not write, for measuring: the level bytes from `vals`, every
+/// scale field `1/64` (MXFP4: the exponent of `2⁻⁶`).
+fn random_blocks(ty: GgmlType, vals: &[f32], row: &mut [u8]) {
+    for (b, v) in row.iter_mut().zip(vals) {
+        *b = ((v + 0.5) * 255.99) as u8;
+    }
+    let scale = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
+    for block in row.chunks_exact_mut(ty.block_bytes()) {
+        for &at in crate::quant::formats::f16_scale_offsets(ty) {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+        if ty == GgmlType::Mxfp4 {
+            block[0] = 122;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ pub(crate) unsafe fn kernel(
             GgmlType::Q4K => run::<K4, true>(acts, w, groups, out, un, acc),
             GgmlType::Q5K => run::<K5, true>(acts, w, groups, out, un, acc),
             GgmlType::Q6K => run::<K6, true>(acts, w, groups, out, un, acc),
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not quantized"),
+            _ => unreachable!("{} takes the general kernel", w.ty),
         }
     }
 }

@@ -28,6 +28,9 @@ pub(crate) trait Isa: Copy {
     unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
     /// Wrapping byte subtraction.
     unsafe fn sub8(a: Self::V, b: Self::V) -> Self::V;
+    /// Byte `i` of `table`'s 16-byte lane `i / 16` at index `idx[i]` (every `idx[i] < 16`):
+    /// a 16-entry lookup when all four lanes of `table` hold the same 16 bytes.
+    unsafe fn lut16(table: Self::V, idx: Self::V) -> Self::V;
     /// Logical shifts of 16-bit lanes.
     unsafe fn srli16<const N: u32>(a: Self::V) -> Self::V;
     unsafe fn slli16<const N: u32>(a: Self::V) -> Self::V;
@@ -137,6 +140,9 @@ impl Isa for Scalar {
     }
     unsafe fn sub8(a: Bytes64, b: Bytes64) -> Bytes64 {
         a.zip8(b, u8::wrapping_sub)
+    }
+    unsafe fn lut16(table: Bytes64, idx: Bytes64) -> Bytes64 {
+        Bytes64(std::array::from_fn(|i| table.0[(i / 16) * 16 + usize::from(idx.0[i] & 15)]))
     }
     unsafe fn srli16<const N: u32>(a: Bytes64) -> Bytes64 {
         a.map16(|v| v >> N)

@@ -19,7 +19,17 @@
 //! - Q4_0/Q5_0/Q8_0: `acc = fma(t, d_w·d_x, acc)`, `t = Σ (q − offset)·x_q` over the block;
 //! - Q4_K/Q5_K: `acc = fma(t, d·d_x, acc)`, `acc = fma(−u, dmin·d_x, acc)`, with
 //!   `t = Σ_s sc_s · Σ q·x_q` and `u = Σ_s m_s · Σ x_q` over the 8 sub-blocks `s`;
-//! - Q6_K: `acc = fma(t, d·d_x, acc)`, `t = Σ_s sc_s · Σ (q − 32)·x_q` over 16 sub-blocks.
+//! - Q6_K: `acc = fma(t, d·d_x, acc)`, `t = Σ_s sc_s · Σ (q − 32)·x_q` over 16 sub-blocks;
+//!   Q3_K the same with `q − 4`;
+//! - Q4_1/Q5_1: `acc = fma(t, d_w·d_x, acc)`, `acc = fma(Σ x_q, m·d_x, acc)`, `t = Σ q·x_q`;
+//! - IQ4_NL/IQ4_XS/MXFP4: as Q8_0 with the table's level for `q` (IQ4_XS: a block per
+//!   sub-block of 32, `d_w = d·(ls − 32)`);
+//! - Q2_K: `acc = fma(t, d·d_x, acc)`, `acc = fma(−u, dmin·d_x, acc)`, with
+//!   `t = Σ_s sc_s · Σ q·x_q` and `u = Σ_s m_s · Σ x_q` over the 16 sub-blocks.
+//!
+//! Those types read from files only (Q2_K, Q3_K, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4) always
+//! take this general kernel (on AVX2 through `x86::Avx2`), never the AMX tiles, `pairs` or the
+//! AVX2 kernels of `avx2`.
 //!
 //! The `t`, `u` are exact integers (any summation order gives the same value), and the f32
 //! steps are identical on every [`Isa`], so results are bitwise the same for every `m`, batch
@@ -155,7 +165,7 @@ mod x86_entry {
     ) {
         // SAFETY: forwarded; the features are enabled here; `pairs::applies` checked.
         unsafe {
-            if pairs::applies(w.ty, a.m) {
+            if super::has_fast_paths(w.ty) && pairs::applies(w.ty, a.m) {
                 pairs::kernel(a, w, g, o, &mut s.pairs);
             } else {
                 kernel::<Vnni, false>(a, w, g, o, s);
@@ -184,8 +194,28 @@ mod x86_entry {
         s: &mut Scratch,
     ) {
         // SAFETY: forwarded; the features are enabled here.
-        unsafe { avx2::kernel(a, w, g, o, &mut s.un, &mut s.acc) }
+        unsafe {
+            if super::has_fast_paths(w.ty) {
+                avx2::kernel(a, w, g, o, &mut s.un, &mut s.acc);
+            } else {
+                kernel::<crate::quant::x86::Avx2, false>(a, w, g, o, s);
+            }
+        }
     }
+}
+
+/// Whether `ty` has the specialised kernels (AMX tiles, `pairs`, the AVX2 tiles); the types read
+/// from files only run the general kernel on every ISA.
+pub(crate) fn has_fast_paths(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+    )
 }
 
 /// `AMX`: full 16-row tiles of activation rows go through the AMX tiles, which must be
@@ -212,7 +242,7 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
         let r1 = (r0 + chunk).min(m);
         for g in groups.clone() {
             let lanes = (n - g * LANES).min(LANES);
-            let tiles = AMX && r1 - r0 >= TILE_M;
+            let tiles = AMX && r1 - r0 >= TILE_M && has_fast_paths(ty);
             // Full groups: the last unit stores straight into `out`.
             let direct = lanes == LANES && w.units > 0;
             let scratch = s.acc.as_mut_ptr().cast::<f32>();
@@ -450,7 +480,7 @@ unsafe fn tile_rows<S: Isa>(
             }
             GgmlType::Q4K | GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
             GgmlType::Q6K => amx::rows_q6k::<S>(sq, un, acts, i, u, acc, buf),
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+            _ => unreachable!("no AMX tiles for {ty}"),
         }
     }
 }
@@ -484,29 +514,42 @@ unsafe fn rows<S: Isa, const R: usize>(
     // SAFETY: forwarded from the caller.
     unsafe {
         match ty {
-            GgmlType::Q8_0 if S::SIGNED_Q8 => {
-                row_a::<S, true, R>(0, nb, quads, un, acts, i, u, acc);
+            GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4 => {
+                // IQ4_XS: 8 blocks of 32 per unit, one scale each.
+                let nb = if ty == GgmlType::Iq4Xs { 8 * nb } else { nb };
+                if S::SIGNED_Q8 {
+                    row_a::<S, true, false, R>(0, nb, quads, un, acts, i, u, acc);
+                } else {
+                    row_a::<S, false, false, R>(7, nb, quads, un, acts, i, u, acc);
+                }
             }
-            GgmlType::Q8_0 => row_a::<S, false, R>(7, nb, quads, un, acts, i, u, acc),
-            GgmlType::Q4_0 => row_a::<S, false, R>(3, nb, quads, un, acts, i, u, acc),
-            GgmlType::Q5_0 => row_a::<S, false, R>(4, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q4_0 => row_a::<S, false, false, R>(3, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q5_0 => row_a::<S, false, false, R>(4, nb, quads, un, acts, i, u, acc),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                row_a::<S, false, true, R>(0, nb, quads, un, acts, i, u, acc);
+            }
+            GgmlType::Q2K => row_q2k::<S, R>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Q3K => row_q6k::<S, R, _, 2>(Quads(quads), un, acts, i, u, acc),
             GgmlType::Q4K if fused => row_k45::<S, R, _>(Q4Record::new(rec), un, acts, i, u, acc),
             GgmlType::Q5K if fused => row_k45::<S, R, _>(Q5Record::new(rec), un, acts, i, u, acc),
             GgmlType::Q4K | GgmlType::Q5K => {
                 row_k45::<S, R, _>(Quads(quads), un, acts, i, u, acc);
             }
-            GgmlType::Q6K if fused => row_q6k::<S, R, _>(Q6Record::new(rec), un, acts, i, u, acc),
-            GgmlType::Q6K => row_q6k::<S, R, _>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Q6K if fused => {
+                row_q6k::<S, R, _, 5>(Q6Record::new(rec), un, acts, i, u, acc);
+            }
+            GgmlType::Q6K => row_q6k::<S, R, _, 5>(Quads(quads), un, acts, i, u, acc),
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
         }
     }
 }
 
-/// Rows `i..i + R` against one unit of Q4_0/Q5_0/Q8_0 blocks. `SIGNED`: the Q8_0 levels go
-/// through [`Isa::dot_q8`]; otherwise `t = dot − (Σx << shift)`.
+/// Rows `i..i + R` against one unit of Q4_0/Q5_0/Q8_0-shaped blocks. `SIGNED`: the Q8_0 levels
+/// go through [`Isa::dot_q8`]; `MIN` (Q4_1/Q5_1): `t = dot` and the block's min term follows;
+/// otherwise `t = dot − (Σx << shift)`.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
-#[allow(clippy::inline_always)]
-unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+unsafe fn row_a<S: Isa, const SIGNED: bool, const MIN: bool, const R: usize>(
     shift: u32,
     nb: usize,
     quads: *const u8,
@@ -544,12 +587,16 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const R: usize>(
             let fs = S::loadf(un.fscale[b].as_ptr());
             for r in 0..R {
                 let mut t = S::add32(s0[r], s1[r]);
-                if !SIGNED {
-                    let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
+                let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
+                if !SIGNED && !MIN {
                     t = S::sub32(t, S::splat32(sx << shift));
                 }
                 let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
                 a[r] = S::fmadd(S::cvt(t), S::mulf(fs, dx), a[r]);
+                if MIN {
+                    let m = S::loadf(un.fmin[b].as_ptr());
+                    a[r] = S::fmadd(S::cvt(S::splat32(sx)), S::mulf(m, dx), a[r]);
+                }
             }
         }
         for (r, &ar) in a.iter().enumerate() {
@@ -606,10 +653,11 @@ unsafe fn row_k45<S: Isa, const R: usize, L: Levels<S>>(
     }
 }
 
-/// Rows `i..i + R` against one Q6_K block.
+/// Rows `i..i + R` against one Q6_K block (`OFFSET_SHIFT` 5: levels minus 32), or one Q3_K
+/// block (2: minus 4).
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>>(
+unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>, const OFFSET_SHIFT: u32>(
     levels: L,
     un: &Unpacked,
     acts: &QuantActs,
@@ -636,7 +684,8 @@ unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>>(
             }
             let sc = S::load(un.iscale[s].as_ptr().cast());
             for r in 0..R {
-                let p = S::sub32(S::add32(p0[r], p1[r]), S::splat32(*s16[r].add(s) << 5));
+                let off = S::splat32(*s16[r].add(s) << OFFSET_SHIFT);
+                let p = S::sub32(S::add32(p0[r], p1[r]), off);
                 t[r] = S::add32(t[r], S::mullo32(p, sc));
             }
         }
@@ -644,6 +693,53 @@ unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>>(
         for (r, &tr) in t.iter().enumerate() {
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
             let a = S::fmadd(S::cvt(tr), S::mulf(d, dx), acc.get::<S>(r));
+            acc.put::<S>(r, a);
+        }
+    }
+}
+
+/// Rows `i..i + R` against one Q2_K block.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn row_q2k<S: Isa, const R: usize>(
+    levels: Quads,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; `levels` reads a
+    // whole unit (64 quads); `acc` has at least `R` rows.
+    unsafe {
+        let x: [*const i8; R] = acts.unit_rows(i, u);
+        let s16: [*const i32; R] = acts.unit_sums16(i, u);
+        let mut t = [S::zero(); R];
+        let mut mn = [S::zero(); R];
+        for s in 0..16 {
+            let mut p0 = [S::zero(); R];
+            let mut p1 = [S::zero(); R];
+            for q in (0..4).step_by(2) {
+                let (w0, w1) = Levels::<S>::pair(levels, 2 * s + q / 2);
+                for r in 0..R {
+                    p0[r] = S::dot(p0[r], w0, x[r].add(s * 16 + 4 * q));
+                    p1[r] = S::dot(p1[r], w1, x[r].add(s * 16 + 4 * q + 4));
+                }
+            }
+            let sc = S::load(un.iscale[s].as_ptr().cast());
+            let m = S::load(un.mins16[s].as_ptr().cast());
+            for r in 0..R {
+                t[r] = S::add32(t[r], S::mullo32(S::add32(p0[r], p1[r]), sc));
+                mn[r] = S::add32(mn[r], S::mullo32(S::splat32(*s16[r].add(s)), m));
+            }
+        }
+        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
+        for r in 0..R {
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let mut a = acc.get::<S>(r);
+            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
+            a = S::fnmadd(S::cvt(mn[r]), S::mulf(dmin, dx), a);
             acc.put::<S>(r, a);
         }
     }

@@ -152,7 +152,8 @@ impl QuantMatrix {
 
     /// Activation block size the kernels need for this matrix.
     pub(crate) fn act_block(&self) -> usize {
-        if self.ty.block_elems() == QK_K { QK_K } else { formats::QK }
+        // IQ4_XS runs as 8 blocks of 32 per super-block.
+        if self.ty.block_elems() == QK_K && self.ty != GgmlType::Iq4Xs { QK_K } else { formats::QK }
     }
 
     /// Blocks in unit `u`.

@@ -1,4 +1,4 @@
-//! f32 → GGUF blocks (quantize-on-load), for every type in [`GgmlType::ALL`].
+//! f32 → GGUF blocks (quantize-on-load), for every type in [`GgmlType::WRITABLE`].
 //!
 //! Q8_0, Q4_0 and Q5_0 follow ggml's reference quantizers (Q8_0 is bit-exact with it). The
 //! K-quants fit each sub-block's scale (and min) by a small search over candidate scales with a
@@ -10,7 +10,8 @@ use half::{bf16, f16};
 use super::formats::{GgmlType, QK, QK_K};
 
 /// Quantizes one row: `src` (`[cols]`, a multiple of `ty.block_elems()`) into `dst`
-/// (`ty.row_bytes(cols)` bytes). Panics when the lengths do not match.
+/// (`ty.row_bytes(cols)` bytes). Panics when the lengths do not match or `ty` is not in
+/// [`GgmlType::WRITABLE`].
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     assert!(
         ty.row_bytes(src.len()) == Some(dst.len()),
@@ -33,6 +34,13 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         GgmlType::Q4K => blocks.for_each(|(x, b)| quantize_k45(x, b, false)),
         GgmlType::Q5K => blocks.for_each(|(x, b)| quantize_k45(x, b, true)),
         GgmlType::Q6K => blocks.for_each(|(x, b)| quantize_q6_k(x, b)),
+        GgmlType::Q4_1
+        | GgmlType::Q5_1
+        | GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Iq4Nl
+        | GgmlType::Iq4Xs
+        | GgmlType::Mxfp4 => panic!("quantize_row: kiln reads {ty} files but does not write {ty}"),
     }
 }
 

@@ -20,8 +20,21 @@
 //! is what the kernels and [`super::QuantMatrix::row_to_f32`] read (except the AVX2 decode
 //! tiles, which build the levels from the record in registers and take only the scales,
 //! [`unpack_scales`]); [`pack`] is its inverse.
+//!
+//! The types read from files only keep the same shape: Q4_1 / Q5_1 are Q4_0 / Q5_0 records plus
+//! an f16 min per lane per block (in the mins part); IQ4_NL, IQ4_XS and MXFP4 store their
+//! nibbles (the level indices) as Q4_0 does, and [`unpack`] maps them through the format's
+//! level table to `level + 128`, so the kernels treat them as Q8_0 (IQ4_XS as 8 blocks of 32
+//! with `d·(ls − 32)` per block; MXFP4's scales are stored as f32); Q2_K / Q3_K store 2-bit
+//! levels, quads `4v..4v + 4` of vector `v` in bit pairs (0,1)..(6,7), Q3_K's bit 2 in bit
+//! planes of 8 quads, their 16 sub-block scales as bytes `[16][16]` (Q2_K: scale and min
+//! nibbles as in the file; Q3_K: `sc − 32` as i8) and `d` (Q2_K also `dmin`).
 
-use super::formats::{GgmlType, QK, QK_K, scale_min_k4};
+use super::dequant::{q2_at, q3_high_bit};
+use super::formats::{
+    GgmlType, IQ4_LEVELS, MXFP4_LEVELS, QK, QK_K, e8m0_half, iq4_xs_scale, scale_min_k4,
+    scales_q3_k,
+};
 use super::isa::Isa;
 
 /// Rows per group: the lanes of one vector.
@@ -37,8 +50,12 @@ pub(crate) struct Unpacked {
     /// `[QUADS][16 lanes][4]`: levels (Q8_0: `q + 128`).
     pub quads: [[u8; 64]; QUADS],
     /// Per-lane f32 scales: Q4_0/Q5_0/Q8_0 `d` of block `b` at `[b]`; K-quants `d` at `[0]`
-    /// and (Q4_K/Q5_K) `dmin` at `[1]`.
+    /// and (Q2_K/Q4_K/Q5_K) `dmin` at `[1]`; IQ4_XS `d·(ls − 32)` of sub-block `b` at `[b]`.
     pub fscale: [[f32; 16]; 8],
+    /// Q4_1/Q5_1: the min `m` of block `b` at `[b]`.
+    pub fmin: [[f32; 16]; 8],
+    /// Q2_K: the 4-bit min of sub-block `s` at `[s]`.
+    pub mins16: [[i32; 16]; 16],
     /// K-quant sub-block scales as i32 lanes `[sub-block][16]` (8 for Q4_K/Q5_K, 16 for Q6_K).
     pub iscale: [[i32; 16]; 16],
     /// Q4_K/Q5_K mins, `[pair p][16]`: `(m[2p], m[2p + 1])` as two i16 in each i32 lane.
@@ -50,6 +67,8 @@ impl Unpacked {
         Box::new(Self {
             quads: [[0; 64]; QUADS],
             fscale: [[0.0; 16]; 8],
+            fmin: [[0.0; 16]; 8],
+            mins16: [[0; 16]; 16],
             iscale: [[0; 16]; 16],
             mins: [[0; 16]; 4],
         })
@@ -75,8 +94,14 @@ pub(crate) fn blocks_in(ty: GgmlType, unit_elems: usize) -> usize {
 pub(crate) fn record_layout(ty: GgmlType, nb: usize) -> RecordLayout {
     let (lo, hi, sc, mins, d) = match ty {
         GgmlType::Q8_0 => (nb * 8 * 64, 0, 0, 0, nb * 32),
-        GgmlType::Q4_0 => (nb * 4 * 64, 0, 0, 0, nb * 32),
+        GgmlType::Q4_0 | GgmlType::Iq4Nl => (nb * 4 * 64, 0, 0, 0, nb * 32),
         GgmlType::Q5_0 => (nb * 4 * 64, nb * 64, 0, 0, nb * 32),
+        GgmlType::Q4_1 => (nb * 4 * 64, 0, 0, nb * 32, nb * 32),
+        GgmlType::Q5_1 => (nb * 4 * 64, nb * 64, 0, nb * 32, nb * 32),
+        GgmlType::Mxfp4 => (nb * 4 * 64, 0, 0, 0, nb * 64),
+        GgmlType::Iq4Xs => (2048, 0, 128, 0, 32),
+        GgmlType::Q2K => (1024, 0, 256, 0, 64),
+        GgmlType::Q3K => (1024, 512, 256, 0, 32),
         GgmlType::Q4K => (2048, 0, 128, 128, 64),
         GgmlType::Q5K => (2048, 512, 128, 128, 64),
         GgmlType::Q6K => (2048, 1024, 256, 0, 32),
@@ -115,12 +140,22 @@ fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
                 *l = q ^ 0x80;
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q5_0 => {
-            let (qs, qh) = if ty == GgmlType::Q5_0 {
-                (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]))
-            } else {
-                (&b[2..18], 0)
+        GgmlType::Q4_0
+        | GgmlType::Q5_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_1
+        | GgmlType::Iq4Nl
+        | GgmlType::Mxfp4 => {
+            let (qs, qh) = match ty {
+                GgmlType::Q5_0 => (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]])),
+                GgmlType::Q5_1 => (&b[8..24], u32::from_le_bytes([b[4], b[5], b[6], b[7]])),
+                GgmlType::Q4_1 => (&b[4..20], 0),
+                GgmlType::Mxfp4 => (&b[1..17], 0),
+                _ => (&b[2..18], 0),
             };
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                out.dmin = [b[2], b[3]];
+            }
             for (j, q) in qs.iter().enumerate() {
                 out.levels[j] = (q & 0xF) | ((((qh >> j) & 1) as u8) << 4);
                 out.levels[j + 16] = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
@@ -138,6 +173,32 @@ fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
                     let hi = if five { ((b[16 + l] >> s) & 1) << 4 } else { 0 };
                     out.levels[s * QK + l] = nib | hi;
                 }
+            }
+        }
+        GgmlType::Iq4Xs => {
+            for sb in 0..8 {
+                out.sc[sb] = iq4_xs_scale(b, sb).cast_unsigned();
+                for (j, q) in b[8 + 16 * sb..24 + 16 * sb].iter().enumerate() {
+                    out.levels[32 * sb + j] = q & 0xF;
+                    out.levels[32 * sb + j + 16] = q >> 4;
+                }
+            }
+        }
+        GgmlType::Q2K => {
+            out.d = [b[80], b[81]];
+            out.dmin = [b[82], b[83]];
+            out.sc.copy_from_slice(&b[..16]);
+            for (e, l) in out.levels.iter_mut().enumerate() {
+                *l = q2_at(&b[16..80], e);
+            }
+        }
+        GgmlType::Q3K => {
+            out.d = [b[108], b[109]];
+            for (sc, s6) in out.sc.iter_mut().zip(scales_q3_k(&b[96..108])) {
+                *sc = (s6.cast_signed() - 32).cast_unsigned();
+            }
+            for (e, l) in out.levels.iter_mut().enumerate() {
+                *l = q2_at(&b[32..96], e) | (q3_high_bit(&b[..32], e) << 2);
             }
         }
         GgmlType::Q6K => {
@@ -173,9 +234,30 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
                 let e_unit = bi * be + e;
                 quads[e_unit / 4][lane * 4 + e_unit % 4] = dec.levels[e];
             }
-            let d_at = lay.d + (bi * LANES + lane) * 2;
-            rec[d_at..d_at + 2].copy_from_slice(&dec.d);
+            if ty == GgmlType::Mxfp4 {
+                let d_at = lay.d + (bi * LANES + lane) * 4;
+                rec[d_at..d_at + 4].copy_from_slice(&e8m0_half(blk[0]).to_le_bytes());
+            } else {
+                let d_at = lay.d + (bi * LANES + lane) * 2;
+                rec[d_at..d_at + 2].copy_from_slice(&dec.d);
+            }
             match ty {
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    let m_at = lay.mins + (bi * LANES + lane) * 2;
+                    rec[m_at..m_at + 2].copy_from_slice(&dec.dmin);
+                }
+                GgmlType::Q2K => {
+                    let dmin_at = lay.d + (LANES + lane) * 2;
+                    rec[dmin_at..dmin_at + 2].copy_from_slice(&dec.dmin);
+                    for s in 0..16 {
+                        rec[lay.sc + s * LANES + lane] = dec.sc[s];
+                    }
+                }
+                GgmlType::Iq4Xs => {
+                    for s in 0..8 {
+                        rec[lay.sc + s * LANES + lane] = dec.sc[s];
+                    }
+                }
                 GgmlType::Q4K | GgmlType::Q5K => {
                     let dmin_at = lay.d + (LANES + lane) * 2;
                     rec[dmin_at..dmin_at + 2].copy_from_slice(&dec.dmin);
@@ -184,7 +266,7 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
                         rec[lay.mins + (s / 2) * 32 + lane * 2 + s % 2] = dec.mins[s];
                     }
                 }
-                GgmlType::Q6K => {
+                GgmlType::Q6K | GgmlType::Q3K => {
                     for s in 0..16 {
                         rec[lay.sc + s * LANES + lane] = dec.sc[s];
                     }
@@ -199,6 +281,14 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
                 rec[i * 64..i * 64 + 64].copy_from_slice(q);
             }
         }
+        GgmlType::Q2K | GgmlType::Q3K => {
+            for v in 0..quads.len() / 4 {
+                for i in 0..64 {
+                    rec[v * 64 + i] =
+                        (0..4).fold(0u8, |a, t| a | ((quads[4 * v + t][i] & 3) << (2 * t)));
+                }
+            }
+        }
         _ => {
             for v in 0..quads.len() / 2 {
                 for i in 0..64 {
@@ -208,11 +298,12 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
         }
     }
     match ty {
-        GgmlType::Q5_0 | GgmlType::Q5K => {
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K | GgmlType::Q3K => {
+            let bit = if ty == GgmlType::Q3K { 2 } else { 4 };
             for v in 0..quads.len() / 8 {
                 for i in 0..64 {
                     rec[lay.hi + v * 64 + i] =
-                        (0..8).fold(0u8, |a, t| a | (((quads[8 * v + t][i] >> 4) & 1) << t));
+                        (0..8).fold(0u8, |a, t| a | (((quads[8 * v + t][i] >> bit) & 1) << t));
                 }
             }
         }
@@ -243,22 +334,32 @@ pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un:
     unsafe {
         let m4 = S::splat8(0x0F);
         let nquads = nb * ty.block_elems() / 4;
-        if ty != GgmlType::Q8_0 {
-            let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5K);
-            // Every unit holds whole blocks of 8 quads: one bit plane vector, 4 nibble vectors.
-            for p in 0..nquads / 8 {
-                let plane = if five { S::load(rec.add(lay.hi + p * 64)) } else { S::zero() };
-                for t in 0..4 {
-                    let v = 4 * p + t;
-                    let x = S::load(rec.add(v * 64));
-                    let mut lo = S::and(x, m4);
-                    let mut hi = S::and(S::srli16::<4>(x), m4);
-                    if five {
-                        lo = S::or(lo, bit4_of::<S>(plane, 2 * t));
-                        hi = S::or(hi, bit4_of::<S>(plane, 2 * t + 1));
+        match ty {
+            GgmlType::Q8_0 => {}
+            GgmlType::Q2K | GgmlType::Q3K => unpack_2bit::<S>(ty, nquads, rec, lay.hi, q),
+            _ => {
+                let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K);
+                let table = level_table(ty).map(|t| S::load(t.as_ptr()));
+                // Every unit holds whole blocks of 8 quads: one bit plane vector, 4 nibble
+                // vectors.
+                for p in 0..nquads / 8 {
+                    let plane = if five { S::load(rec.add(lay.hi + p * 64)) } else { S::zero() };
+                    for t in 0..4 {
+                        let v = 4 * p + t;
+                        let x = S::load(rec.add(v * 64));
+                        let mut lo = S::and(x, m4);
+                        let mut hi = S::and(S::srli16::<4>(x), m4);
+                        if five {
+                            lo = S::or(lo, bit4_of::<S>(plane, 2 * t));
+                            hi = S::or(hi, bit4_of::<S>(plane, 2 * t + 1));
+                        }
+                        if let Some(table) = table {
+                            lo = S::lut16(table, lo);
+                            hi = S::lut16(table, hi);
+                        }
+                        S::store(q.add(2 * v * 64), lo);
+                        S::store(q.add((2 * v + 1) * 64), hi);
                     }
-                    S::store(q.add(2 * v * 64), lo);
-                    S::store(q.add((2 * v + 1) * 64), hi);
                 }
             }
         }
@@ -299,9 +400,18 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
     // SAFETY (whole body): all offsets are within the record layout computed above, and `un`'s
     // arrays are sized for the largest record.
     unsafe {
-        let dn = if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) { 2 } else { nb };
+        let dn = match ty {
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q2K => 2,
+            GgmlType::Iq4Xs => 1,
+            _ => nb,
+        };
         for b in 0..dn {
-            S::storef(un.fscale[b].as_mut_ptr(), S::load_f16(rec.add(lay.d + b * 32)));
+            let d = if ty == GgmlType::Mxfp4 {
+                S::loadf(rec.add(lay.d + b * 64).cast())
+            } else {
+                S::load_f16(rec.add(lay.d + b * 32))
+            };
+            S::storef(un.fscale[b].as_mut_ptr(), d);
         }
         match ty {
             GgmlType::Q4K | GgmlType::Q5K => {
@@ -314,15 +424,90 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
                     S::store(un.mins[p].as_mut_ptr().cast(), v);
                 }
             }
-            GgmlType::Q6K => {
+            GgmlType::Q6K | GgmlType::Q3K => {
                 for s in 0..16 {
                     let v = S::widen_i8_i32(rec.add(lay.sc + s * 16));
                     S::store(un.iscale[s].as_mut_ptr().cast(), v);
                 }
             }
+            GgmlType::Q2K => {
+                for s in 0..16 {
+                    let v = S::widen_u8_i32(rec.add(lay.sc + s * 16));
+                    S::store(un.iscale[s].as_mut_ptr().cast(), S::and(v, S::splat32(0xF)));
+                    // Values below 256 in 32-bit lanes: a 16-bit shift moves only the low half.
+                    S::store(un.mins16[s].as_mut_ptr().cast(), S::srli16::<4>(v));
+                }
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                for b in 0..nb {
+                    let m = S::load_f16(rec.add(lay.mins + b * 32));
+                    S::storef(un.fmin[b].as_mut_ptr(), m);
+                }
+            }
+            GgmlType::Iq4Xs => {
+                let d = S::loadf(un.fscale[0].as_ptr());
+                for s in 0..8 {
+                    let ls = S::cvt(S::widen_i8_i32(rec.add(lay.sc + s * 16)));
+                    S::storef(un.fscale[s].as_mut_ptr(), S::mulf(d, ls));
+                }
+            }
             _ => {}
         }
     }
+}
+
+/// The levels of a Q2_K / Q3_K record (`nquads` quads, Q3_K's bit planes at `hi`) into `q`.
+///
+/// # Safety
+/// As [`unpack`]; `q` is the scratch's quads.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+unsafe fn unpack_2bit<S: Isa>(ty: GgmlType, nquads: usize, rec: *const u8, hi: usize, q: *mut u8) {
+    // SAFETY (whole body): the record holds `nquads / 4` level vectors and (Q3_K)
+    // `nquads / 8` bit planes from `hi`; `q` holds `nquads` quads.
+    unsafe {
+        let m2 = S::splat8(0x03);
+        for v in 0..nquads / 4 {
+            let x = S::load(rec.add(v * 64));
+            let parts = [x, S::srli16::<2>(x), S::srli16::<4>(x), S::srli16::<6>(x)];
+            for (t, p) in parts.into_iter().enumerate() {
+                S::store(q.add((4 * v + t) * 64), S::and(p, m2));
+            }
+        }
+        if ty == GgmlType::Q3K {
+            for p in 0..nquads / 8 {
+                let plane = S::load(rec.add(hi + p * 64));
+                for t in 0..8 {
+                    let at = q.add((8 * p + t) * 64);
+                    // Bit 4 moved down to bit 2 (a 16-bit shift; only bit 4 of each byte is set).
+                    let bit2 = S::srli16::<2>(bit4_of::<S>(plane, t));
+                    S::store(at, S::or(S::load(at), bit2));
+                }
+            }
+        }
+    }
+}
+
+/// The format's levels as `level + 128`, four copies of 16 (one per 128-bit lane of a byte
+/// shuffle), for the types whose nibbles index a table.
+fn level_table(ty: GgmlType) -> Option<&'static [u8; 64]> {
+    static IQ4: [u8; 64] = biased_table(&IQ4_LEVELS);
+    static MXFP4: [u8; 64] = biased_table(&MXFP4_LEVELS);
+    match ty {
+        GgmlType::Iq4Nl | GgmlType::Iq4Xs => Some(&IQ4),
+        GgmlType::Mxfp4 => Some(&MXFP4),
+        _ => None,
+    }
+}
+
+const fn biased_table(levels: &[i8; 16]) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        out[i] = (levels[i % 16] as u8) ^ 0x80;
+        i += 1;
+    }
+    out
 }
 
 /// Bit `t` of every byte of a Q5 bit plane moved to bit 4, the others cleared: quad `8v + t`'s
@@ -366,6 +551,21 @@ pub(crate) fn dequant_lane(
         let q = level(e);
         *o = match ty {
             GgmlType::Q8_0 => f32::from((q ^ 0x80).cast_signed()) * un.fscale[e / QK][lane],
+            GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4 => {
+                un.fscale[e / QK][lane] * f32::from((q ^ 0x80).cast_signed())
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                un.fscale[e / QK][lane] * f32::from(q) + un.fmin[e / QK][lane]
+            }
+            GgmlType::Q2K => {
+                let s = e / 16;
+                let dl = un.fscale[0][lane] * un.iscale[s][lane] as f32;
+                dl * f32::from(q) - un.fscale[1][lane] * un.mins16[s][lane] as f32
+            }
+            GgmlType::Q3K => {
+                let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
+                dl * f32::from(i16::from(q) - 4)
+            }
             GgmlType::Q4_0 => un.fscale[e / QK][lane] * f32::from(i16::from(q) - 8),
             GgmlType::Q5_0 => un.fscale[e / QK][lane] * f32::from(i16::from(q) - 16),
             GgmlType::Q4K | GgmlType::Q5K => {

@@ -1,3 +1,4 @@
+use super::formats::f16_scale_offsets;
 use super::*;
 use crate::testing::values;
 use crate::thread_pool::SharedMut;
@@ -10,15 +11,40 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|j| parts.iter().map(|p| p[j]).sum::<f32>() * 3.0f32.sqrt()).collect()
 }
 
+/// A `[rows, cols]` matrix of `ty`: Gaussian weights quantized by kiln for the types it
+/// writes, random blocks with sane scales ([`file_rows`]) for the types it only reads.
 fn quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, QuantMatrix) {
-    let w = gaussian(rows * cols, seed);
-    let rb = ty.row_bytes(cols).unwrap();
-    let mut bytes = vec![0u8; rows * rb];
-    for (src, dst) in w.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
-        quantize_row(ty, src, dst);
-    }
+    let bytes = if GgmlType::WRITABLE.contains(&ty) {
+        let w = gaussian(rows * cols, seed);
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut bytes = vec![0u8; rows * rb];
+        for (src, dst) in w.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
+            quantize_row(ty, src, dst);
+        }
+        bytes
+    } else {
+        file_rows(ty, rows, cols, seed)
+    };
     let q = QuantMatrix::from_bytes(ty, rows, cols, &bytes).unwrap();
     (bytes, q)
+}
+
+/// Rows of random blocks of `ty` with scales of about `1 / 64` (MXFP4: exponents around 2⁻⁶),
+/// as a file of that type holds (the other bytes, levels and sub-block scales, are any bytes).
+fn file_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut bytes: Vec<u8> =
+        values(rows * rb, seed, 1.0).iter().map(|v| ((v + 0.5) * 255.99) as u8).collect();
+    for (i, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        let scale = half::f16::from_f32((1.0 + (i % 7) as f32 / 8.0) / 64.0).to_le_bytes();
+        for &at in f16_scale_offsets(ty) {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+        if ty == GgmlType::Mxfp4 {
+            block[0] = 119 + (i % 5) as u8;
+        }
+    }
+    bytes
 }
 
 #[test]
@@ -26,7 +52,9 @@ fn type_table() {
     for ty in GgmlType::ALL {
         assert_eq!(GgmlType::from_gguf_id(ty.gguf_id()), Some(ty));
     }
-    assert_eq!(GgmlType::from_gguf_id(3), None);
+    assert_eq!(GgmlType::from_gguf_id(16), None); // IQ2_XXS
+    assert_eq!(GgmlType::Iq4Xs.row_bytes(512), Some(272));
+    assert_eq!(GgmlType::Mxfp4.row_bytes(64), Some(34));
     assert_eq!(GgmlType::Q4K.name(), "q4_K");
     assert_eq!(GgmlType::Q6K.block_bytes(), 210);
     assert_eq!(GgmlType::Q5_0.row_bytes(64), Some(44));
@@ -82,7 +110,7 @@ fn fixture_matches_gguf_py() {
         }
     }
     if custom.is_none() {
-        assert_eq!(seen.len(), 6);
+        assert_eq!(seen.len(), GgmlType::QUANTIZED.len());
     }
 }
 
@@ -117,7 +145,7 @@ fn quantize_round_trip_error_is_small() {
     // Degenerate blocks: all zero, one spike, constant.
     let mut x = vec![0.0f32; 256];
     x[7] = 5.0;
-    for ty in GgmlType::QUANTIZED {
+    for ty in GgmlType::WRITABLE.into_iter().filter(|t| t.is_quantized()) {
         for input in [vec![0.0f32; 256], x.clone(), vec![0.25f32; 256]] {
             let mut bytes = vec![0u8; ty.row_bytes(256).unwrap()];
             quantize_row(ty, &input, &mut bytes);
@@ -156,7 +184,7 @@ fn run(isa: crate::CpuIsa, acts: &QuantActs, q: &QuantMatrix) -> Vec<f32> {
     out
 }
 
-const SHAPE_TYPES: [GgmlType; 6] = GgmlType::QUANTIZED;
+const SHAPE_TYPES: [GgmlType; 13] = GgmlType::QUANTIZED;
 
 #[test]
 fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
@@ -217,14 +245,12 @@ fn extreme_rows(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     bytes[..rb].fill(0xFF);
     bytes[rb..2 * rb].fill(0x80);
     let one = half::f16::ONE.to_le_bytes();
-    let scale_at: &[usize] = match ty {
-        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-        GgmlType::Q6K => &[208],
-        _ => &[0],
-    };
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-        for &at in scale_at {
+        for &at in f16_scale_offsets(ty) {
             block[at..at + 2].copy_from_slice(&one);
+        }
+        if ty == GgmlType::Mxfp4 {
+            block[0] = 128; // d = 1
         }
     }
     bytes
@@ -294,8 +320,12 @@ fn linear_takes_quantized_weights_transparently() {
     let m = 5;
     let x = values(m * k, 8, 2.0);
     let float = WeightMatrix::new(70, k, WeightData::F32(gaussian(70 * k, 1).into())).unwrap();
-    let mats: Vec<WeightMatrix> =
-        GgmlType::ALL.iter().map(|ty| float.quantize(*ty).unwrap()).collect();
+    let mut mats: Vec<WeightMatrix> =
+        GgmlType::WRITABLE.iter().map(|ty| float.quantize(*ty).unwrap()).collect();
+    for ty in GgmlType::QUANTIZED.into_iter().filter(|t| !GgmlType::WRITABLE.contains(t)) {
+        let bytes = file_rows(ty, 70, k, 11);
+        mats.push(WeightMatrix::from_quantized(70, k, ty, bytes.into()).unwrap());
+    }
     let bias = values(70, 2, 1.0);
     for w in &mats {
         let wf: Vec<f32> = (0..70)

@@ -58,6 +58,11 @@ macro_rules! avx512_common {
         }
         #[inline]
         #[target_feature(enable = $feat)]
+        unsafe fn lut16(table: __m512i, idx: __m512i) -> __m512i {
+            _mm512_shuffle_epi8(table, idx)
+        }
+        #[inline]
+        #[target_feature(enable = $feat)]
         unsafe fn srli16<const N: u32>(a: __m512i) -> __m512i {
             _mm512_srli_epi16::<N>(a)
         }
@@ -286,6 +291,11 @@ impl Isa for Avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn sub8(a: Pair<__m256i>, b: Pair<__m256i>) -> Pair<__m256i> {
         pair2!(_mm256_sub_epi8, a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lut16(table: Pair<__m256i>, idx: Pair<__m256i>) -> Pair<__m256i> {
+        pair2!(_mm256_shuffle_epi8, table, idx)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -137,20 +137,14 @@ impl<'a> Cursor<'a> {
 
 /// ggml's tensor types by id (`ggml.h`), for naming the ones kiln cannot load.
 const GGML_TYPE_NAMES: &[(u32, &str)] = &[
-    (3, "Q4_1"),
-    (7, "Q5_1"),
     (9, "Q8_1"),
-    (10, "Q2_K"),
-    (11, "Q3_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
     (18, "IQ3_XXS"),
     (19, "IQ1_S"),
-    (20, "IQ4_NL"),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
-    (23, "IQ4_XS"),
     (24, "I8"),
     (25, "I16"),
     (26, "I32"),
@@ -159,7 +153,6 @@ const GGML_TYPE_NAMES: &[(u32, &str)] = &[
     (29, "IQ1_M"),
     (34, "TQ1_0"),
     (35, "TQ2_0"),
-    (39, "MXFP4"),
 ];
 
 /// The refusal of a tensor of type `type_id`: named when ggml knows it, with what to do.
@@ -167,7 +160,8 @@ fn unsupported_type(what: &str, type_id: u32) -> String {
     match GGML_TYPE_NAMES.iter().find(|(id, _)| *id == type_id) {
         Some((_, name)) => format!(
             "{what}: unsupported tensor type {type_id} ({name}); kiln reads F32, F16, BF16, \
-             Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K (e.g. a Q4_K_M, Q5_K_M, Q6_K or Q8_0 file)"
+             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and \
+             MXFP4 (e.g. a Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K, Q8_0 or IQ4_XS file)"
         ),
         None => format!("{what}: unknown or unsupported tensor type {type_id}"),
     }
