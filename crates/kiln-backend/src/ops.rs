@@ -82,6 +82,9 @@ pub struct RopeConfig {
     pub style: RopeStyle,
     /// One factor per rotated pair.
     pub freq_factors: Option<Vec<f32>>,
+    /// Multiplier of every cos and sin (1 but for LongRoPE's attention factor when only part
+    /// of each head rotates, which scales just the rotated part, as transformers does).
+    pub mscale: f32,
 }
 
 /// The gate nonlinearity of a gated MLP: `gate = act(gate) * up`.

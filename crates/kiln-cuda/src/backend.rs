@@ -107,6 +107,13 @@ impl Backend for Cuda {
         if config.rotary_dim == 0 || !config.rotary_dim.is_multiple_of(2) {
             return Err(LoadTensorError::Unsupported("an odd rotary dimension".into()));
         }
+        if config.mscale != 1.0 {
+            return Err(LoadTensorError::Unsupported(format!(
+                "a RoPE cos/sin multiplier ({}: LongRoPE's attention factor with a partial \
+                 rotary factor, as Phi-4-mini's) is not implemented on CUDA yet",
+                config.mscale
+            )));
+        }
         // The same frequencies as the CPU backend's (parameters, not arithmetic).
         let rope = Rope::from_config(config);
         let v = self.load_vector(rope.inv_freq())?;

@@ -121,6 +121,7 @@ fn rope_case<B: HostIo>(be: &B, style: RopeStyle, rotary_dim: usize, heads: usiz
         },
         style,
         freq_factors: None,
+        mscale: 1.0,
     };
     let rope = be.load_rope(&config).unwrap();
     let positions: Vec<u32> = (0..t).map(|_| rng.below(40_000)).collect();

@@ -43,6 +43,7 @@ pub struct RefMatrix {
 pub struct RefRope {
     inv_freq: Vec<f32>,
     style: RopeStyle,
+    mscale: f32,
 }
 
 /// Per layer K and V, `[num_blocks * block_size, num_kv_heads * head_dim]` each.
@@ -145,7 +146,7 @@ impl Backend for Reference {
         }
         // The frequencies are parameters, not arithmetic under test: the same as the CPU's.
         let inv_freq = Rope::from_config(config).inv_freq().to_vec();
-        Ok(RefRope { inv_freq, style: config.style })
+        Ok(RefRope { inv_freq, style: config.style, mscale: config.mscale })
     }
 
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<RefKvStore, ForwardError> {
@@ -270,8 +271,8 @@ impl Backend for Reference {
         for (row, &p) in table.chunks_exact_mut(2 * half).zip(positions) {
             for (i, f) in rope.inv_freq.iter().enumerate() {
                 let angle = p as f32 * f;
-                row[i] = angle.cos();
-                row[half + i] = angle.sin();
+                row[i] = angle.cos() * rope.mscale;
+                row[half + i] = angle.sin() * rope.mscale;
             }
         }
     }

@@ -21,6 +21,8 @@ pub use kiln_backend::{RopeConfig, RopeScaling, RopeStyle};
 pub struct Rope {
     inv_freq: Vec<f32>,
     style: RopeStyle,
+    /// Multiplier of every cos and sin ([`RopeConfig::mscale`]).
+    mscale: f32,
 }
 
 impl Rope {
@@ -57,12 +59,13 @@ impl Rope {
                 }
             }
         }
-        Self { inv_freq, style }
+        Self { inv_freq, style, mscale: 1.0 }
     }
 
     /// The rotary parameters of `config`.
     pub fn from_config(config: &RopeConfig) -> Self {
-        let rope = Self::new(config.base, config.rotary_dim, config.scaling, config.style);
+        let mut rope = Self::new(config.base, config.rotary_dim, config.scaling, config.style);
+        rope.mscale = config.mscale;
         match &config.freq_factors {
             Some(factors) => rope.with_freq_factors(factors),
             None => rope,
@@ -138,6 +141,9 @@ impl Rope {
         let pos = position as f32;
         for ((c, s), f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
             (*s, *c) = (pos * f).sin_cos();
+            if self.mscale != 1.0 {
+                (*s, *c) = (*s * self.mscale, *c * self.mscale);
+            }
         }
     }
 

@@ -26,6 +26,9 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Leading dimensions of each head that RoPE rotates (`head_dim`, or less with a partial
+    /// rotary factor: Phi-4-mini rotates 96 of 128); the rest pass through unrotated.
+    pub rotary_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
@@ -39,8 +42,10 @@ pub struct ModelConfig {
     /// local base; those layers then use no frequency scaling).
     pub rope_local_theta: Option<f32>,
     pub rope_style: RopeStyle,
-    /// Per-pair divisors of the global RoPE frequencies (`[head_dim / 2]`; GGUF `rope_freqs`).
+    /// Per-pair divisors of the global RoPE frequencies (`[rotary_dim / 2]`; GGUF `rope_freqs`).
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// Multiplier of the global RoPE's cos and sin ([`kiln_backend::RopeConfig::mscale`]).
+    pub rope_mscale: f32,
     pub hidden_act: GateActivation,
     /// Multiplier of attention scores (`1/sqrt(head_dim)`, Gemma: `1/sqrt(query_pre_attn_scalar)`).
     pub attention_scale: f32,
@@ -278,6 +283,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim: head_dim,
             rms_norm_eps: f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
@@ -287,6 +293,7 @@ impl ModelConfig {
             rope_local_theta: None,
             rope_style: RopeStyle::Neox,
             rope_freq_factors: None,
+            rope_mscale: 1.0,
             hidden_act: f.hidden_act(GateActivation::Silu)?,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             embedding_scale: None,

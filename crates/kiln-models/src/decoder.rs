@@ -94,7 +94,7 @@ struct StepBuffers<'a, B: Backend> {
     /// `[num_rows, h]` the logits rows, gathered and normed.
     rows: &'a mut B::Buffer,
     rows_normed: &'a mut B::Buffer,
-    /// `[t, head_dim]` the step's angles, and the same for the local RoPE (empty without one).
+    /// `[t, rotary_dim]` the step's angles, and the same for the local RoPE (empty without one).
     angles: &'a mut B::Buffer,
     local_angles: &'a mut B::Buffer,
 }
@@ -168,16 +168,22 @@ impl<B: Backend> DecoderModel<B> {
         };
         let global = RopeConfig {
             base: c.rope_theta,
-            rotary_dim: c.head_dim,
+            rotary_dim: c.rotary_dim,
             scaling: c.rope_scaling,
             style: c.rope_style,
             freq_factors: c.rope_freq_factors.clone(),
+            mscale: c.rope_mscale,
         };
         let rope = backend.load_rope(&global).map_err(rope_err)?;
         let local_rope = match c.rope_local_theta {
             Some(base) => {
-                let local =
-                    RopeConfig { base, scaling: RopeScaling::None, freq_factors: None, ..global };
+                let local = RopeConfig {
+                    base,
+                    scaling: RopeScaling::None,
+                    freq_factors: None,
+                    mscale: 1.0,
+                    ..global
+                };
                 Some(backend.load_rope(&local).map_err(rope_err)?)
             }
             None => None,
@@ -267,7 +273,7 @@ impl<B: Backend> DecoderModel<B> {
             be.rms_norm_inplace(B::view_mut(b.k, kr.clone()), kn, c.rms_norm_eps);
         }
         let table = if local { &*b.local_angles } else { &*b.angles };
-        let angles = B::view(table, Self::rows(r, c.head_dim));
+        let angles = B::view(table, Self::rows(r, c.rotary_dim));
         be.rope_apply(rope, B::view_mut(b.q, qr), c.num_heads, angles);
         be.rope_apply(rope, B::view_mut(b.k, kr), c.num_kv_heads, angles);
     }
@@ -477,7 +483,7 @@ impl<B: Backend> DecoderModel<B> {
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
-        let local_rot = self.local_rope.as_ref().map_or(0, |_| c.head_dim);
+        let local_rot = self.local_rope.as_ref().map_or(0, |_| c.rotary_dim);
         let slice = t.min(SLICE_TOKENS);
         // The picked rows, the gate/up rows the experts need (the shared expert's too), and
         // the picks' outputs (plus the shared expert's rows).
@@ -501,7 +507,7 @@ impl<B: Backend> DecoderModel<B> {
             outs * h,
             num_rows * h,
             num_rows * h,
-            t * c.head_dim,
+            t * c.rotary_dim,
             t * local_rot,
         ];
         let routing = std::mem::take(&mut workspace.routing);
@@ -547,7 +553,7 @@ impl<B: Backend> DecoderModel<B> {
     fn embed_and_angles(&self, batch: &ForwardBatch, b: &mut StepBuffers<'_, B>) {
         let c = &self.config;
         let be = &*self.backend;
-        let (t, h, rot) = (batch.num_tokens(), c.hidden_size, c.head_dim);
+        let (t, h, rot) = (batch.num_tokens(), c.hidden_size, c.rotary_dim);
         be.rope_table(&self.rope, batch.positions(), B::view_mut(b.angles, 0..t * rot));
         if let Some(local) = &self.local_rope {
             be.rope_table(local, batch.positions(), B::view_mut(b.local_angles, 0..t * rot));

@@ -16,9 +16,9 @@ use kiln_models::{KvCacheDtype, LogitsWanted, load_model};
 
 /// The mixture-of-experts fixtures.
 const MOE: [&str; 3] = ["mixtral", "qwen2moe", "qwen3moe"];
-const MODELS: [&str; 10] = [
+const MODELS: [&str; 11] = [
     "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3",
-    "phi3",
+    "phi3", "phi4mini",
 ];
 /// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
 /// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.
@@ -86,9 +86,12 @@ fn eight_bit_kv_caches_agree_across_backends_and_stay_near_transformers() {
                     // An 8-bit rounding of K and V is enough to swap a token's expert in the MoE
                     // fixtures (routing is a step function: fp8 does in Qwen3-MoE, int8 does in
                     // Mixtral), so their distance from transformers is not bounded; the two
-                    // backends still agree.
-                    let routed = MOE.contains(&name);
-                    assert!(routed || h <= hf_tol, "{what}: {h:e} from hf");
+                    // backends still agree. Nor is `phi4mini`'s: its LongRoPE attention factor
+                    // (2.12, from a context 128 times the original) multiplies the rotated
+                    // part of q·k by 4.5, so an 8-bit K moves its logits by up to 0.35 of the
+                    // largest.
+                    let unbounded = MOE.contains(&name) || name == "phi4mini";
+                    assert!(unbounded || h <= hf_tol, "{what}: {h:e} from hf");
                     (worst_backend, worst_hf) = (worst_backend.max(d), worst_hf.max(h));
                 }
             }

@@ -123,6 +123,10 @@ fn write_config(w: &mut GgufWriter, arch: &str, cfg: &Value) {
         .or_else(|| cfg["rope_parameters"]["rope_theta"].as_f64())
         .unwrap_or(10_000.0);
     w.metadata(&key("rope.freq_base"), GgufValue::F32(theta as f32));
+    // llama.cpp's `rope.dimension_count`: the rotated dimensions (Phi-4-mini's partial factor).
+    let partial = cfg["partial_rotary_factor"].as_f64().unwrap_or(1.0);
+    let rotary = (head_dim as f64 * partial) as u32;
+    w.metadata(&key("rope.dimension_count"), GgufValue::U32(rotary));
     if arch == "gemma3" {
         w.metadata(&key("attention.sliding_window"), GgufValue::U32(num("sliding_window") as u32));
         let sliding = cfg["layer_types"]
@@ -309,6 +313,7 @@ fn converted_fixtures_match_transformers() {
         ("gemma3", "gemma3"),
         ("phi3", "phi3"),
         ("phi3long", "phi3"),
+        ("phi4mini", "phi3"),
     ] {
         let path = convert(name, arch, &dir);
         let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());

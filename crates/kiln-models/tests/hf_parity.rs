@@ -14,10 +14,11 @@ use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 /// Every fixture: the Llama family, the mixtures of experts (Mixtral: 4 experts, 2 per token,
 /// bf16; Qwen2-MoE: a shared expert, unnormalised weights; Qwen3-MoE: 8 experts, 2 per token;
 /// both Qwens with a dense layer between two sparse ones), Gemma 3 (sandwich norms, sliding
-/// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE).
-const MODELS: [&str; 10] = [
+/// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE;
+/// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE).
+const MODELS: [&str; 11] = [
     "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3",
-    "phi3",
+    "phi3", "phi4mini",
 ];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;

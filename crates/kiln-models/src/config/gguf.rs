@@ -201,9 +201,9 @@ fn vocab_size(file: &GgufFile) -> Result<usize, LoadError> {
     }
 }
 
-/// Llama 3's frequency divisors (`rope_freqs.weight`, `[head_dim / 2]`), when present.
-fn rope_freq_factors(file: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>, LoadError> {
-    positive_factors(file, "rope_freqs.weight", head_dim)
+/// Llama 3's frequency divisors (`rope_freqs.weight`, `[rotary_dim / 2]`), when present.
+fn rope_freq_factors(file: &GgufFile, rotary_dim: usize) -> Result<Option<Vec<f32>>, LoadError> {
+    positive_factors(file, "rope_freqs.weight", rotary_dim)
 }
 
 /// A `[head_dim / 2]` tensor of positive RoPE frequency divisors, when present.
@@ -233,6 +233,15 @@ impl ModelConfig {
         }
         let (num_heads, num_kv_heads, head_dim) = keys.attention_dims(hidden_size)?;
         let (rope_theta, rope_scaling) = keys.rope()?;
+        // `rope.dimension_count`: the leading dimensions of each head RoPE rotates (llama.cpp's
+        // `n_rot`; below the head dimension with a partial rotary factor, as Phi-4-mini's).
+        let rotary_dim = keys.opt_dim("rope.dimension_count")?.unwrap_or(head_dim);
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+            return Err(keys.err(format!(
+                "rope.dimension_count {rotary_dim} must be even and at most the head dimension \
+                 {head_dim}"
+            )));
+        }
         let mut config = Self {
             architecture,
             vocab_size: vocab_size(file)?,
@@ -242,6 +251,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             rms_norm_eps: file.f32(&keys.key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
@@ -250,7 +260,8 @@ impl ModelConfig {
             layer_windows: vec![None; num_layers],
             rope_local_theta: None,
             rope_style: RopeStyle::Neox,
-            rope_freq_factors: rope_freq_factors(file, head_dim)?,
+            rope_freq_factors: rope_freq_factors(file, rotary_dim)?,
+            rope_mscale: 1.0,
             hidden_act: GateActivation::Silu,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             embedding_scale: None,

@@ -59,10 +59,16 @@ fn phi3_refuses_what_it_cannot_run_by_name() {
         (c.architecture, c.layer_windows.clone()),
         (Architecture::Phi3, vec![Some(2047); 2])
     );
+    assert_eq!(c.rotary_dim, c.head_dim);
+    let mut partial = cfg.clone();
+    partial["partial_rotary_factor"] = json!(0.75);
+    let c = ModelConfig::from_json(&partial, p).unwrap();
+    assert_eq!((c.head_dim, c.rotary_dim), (16, 12), "Phi-4-mini's factor");
     let long = json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]});
     for (key, value, needle) in [
         ("rope_scaling", long, "longrope"),
-        ("partial_rotary_factor", json!(0.75), "partial_rotary"),
+        ("partial_rotary_factor", json!(0.1), "partial_rotary_factor 0.1: RoPE on 1 of"),
+        ("partial_rotary_factor", json!(1.5), "partial_rotary_factor 1.5: RoPE on 24 of"),
     ] {
         let mut bad = cfg.clone();
         bad[key] = value;

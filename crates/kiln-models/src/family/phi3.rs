@@ -2,12 +2,15 @@
 //! attention projections into `qkv_proj` (GGUF `attn_qkv`, `[q; k; v]` rows) and the MLP's into
 //! `gate_up_proj` (GGUF `ffn_up`, `[gate; up]` rows), read as their parts by [`fused_parts`];
 //! every layer slides its window when the config sets one (`sliding_window`, as transformers
-//! applies it). A partial rotary factor (Phi-4-mini) is refused by name.
+//! applies it). A partial rotary factor (Phi-4-mini's 0.75; GGUF `rope.dimension_count` below
+//! the head dimension) rotates the leading `int(head_dim · factor)` dimensions of each head, as
+//! transformers does, the LongRoPE factors then listing one per rotated pair.
 //!
 //! LongRoPE (the 128k variants: `rope_scaling` `longrope`, GGUF `rope_factors_long` /
 //! `rope_factors_short`) divides each RoPE frequency by a factor and scales attention by
 //! `attention_factor²` (transformers multiplies both cos and sin by it, which scales q·k by its
-//! square as every dimension rotates). transformers picks the short factors for a forward pass
+//! square as every dimension rotates; with a partial rotary factor only the rotated dimensions
+//! are scaled, so the factor multiplies the RoPE table's cos and sin instead, `rope_mscale`). transformers picks the short factors for a forward pass
 //! no longer than `original_max_position_embeddings` and the long ones beyond, recomputing all
 //! positions; a KV cache cannot, so kiln picks once per model: the long factors when its context
 //! (`max_position_embeddings`) exceeds the original, the short ones otherwise. Sequences longer
@@ -26,23 +29,26 @@ pub(super) fn apply_hf(
     ctx: &HfContext,
     c: &mut ModelConfig,
 ) -> Result<(), LoadError> {
-    let partial = f.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
-    if partial != 1.0 {
-        return Err(f.err(format!(
-            "partial_rotary_factor {partial} is not supported (RoPE on part of each head)"
-        )));
-    }
+    // Top level (transformers 4), or among transformers 5's `rope_parameters`.
+    let in_rope = f.json.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor"));
+    let partial = match (f.opt_f32("partial_rotary_factor")?, in_rope) {
+        (Some(p), _) => p,
+        (None, Some(v)) => v
+            .as_f64()
+            .map(|p| p as f32)
+            .ok_or_else(|| f.err(format!("rope_parameters.partial_rotary_factor is {v}")))?,
+        (None, None) => 1.0,
+    };
+    set_rotary_dim(c, (c.head_dim as f64 * f64::from(partial)) as usize)
+        .map_err(|e| f.err(format!("partial_rotary_factor {partial}: {e}")))?;
     c.layer_windows = vec![ctx.window; c.num_layers];
     if let Some(s) = &ctx.longrope {
-        let partial = s.get("partial_rotary_factor").and_then(serde_json::Value::as_f64);
-        if partial.is_some_and(|p| p != 1.0) {
-            return Err(f.err("a partial rotary factor is not supported".into()));
-        }
+        let pairs = c.rotary_dim / 2;
         let factors = |key: &str| -> Result<Vec<f32>, LoadError> {
             let list = s.get(key).and_then(serde_json::Value::as_array);
-            let list = list.filter(|l| l.len() == c.head_dim / 2).ok_or_else(|| {
-                f.err(format!("longrope `{key}` must list {} factors", c.head_dim / 2))
-            })?;
+            let list = list
+                .filter(|l| l.len() == pairs)
+                .ok_or_else(|| f.err(format!("longrope `{key}` must list {pairs} factors")))?;
             list.iter()
                 .map(|v| {
                     v.as_f64()
@@ -86,12 +92,30 @@ fn long_rope(
 ) {
     let factors = if c.max_position_embeddings > original { long } else { short };
     c.rope_freq_factors = Some(factors);
-    c.attention_scale *= (attention_factor * attention_factor) as f32;
+    if c.rotary_dim == c.head_dim {
+        c.attention_scale *= (attention_factor * attention_factor) as f32;
+    } else {
+        // Only the rotated dimensions of q and k are scaled (transformers multiplies cos and
+        // sin), so the factor cannot fold into the attention scale.
+        c.rope_mscale = attention_factor as f32;
+    }
+}
+
+/// Rotates the leading `dims` of each head: even, positive and at most the head dimension.
+fn set_rotary_dim(c: &mut ModelConfig, dims: usize) -> Result<(), String> {
+    if dims == 0 || !dims.is_multiple_of(2) || dims > c.head_dim {
+        return Err(format!(
+            "RoPE on {dims} of each head's {} dimensions (must be even, 2..={})",
+            c.head_dim, c.head_dim
+        ));
+    }
+    c.rotary_dim = dims;
+    Ok(())
 }
 
 pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
-    if let Some(long) = keys.factors("rope_factors_long.weight", c.head_dim)? {
-        let short = keys.factors("rope_factors_short.weight", c.head_dim)?;
+    if let Some(long) = keys.factors("rope_factors_long.weight", c.rotary_dim)? {
+        let short = keys.factors("rope_factors_short.weight", c.rotary_dim)?;
         let short =
             short.ok_or_else(|| keys.err("rope_factors_long without rope_factors_short".into()))?;
         let original = keys
@@ -104,15 +128,6 @@ pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), Loa
             None => (1.0 + factor.ln() / (original.max(2) as f64).ln()).sqrt(),
         };
         long_rope(c, (short, long), original, attention_factor);
-    }
-    if let Some(dims) = keys.opt_dim("rope.dimension_count")?
-        && dims != c.head_dim
-    {
-        return Err(keys.err(format!(
-            "RoPE on {dims} of each head's {} dimensions (a partial rotary factor) is not \
-             supported",
-            c.head_dim
-        )));
     }
     if let Some(window) = keys.opt_dim("attention.sliding_window")?.filter(|w| *w > 0) {
         c.layer_windows = vec![Some(window); c.num_layers];
