@@ -56,7 +56,8 @@ pub(crate) struct Unpacked {
     pub fmin: [[f32; 16]; 8],
     /// Q2_K: the 4-bit min of sub-block `s` at `[s]`.
     pub mins16: [[i32; 16]; 16],
-    /// K-quant sub-block scales as i32 lanes `[sub-block][16]` (8 for Q4_K/Q5_K, 16 for Q6_K).
+    /// K-quant sub-block scales as i32 lanes `[sub-block][16]` (8 for Q4_K/Q5_K, 16 for
+    /// Q2_K/Q3_K/Q6_K).
     pub iscale: [[i32; 16]; 16],
     /// Q4_K/Q5_K mins, `[pair p][16]`: `(m[2p], m[2p + 1])` as two i16 in each i32 lane.
     pub mins: [[i32; 16]; 4],
