@@ -131,8 +131,18 @@ size=$(docker image inspect -f '{{.Size}}' "kiln:$run_id")
 say "kiln image: $((size / 1000000)) MB"
 
 # 4. The checks.
-docker run --rm "kiln:$run_id" --version | grep -q '^kiln ' || fail "kiln --version"
-docker run --rm "kiln:$run_id" serve --help | grep -q -- '--max-model-len' || fail "kiln serve --help"
+# Whole outputs first: `docker ... | grep -q` fails under pipefail when grep exits before
+# docker has written everything (docker then reports a broken pipe).
+# Whether container $1's log (stdout and stderr) matches the pattern $2.
+logs_have() {
+    local out
+    out=$(docker logs "$1" 2>&1)
+    grep -q -- "$2" <<<"$out"
+}
+version=$(docker run --rm "kiln:$run_id" --version) || fail "kiln --version"
+grep -q '^kiln ' <<<"$version" || fail "kiln --version: $version"
+help=$(docker run --rm "kiln:$run_id" serve --help) || fail "kiln serve --help"
+grep -q -- '--max-model-len' <<<"$help" || fail "kiln serve --help names no --max-model-len"
 
 docker volume create "$run_id" >/dev/null
 # Starts a kiln container from the image's default command; prints its name.
@@ -155,7 +165,7 @@ published() { docker port "$1" 8000 | grep -m1 '^127\.0\.0\.1:'; }
 first=$(start_kiln "$run_id-first" -p 127.0.0.1::8000)
 addr=$(published "$first")
 wait_healthy "$addr" || fail "the first container never answered /health: $(docker logs "$first" 2>&1 | tail -5)"
-docker logs "$first" 2>&1 | grep -q '\[kiln fetch\] ready:' \
+logs_have "$first" '\[kiln fetch\] ready:' \
     || fail "the first container did not fetch the default model into /cache"
 [ "$(docker exec "$first" id -u)" = 10001 ] || fail "kiln does not run as uid 10001"
 [ "$(docker inspect -f '{{.HostConfig.ReadonlyRootfs}}' "$first")" = true ] || fail "not read-only"
@@ -183,7 +193,7 @@ say "SIGTERM drained a running stream ($(grep -c '^data: {' "$work/stream.txt") 
 docker network create "$run_id" >/dev/null
 start_kiln "$run_id-a" --network "$run_id" --network-alias kiln-a >/dev/null
 start_kiln "$run_id-b" --network "$run_id" --network-alias kiln-b >/dev/null
-docker logs "$run_id-a" 2>&1 | grep -q '\[kiln fetch\] ready:' \
+logs_have "$run_id-a" '\[kiln fetch\] ready:' \
     && fail "a second container fetched the model again instead of reusing the volume"
 docker run -d --name "$run_id-router" --label "$run_id" --read-only --tmpfs /tmp --network "$run_id" \
     -p 127.0.0.1::8000 "kiln-router:$run_id" --host 0.0.0.0 --port 8000 --policy round_robin \
@@ -208,7 +218,7 @@ for _ in $(seq 1 120); do
         -d '{"model": "gemma-3-270m", "prompt": "Hi", "max_tokens": 1}')" = 200 ] && break
     sleep 1
 done
-docker logs "$run_id-a" 2>&1 | grep -q '\[kiln fetch\] cached:' \
+logs_have "$run_id-a" '\[kiln fetch\] cached:' \
     || fail "the second container did not read the model from the volume: $(docker logs "$run_id-a" 2>&1 | tail -3)"
 [ "$(through_router 8)" = 8 ] || fail "the router did not serve 8 of 8 requests over two replicas"
 docker kill "$run_id-a" >/dev/null
