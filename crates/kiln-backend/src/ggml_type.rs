@@ -51,22 +51,8 @@ impl GgmlType {
         Self::Iq4Xs,
         Self::Mxfp4,
     ];
-    /// The block-quantized types.
-    pub const QUANTIZED: [Self; 13] = [
-        Self::Q4_0,
-        Self::Q4_1,
-        Self::Q5_0,
-        Self::Q5_1,
-        Self::Q8_0,
-        Self::Q2K,
-        Self::Q3K,
-        Self::Q4K,
-        Self::Q5K,
-        Self::Q6K,
-        Self::Iq4Nl,
-        Self::Iq4Xs,
-        Self::Mxfp4,
-    ];
+    /// The block-quantized types (every type of [`Self::ALL`] after the three float ones).
+    pub const QUANTIZED: &'static [Self] = Self::ALL.split_at(3).1;
     /// The types kiln also writes (quantize-on-load and the KV cache); the others are read
     /// from files only.
     pub const WRITABLE: [Self; 9] = [

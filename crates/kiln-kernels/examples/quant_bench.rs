@@ -50,8 +50,8 @@ fn main() {
         (GgmlType::Q6K, 128_256, 2048),
     ];
     let every_type: Vec<(GgmlType, usize, usize)> = GgmlType::QUANTIZED
-        .into_iter()
-        .flat_map(|ty| [(ty, 2048, 2048), (ty, 8192, 2048), (ty, 2048, 8192)])
+        .iter()
+        .flat_map(|&ty| [(ty, 2048, 2048), (ty, 8192, 2048), (ty, 2048, 8192)])
         .collect();
     let shapes: &[(GgmlType, usize, usize)] = match std::env::var("QUANT_BENCH_SHAPES").as_deref() {
         Ok("llama-1b") => &llama_1b,

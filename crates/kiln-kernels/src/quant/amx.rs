@@ -298,7 +298,7 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
 /// Rows `i..i + 16` against one Q6_K block (`sq`: signed quads).
 ///
 /// # Safety
-/// As `kernel::row_q6k`, plus tiles configured with K = 16.
+/// As `kernel::row_k16`, plus tiles configured with K = 16.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always, clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_q6k<S: Isa>(

@@ -528,17 +528,17 @@ unsafe fn rows<S: Isa, const R: usize>(
             GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 row_a::<S, false, true, R>(0, nb, quads, un, acts, i, u, acc);
             }
-            GgmlType::Q2K => row_q2k::<S, R>(Quads(quads), un, acts, i, u, acc),
-            GgmlType::Q3K => row_q6k::<S, R, _, 2>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Q2K => row_k16::<S, R, _, 0, true>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Q3K => row_k16::<S, R, _, 4, false>(Quads(quads), un, acts, i, u, acc),
             GgmlType::Q4K if fused => row_k45::<S, R, _>(Q4Record::new(rec), un, acts, i, u, acc),
             GgmlType::Q5K if fused => row_k45::<S, R, _>(Q5Record::new(rec), un, acts, i, u, acc),
             GgmlType::Q4K | GgmlType::Q5K => {
                 row_k45::<S, R, _>(Quads(quads), un, acts, i, u, acc);
             }
             GgmlType::Q6K if fused => {
-                row_q6k::<S, R, _, 5>(Q6Record::new(rec), un, acts, i, u, acc);
+                row_k16::<S, R, _, 32, false>(Q6Record::new(rec), un, acts, i, u, acc);
             }
-            GgmlType::Q6K => row_q6k::<S, R, _, 5>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Q6K => row_k16::<S, R, _, 32, false>(Quads(quads), un, acts, i, u, acc),
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
         }
     }
@@ -585,6 +585,7 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const MIN: bool, const R: usize>(
                 }
             }
             let fs = S::loadf(un.fscale[b].as_ptr());
+            let m = if MIN { S::loadf(un.fmin[b].as_ptr()) } else { fs };
             for r in 0..R {
                 let mut t = S::add32(s0[r], s1[r]);
                 let sx = *acts.s32.get_unchecked((i + r) * nbk + bg);
@@ -594,7 +595,6 @@ unsafe fn row_a<S: Isa, const SIGNED: bool, const MIN: bool, const R: usize>(
                 let dx = S::splatf(*acts.d.get_unchecked((i + r) * nbk + bg));
                 a[r] = S::fmadd(S::cvt(t), S::mulf(fs, dx), a[r]);
                 if MIN {
-                    let m = S::loadf(un.fmin[b].as_ptr());
                     a[r] = S::fmadd(S::cvt(S::splat32(sx)), S::mulf(m, dx), a[r]);
                 }
             }
@@ -653,56 +653,12 @@ unsafe fn row_k45<S: Isa, const R: usize, L: Levels<S>>(
     }
 }
 
-/// Rows `i..i + R` against one Q6_K block (`OFFSET_SHIFT` 5: levels minus 32), or one Q3_K
-/// block (2: minus 4).
+/// Rows `i..i + R` against one unit of 16 sub-blocks of 16: Q6_K (`OFFSET` 32: levels minus
+/// 32), Q3_K (minus 4) and Q2_K (no offset, `MINS`: minus each sub-block's min).
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn row_q6k<S: Isa, const R: usize, L: Levels<S>, const OFFSET_SHIFT: u32>(
+unsafe fn row_k16<S: Isa, const R: usize, L: Levels<S>, const OFFSET: i32, const MINS: bool>(
     levels: L,
-    un: &Unpacked,
-    acts: &QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
-) {
-    let k = acts.k;
-    // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; `levels` reads a
-    // whole unit (64 quads); `acc` has at least `R` rows.
-    unsafe {
-        let x: [*const i8; R] = acts.unit_rows(i, u);
-        let s16: [*const i32; R] = acts.unit_sums16(i, u);
-        let mut t = [S::zero(); R];
-        for s in 0..16 {
-            let mut p0 = [S::zero(); R];
-            let mut p1 = [S::zero(); R];
-            for q in (0..4).step_by(2) {
-                let (w0, w1) = levels.pair(2 * s + q / 2);
-                for r in 0..R {
-                    p0[r] = S::dot(p0[r], w0, x[r].add(s * 16 + 4 * q));
-                    p1[r] = S::dot(p1[r], w1, x[r].add(s * 16 + 4 * q + 4));
-                }
-            }
-            let sc = S::load(un.iscale[s].as_ptr().cast());
-            for r in 0..R {
-                let off = S::splat32(*s16[r].add(s) << OFFSET_SHIFT);
-                let p = S::sub32(S::add32(p0[r], p1[r]), off);
-                t[r] = S::add32(t[r], S::mullo32(p, sc));
-            }
-        }
-        let d = S::loadf(un.fscale[0].as_ptr());
-        for (r, &tr) in t.iter().enumerate() {
-            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let a = S::fmadd(S::cvt(tr), S::mulf(d, dx), acc.get::<S>(r));
-            acc.put::<S>(r, a);
-        }
-    }
-}
-
-/// Rows `i..i + R` against one Q2_K block.
-#[inline(always)] // must inline into the `#[target_feature]` entry points
-#[allow(clippy::inline_always)]
-unsafe fn row_q2k<S: Isa, const R: usize>(
-    levels: Quads,
     un: &Unpacked,
     acts: &QuantActs,
     i: usize,
@@ -721,25 +677,34 @@ unsafe fn row_q2k<S: Isa, const R: usize>(
             let mut p0 = [S::zero(); R];
             let mut p1 = [S::zero(); R];
             for q in (0..4).step_by(2) {
-                let (w0, w1) = Levels::<S>::pair(levels, 2 * s + q / 2);
+                let (w0, w1) = levels.pair(2 * s + q / 2);
                 for r in 0..R {
                     p0[r] = S::dot(p0[r], w0, x[r].add(s * 16 + 4 * q));
                     p1[r] = S::dot(p1[r], w1, x[r].add(s * 16 + 4 * q + 4));
                 }
             }
             let sc = S::load(un.iscale[s].as_ptr().cast());
-            let m = S::load(un.mins16[s].as_ptr().cast());
             for r in 0..R {
-                t[r] = S::add32(t[r], S::mullo32(S::add32(p0[r], p1[r]), sc));
-                mn[r] = S::add32(mn[r], S::mullo32(S::splat32(*s16[r].add(s)), m));
+                let mut p = S::add32(p0[r], p1[r]);
+                if OFFSET != 0 {
+                    p = S::sub32(p, S::splat32(*s16[r].add(s) * OFFSET));
+                }
+                t[r] = S::add32(t[r], S::mullo32(p, sc));
+            }
+            if MINS {
+                let m = S::load(un.mins16[s].as_ptr().cast());
+                for r in 0..R {
+                    mn[r] = S::add32(mn[r], S::mullo32(S::splat32(*s16[r].add(s)), m));
+                }
             }
         }
         let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
         for r in 0..R {
             let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let mut a = acc.get::<S>(r);
-            a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), a);
-            a = S::fnmadd(S::cvt(mn[r]), S::mulf(dmin, dx), a);
+            let mut a = S::fmadd(S::cvt(t[r]), S::mulf(d, dx), acc.get::<S>(r));
+            if MINS {
+                a = S::fnmadd(S::cvt(mn[r]), S::mulf(dmin, dx), a);
+            }
             acc.put::<S>(r, a);
         }
     }

@@ -1,7 +1,7 @@
 //! The K-quant register tiles of [`super::pairs`]: `G` weight groups × `R` activation rows
 //! against one 256-element unit (one Q4_K / Q5_K / Q6_K block per row).
 //!
-//! Each is the general kernel's `row_k45` / `row_q6k` with the loops reordered so that every
+//! Each is the general kernel's `row_k45` / `row_k16` with the loops reordered so that every
 //! broadcast activation quad feeds all `G` groups. A sub-block's integer dot product is summed
 //! in one accumulator instead of two halves, and Q6_K's `−32·Σx` correction is its start value
 //! (shared by the groups) instead of a subtraction: all exact integer arithmetic, so `t`, `u`

@@ -184,12 +184,12 @@ fn run(isa: crate::CpuIsa, acts: &QuantActs, q: &QuantMatrix) -> Vec<f32> {
     out
 }
 
-const SHAPE_TYPES: [GgmlType; 13] = GgmlType::QUANTIZED;
+const SHAPE_TYPES: &[GgmlType] = GgmlType::QUANTIZED;
 
 #[test]
 fn every_isa_matches_scalar_bitwise_and_the_f32_reference() {
     let pool = ThreadPool::new(2);
-    for ty in SHAPE_TYPES {
+    for &ty in SHAPE_TYPES {
         let ks: &[usize] = if ty.block_elems() == 256 { &[256, 768] } else { &[32, 352] };
         for &k in ks {
             for n in [1usize, 17, 40] {
@@ -270,7 +270,7 @@ fn extreme_activations(m: usize, k: usize) -> Vec<f32> {
 #[test]
 fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
     let pool = ThreadPool::new(2);
-    for ty in SHAPE_TYPES {
+    for &ty in SHAPE_TYPES {
         let k = if ty.block_elems() == 256 { 512 } else { 352 };
         let n = 19;
         let q = QuantMatrix::from_bytes(ty, n, k, &extreme_rows(ty, n, k)).unwrap();
@@ -294,7 +294,7 @@ fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
 #[test]
 fn rows_alone_equal_rows_in_a_batch_bitwise() {
     let pool = ThreadPool::new(2);
-    for ty in SHAPE_TYPES {
+    for &ty in SHAPE_TYPES {
         let k = if ty.block_elems() == 256 { 512 } else { 96 };
         let n = 21;
         let (_, q) = quantized(ty, n, k, 9);
@@ -322,7 +322,7 @@ fn linear_takes_quantized_weights_transparently() {
     let float = WeightMatrix::new(70, k, WeightData::F32(gaussian(70 * k, 1).into())).unwrap();
     let mut mats: Vec<WeightMatrix> =
         GgmlType::WRITABLE.iter().map(|ty| float.quantize(*ty).unwrap()).collect();
-    for ty in GgmlType::QUANTIZED.into_iter().filter(|t| !GgmlType::WRITABLE.contains(t)) {
+    for &ty in GgmlType::QUANTIZED.iter().filter(|t| !GgmlType::WRITABLE.contains(t)) {
         let bytes = file_rows(ty, 70, k, 11);
         mats.push(WeightMatrix::from_quantized(70, k, ty, bytes.into()).unwrap());
     }
