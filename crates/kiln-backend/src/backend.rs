@@ -228,6 +228,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
             self.linear(xs, rows.len(), &mut linear);
         }
     }
+    /// Whether [`Backend::permute_cols`] works (act-order GPTQ matrices need it; a model with
+    /// them is refused at load on a backend without it).
+    fn supports_permuted_inputs(&self) -> bool {
+        false
+    }
+    /// `out[t, j] = x[t, order[j]]` over `m` rows of `order.len()`: the input of a matrix whose
+    /// columns are stored in `order` (act-order GPTQ). Only called on a backend that
+    /// [`Backend::supports_permuted_inputs`].
+    fn permute_cols(&self, x: Self::View<'_>, m: usize, order: &[usize], out: Self::ViewMut<'_>) {
+        let _ = (x, m, order, out);
+        unreachable!("{} does not permute inputs", self.name());
+    }
     /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
     fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);
     /// `dst[i] = src[rows[i]]` over rows of `width`.

@@ -1,6 +1,7 @@
 //! Row moves on host `f32` buffers (`[rows, width]`), shared by the CPU and reference backends:
 //! the last layer's compaction of the logits rows, the gather before the LM head and the
-//! gather and weighted combine around a mixture-of-experts layer's expert matmuls.
+//! gather and weighted combine around a mixture-of-experts layer's expert matmuls, and the
+//! column permutation of an act-order matrix's input.
 
 /// Grows `buf` to at least `len` elements (new elements are zero).
 pub(crate) fn reserve(buf: &mut Vec<f32>, len: usize) {
@@ -21,6 +22,16 @@ pub(crate) fn compact_rows(buf: &mut [f32], width: usize, rows: &[usize]) {
 pub(crate) fn gather_rows(src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
     for (d, &r) in dst.chunks_exact_mut(width).zip(rows) {
         d.copy_from_slice(&src[r * width..(r + 1) * width]);
+    }
+}
+
+/// `dst[t, j] = src[t, order[j]]` over rows of `order.len()`.
+pub(crate) fn permute_cols(src: &[f32], order: &[usize], dst: &mut [f32]) {
+    let k = order.len();
+    for (d, s) in dst.chunks_exact_mut(k).zip(src.chunks_exact(k)) {
+        for (d, &j) in d.iter_mut().zip(order) {
+            *d = s[j];
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::LoadError;
 pub use crate::family::Architecture;
 use crate::family::HfContext;
+use crate::packed::PackedQuant;
 
 /// Everything the forward pass needs to know about a model's shape.
 // Independent per-architecture switches, each mirroring a config.json flag.
@@ -70,6 +71,9 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The experts of a mixture-of-experts model (`None`: every layer's MLP is dense).
     pub moe: Option<MoeConfig>,
+    /// AWQ / GPTQ packed linear layers (`quantization_config`); `None` for float checkpoints
+    /// and GGUF files.
+    pub packed: Option<PackedQuant>,
 }
 
 /// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
@@ -222,19 +226,18 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| f.err("missing `architectures`".into()))?;
-        if let Some(q) = json.get("quantization_config").filter(|q| !q.is_null()) {
-            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-            return Err(f.err(format!(
-                "quantized checkpoints (quantization_config.quant_method `{method}`) are not \
-                 supported yet: use the float checkpoint (with --quantization q8_0 / q4_k to \
-                 quantize it as it loads) or a GGUF file"
-            )));
-        }
+        let packed = match json.get("quantization_config").filter(|q| !q.is_null()) {
+            Some(q) => Some(
+                PackedQuant::from_json(q)
+                    .map_err(|m| f.err(format!("quantization_config: {m}")))?,
+            ),
+            None => None,
+        };
         if arch_name == "Gemma3ForConditionalGeneration" {
             let text = crate::family::gemma3::conditional_text_config(json).ok_or_else(|| {
                 f.err("Gemma3ForConditionalGeneration needs a `text_config` object".into())
             })?;
-            return Self::from_json(&text, path);
+            return Ok(Self { packed, ..Self::from_json(&text, path)? });
         }
         let architecture =
             Architecture::from_hf(arch_name).ok_or_else(|| LoadError::UnsupportedArchitecture {
@@ -306,6 +309,7 @@ impl ModelConfig {
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
             qk_norm: false,
             moe: None,
+            packed,
         };
         let ctx = HfContext { window, keyed_local_theta, longrope };
         architecture.apply_hf(&f, &ctx, &mut config)?;

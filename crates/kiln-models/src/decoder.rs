@@ -30,9 +30,11 @@ use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
 use crate::{LoadError, ModelConfig};
 
+mod input_order;
 mod mlp;
 mod moe;
 
+use input_order::InputOrders;
 use mlp::{Mlp, MlpIo};
 
 struct Layer<B: Backend> {
@@ -53,6 +55,9 @@ struct Layer<B: Backend> {
     mlp: Mlp<B>,
     /// Sliding-window layers use the local RoPE when the model has one.
     local_rope: bool,
+    /// The input orders of q/k/v and of o ([`input_order`]).
+    qkv_orders: InputOrders<3>,
+    o_order: InputOrders<1>,
 }
 
 pub struct DecoderModel<B: Backend> {
@@ -66,6 +71,8 @@ pub struct DecoderModel<B: Backend> {
     rope: B::Rope,
     /// RoPE of sliding-window layers when their base differs (Gemma 3).
     local_rope: Option<B::Rope>,
+    /// The widest permuted input of any matrix (0 without act-order matrices).
+    permuted_width: usize,
 }
 
 /// The step's buffers, each at least as long as the step needs.
@@ -89,6 +96,8 @@ struct StepBuffers<'a, B: Backend> {
     /// their experts' outputs (`k + 1` rows a token with a shared expert).
     picked: &'a mut B::Buffer,
     picked_out: &'a mut B::Buffer,
+    /// `[min(t, SLICE_TOKENS), permuted_width]` a permuted input (empty without one).
+    permuted: &'a mut B::Buffer,
     /// The experts' host routing, taken from the workspace for the step.
     routing: ExpertRouting,
     /// `[num_rows, h]` the logits rows, gathered and normed.
@@ -132,12 +141,18 @@ impl<B: Backend> DecoderModel<B> {
         for l in 0..c.num_layers {
             let t = |x: L| Tensor::Layer(l, x);
             let sandwich = c.sandwich_norms;
+            let (q_proj, q_order) = w.ordered_matrix(t(L::Q), q_dim, h)?;
+            let (k_proj, k_order) = w.ordered_matrix(t(L::K), kv_dim, h)?;
+            let (v_proj, v_order) = w.ordered_matrix(t(L::V), kv_dim, h)?;
+            let (o_proj, o_order) = w.ordered_matrix(t(L::O), h, q_dim)?;
             layers.push(Layer {
                 attn_norm: norm(t(L::AttnNorm), h)?,
-                q_proj: w.matrix(t(L::Q), q_dim, h)?,
-                k_proj: w.matrix(t(L::K), kv_dim, h)?,
-                v_proj: w.matrix(t(L::V), kv_dim, h)?,
-                o_proj: w.matrix(t(L::O), h, q_dim)?,
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
+                qkv_orders: InputOrders::new([q_order, k_order, v_order]),
+                o_order: InputOrders::new([o_order]),
                 q_bias: w.optional_vector(t(L::QBias), q_dim, c.qkv_bias)?,
                 k_bias: w.optional_vector(t(L::KBias), kv_dim, c.qkv_bias)?,
                 v_bias: w.optional_vector(t(L::VBias), kv_dim, c.qkv_bias)?,
@@ -162,6 +177,27 @@ impl<B: Backend> DecoderModel<B> {
         } else {
             Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
         };
+        let (rope, local_rope) = Self::load_ropes(c, &backend)?;
+        let permuted_width = layers
+            .iter()
+            .map(|l| l.qkv_orders.width().max(l.o_order.width()).max(l.mlp.permuted_width()))
+            .max()
+            .unwrap_or(0);
+        Ok(Self {
+            permuted_width,
+            embed_tokens,
+            layers,
+            final_norm: norm(Tensor::FinalNorm, h)?,
+            lm_head,
+            rope,
+            local_rope,
+            config,
+            backend,
+        })
+    }
+
+    /// The RoPE tables: the model's, and sliding-window layers' when their base differs.
+    fn load_ropes(c: &ModelConfig, backend: &B) -> Result<(B::Rope, Option<B::Rope>), LoadError> {
         let rope_err = |e: kiln_backend::LoadTensorError| LoadError::Backend {
             name: "rotary embeddings".into(),
             message: e.to_string(),
@@ -188,16 +224,7 @@ impl<B: Backend> DecoderModel<B> {
             }
             None => None,
         };
-        Ok(Self {
-            embed_tokens,
-            layers,
-            final_norm: norm(Tensor::FinalNorm, h)?,
-            lm_head,
-            rope,
-            local_rope,
-            config,
-            backend,
-        })
+        Ok((rope, local_rope))
     }
 
     /// The cache must match the model, the batch must be valid for both.
@@ -247,9 +274,11 @@ impl<B: Backend> DecoderModel<B> {
         let (h, q_dim, kv_dim) =
             (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let (qr, kr) = (Self::rows(r, q_dim), Self::rows(r, kv_dim));
-        be.linear(
-            B::view(b.normed, Self::rows(r, h)),
-            r.len(),
+        let x = B::view(b.normed, Self::rows(r, h));
+        layer.qkv_orders.linear(
+            be,
+            (x, r.len()),
+            b.permuted,
             &mut [
                 LinearJob {
                     weight: &layer.q_proj,
@@ -292,7 +321,8 @@ impl<B: Backend> DecoderModel<B> {
             bias: layer.o_bias.as_ref(),
             out: B::view_mut(b.proj, hr.clone()),
         };
-        be.linear(B::view(b.attn, Self::rows(r, q_dim)), n, &mut [o]);
+        let x = B::view(b.attn, Self::rows(r, q_dim));
+        layer.o_order.linear(be, (x, n), b.permuted, &mut [o]);
         be.residual_norm(
             h,
             B::view_mut(b.proj, hr.clone()),
@@ -309,6 +339,7 @@ impl<B: Backend> DecoderModel<B> {
             up: &mut *b.up,
             picked: &mut *b.picked,
             picked_out: &mut *b.picked_out,
+            permuted: &mut *b.permuted,
             routing: &mut b.routing,
         };
         layer.mlp.forward(be, io);
@@ -509,6 +540,7 @@ impl<B: Backend> DecoderModel<B> {
             num_rows * h,
             t * c.rotary_dim,
             t * local_rot,
+            slice * self.permuted_width,
         ];
         let routing = std::mem::take(&mut workspace.routing);
         let [
@@ -527,6 +559,7 @@ impl<B: Backend> DecoderModel<B> {
             rows_normed,
             angles,
             local,
+            permuted,
         ] = workspace.take(&*self.backend, lens);
         StepBuffers {
             hidden,
@@ -540,6 +573,7 @@ impl<B: Backend> DecoderModel<B> {
             up,
             picked,
             picked_out,
+            permuted,
             routing,
             rows,
             rows_normed,

@@ -19,6 +19,7 @@ pub mod gguf;
 mod loader;
 mod model;
 mod names;
+mod packed;
 mod safetensors_store;
 mod weights;
 
@@ -31,4 +32,5 @@ pub use kiln_backend::{
 };
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};
+pub use packed::{PackedMethod, PackedQuant, check_method as check_packed_method};
 pub use safetensors_store::WeightStore;

@@ -11,6 +11,7 @@ use crate::decoder::DecoderModel;
 use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
+use crate::packed::PackedWeights;
 use crate::weights::{FusedParts, TextModelOf, WeightSource, Weights};
 use crate::{LoadError, Model, ModelConfig, WeightStore};
 
@@ -55,13 +56,19 @@ pub fn load_model_with<B: Backend>(
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
     let naming = Naming::Hf(config.architecture);
+    // AWQ / GPTQ linear layers, repacked into block types as they are read.
+    let packed = config.packed.map(|quant| PackedWeights { inner: &store, quant });
+    let stored: &dyn WeightSource = match &packed {
+        Some(p) => p,
+        None => &store,
+    };
     // A multimodal checkpoint's text model (Gemma3ForConditionalGeneration) is read under
     // its prefix.
     let text_model =
-        TextModelOf::layout(&store).map(|(model, head)| TextModelOf { inner: &store, model, head });
+        TextModelOf::layout(stored).map(|(model, head)| TextModelOf { inner: stored, model, head });
     let mut source: &dyn WeightSource = match &text_model {
         Some(t) => t,
-        None => &store,
+        None => stored,
     };
     // Phi-3's fused projections, read as their parts.
     let fused = (config.architecture == Architecture::Phi3).then(|| FusedParts {

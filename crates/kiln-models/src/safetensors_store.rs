@@ -25,7 +25,9 @@ enum Dtype {
     F32,
     F16,
     Bf16,
-    /// Stored in the file but not loadable as a weight (integers, f64, fp8, ...).
+    /// Packed integer weights (AWQ and GPTQ's `qweight`, `qzeros`, `g_idx`).
+    I32,
+    /// Stored in the file but not loadable as a weight (other integers, f64, fp8, ...).
     Other,
 }
 
@@ -36,7 +38,8 @@ impl Dtype {
             "F16" => (Self::F16, 2),
             "BF16" => (Self::Bf16, 2),
             "F64" | "I64" | "U64" => (Self::Other, 8),
-            "I32" | "U32" => (Self::Other, 4),
+            "I32" => (Self::I32, 4),
+            "U32" => (Self::Other, 4),
             "I16" | "U16" => (Self::Other, 2),
             _ => (Self::Other, 1),
         }
@@ -115,7 +118,7 @@ impl WeightStore {
                 found: entry.shape.clone(),
             });
         }
-        if entry.dtype == Dtype::Other {
+        if matches!(entry.dtype, Dtype::Other | Dtype::I32) {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),
                 name: name.to_string(),
@@ -147,6 +150,61 @@ impl WeightStore {
         })
     }
 
+    /// The file holding tensor `name` (the model's directory when there is none).
+    pub(crate) fn path_of(&self, name: &str) -> PathBuf {
+        match self.tensors.get(name) {
+            Some(e) => self.files[e.file].path().to_path_buf(),
+            None => self.describe_files(),
+        }
+    }
+
+    /// An `I32` tensor of `shape`, as integers.
+    pub(crate) fn int32s(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>, LoadError> {
+        let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
+            path: self.describe_files(),
+            name: name.to_string(),
+        })?;
+        let path = self.files[entry.file].path();
+        if entry.shape != shape {
+            return Err(LoadError::Shape {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        if entry.dtype != Dtype::I32 {
+            return Err(LoadError::Dtype {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                dtype: format!("{} (I32 expected)", entry.dtype_name),
+            });
+        }
+        let bytes = self.files[entry.file]
+            .bytes()
+            .get(entry.start..entry.start + entry.num_elements * 4)
+            .ok_or_else(|| LoadError::format(path, format!("tensor `{name}` size")))?;
+        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// [`WeightStore::int32s`], `None` when the tensor is absent.
+    pub(crate) fn try_int32s(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<Vec<i32>>, LoadError> {
+        if self.contains(name) { self.int32s(name, shape).map(Some) } else { Ok(None) }
+    }
+
+    /// A float tensor of any shape, as f32.
+    pub(crate) fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let entry = self.entry(name, shape)?;
+        let t = self.host_tensor(entry, 1, entry.num_elements, name)?;
+        t.to_f32_vec().ok_or_else(|| {
+            LoadError::format(self.files[entry.file].path(), format!("tensor `{name}` dtype"))
+        })
+    }
+
     /// The entry's bytes, viewed in the mapped file, as a `[rows, cols]` tensor.
     fn host_tensor(
         &self,
@@ -159,7 +217,7 @@ impl WeightStore {
         let ty = match entry.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
-            Dtype::Bf16 | Dtype::Other => GgmlType::Bf16,
+            Dtype::Bf16 | Dtype::I32 | Dtype::Other => GgmlType::Bf16,
         };
         let size_err = || LoadError::format(file.path(), format!("tensor `{name}` size"));
         let num_bytes = entry.num_elements.checked_mul(ty.block_bytes()).ok_or_else(size_err)?;

@@ -13,6 +13,17 @@ use crate::names::{ExpertMatrix, ExpertName, Naming, Tensor};
 pub(crate) trait WeightSource {
     /// A `[rows, cols]` matrix in its stored format.
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError>;
+    /// [`WeightSource::matrix`], for a caller that can permute the matrix's input: a matrix
+    /// whose columns are stored in another order than its input's (act-order GPTQ, sorted by
+    /// group) comes with that order, column `j` being input `order[j]`.
+    fn ordered_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
+        Ok((self.matrix(name, rows, cols)?, None))
+    }
     /// Expert `e`'s `[rows, cols]` slice of a `[n, rows, cols]` tensor, `expert = (e, n)`.
     fn expert_matrix(
         &self,
@@ -60,6 +71,15 @@ impl WeightSource for TextModelOf<'_> {
         self.inner.matrix(&self.name(name), rows, cols)
     }
 
+    fn ordered_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
+        self.inner.ordered_matrix(&self.name(name), rows, cols)
+    }
+
     fn expert_matrix(
         &self,
         name: &str,
@@ -87,18 +107,44 @@ pub(crate) struct FusedParts<'a> {
     pub parts: HashMap<String, (String, usize, usize)>,
 }
 
+impl FusedParts<'_> {
+    /// Rows `first..first + rows` of `whole` (the fused tensor `fused`), as part `name`.
+    fn part(
+        whole: &HostTensor,
+        fused: &str,
+        name: &str,
+        first: usize,
+        rows: usize,
+    ) -> Result<HostTensor, LoadError> {
+        whole.rows_slice(first, rows).ok_or_else(|| LoadError::Shape {
+            path: std::path::PathBuf::from(fused),
+            name: name.to_owned(),
+            expected: vec![rows, whole.cols()],
+            found: vec![whole.rows(), whole.cols()],
+        })
+    }
+}
+
 impl WeightSource for FusedParts<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
         let Some((fused, first, total)) = self.parts.get(name) else {
             return self.inner.matrix(name, rows, cols);
         };
         let whole = self.inner.matrix(fused, *total, cols)?;
-        whole.rows_slice(*first, rows).ok_or_else(|| LoadError::Shape {
-            path: std::path::PathBuf::from(fused),
-            name: name.to_owned(),
-            expected: vec![rows, cols],
-            found: vec![whole.rows(), whole.cols()],
-        })
+        Self::part(&whole, fused, name, *first, rows)
+    }
+
+    fn ordered_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
+        let Some((fused, first, total)) = self.parts.get(name) else {
+            return self.inner.ordered_matrix(name, rows, cols);
+        };
+        let (whole, order) = self.inner.ordered_matrix(fused, *total, cols)?;
+        Ok((Self::part(&whole, fused, name, *first, rows)?, order))
     }
 
     fn expert_matrix(
@@ -146,6 +192,36 @@ impl<B: Backend> Weights<'_, B> {
     ) -> Result<B::Weight, LoadError> {
         let name = self.naming.name(t);
         let tensor = self.source.matrix(&name, rows, cols)?;
+        self.load(name, tensor)
+    }
+
+    /// [`Weights::matrix`] with its input order ([`WeightSource::ordered_matrix`]), for a
+    /// caller that permutes the matrix's input when there is one; refused on a backend that
+    /// cannot ([`Backend::supports_permuted_inputs`]).
+    pub(crate) fn ordered_matrix(
+        &self,
+        t: Tensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(B::Weight, Option<Vec<usize>>), LoadError> {
+        let name = self.naming.name(t);
+        let (tensor, order) = self.source.ordered_matrix(&name, rows, cols)?;
+        if order.is_some() && !self.backend.supports_permuted_inputs() {
+            return Err(LoadError::Backend {
+                name,
+                message: format!(
+                    "act-order (desc_act) GPTQ matrices need their input permuted, which the {} \
+                     backend does not do",
+                    self.backend.name()
+                ),
+            });
+        }
+        Ok((self.load(name, tensor)?, order))
+    }
+
+    /// Moves `tensor` (matrix `name`) onto the backend, converted as `--quantization` says.
+    fn load(&self, name: String, tensor: HostTensor) -> Result<B::Weight, LoadError> {
+        let cols = tensor.cols();
         let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
         self.backend
             .load_weight(tensor, convert)

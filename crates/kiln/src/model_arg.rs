@@ -57,7 +57,8 @@ fn check_same_vocabulary<B: kiln_models::Backend>(
     Ok(())
 }
 
-/// Weight types `--quantization` offers for float checkpoints.
+/// `--quantization`: a weight type for float checkpoints, or the method of a packed (AWQ /
+/// GPTQ) checkpoint, which must match its `quantization_config` as vLLM's flag does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Quantization {
     #[value(name = "q8_0")]
@@ -66,14 +67,36 @@ pub enum Quantization {
     Q4K,
     #[value(name = "q5_0")]
     Q5_0,
+    /// An AWQ checkpoint (read as it is; the flag checks the checkpoint says `awq`).
+    #[value(name = "awq")]
+    Awq,
+    /// A GPTQ checkpoint (read as it is; the flag checks the checkpoint says `gptq`).
+    #[value(name = "gptq")]
+    Gptq,
 }
 
 impl Quantization {
-    fn ggml_type(self) -> GgmlType {
+    /// The type float matrices are quantized to; `None` for a packed checkpoint's method.
+    fn ggml_type(self) -> Option<GgmlType> {
         match self {
-            Self::Q8_0 => GgmlType::Q8_0,
-            Self::Q4K => GgmlType::Q4K,
-            Self::Q5_0 => GgmlType::Q5_0,
+            Self::Q8_0 => Some(GgmlType::Q8_0),
+            Self::Q4K => Some(GgmlType::Q4K),
+            Self::Q5_0 => Some(GgmlType::Q5_0),
+            Self::Awq | Self::Gptq => None,
+        }
+    }
+
+    /// Whether this converts weights as they load (so their size is not the files').
+    pub fn converts_weights(self) -> bool {
+        self.ggml_type().is_some()
+    }
+
+    /// The packed checkpoint method this names, as `quant_method` spells it.
+    fn packed_method(self) -> Option<&'static str> {
+        match self {
+            Self::Awq => Some("awq"),
+            Self::Gptq => Some("gptq"),
+            Self::Q8_0 | Self::Q4K | Self::Q5_0 => None,
         }
     }
 }
@@ -97,7 +120,9 @@ pub struct ModelArgs {
     /// $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].
     #[arg(long)]
     pub download_dir: Option<PathBuf>,
-    /// Quantize float weights as they load (GGUF tensors that are already quantized are kept).
+    /// Quantize float weights as they load (q8_0, q4_k, q5_0; GGUF tensors that are already
+    /// quantized are kept), or name an AWQ / GPTQ checkpoint's method (awq, gptq: checked
+    /// against its quantization_config; such checkpoints load without the flag too).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
 }
@@ -194,7 +219,18 @@ impl ModelArgs {
         path: &Path,
         backend: &Arc<B>,
     ) -> anyhow::Result<LoadedModel<B>> {
-        let options = LoadOptions { quantization: self.quantization.map(Quantization::ggml_type) };
+        if let Some(method) = self.quantization.and_then(Quantization::packed_method) {
+            if path.is_file() {
+                anyhow::bail!(
+                    "--quantization {method} reads {method} checkpoints (a Hugging Face \
+                     directory); {} is a GGUF file, which needs no --quantization",
+                    path.display()
+                );
+            }
+            kiln_models::check_packed_method(path, method)?;
+        }
+        let options =
+            LoadOptions { quantization: self.quantization.and_then(Quantization::ggml_type) };
         load_model_with(path, &options, backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }

@@ -391,7 +391,11 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         Device::Cpu => {
             args.device.gpu_utilization()?; // a bad value is an error everywhere
             args.device.warn_on_cpu();
-            if args.model.quantization.is_none() {
+            if !args
+                .model
+                .quantization
+                .is_some_and(crate::model_arg::Quantization::converts_weights)
+            {
                 let needed = crate::memory_fit::weight_file_bytes(&model_path)?;
                 crate::memory_fit::check_fits(needed, available_memory(), &model_path)?;
             }

@@ -272,6 +272,15 @@ impl Backend for Cpu {
         host_rows::gather_rows(src, width, rows, dst);
     }
 
+    fn supports_permuted_inputs(&self) -> bool {
+        true
+    }
+
+    fn permute_cols(&self, x: &[f32], m: usize, order: &[usize], out: &mut [f32]) {
+        let len = m * order.len();
+        host_rows::permute_cols(&x[..len], order, &mut out[..len]);
+    }
+
     fn supports_experts(&self) -> bool {
         true
     }

@@ -274,6 +274,7 @@ impl ModelConfig {
             mlp_bias: file.tensor("blk.0.ffn_up.bias").is_some(),
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             moe: None,
+            packed: None,
         };
         architecture.apply_gguf(&keys, &mut config)?;
         Ok(config)

@@ -38,7 +38,13 @@ fn rejects_bad_configs_with_a_message_naming_the_field() {
         ("num_hidden_layers", json!(-1), "num_hidden_layers"),
         ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "yarn"),
         ("vocab_size", json!("many"), "vocab_size"),
-        ("quantization_config", json!({"quant_method": "awq", "bits": 4}), "quant_method `awq`"),
+        ("quantization_config", json!({"quant_method": "fp8"}), "quant_method `fp8`"),
+        ("quantization_config", json!({"quant_method": "gptq", "bits": 3}), "3 bits"),
+        (
+            "quantization_config",
+            json!({"quant_method": "awq", "bits": 4, "version": "gemv"}),
+            "version `gemv`",
+        ),
     ];
     for (key, value, needle) in cases {
         let mut cfg = base();

@@ -4,6 +4,7 @@
 
 use kiln_backend::{Backend, ExpertRouting, GateActivation, LinearJob};
 
+use super::input_order::InputOrders;
 use super::moe::MoeMlp;
 use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
@@ -19,6 +20,9 @@ pub(crate) struct DenseMlp<B: Backend> {
     down_bias: Option<B::Vector>,
     act: GateActivation,
     intermediate: usize,
+    /// The input orders of gate/up and of down ([`super::input_order`]).
+    in_orders: InputOrders<2>,
+    down_order: InputOrders<1>,
 }
 
 /// The feed-forward block of a layer.
@@ -32,7 +36,7 @@ pub(crate) enum Mlp<B: Backend> {
 /// token, `[n·k, expert intermediate]`, and at least `[n, shared intermediate]`). A mixture of
 /// experts also takes its picked rows (`[n·k, hidden]`) and their outputs (`[n·k, hidden]`,
 /// `[n·(k + 1), hidden]` with a shared expert, whose rows come last) and the host routing
-/// scratch.
+/// scratch. `permuted` holds a permuted input (`[n, width]`, [`input_order`]).
 pub(crate) struct MlpIo<'a, B: Backend> {
     pub n: usize,
     pub input: B::View<'a>,
@@ -41,6 +45,7 @@ pub(crate) struct MlpIo<'a, B: Backend> {
     pub up: &'a mut B::Buffer,
     pub picked: &'a mut B::Buffer,
     pub picked_out: &'a mut B::Buffer,
+    pub permuted: &'a mut B::Buffer,
     pub routing: &'a mut ExpertRouting,
 }
 
@@ -55,10 +60,15 @@ impl<B: Backend> Mlp<B> {
         act: GateActivation,
     ) -> Result<Self, LoadError> {
         let t = |x: L| Tensor::Layer(layer, x);
+        let (gate_proj, gate_order) = w.ordered_matrix(t(L::Gate), i, h)?;
+        let (up_proj, up_order) = w.ordered_matrix(t(L::Up), i, h)?;
+        let (down_proj, down_order) = w.ordered_matrix(t(L::Down), h, i)?;
         Ok(Self::Dense(DenseMlp {
-            gate_proj: w.matrix(t(L::Gate), i, h)?,
-            up_proj: w.matrix(t(L::Up), i, h)?,
-            down_proj: w.matrix(t(L::Down), h, i)?,
+            gate_proj,
+            up_proj,
+            down_proj,
+            in_orders: InputOrders::new([gate_order, up_order]),
+            down_order: InputOrders::new([down_order]),
             gate_bias: w.optional_vector(t(L::GateBias), i, bias)?,
             up_bias: w.optional_vector(t(L::UpBias), i, bias)?,
             down_bias: w.optional_vector(t(L::DownBias), h, bias)?,
@@ -83,6 +93,14 @@ impl<B: Backend> Mlp<B> {
         match self {
             Self::Dense(m) => m.weights().to_vec(),
             Self::Moe(m) => m.matrices(),
+        }
+    }
+
+    /// Its widest permuted input (0 without one; experts have none).
+    pub(crate) fn permuted_width(&self) -> usize {
+        match self {
+            Self::Dense(m) => m.in_orders.width().max(m.down_order.width()),
+            Self::Moe(_) => 0,
         }
     }
 
@@ -122,6 +140,8 @@ impl<B: Backend> DenseMlp<B> {
             down_bias: None,
             act,
             intermediate: i,
+            in_orders: InputOrders::new([None, None]),
+            down_order: InputOrders::new([None]),
         })
     }
 
@@ -131,23 +151,26 @@ impl<B: Backend> DenseMlp<B> {
     }
 
     fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
-        let MlpIo { n, input, out, gate, up, .. } = io;
-        self.run(backend, n, input, (gate, up), out);
+        let MlpIo { n, input, out, gate, up, permuted, .. } = io;
+        self.run(backend, n, input, (gate, up), permuted, out);
     }
 
-    /// `out = mlp(input)` over `n` tokens; `gate` and `up` hold `[n, intermediate]`.
+    /// `out = mlp(input)` over `n` tokens; `gate` and `up` hold `[n, intermediate]`,
+    /// `permuted` a permuted input.
     pub(super) fn run<'o>(
         &'o self,
         backend: &B,
         n: usize,
         input: B::View<'_>,
         (gate, up): (&mut B::Buffer, &mut B::Buffer),
+        permuted: &mut B::Buffer,
         out: B::ViewMut<'o>,
     ) {
         let len = n * self.intermediate;
-        backend.linear(
-            input,
-            n,
+        self.in_orders.linear(
+            backend,
+            (input, n),
+            permuted,
             &mut [
                 LinearJob {
                     weight: &self.gate_proj,
@@ -163,6 +186,7 @@ impl<B: Backend> DenseMlp<B> {
         );
         backend.gated_act(self.act, B::view_mut(gate, 0..len), B::view(up, 0..len));
         let down = LinearJob { weight: &self.down_proj, bias: self.down_bias.as_ref(), out };
-        backend.linear(B::view(gate, 0..len), n, &mut [down]);
+        let x = (B::view(gate, 0..len), n);
+        self.down_order.linear(backend, x, permuted, &mut [down]);
     }
 }

@@ -352,16 +352,18 @@ fn own_value(
         }
         ("kv-cache-dtype", "float16" | "half") => value_push(out, flag, "f16", attached),
         ("kv-cache-dtype", "float32" | "float") => value_push(out, flag, "f32", attached),
+        // vLLM's Marlin variants name a GPU kernel for the same checkpoints.
+        ("quantization", "awq_marlin") => value_push(out, flag, "awq", attached),
+        ("quantization", "gptq_marlin") => value_push(out, flag, "gptq", attached),
         (
             "quantization",
-            "awq" | "awq_marlin" | "gptq" | "gptq_marlin" | "fp8" | "bitsandbytes"
-            | "compressed-tensors" | "marlin" | "modelopt" | "mxfp4" | "gguf" | "experts_int8"
-            | "fbgemm_fp8" | "petit_nvfp4",
+            "fp8" | "bitsandbytes" | "compressed-tensors" | "marlin" | "modelopt" | "mxfp4"
+            | "gguf" | "experts_int8" | "fbgemm_fp8" | "petit_nvfp4",
         ) => {
             return Err(format!(
-                "--quantization {value} is not supported: kiln runs GGUF block formats (serve a \
-                 GGUF file, e.g. org/name:Q4_K_M) and quantizes float checkpoints on load with \
-                 --quantization q8_0, q4_k or q5_0"
+                "--quantization {value} is not supported: kiln reads AWQ and GPTQ checkpoints \
+                 (--quantization awq / gptq), GGUF files (e.g. org/name:Q4_K_M), and quantizes \
+                 float checkpoints on load with --quantization q8_0, q4_k or q5_0"
             ));
         }
         _ => value_push(out, flag, value, attached),

@@ -1,0 +1,80 @@
+//! AWQ and GPTQ checkpoints against transformers: tiny fixtures (`tests/fixtures/models/awq`,
+//! `gptq*`, made by `scripts/fixtures/make_packed_fixtures.py` from the `llama3` fixture, packed
+//! by AutoAWQ's and AutoGPTQ's own code) whose reference logits come from transformers running
+//! the weights as those libraries dequantize them.
+//!
+//! - The matrices kiln reads equal the libraries' dequantization exactly (the unit test
+//!   `packed::tests::fixture_matrices_equal_the_libraries_own_dequantization`), so dequantized
+//!   to f32 (no activation quantization) kiln's logits are transformers' within f32 rounding,
+//!   act-order inputs permuted.
+//! - As they load (Q5_0 / Q4_0 / Q8_0, run with int8 activations by kernels checked against
+//!   their scalar and f64 references elsewhere): batched == alone and chunked == one shot, bit
+//!   for bit. (These tiny random models amplify any rounding, int8 activations' included, by
+//!   two orders of magnitude, so their logits are not compared with transformers'.)
+
+#![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
+
+mod common;
+
+use common::{Runner, assert_rows_close, cases, cpu, fixture};
+use kiln_kernels::GgmlType;
+use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
+
+/// AWQ 4-bit g32; GPTQ 4-bit g64 with zero points; GPTQ 8-bit symmetric g32; GPTQ 4-bit
+/// symmetric per row (`group_size` −1); GPTQ 4-bit g32 act order (`desc_act`).
+const FIXTURES: [&str; 5] = ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act"];
+/// Max |kiln − transformers| of the f32 logits with the weights dequantized (as
+/// `hf_parity`'s float models).
+const DEQUANTIZED_TOLERANCE: f32 = 1e-3;
+
+fn dequantized(name: &str) -> Runner {
+    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    Runner::with(load_model_with(&fixture(name), &options, &cpu()).unwrap())
+}
+
+#[test]
+fn dequantized_logits_match_transformers() {
+    for name in FIXTURES {
+        let mut runner = dequantized(name);
+        for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
+            let tokens: Vec<u32> =
+                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+            let got = runner.one_shot(&tokens);
+            let what = format!("{name} case {i}");
+            assert_rows_close(&got, &case.logits, DEQUANTIZED_TOLERANCE, &what);
+        }
+    }
+}
+
+#[test]
+fn batched_and_chunked_equal_alone_bitwise() {
+    for name in FIXTURES {
+        let mut runner = Runner::new(name);
+        let cases = cases(name, None);
+        let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
+        runner.batch.clear();
+        for c in &cases {
+            let table = runner.blocks(c.prompt_ids.len());
+            runner.batch.push_seq(&c.prompt_ids, 0, &table, LogitsWanted::All).unwrap();
+        }
+        let batched = runner.run();
+        let mut row = 0;
+        for (i, want) in alone.iter().enumerate() {
+            let got = &batched[row..row + want.len()];
+            assert_rows_close(got, want, 0.0, &format!("{name} batched #{i}"));
+            row += want.len();
+        }
+        // The longest prompt in chunks of 3 tokens.
+        let prompt = &cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap().prompt_ids;
+        let whole = runner.one_shot(prompt);
+        let table = runner.blocks(prompt.len());
+        let mut chunked = Vec::new();
+        for start in (0..prompt.len()).step_by(3) {
+            let end = (start + 3).min(prompt.len());
+            runner.batch.clear();
+            runner.batch.push_seq(&prompt[start..end], start, &table, LogitsWanted::All).unwrap();
+            chunked.extend(runner.run());
+        }
+        assert_rows_close(&chunked, &whole, 0.0, &format!("{name} chunked"));
+    }
+}
