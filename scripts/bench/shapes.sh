@@ -34,27 +34,7 @@ MEMBW="$("${CARGO_TARGET_DIR:-target}"/release/examples/membw "$THREADS" 1024)"
 echo "$MEMBW"
 GBS="$(echo "$MEMBW" | sed -E 's/.*: ([0-9.]+) GB\/s.*/\1/')"
 
-# kiln_cell CELL FILE: one number (tok/s).
-kiln_cell() {
-  local args=(bench latency --model "$2" --threads "$THREADS")
-  case "$1" in
-    pp512) "$KILN" "${args[@]}" --batch-size 1 --input-len 512 --output-len 1 2>/dev/null |
-      awk -F'|' '$2 ~ /^ *1 *$/ {gsub(/ /, "", $6); print $6}' ;;
-    b*) "$KILN" "${args[@]}" --batch-size "${1#b}" --input-len 16 --output-len "$TG" 2>/dev/null |
-      awk -F'|' -v b="${1#b}" '$2 ~ "^ *" b " *$" {gsub(/ /, "", $8); print $8}' ;;
-  esac
-}
-# llama_cell CELL FILE: the same cell with llama.cpp.
-llama_cell() {
-  case "$1" in
-    pp512) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 512 -n 0 -r 1 2>/dev/null |
-      awk -F'|' '/pp512/ {split($8, v, " "); print v[1]}' ;;
-    b1) "${LLAMA_BENCH:?}" -m "$2" -t "$THREADS" -p 0 -n "$TG" -r 1 2>/dev/null |
-      awk -F'|' -v tg="tg$TG" '$0 ~ tg {split($8, v, " "); print v[1]}' ;;
-    b*) "${LLAMA_BATCHED:?}" -m "$2" -t "$THREADS" -c 4096 -b 512 -ub 512 -npp 16 -ntg "$TG" \
-      -npl "${1#b}" 2>/dev/null | awk -F'|' '$2 ~ /^ *16 *$/ {gsub(/ /, "", $9); print $9}' ;;
-  esac
-}
+source scripts/bench/cells.sh
 # read_bytes FILE: the bytes one decoded token reads: every tensor but an untied token
 # embedding, and of a mixture-of-experts layer's stacked `*_exps` tensors only the share of the
 # experts one token uses (`expert_used_count / expert_count`).
@@ -80,7 +60,6 @@ for t in r.tensors:
 print(int(total))
 PY
 }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
 for shape in $SHAPES; do
   f16="$DIR/$shape-f16.gguf"
