@@ -32,5 +32,7 @@ pub use kiln_backend::{
 };
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};
-pub use packed::{PackedMethod, PackedQuant, check_method as check_packed_method};
+pub use packed::{
+    PackedMethod, PackedQuant, check_method as check_packed_method, repack_growth_bytes,
+};
 pub use safetensors_store::WeightStore;

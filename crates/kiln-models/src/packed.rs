@@ -1,24 +1,18 @@
-//! AWQ and GPTQ checkpoints: Hugging Face directories whose linear layers are stored as packed
-//! integer weights (`qweight`, `qzeros`, `scales`, GPTQ's `g_idx`) instead of `weight`.
+//! Packed integer checkpoints: Hugging Face directories whose linear layers are stored as
+//! packed integers and scales instead of a float `weight`: AWQ and GPTQ (`qweight`, `qzeros`,
+//! `scales`, GPTQ's `g_idx`) and llm-compressor's compressed-tensors (`weight_packed` or an i8
+//! `weight`, `weight_scale`, `weight_zero_point`, `weight_g_idx`); [`layouts`] reads each.
 //!
 //! They are read as GGUF block types, repacked at load (never widened to float), so every
 //! backend runs them with the kernels it has for those types, and every weight is exactly
 //! the checkpoint's `s·(q − z)`:
 //! - 4-bit with zero points `z`: `q − z` lies in −15..=15, so `w = s·((q − z + 16) − 16)` is
 //!   `Q5_0` (`d = s`; 5.5 bits a weight, where `Q4_1`'s f16 min `−s·z` would round);
-//! - 4-bit whose every zero point is 8 (GPTQ `sym`): `w = s·(q − 8)` is `Q4_0`;
-//! - 8-bit whose every zero point is 128 (GPTQ `sym`): `w = s·(q − 128)` is `Q8_0`.
+//! - 4-bit whose every zero point is 8 (symmetric): `w = s·(q − 8)` is `Q4_0`;
+//! - 8-bit whose every zero point is 128 (symmetric): `w = s·(q − 128)` is `Q8_0`.
 //!
-//! The scale is stored as f16: exact for the f16 scales checkpoints store (bf16 and f32 ones
-//! round to f16).
-//!
-//! Layouts (`in` = input features, `out` = output features, `G` = groups = ⌈in / group⌉):
-//! - AWQ (`version` `gemm`): `qweight` i32 `[in, out/8]`: nibble `AWQ_NIBBLE[j]` of
-//!   `qweight[i][c]` is column `8c + j`; `qzeros` i32 `[G, out/8]` likewise; `scales` `[G, out]`.
-//! - GPTQ: `qweight` i32 `[in·bits/32, out]`, input `i` in bits `bits·(i mod 32/bits)` of row
-//!   `i / (32/bits)`; `qzeros` i32 `[G, out·bits/32]` packed the same way along `out`, holding
-//!   `z − 1` in the original (`gptq`) format and `z` in `gptq_v2`; `scales` `[G, out]`; `g_idx`
-//!   i32 `[in]`, the group of each input.
+//! The scale is stored as f16: exact for the f16 scales AWQ and GPTQ store and for bf16 ones
+//! in f16's normal range; f32 ones round to f16.
 //!
 //! Invariant: a block of 32 columns lies in one group (group sizes are multiples of 32). An
 //! act-order checkpoint (`desc_act`: `g_idx` numbers the groups in the order GPTQ quantized the
@@ -35,123 +29,43 @@ use serde_json::Value;
 use crate::weights::WeightSource;
 use crate::{LoadError, WeightStore};
 
+mod config;
+mod layouts;
+
+pub use config::{PackedMethod, PackedQuant};
+
 /// Input features per GGUF block.
-const BLOCK: usize = 32;
-/// AWQ's packing order: column `8c + j` sits in nibble `AWQ_NIBBLE[j]` of word `c`.
-const AWQ_NIBBLE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+pub(crate) const BLOCK: usize = 32;
 
-/// Which packing a checkpoint uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackedMethod {
-    Awq,
-    /// `zero_offset`: added to each stored zero point (1 in the original `gptq` format, 0 in
-    /// `gptq_v2`).
-    Gptq {
-        zero_offset: u32,
-    },
-}
-
-/// A checkpoint's `quantization_config`, validated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PackedQuant {
-    pub method: PackedMethod,
-    /// 4 or 8.
-    pub bits: u32,
-    /// Inputs per group; `None`: one group per row (`group_size` −1).
-    pub group_size: Option<usize>,
-}
-
-impl PackedQuant {
-    /// The method's name as `quant_method` and `--quantization` spell it.
-    pub fn method_name(&self) -> &'static str {
-        match self.method {
-            PackedMethod::Awq => "awq",
-            PackedMethod::Gptq { .. } => "gptq",
-        }
-    }
-
-    /// Reads `quantization_config`; `Err` names what is not read and what is.
-    pub fn from_json(q: &Value) -> Result<Self, String> {
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
-        let int = |keys: &[&str]| keys.iter().find_map(|k| q.get(*k)).and_then(Value::as_i64);
-        let text = |key: &str| q.get(key).and_then(Value::as_str).map(str::to_ascii_lowercase);
-        let flag = |key: &str| q.get(key).and_then(Value::as_bool);
-        if !matches!(method, "awq" | "gptq") {
-            return Err(format!(
-                "quantized checkpoints of quant_method `{method}` are not supported: kiln reads \
-                 `awq` and `gptq` ones, GGUF files, and float checkpoints (quantized as they \
-                 load with --quantization q8_0 / q4_k)"
-            ));
-        }
-        let bits = int(&["bits", "w_bit"]).ok_or(format!("{method}: missing `bits`"))?;
-        let group = int(&["group_size", "q_group_size"]).unwrap_or(-1);
-        let method = match method {
-            "awq" => {
-                if let Some(v) = text("version").filter(|v| v != "gemm") {
-                    return Err(format!(
-                        "AWQ version `{v}` is not read: kiln reads the `gemm` layout (AutoAWQ's \
-                         default)"
-                    ));
-                }
-                if flag("zero_point") == Some(false) {
-                    return Err("AWQ without zero points (`zero_point: false`) is not read".into());
-                }
-                if bits != 4 {
-                    return Err(format!("AWQ with {bits} bits is not read: AWQ is 4-bit"));
-                }
-                PackedMethod::Awq
-            }
-            "gptq" => {
-                let zero_offset = match text("checkpoint_format").as_deref() {
-                    None | Some("gptq") => 1,
-                    Some("gptq_v2") => 0,
-                    Some(other) => {
-                        return Err(format!(
-                            "GPTQ checkpoint_format `{other}` is not read: kiln reads `gptq` \
-                             and `gptq_v2`"
-                        ));
-                    }
-                };
-                if let Some(d) = text("pack_dtype").filter(|d| !d.ends_with("int32")) {
-                    return Err(format!("GPTQ pack_dtype `{d}` is not read: kiln reads int32"));
-                }
-                if bits != 4 && bits != 8 {
-                    return Err(format!("GPTQ with {bits} bits is not read: kiln reads 4 and 8"));
-                }
-                if bits == 8 && flag("sym") == Some(false) {
-                    return Err("8-bit GPTQ with zero points (`sym: false`) is not read: \
-                                kiln reads 8-bit `sym: true`"
-                        .into());
-                }
-                PackedMethod::Gptq { zero_offset }
-            }
-            other => return Err(format!("quant_method `{other}`")),
-        };
-        let group_size = match group {
-            -1 => None,
-            g if g > 0 && g % BLOCK as i64 == 0 => Some(g as usize),
-            g => {
-                return Err(format!(
-                    "group_size {g} is not read: kiln reads -1 and multiples of 32"
-                ));
-            }
-        };
-        Ok(Self { method, bits: bits as u32, group_size })
-    }
-}
-
-/// A [`WeightStore`] whose `X.weight` matrices are read from `X.qweight` and its companions
-/// where the checkpoint packed them (the others, such as embeddings and the head, are float).
+/// A [`WeightStore`] whose `X.weight` matrices are read from their packed tensors where the
+/// checkpoint packed them (the others, such as embeddings and the head, are float).
 pub(crate) struct PackedWeights<'a> {
     pub inner: &'a WeightStore,
     pub quant: PackedQuant,
 }
 
+/// Which layout a packed matrix is stored in.
+#[derive(Clone, Copy)]
+enum Stored {
+    /// `X.qweight` and companions.
+    AwqOrGptq,
+    /// `X.weight_packed` or an i8 `X.weight`, with `X.weight_scale`.
+    Compressed,
+}
+
 impl PackedWeights<'_> {
     /// The packed tensors' common prefix when `name` is a packed matrix.
-    fn stem<'n>(&self, name: &'n str) -> Option<&'n str> {
+    fn stem<'n>(&self, name: &'n str) -> Option<(&'n str, Stored)> {
         let stem = name.strip_suffix(".weight")?;
-        self.inner.contains(&format!("{stem}.qweight")).then_some(stem)
+        let has = |t: &str| self.inner.contains(&format!("{stem}.{t}"));
+        match self.quant.method {
+            PackedMethod::Awq | PackedMethod::Gptq { .. } => {
+                has("qweight").then_some((stem, Stored::AwqOrGptq))
+            }
+            PackedMethod::CompressedTensors => (has("weight_packed")
+                || has("weight_scale") && self.inner.is_int8(name))
+            .then_some((stem, Stored::Compressed)),
+        }
     }
 
     /// Reads the packed `[rows = out, cols = in]` matrix `stem` and repacks it, its columns
@@ -159,39 +73,34 @@ impl PackedWeights<'_> {
     /// `order[j]`).
     fn unpack(
         &self,
-        stem: &str,
+        (stem, stored): (&str, Stored),
         rows: usize,
         cols: usize,
     ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
         let (out, inp) = (rows, cols);
-        let bad = |m: String| LoadError::format(self.inner.path_of(&format!("{stem}.qweight")), m);
-        if !inp.is_multiple_of(BLOCK) {
-            return Err(bad(format!("{stem}: {inp} inputs are not a multiple of {BLOCK}")));
-        }
-        let per_word = (32 / self.quant.bits) as usize;
-        if !out.is_multiple_of(per_word) {
-            return Err(bad(format!("{stem}: {out} outputs are not a multiple of {per_word}")));
+        let bad = |m: String| LoadError::format(self.inner.path_of(&format!("{stem}.weight")), m);
+        if !inp.is_multiple_of(BLOCK) || !out.is_multiple_of(8) {
+            return Err(bad(format!("{stem}: [{out}, {inp}] is not a multiple of [8, {BLOCK}]")));
         }
         let group = self.quant.group_size.unwrap_or(inp);
-        let groups = inp.div_ceil(group);
-        let name = |t: &str| format!("{stem}.{t}");
-        let scales = self.inner.floats(&name("scales"), &[groups, out])?;
-        let levels = Levels::read(self, stem, out, inp, groups)?;
-        let g_idx = match self.inner.try_int32s(&name("g_idx"), &[inp])? {
-            Some(g_idx) => g_idx,
-            None => (0..inp).map(|i| (i / group) as i32).collect(),
+        let m = match (stored, self.quant.method) {
+            (Stored::AwqOrGptq, PackedMethod::Gptq { zero_offset }) => {
+                layouts::gptq(self.inner, stem, (out, inp), (self.quant.bits, group, zero_offset))?
+            }
+            (Stored::AwqOrGptq, _) => layouts::awq(self.inner, stem, (out, inp), group)?,
+            (Stored::Compressed, _) => layouts::compressed(self.inner, stem, (out, inp))?,
         };
         let (order, block_groups) =
-            group_order(&g_idx, groups).map_err(|m| bad(format!("{stem}.g_idx: {m}")))?;
-        let centre = 1u32 << (self.quant.bits - 1);
-        let symmetric = levels.zeros.iter().all(|&z| z == centre);
-        let ty = match (self.quant.bits, symmetric) {
+            group_order(&m.g_idx, m.groups).map_err(|e| bad(format!("{stem} groups: {e}")))?;
+        let centre = 1u32 << (m.bits - 1);
+        let symmetric = m.zeros.iter().all(|&z| z == centre);
+        let ty = match (m.bits, symmetric) {
             (4, true) => GgmlType::Q4_0,
             (4, false) => GgmlType::Q5_0,
             (8, true) => GgmlType::Q8_0,
             _ => {
                 return Err(bad(format!(
-                    "{stem}: 8-bit zero points other than {centre} are not read (sym: true only)"
+                    "{stem}: 8-bit zero points other than {centre} are not read (symmetric only)"
                 )));
             }
         };
@@ -200,10 +109,10 @@ impl PackedWeights<'_> {
         let mut q = [0u8; BLOCK];
         for o in 0..out {
             for (b, &g) in block_groups.iter().enumerate() {
-                let (s, z) = (scales[g * out + o], levels.zeros[g * out + o]);
+                let (s, z) = (m.scales[g * out + o], m.zeros[g * out + o]);
                 for (k, v) in q.iter_mut().enumerate() {
                     let j = b * BLOCK + k;
-                    *v = levels.weight(o, order.as_ref().map_or(j, |order| order[j]));
+                    *v = m.levels[o * inp + order.as_ref().map_or(j, |order| order[j])];
                 }
                 bytes.extend_from_slice(&f16::from_f32(s).to_le_bytes());
                 match ty {
@@ -262,66 +171,6 @@ fn group_order(g_idx: &[i32], groups: usize) -> Result<(Option<Vec<usize>>, Vec<
     Ok(((!sorted).then_some(order), block_groups))
 }
 
-/// A matrix's integer levels and zero points, unpacked.
-struct Levels {
-    /// `[out, in]`, each in `0..2^bits`.
-    weights: Vec<u8>,
-    /// `[G, out]`, each in `0..2^bits`.
-    zeros: Vec<u32>,
-    inp: usize,
-}
-
-impl Levels {
-    fn read(
-        p: &PackedWeights<'_>,
-        stem: &str,
-        out: usize,
-        inp: usize,
-        groups: usize,
-    ) -> Result<Self, LoadError> {
-        let bits = p.quant.bits;
-        let per_word = (32 / bits) as usize;
-        let mask = (1u32 << bits) - 1;
-        let field = |word: i32, k: usize| (word as u32 >> (bits as usize * k)) & mask;
-        let name = |t: &str| format!("{stem}.{t}");
-        let mut weights = vec![0u8; out * inp];
-        let mut zeros = vec![0u32; groups * out];
-        match p.quant.method {
-            PackedMethod::Awq => {
-                let qw = p.inner.int32s(&name("qweight"), &[inp, out / 8])?;
-                let qz = p.inner.int32s(&name("qzeros"), &[groups, out / 8])?;
-                for (o, &nibble) in (0..out).zip(AWQ_NIBBLE.iter().cycle()) {
-                    for i in 0..inp {
-                        weights[o * inp + i] = field(qw[i * (out / 8) + o / 8], nibble) as u8;
-                    }
-                    for g in 0..groups {
-                        zeros[g * out + o] = field(qz[g * (out / 8) + o / 8], nibble);
-                    }
-                }
-            }
-            PackedMethod::Gptq { zero_offset } => {
-                let qw = p.inner.int32s(&name("qweight"), &[inp / per_word, out])?;
-                let qz = p.inner.int32s(&name("qzeros"), &[groups, out / per_word])?;
-                for o in 0..out {
-                    for i in 0..inp {
-                        weights[o * inp + i] =
-                            field(qw[(i / per_word) * out + o], i % per_word) as u8;
-                    }
-                    for g in 0..groups {
-                        let stored = field(qz[g * (out / per_word) + o / per_word], o % per_word);
-                        zeros[g * out + o] = (stored + zero_offset) & mask;
-                    }
-                }
-            }
-        }
-        Ok(Self { weights, zeros, inp })
-    }
-
-    fn weight(&self, o: usize, i: usize) -> u8 {
-        self.weights[o * self.inp + i]
-    }
-}
-
 impl WeightSource for PackedWeights<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
         match self.ordered_matrix(name, rows, cols)? {
@@ -343,7 +192,7 @@ impl WeightSource for PackedWeights<'_> {
         cols: usize,
     ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
         match self.stem(name) {
-            Some(stem) => self.unpack(stem, rows, cols),
+            Some(packed) => self.unpack(packed, rows, cols),
             None => Ok((self.inner.matrix(name, rows, cols)?, None)),
         }
     }
@@ -365,6 +214,28 @@ impl WeightSource for PackedWeights<'_> {
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name) || self.stem(name).is_some()
     }
+}
+
+/// How many bytes more than its files a packed checkpoint in `dir` takes once repacked (0 for
+/// any other model): a 4-bit matrix's 4 bits become at most `Q5_0`'s 5.5, an 8-bit one's
+/// `Q8_0`'s 8.5; the scales and zero points' bytes, dropped, are not counted off.
+pub fn repack_growth_bytes(dir: &Path) -> Result<u64, LoadError> {
+    let config = dir.join("config.json");
+    if !dir.is_dir() || !config.exists() {
+        return Ok(0);
+    }
+    let Some(quant) = crate::ModelConfig::from_file(&config)?.packed else { return Ok(0) };
+    let store = WeightStore::open_dir(dir)?;
+    let packed = |name: &str| name.ends_with(".qweight") || name.ends_with(".weight_packed");
+    let growth = store
+        .tensor_sizes()
+        .map(|(name, bytes, int8)| match (packed(name), int8, quant.bits) {
+            (true, _, 4) => bytes * 3 / 8,
+            (true, ..) | (false, true, _) => bytes / 16,
+            _ => 0,
+        })
+        .sum::<usize>();
+    Ok(growth as u64)
 }
 
 /// Whether the directory's `config.json` names a packed checkpoint of `method`; for

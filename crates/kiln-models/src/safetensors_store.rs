@@ -27,6 +27,8 @@ enum Dtype {
     Bf16,
     /// Packed integer weights (AWQ and GPTQ's `qweight`, `qzeros`, `g_idx`).
     I32,
+    /// compressed-tensors' int8 weights.
+    I8,
     /// Stored in the file but not loadable as a weight (other integers, f64, fp8, ...).
     Other,
 }
@@ -41,6 +43,7 @@ impl Dtype {
             "I32" => (Self::I32, 4),
             "U32" => (Self::Other, 4),
             "I16" | "U16" => (Self::Other, 2),
+            "I8" => (Self::I8, 1),
             _ => (Self::Other, 1),
         }
     }
@@ -99,6 +102,14 @@ impl WeightStore {
         self.tensors.contains_key(name)
     }
 
+    /// Every tensor's name, its bytes and whether it is stored as `I8`.
+    pub(crate) fn tensor_sizes(&self) -> impl Iterator<Item = (&str, usize, bool)> {
+        self.tensors.iter().map(|(name, e)| {
+            let size = Dtype::parse(&e.dtype_name).1;
+            (name.as_str(), e.num_elements * size, e.dtype == Dtype::I8)
+        })
+    }
+
     /// The stored shape of a tensor.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.tensors.get(name).map(|e| e.shape.as_slice())
@@ -118,7 +129,7 @@ impl WeightStore {
                 found: entry.shape.clone(),
             });
         }
-        if matches!(entry.dtype, Dtype::Other | Dtype::I32) {
+        if matches!(entry.dtype, Dtype::Other | Dtype::I32 | Dtype::I8) {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),
                 name: name.to_string(),
@@ -160,6 +171,23 @@ impl WeightStore {
 
     /// An `I32` tensor of `shape`, as integers.
     pub(crate) fn int32s(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>, LoadError> {
+        let bytes = self.integer_bytes(name, shape, Dtype::I32)?;
+        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// An `I8` tensor of `shape`, as integers.
+    pub(crate) fn int8s(&self, name: &str, shape: &[usize]) -> Result<Vec<i8>, LoadError> {
+        let bytes = self.integer_bytes(name, shape, Dtype::I8)?;
+        Ok(bytes.iter().map(|&b| b as i8).collect())
+    }
+
+    /// Whether tensor `name` is stored as `I8`.
+    pub(crate) fn is_int8(&self, name: &str) -> bool {
+        self.tensors.get(name).is_some_and(|e| e.dtype == Dtype::I8)
+    }
+
+    /// The bytes of integer tensor `name`, checked to be of `shape` and `dtype`.
+    fn integer_bytes(&self, name: &str, shape: &[usize], dtype: Dtype) -> Result<&[u8], LoadError> {
         let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
             path: self.describe_files(),
             name: name.to_string(),
@@ -173,18 +201,18 @@ impl WeightStore {
                 found: entry.shape.clone(),
             });
         }
-        if entry.dtype != Dtype::I32 {
+        if entry.dtype != dtype {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),
                 name: name.to_string(),
-                dtype: format!("{} (I32 expected)", entry.dtype_name),
+                dtype: format!("{} ({dtype:?} expected)", entry.dtype_name),
             });
         }
-        let bytes = self.files[entry.file]
+        let size = if dtype == Dtype::I32 { 4 } else { 1 };
+        self.files[entry.file]
             .bytes()
-            .get(entry.start..entry.start + entry.num_elements * 4)
-            .ok_or_else(|| LoadError::format(path, format!("tensor `{name}` size")))?;
-        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            .get(entry.start..entry.start + entry.num_elements * size)
+            .ok_or_else(|| LoadError::format(path, format!("tensor `{name}` size")))
     }
 
     /// [`WeightStore::int32s`], `None` when the tensor is absent.
@@ -217,7 +245,7 @@ impl WeightStore {
         let ty = match entry.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
-            Dtype::Bf16 | Dtype::I32 | Dtype::Other => GgmlType::Bf16,
+            Dtype::Bf16 | Dtype::I32 | Dtype::I8 | Dtype::Other => GgmlType::Bf16,
         };
         let size_err = || LoadError::format(file.path(), format!("tensor `{name}` size"));
         let num_bytes = entry.num_elements.checked_mul(ty.block_bytes()).ok_or_else(size_err)?;

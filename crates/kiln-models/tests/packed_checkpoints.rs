@@ -1,7 +1,8 @@
-//! AWQ and GPTQ checkpoints against transformers: tiny fixtures (`tests/fixtures/models/awq`,
-//! `gptq*`, made by `scripts/fixtures/make_packed_fixtures.py` from the `llama3` fixture, packed
-//! by AutoAWQ's and AutoGPTQ's own code) whose reference logits come from transformers running
-//! the weights as those libraries dequantize them.
+//! AWQ, GPTQ and compressed-tensors checkpoints against transformers: tiny fixtures
+//! (`tests/fixtures/models/awq`, `gptq*`, `ct-*`, made by
+//! `scripts/fixtures/make_packed_fixtures.py` from the `llama3` fixture, packed by AutoAWQ's,
+//! AutoGPTQ's and compressed-tensors' own code) whose reference logits come from transformers
+//! running the weights as those libraries dequantize them (W8A8's with float activations).
 //!
 //! - The matrices kiln reads equal the libraries' dequantization exactly (the unit test
 //!   `packed::tests::fixture_matrices_equal_the_libraries_own_dequantization`), so dequantized
@@ -21,8 +22,20 @@ use kiln_kernels::GgmlType;
 use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 
 /// AWQ 4-bit g32; GPTQ 4-bit g64 with zero points; GPTQ 8-bit symmetric g32; GPTQ 4-bit
-/// symmetric per row (`group_size` −1); GPTQ 4-bit g32 act order (`desc_act`).
-const FIXTURES: [&str; 5] = ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act"];
+/// symmetric per row (`group_size` −1); GPTQ 4-bit g32 act order (`desc_act`);
+/// compressed-tensors W4A16 symmetric g32 (bf16 scales), W4A16 with zero points g64, W8A8
+/// `int-quantized` per channel (bf16 scales), W8A16 `pack-quantized` per channel.
+const FIXTURES: [&str; 9] = [
+    "awq",
+    "gptq",
+    "gptq-sym8",
+    "gptq-sym4",
+    "gptq-act",
+    "ct-w4a16",
+    "ct-w4a16-asym",
+    "ct-w8a8",
+    "ct-w8a16",
+];
 /// Max |kiln − transformers| of the f32 logits with the weights dequantized (as
 /// `hf_parity`'s float models).
 const DEQUANTIZED_TOLERANCE: f32 = 1e-3;

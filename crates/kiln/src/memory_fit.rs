@@ -12,7 +12,8 @@ use anyhow::{Context, bail};
 
 /// The bytes of the weight files at `path`: a GGUF file's size (with the other files of a
 /// split model, named as llama.cpp names them, beside it), or the sum of a Hugging Face
-/// directory's `*.safetensors`.
+/// directory's `*.safetensors` (plus, for an AWQ / GPTQ / compressed-tensors checkpoint, what
+/// repacking its integers into block types adds).
 pub fn weight_file_bytes(path: &Path) -> anyhow::Result<u64> {
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.is_file() {
@@ -33,7 +34,7 @@ pub fn weight_file_bytes(path: &Path) -> anyhow::Result<u64> {
             total += entry.metadata()?.len();
         }
     }
-    Ok(total)
+    Ok(total + kiln_models::repack_growth_bytes(path)?)
 }
 
 /// Refuses weights of `needed` bytes when `available` (memory the system can give, if known)
@@ -89,5 +90,20 @@ mod tests {
         assert_eq!(weight_file_bytes(&dir).unwrap(), 150);
         assert_eq!(weight_file_bytes(&dir.join("a.safetensors")).unwrap(), 100);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The AWQ fixture: its 4-bit `qweight`s grow by 3/8 as Q5_0.
+    #[test]
+    fn a_packed_checkpoint_counts_its_repacked_size() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/awq");
+        let files: u64 =
+            ["model.safetensors", "dequantized.safetensors", "reference_logits.safetensors"]
+                .iter()
+                .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+                .sum();
+        // 2 layers of q/k/v/o (64·64, 32·64, 32·64, 64·64) and gate/up/down (128·64 ×3)
+        // inputs·outputs at 4 bits.
+        let qweight_bytes = 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3) / 2;
+        assert_eq!(weight_file_bytes(&dir).unwrap(), files + qweight_bytes * 3 / 8);
     }
 }

@@ -73,6 +73,9 @@ pub enum Quantization {
     /// A GPTQ checkpoint (read as it is; the flag checks the checkpoint says `gptq`).
     #[value(name = "gptq")]
     Gptq,
+    /// A compressed-tensors checkpoint (read as it is; the flag checks the checkpoint).
+    #[value(name = "compressed-tensors")]
+    CompressedTensors,
 }
 
 impl Quantization {
@@ -82,7 +85,7 @@ impl Quantization {
             Self::Q8_0 => Some(GgmlType::Q8_0),
             Self::Q4K => Some(GgmlType::Q4K),
             Self::Q5_0 => Some(GgmlType::Q5_0),
-            Self::Awq | Self::Gptq => None,
+            Self::Awq | Self::Gptq | Self::CompressedTensors => None,
         }
     }
 
@@ -96,6 +99,7 @@ impl Quantization {
         match self {
             Self::Awq => Some("awq"),
             Self::Gptq => Some("gptq"),
+            Self::CompressedTensors => Some("compressed-tensors"),
             Self::Q8_0 | Self::Q4K | Self::Q5_0 => None,
         }
     }
@@ -121,8 +125,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub download_dir: Option<PathBuf>,
     /// Quantize float weights as they load (q8_0, q4_k, q5_0; GGUF tensors that are already
-    /// quantized are kept), or name an AWQ / GPTQ checkpoint's method (awq, gptq: checked
-    /// against its quantization_config; such checkpoints load without the flag too).
+    /// quantized are kept), or name a packed checkpoint's method (awq, gptq,
+    /// compressed-tensors: checked against its quantization_config; such checkpoints load
+    /// without the flag too).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
 }

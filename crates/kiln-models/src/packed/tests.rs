@@ -34,10 +34,87 @@ fn reads_awq_and_gptq_configs_in_their_spellings() {
     assert_eq!(v2.map(|q| q.method), Ok(PackedMethod::Gptq { zero_offset: 0 }));
 }
 
+/// A compressed-tensors config of one group.
+#[allow(clippy::needless_pass_by_value)] // called with json! temporaries
+fn ct(format: &str, weights: Value, activations: Option<Value>) -> Value {
+    json!({"quant_method": "compressed-tensors", "format": format, "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+            "input_activations": activations}}, "ignore": ["lm_head"]})
+}
+
+#[test]
+fn reads_compressed_tensors_configs() {
+    let w4a16 = ct(
+        "pack-quantized",
+        json!({"type": "int", "num_bits": 4, "strategy": "group",
+        "group_size": 128, "symmetric": true, "actorder": "group", "dynamic": false}),
+        None,
+    );
+    let w8a8 = ct(
+        "int-quantized",
+        json!({"type": "int", "num_bits": 8, "strategy": "channel",
+        "symmetric": true}),
+        Some(json!({"type": "int", "num_bits": 8, "dynamic": true,
+        "strategy": "token"})),
+    );
+    for (q, bits) in [(w4a16, 4), (w8a8, 8)] {
+        let want = PackedQuant { method: PackedMethod::CompressedTensors, bits, group_size: None };
+        assert_eq!(quant(&q), Ok(want));
+    }
+}
+
 #[test]
 fn refuses_what_it_cannot_read_by_name() {
     let cases = [
         (json!({"quant_method": "bitsandbytes"}), "quant_method `bitsandbytes`"),
+        (
+            ct(
+                "float-quantized",
+                json!({"type": "float", "num_bits": 8, "strategy": "channel"}),
+                None,
+            ),
+            "float weights",
+        ),
+        (
+            ct(
+                "pack-quantized",
+                json!({"type": "int", "num_bits": 2, "strategy": "group", "group_size": 128}),
+                None,
+            ),
+            "2-bit",
+        ),
+        (
+            ct(
+                "int-quantized",
+                json!({"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": false}),
+                None,
+            ),
+            "zero points",
+        ),
+        (
+            ct("pack-quantized", json!({"type": "int", "num_bits": 4, "strategy": "tensor"}), None),
+            "strategy `tensor`",
+        ),
+        (
+            ct(
+                "int-quantized",
+                json!({"type": "int", "num_bits": 8, "strategy": "channel"}),
+                Some(json!({"type": "float", "num_bits": 8})),
+            ),
+            "float 8-bit input activations",
+        ),
+        (
+            {
+                let mut q = ct(
+                    "pack-quantized",
+                    json!({"type": "int", "num_bits": 4, "strategy": "channel"}),
+                    None,
+                );
+                q["sparsity_config"] = json!({"format": "sparse-24-bitmask"});
+                q
+            },
+            "sparse",
+        ),
         (json!({"quant_method": "awq", "group_size": 128}), "missing `bits`"),
         (json!({"quant_method": "awq", "bits": 4, "version": "gemv_fast"}), "gemv_fast"),
         (json!({"quant_method": "awq", "bits": 4, "zero_point": false}), "zero_point"),
@@ -151,6 +228,44 @@ impl Packed {
                 g_idx.iter().flat_map(|g| g.to_le_bytes()).collect(),
             ),
         ]
+    }
+
+    /// compressed-tensors' layouts: `pack-quantized` (zero points when `zeros`), or for 8 bits
+    /// with `packed` false, `int-quantized`.
+    fn compressed(&self, packed: bool, zeros: bool) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+        let (out, inp, groups, bits) =
+            (self.out, self.inp, self.inp / self.group, self.bits as usize);
+        let per = 32 / bits;
+        let by_row = |v: &[u32], o: usize, g: usize| v[g * out + o];
+        let scales: Vec<u8> = (0..out * groups)
+            .flat_map(|k| f16::from_f32(self.s[(k % groups) * out + k / groups]).to_le_bytes())
+            .collect();
+        let mut t = vec![("l.weight_scale".into(), Dtype::F16, vec![out, groups], scales)];
+        if !packed {
+            let w = self.q.iter().map(|&q| (q as i32 - 128) as i8 as u8).collect();
+            t.push(("l.weight".into(), Dtype::I8, vec![out, inp], w));
+            return t;
+        }
+        let mut words = Vec::new();
+        for o in 0..out {
+            for c in 0..inp / per {
+                let w = (0..per).fold(0u32, |w, k| w | self.q[o * inp + c * per + k] << (bits * k));
+                words.extend(w.to_le_bytes());
+            }
+        }
+        t.push(("l.weight_packed".into(), Dtype::I32, vec![out, inp / per], words));
+        if zeros {
+            let mut zp = Vec::new();
+            for r in 0..out / per {
+                for g in 0..groups {
+                    let w = (0..per)
+                        .fold(0u32, |w, k| w | by_row(&self.z, r * per + k, g) << (bits * k));
+                    zp.extend(w.to_le_bytes());
+                }
+            }
+            t.push(("l.weight_zero_point".into(), Dtype::I32, vec![out / per, groups], zp));
+        }
+        t
     }
 
     fn scales(&self) -> Vec<u8> {
@@ -268,6 +383,22 @@ fn act_order_matrices_come_sorted_by_group_with_their_input_order() {
 }
 
 #[test]
+fn compressed_tensors_layouts_read_exactly() {
+    let q = PackedQuant { method: PackedMethod::CompressedTensors, bits: 4, group_size: None };
+    for (bits, zero, packed, ty) in [
+        (4, None, true, GgmlType::Q5_0),
+        (4, Some(8), true, GgmlType::Q4_0),
+        (8, Some(128), true, GgmlType::Q8_0),
+        (8, Some(128), false, GgmlType::Q8_0),
+    ] {
+        let p = Packed::new(16, 64, 32, bits, zero);
+        let t = read(&p.compressed(packed, zero.is_none()), q, (16, 64)).unwrap();
+        assert_eq!(t.ty(), ty, "{bits} bits, zero {zero:?}, packed {packed}");
+        assert_eq!(dequantize(&t), p.dequantized(), "{bits} bits, zero {zero:?}");
+    }
+}
+
+#[test]
 fn refuses_split_groups_bad_shapes_and_eight_bit_zero_points_by_name() {
     let p = Packed::new(8, 64, 32, 4, None);
     let q = PackedQuant {
@@ -279,7 +410,7 @@ fn refuses_split_groups_bad_shapes_and_eight_bit_zero_points_by_name() {
     let mut g_idx: Vec<i32> = (0..64).map(|i| i / 32).collect();
     g_idx[0] = 1;
     let msg = read(&p.gptq(1, Some(g_idx)), q, (8, 64)).unwrap_err().to_string();
-    assert!(msg.contains("l.g_idx") && msg.contains("whole blocks"), "{msg}");
+    assert!(msg.contains("l groups") && msg.contains("whole blocks"), "{msg}");
     let msg = read(&p.gptq(1, Some(vec![7; 64])), q, (8, 64)).unwrap_err().to_string();
     assert!(msg.contains("outside 0..2"), "{msg}");
     let msg = read(&p.gptq(1, None), q, (8, 32)).unwrap_err().to_string();
@@ -290,13 +421,16 @@ fn refuses_split_groups_bad_shapes_and_eight_bit_zero_points_by_name() {
     assert!(msg.contains("8-bit zero points"), "{msg}");
 }
 
-/// The fixtures of `tests/fixtures/models` (AutoAWQ / AutoGPTQ packed): every matrix, read as
+/// The fixtures of `tests/fixtures/models` (AutoAWQ / AutoGPTQ / compressed-tensors packed):
+/// every matrix, read as
 /// kiln reads it and put back in input order, equals the packing library's own
 /// dequantization (`dequantized.safetensors`: `(q − z) · s` in f32) exactly.
 #[test]
 fn fixture_matrices_equal_the_libraries_own_dequantization() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
-    for name in ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act"] {
+    let names = ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act"];
+    let compressed = ["ct-w4a16", "ct-w4a16-asym", "ct-w8a8", "ct-w8a16"];
+    for name in names.into_iter().chain(compressed) {
         let dir = root.join(name);
         let config = crate::ModelConfig::from_file(&dir.join("config.json")).unwrap();
         let quant = config.packed.expect("a packed checkpoint");

@@ -357,13 +357,14 @@ fn own_value(
         ("quantization", "gptq_marlin") => value_push(out, flag, "gptq", attached),
         (
             "quantization",
-            "fp8" | "bitsandbytes" | "compressed-tensors" | "marlin" | "modelopt" | "mxfp4"
-            | "gguf" | "experts_int8" | "fbgemm_fp8" | "petit_nvfp4",
+            "fp8" | "bitsandbytes" | "marlin" | "modelopt" | "mxfp4" | "gguf" | "experts_int8"
+            | "fbgemm_fp8" | "petit_nvfp4",
         ) => {
             return Err(format!(
-                "--quantization {value} is not supported: kiln reads AWQ and GPTQ checkpoints \
-                 (--quantization awq / gptq), GGUF files (e.g. org/name:Q4_K_M), and quantizes \
-                 float checkpoints on load with --quantization q8_0, q4_k or q5_0"
+                "--quantization {value} is not supported: kiln reads AWQ, GPTQ and integer \
+                 compressed-tensors checkpoints (--quantization awq / gptq / \
+                 compressed-tensors), GGUF files (e.g. org/name:Q4_K_M), and quantizes float \
+                 checkpoints on load with --quantization q8_0, q4_k or q5_0"
             ));
         }
         _ => value_push(out, flag, value, attached),
