@@ -71,8 +71,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The experts of a mixture-of-experts model (`None`: every layer's MLP is dense).
     pub moe: Option<MoeConfig>,
-    /// AWQ / GPTQ packed linear layers (`quantization_config`); `None` for float checkpoints
-    /// and GGUF files.
+    /// AWQ / GPTQ / compressed-tensors packed linear layers (`quantization_config`); `None`
+    /// for float checkpoints and GGUF files.
     pub packed: Option<PackedQuant>,
 }
 

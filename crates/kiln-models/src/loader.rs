@@ -56,7 +56,8 @@ pub fn load_model_with<B: Backend>(
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
     let naming = Naming::Hf(config.architecture);
-    // AWQ / GPTQ linear layers, repacked into block types as they are read.
+    // AWQ / GPTQ / compressed-tensors linear layers, repacked into block types as they are
+    // read.
     let packed = config.packed.map(|quant| PackedWeights { inner: &store, quant });
     let stored: &dyn WeightSource = match &packed {
         Some(p) => p,
