@@ -24,8 +24,10 @@ use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 /// AWQ 4-bit g32; GPTQ 4-bit g64 with zero points; GPTQ 8-bit symmetric g32; GPTQ 4-bit
 /// symmetric per row (`group_size` −1); GPTQ 4-bit g32 act order (`desc_act`);
 /// compressed-tensors W4A16 symmetric g32 (bf16 scales), W4A16 with zero points g64, W8A8
-/// `int-quantized` per channel (bf16 scales), W8A16 `pack-quantized` per channel.
-const FIXTURES: [&str; 9] = [
+/// `int-quantized` per channel (bf16 scales), W8A16 `pack-quantized` per channel; GPTQ
+/// Qwen3-MoE (every expert packed, the routers float); AWQ Phi-3 (fused `qkv_proj` and
+/// `gate_up_proj` packed whole, read as their parts).
+const FIXTURES: [&str; 11] = [
     "awq",
     "gptq",
     "gptq-sym8",
@@ -35,6 +37,8 @@ const FIXTURES: [&str; 9] = [
     "ct-w4a16-asym",
     "ct-w8a8",
     "ct-w8a16",
+    "gptq-qwen3moe",
+    "awq-phi3",
 ];
 /// Max |kiln − transformers| of the f32 logits with the weights dequantized (as
 /// `hf_parity`'s float models).

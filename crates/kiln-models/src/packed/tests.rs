@@ -421,14 +421,14 @@ fn refuses_split_groups_bad_shapes_and_eight_bit_zero_points_by_name() {
     assert!(msg.contains("8-bit zero points"), "{msg}");
 }
 
-/// The fixtures of `tests/fixtures/models` (AutoAWQ / AutoGPTQ / compressed-tensors packed):
-/// every matrix, read as
+/// The fixtures of `tests/fixtures/models` (AutoAWQ / AutoGPTQ / compressed-tensors packed;
+/// Llama, Qwen3-MoE experts, Phi-3's fused matrices): every matrix, read as
 /// kiln reads it and put back in input order, equals the packing library's own
 /// dequantization (`dequantized.safetensors`: `(q − z) · s` in f32) exactly.
 #[test]
 fn fixture_matrices_equal_the_libraries_own_dequantization() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
-    let names = ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act"];
+    let names = ["awq", "gptq", "gptq-sym8", "gptq-sym4", "gptq-act", "gptq-qwen3moe", "awq-phi3"];
     let compressed = ["ct-w4a16", "ct-w4a16-asym", "ct-w8a8", "ct-w8a16"];
     for name in names.into_iter().chain(compressed) {
         let dir = root.join(name);
@@ -437,30 +437,18 @@ fn fixture_matrices_equal_the_libraries_own_dequantization() {
         let store = WeightStore::open_dir(&dir).unwrap();
         let reference = WeightStore::open_files(&[dir.join("dequantized.safetensors")]).unwrap();
         let packed = PackedWeights { inner: &store, quant };
-        let (h, i) = (config.hidden_size, config.intermediate_size);
-        let q = config.num_heads * config.head_dim;
-        let kv = config.num_kv_heads * config.head_dim;
-        let shapes = [
-            ("self_attn.q_proj", q, h),
-            ("self_attn.k_proj", kv, h),
-            ("self_attn.v_proj", kv, h),
-            ("self_attn.o_proj", h, q),
-            ("mlp.gate_proj", i, h),
-            ("mlp.up_proj", i, h),
-            ("mlp.down_proj", h, i),
-        ];
-        for l in 0..config.num_layers {
-            for (m, rows, cols) in shapes {
-                let w = format!("model.layers.{l}.{m}.weight");
-                let (t, order) = packed.ordered_matrix(&w, rows, cols).unwrap();
-                let sorted = dequantize(&t);
-                let want = reference.floats(&w, &[rows, cols]).unwrap();
-                for r in 0..rows {
-                    for j in 0..cols {
-                        let i = order.as_ref().map_or(j, |o| o[j]);
-                        let (g, w_) = (sorted[r * cols + j], want[r * cols + i]);
-                        assert_eq!(g, w_, "{name} {w} [{r}, {i}]");
-                    }
+        let matrices: Vec<String> = reference.tensor_sizes().map(|(n, ..)| n.to_owned()).collect();
+        assert!(matrices.len() >= 8, "{name}: {} matrices", matrices.len());
+        for w in &matrices {
+            let &[rows, cols] = reference.shape(w).unwrap() else { panic!("{w}: not a matrix") };
+            let (t, order) = packed.ordered_matrix(w, rows, cols).unwrap();
+            let sorted = dequantize(&t);
+            let want = reference.floats(w, &[rows, cols]).unwrap();
+            for r in 0..rows {
+                for j in 0..cols {
+                    let i = order.as_ref().map_or(j, |o| o[j]);
+                    let (g, w_) = (sorted[r * cols + j], want[r * cols + i]);
+                    assert_eq!(g, w_, "{name} {w} [{r}, {i}]");
                 }
             }
         }
