@@ -398,6 +398,34 @@ fn compressed_tensors_layouts_read_exactly() {
     }
 }
 
+/// Older compressed-tensors checkpoints (`actorder: group`) store `weight_g_idx`, read as
+/// GPTQ's `g_idx`.
+#[test]
+fn compressed_tensors_group_order_is_read_as_gptqs() {
+    let (out, inp, group) = (8, 64, 32);
+    let perm: Vec<usize> = (0..inp).map(|k| (k * 29 + 3) % inp).collect();
+    let g_idx = act_order(&perm, group);
+    let p = Packed::new(out, inp, group, 4, None);
+    let mut tensors = p.compressed(true, true);
+    let bytes = g_idx.iter().flat_map(|g| g.to_le_bytes()).collect();
+    tensors.push(("l.weight_g_idx".into(), Dtype::I32, vec![inp], bytes));
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &tensors);
+    let q = PackedQuant { method: PackedMethod::CompressedTensors, bits: 4, group_size: None };
+    let packed = PackedWeights { inner: &store, quant: q };
+    let (t, order) = packed.ordered_matrix("l.weight", out, inp).unwrap();
+    let order = order.expect("an act order");
+    let got = dequantize(&t);
+    for o in 0..out {
+        for (j, &i) in order.iter().enumerate() {
+            let g = g_idx[i] as usize;
+            let (s, z) = (p.s[g * out + o], p.z[g * out + o]);
+            let want = f16::from_f32(s).to_f32() * (p.q[o * inp + i] as f32 - z as f32);
+            assert_eq!(got[o * inp + j], want, "[{o}, {j}]");
+        }
+    }
+}
+
 #[test]
 fn refuses_split_groups_bad_shapes_and_eight_bit_zero_points_by_name() {
     let p = Packed::new(8, 64, 32, 4, None);
