@@ -115,20 +115,27 @@ impl WeightStore {
         self.tensors.get(name).map(|e| e.shape.as_slice())
     }
 
-    fn entry(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
+    /// Tensor `name`, checked to be of shape `expected`.
+    fn shaped(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
         let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
             path: self.describe_files(),
             name: name.to_string(),
         })?;
-        let path = self.files[entry.file].path();
         if entry.shape != expected {
             return Err(LoadError::Shape {
-                path: path.to_path_buf(),
+                path: self.files[entry.file].path().to_path_buf(),
                 name: name.to_string(),
                 expected: expected.to_vec(),
                 found: entry.shape.clone(),
             });
         }
+        Ok(entry)
+    }
+
+    /// Float tensor `name`, checked to be of shape `expected`.
+    fn entry(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
+        let entry = self.shaped(name, expected)?;
+        let path = self.files[entry.file].path();
         if matches!(entry.dtype, Dtype::Other | Dtype::I32 | Dtype::I8) {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),
@@ -188,19 +195,8 @@ impl WeightStore {
 
     /// The bytes of integer tensor `name`, checked to be of `shape` and `dtype`.
     fn integer_bytes(&self, name: &str, shape: &[usize], dtype: Dtype) -> Result<&[u8], LoadError> {
-        let entry = self.tensors.get(name).ok_or_else(|| LoadError::MissingTensor {
-            path: self.describe_files(),
-            name: name.to_string(),
-        })?;
+        let entry = self.shaped(name, shape)?;
         let path = self.files[entry.file].path();
-        if entry.shape != shape {
-            return Err(LoadError::Shape {
-                path: path.to_path_buf(),
-                name: name.to_string(),
-                expected: shape.to_vec(),
-                found: entry.shape.clone(),
-            });
-        }
         if entry.dtype != dtype {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),

@@ -31,15 +31,6 @@ pub struct PackedQuant {
 }
 
 impl PackedQuant {
-    /// The method's name as `quant_method` and `--quantization` spell it.
-    pub fn method_name(&self) -> &'static str {
-        match self.method {
-            PackedMethod::Awq => "awq",
-            PackedMethod::Gptq { .. } => "gptq",
-            PackedMethod::CompressedTensors => "compressed-tensors",
-        }
-    }
-
     /// Reads `quantization_config`; `Err` names what is not read and what is.
     pub fn from_json(q: &Value) -> Result<Self, String> {
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");

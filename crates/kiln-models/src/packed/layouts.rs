@@ -47,6 +47,17 @@ fn plain_groups(inp: usize, group: usize) -> Vec<i32> {
     (0..inp).map(|i| (i / group) as i32).collect()
 }
 
+/// The group of each of `inp` inputs: the `g_idx` tensor `name` when stored, else
+/// [`plain_groups`].
+fn groups_of(
+    store: &WeightStore,
+    name: &str,
+    inp: usize,
+    group: usize,
+) -> Result<Vec<i32>, LoadError> {
+    Ok(store.try_int32s(name, &[inp])?.unwrap_or_else(|| plain_groups(inp, group)))
+}
+
 /// An AWQ matrix `stem` of `[out, inp]` in groups of `group` inputs.
 pub(super) fn awq(
     store: &WeightStore,
@@ -96,15 +107,8 @@ pub(super) fn gptq(
         }
     }
     let scales = store.floats(&format!("{stem}.scales"), &[groups, out])?;
-    let g_idx = store.try_int32s(&format!("{stem}.g_idx"), &[inp])?;
-    Ok(Unpacked {
-        bits,
-        levels,
-        zeros,
-        scales,
-        g_idx: g_idx.unwrap_or_else(|| plain_groups(inp, group)),
-        groups,
-    })
+    let g_idx = groups_of(store, &format!("{stem}.g_idx"), inp, group)?;
+    Ok(Unpacked { bits, levels, zeros, scales, g_idx, groups })
 }
 
 /// A compressed-tensors matrix `stem` of `[out, inp]`: `pack-quantized` when it has
@@ -137,15 +141,8 @@ pub(super) fn compressed(
         Some(by_row) => transpose(&by_row, out, groups),
         None => vec![1 << (bits - 1); groups * out],
     };
-    let g_idx = store.try_int32s(&name("weight_g_idx"), &[inp])?;
-    Ok(Unpacked {
-        bits,
-        levels,
-        zeros,
-        scales,
-        g_idx: g_idx.unwrap_or_else(|| plain_groups(inp, group)),
-        groups,
-    })
+    let g_idx = groups_of(store, &name("weight_g_idx"), inp, group)?;
+    Ok(Unpacked { bits, levels, zeros, scales, g_idx, groups })
 }
 
 /// A matrix's bits, unsigned levels `[out, in]` and zero points `[out, G]` when stored.

@@ -156,10 +156,16 @@ impl Packed {
 
     /// `s·(q − z)`, `[out, in]`.
     fn dequantized(&self) -> Vec<f32> {
+        let g_idx: Vec<i32> = (0..self.inp).map(|i| (i / self.group) as i32).collect();
+        self.dequantized_in(&(0..self.inp).collect::<Vec<_>>(), &g_idx)
+    }
+
+    /// `s·(q − z)` with input `i` in group `g_idx[i]`, column `j` being input `order[j]`.
+    fn dequantized_in(&self, order: &[usize], g_idx: &[i32]) -> Vec<f32> {
         let mut w = Vec::new();
         for o in 0..self.out {
-            for i in 0..self.inp {
-                let g = i / self.group;
+            for &i in order {
+                let g = g_idx[i] as usize;
                 let (s, z) = (self.s[g * self.out + o], self.z[g * self.out + o]);
                 w.push(f16::from_f32(s).to_f32() * (self.q[o * self.inp + i] as f32 - z as f32));
             }
@@ -362,16 +368,7 @@ fn act_order_matrices_come_sorted_by_group_with_their_input_order() {
     let packed = PackedWeights { inner: &store, quant: q };
     let (t, order) = packed.ordered_matrix("l.weight", out, inp).unwrap();
     let order = order.expect("an act order");
-    let got = dequantize(&t);
-    for o in 0..out {
-        for (j, &i) in order.iter().enumerate() {
-            let g = g_idx[i] as usize;
-            let (s, z) = (reference.s[g * out + o], reference.z[g * out + o]);
-            let want = f16::from_f32(s).to_f32() * (reference.q[o * inp + i] as f32 - z as f32);
-            let got = got[o * inp + j];
-            assert_eq!(got, want, "[{o}, {j}]");
-        }
-    }
+    assert_eq!(dequantize(&t), reference.dequantized_in(&order, &g_idx));
     // Sorted by group, each input once.
     assert!(order.windows(2).all(|w| g_idx[w[0]] <= g_idx[w[1]]));
     let mut seen = order.clone();
@@ -415,15 +412,7 @@ fn compressed_tensors_group_order_is_read_as_gptqs() {
     let packed = PackedWeights { inner: &store, quant: q };
     let (t, order) = packed.ordered_matrix("l.weight", out, inp).unwrap();
     let order = order.expect("an act order");
-    let got = dequantize(&t);
-    for o in 0..out {
-        for (j, &i) in order.iter().enumerate() {
-            let g = g_idx[i] as usize;
-            let (s, z) = (p.s[g * out + o], p.z[g * out + o]);
-            let want = f16::from_f32(s).to_f32() * (p.q[o * inp + i] as f32 - z as f32);
-            assert_eq!(got[o * inp + j], want, "[{o}, {j}]");
-        }
-    }
+    assert_eq!(dequantize(&t), p.dequantized_in(&order, &g_idx));
 }
 
 #[test]
