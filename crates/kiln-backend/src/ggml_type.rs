@@ -29,11 +29,20 @@ pub enum GgmlType {
     Iq4Nl,
     Iq4Xs,
     Mxfp4,
+    Iq1S,
+    Iq1M,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Tq1_0,
+    Tq2_0,
 }
 
 impl GgmlType {
     /// Every supported type, for tests and tables.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 25] = [
         Self::F32,
         Self::F16,
         Self::Bf16,
@@ -50,6 +59,15 @@ impl GgmlType {
         Self::Iq4Nl,
         Self::Iq4Xs,
         Self::Mxfp4,
+        Self::Iq1S,
+        Self::Iq1M,
+        Self::Iq2Xxs,
+        Self::Iq2Xs,
+        Self::Iq2S,
+        Self::Iq3Xxs,
+        Self::Iq3S,
+        Self::Tq1_0,
+        Self::Tq2_0,
     ];
     /// The block-quantized types (every type of [`Self::ALL`] after the three float ones).
     pub const QUANTIZED: &'static [Self] = Self::ALL.split_at(3).1;
@@ -86,6 +104,15 @@ impl GgmlType {
             23 => Self::Iq4Xs,
             30 => Self::Bf16,
             39 => Self::Mxfp4,
+            19 => Self::Iq1S,
+            29 => Self::Iq1M,
+            16 => Self::Iq2Xxs,
+            17 => Self::Iq2Xs,
+            22 => Self::Iq2S,
+            18 => Self::Iq3Xxs,
+            21 => Self::Iq3S,
+            34 => Self::Tq1_0,
+            35 => Self::Tq2_0,
             _ => return None,
         })
     }
@@ -109,6 +136,15 @@ impl GgmlType {
             Self::Iq4Xs => 23,
             Self::Bf16 => 30,
             Self::Mxfp4 => 39,
+            Self::Iq1S => 19,
+            Self::Iq1M => 29,
+            Self::Iq2Xxs => 16,
+            Self::Iq2Xs => 17,
+            Self::Iq2S => 22,
+            Self::Iq3Xxs => 18,
+            Self::Iq3S => 21,
+            Self::Tq1_0 => 34,
+            Self::Tq2_0 => 35,
         }
     }
 
@@ -131,6 +167,15 @@ impl GgmlType {
             Self::Iq4Nl => "iq4_nl",
             Self::Iq4Xs => "iq4_xs",
             Self::Mxfp4 => "mxfp4",
+            Self::Iq1S => "iq1_s",
+            Self::Iq1M => "iq1_m",
+            Self::Iq2Xxs => "iq2_xxs",
+            Self::Iq2Xs => "iq2_xs",
+            Self::Iq2S => "iq2_s",
+            Self::Iq3Xxs => "iq3_xxs",
+            Self::Iq3S => "iq3_s",
+            Self::Tq1_0 => "tq1_0",
+            Self::Tq2_0 => "tq2_0",
         }
     }
 
@@ -145,7 +190,21 @@ impl GgmlType {
             | Self::Q8_0
             | Self::Iq4Nl
             | Self::Mxfp4 => QK,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => QK_K,
+            Self::Q2K
+            | Self::Q3K
+            | Self::Q4K
+            | Self::Q5K
+            | Self::Q6K
+            | Self::Iq4Xs
+            | Self::Iq1S
+            | Self::Iq1M
+            | Self::Iq2Xxs
+            | Self::Iq2Xs
+            | Self::Iq2S
+            | Self::Iq3Xxs
+            | Self::Iq3S
+            | Self::Tq1_0
+            | Self::Tq2_0 => QK_K,
         }
     }
 
@@ -161,11 +220,18 @@ impl GgmlType {
             Self::Q8_0 => 34,
             Self::Mxfp4 => 17,
             Self::Q2K => 84,
-            Self::Q3K => 110,
+            Self::Q3K | Self::Iq3S => 110,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Iq4Xs => 136,
+            Self::Iq1S => 50,
+            Self::Iq1M => 56,
+            Self::Iq2Xxs | Self::Tq2_0 => 66,
+            Self::Iq2Xs => 74,
+            Self::Iq2S => 82,
+            Self::Iq3Xxs => 98,
+            Self::Tq1_0 => 54,
         }
     }
 

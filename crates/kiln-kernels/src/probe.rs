@@ -85,9 +85,7 @@ fn random_blocks(ty: GgmlType, vals: &[f32], row: &mut [u8]) {
     }
     let scale = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
     for block in row.chunks_exact_mut(ty.block_bytes()) {
-        for &at in crate::quant::formats::f16_scale_offsets(ty) {
-            block[at..at + 2].copy_from_slice(&scale);
-        }
+        crate::quant::formats::set_f16_scale(ty, block, scale);
         if ty == GgmlType::Mxfp4 {
             block[0] = 122;
         }

@@ -37,6 +37,12 @@ const FILES: &[(&str, &[GgmlType])] = &[
     ("tiny-Q4_1.gguf", &[GgmlType::Q4_1]),
     ("tiny-Q5_1.gguf", &[GgmlType::Q5_1]),
     ("tiny-moe-MXFP4_MOE.gguf", &[GgmlType::Mxfp4]),
+    (
+        "tiny-IQ2_XXS-IQ3.gguf",
+        &[GgmlType::Iq2Xxs, GgmlType::Iq2Xs, GgmlType::Iq2S, GgmlType::Iq3Xxs, GgmlType::Iq3S],
+    ),
+    ("tiny-IQ1_M-IQ1_S.gguf", &[GgmlType::Iq1M, GgmlType::Iq1S]),
+    ("tiny-TQ1_0-TQ2_0.gguf", &[GgmlType::Tq1_0, GgmlType::Tq2_0]),
 ];
 
 fn dir() -> PathBuf {

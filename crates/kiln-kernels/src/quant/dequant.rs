@@ -32,6 +32,7 @@
 //!   `x = (d·(ls − 32))·IQ4_LEVELS[q]`.
 //! - MXFP4 (17 B / 32): `u8 e; u8 qs[16]`; nibbles as Q4_0; `x = d·MXFP4_LEVELS[q]` with
 //!   `d = 2^(e − 128)` ([`e8m0_half`]).
+//! - IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, TQ1_0, TQ2_0: see [`super::iq`].
 //!
 //! The arithmetic (f32, unfused, in the order written) matches gguf-py's dequantizers exactly.
 
@@ -41,6 +42,7 @@ use super::formats::{
     GgmlType, IQ4_LEVELS, MXFP4_LEVELS, QK, QK_K, e8m0_half, f16_at, iq4_xs_scale, scale_min_k4,
     scales_q3_k,
 };
+use super::iq;
 
 /// Dequantizes one row: `src` holds `dst.len() / block_elems` blocks of `ty`.
 ///
@@ -88,6 +90,15 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Mxfp4 => {
             blocks.for_each(|(b, o)| dequant_lut(e8m0_half(b[0]), &b[1..17], &MXFP4_LEVELS, o));
         }
+        GgmlType::Iq1S
+        | GgmlType::Iq1M
+        | GgmlType::Iq2Xxs
+        | GgmlType::Iq2Xs
+        | GgmlType::Iq2S
+        | GgmlType::Iq3Xxs
+        | GgmlType::Iq3S
+        | GgmlType::Tq1_0
+        | GgmlType::Tq2_0 => blocks.for_each(|(b, o)| iq::dequant_block(ty, b, o)),
     }
 }
 

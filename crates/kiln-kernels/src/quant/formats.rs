@@ -62,9 +62,38 @@ pub fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
         GgmlType::Q6K => &[208],
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
-            &[0]
+        GgmlType::Q4_0
+        | GgmlType::Q5_0
+        | GgmlType::Q8_0
+        | GgmlType::Iq4Nl
+        | GgmlType::Iq4Xs
+        | GgmlType::Iq1S
+        | GgmlType::Iq2Xxs
+        | GgmlType::Iq2Xs
+        | GgmlType::Iq2S
+        | GgmlType::Iq3Xxs
+        | GgmlType::Iq3S => &[0],
+        GgmlType::Tq1_0 => &[52],
+        GgmlType::Tq2_0 => &[64],
+        // IQ1_M spreads its scale over the top nibbles of `sc[4]` ([`set_f16_scale`]).
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Mxfp4 | GgmlType::Iq1M => &[],
+    }
+}
+
+/// Sets every f16 scale field of `block` to `scale` (little-endian bytes): those of
+/// [`f16_scale_offsets`], and IQ1_M's, whose four nibbles are the top nibbles of the u16
+/// sub-block scales at bytes 48..56. For tests and measurements on made-up blocks.
+pub fn set_f16_scale(ty: GgmlType, block: &mut [u8], scale: [u8; 2]) {
+    for &at in f16_scale_offsets(ty) {
+        block[at..at + 2].copy_from_slice(&scale);
+    }
+    if ty == GgmlType::Iq1M {
+        let bits = u16::from_le_bytes(scale);
+        for i in 0..4 {
+            let at = 48 + 2 * i;
+            let sc = u16::from_le_bytes([block[at], block[at + 1]]);
+            let sc = (sc & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12);
+            block[at..at + 2].copy_from_slice(&sc.to_le_bytes());
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Mxfp4 => &[],
     }
 }

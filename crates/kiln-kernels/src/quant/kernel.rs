@@ -25,9 +25,11 @@
 //! - IQ4_NL/IQ4_XS/MXFP4: as Q8_0 with the table's level for `q` (IQ4_XS: a block per
 //!   sub-block of 32, `d_w = d·(ls − 32)`);
 //! - Q2_K: `acc = fma(t, d·d_x, acc)`, `acc = fma(−u, dmin·d_x, acc)`, with
-//!   `t = Σ_s sc_s · Σ q·x_q` and `u = Σ_s m_s · Σ x_q` over the 16 sub-blocks.
+//!   `t = Σ_s sc_s · Σ q·x_q` and `u = Σ_s m_s · Σ x_q` over the 16 sub-blocks;
+//! - the codebook and ternary types (IQ1_*, IQ2_*, IQ3_*, TQ*): as Q6_K with the table's
+//!   level for `q` (offset 64) and their own `d` and 16 scales (`iq`).
 //!
-//! Those types read from files only (Q2_K, Q3_K, Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4) always
+//! Those types read from files only (all but Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) always
 //! take this general kernel (on AVX2 through `x86::Avx2`), never the AMX tiles, `pairs` or the
 //! AVX2 kernels of `avx2`.
 //!
@@ -41,6 +43,7 @@ use std::ops::Range;
 use super::QuantMatrix;
 use super::act::QuantActs;
 use super::formats::{GgmlType, QK};
+use super::iq::LEVEL_OFFSET;
 use super::isa::{Isa, Scalar};
 use super::levels::{Levels, Q4Record, Q5Record, Q6Record, Quads, from_record};
 use super::repack::{LANES, Unpacked, signed_quads, unpack, unpack_scales};
@@ -539,6 +542,17 @@ unsafe fn rows<S: Isa, const R: usize>(
                 row_k16::<S, R, _, 32, false>(Q6Record::new(rec), un, acts, i, u, acc);
             }
             GgmlType::Q6K => row_k16::<S, R, _, 32, false>(Quads(quads), un, acts, i, u, acc),
+            GgmlType::Iq1S
+            | GgmlType::Iq1M
+            | GgmlType::Iq2Xxs
+            | GgmlType::Iq2Xs
+            | GgmlType::Iq2S
+            | GgmlType::Iq3Xxs
+            | GgmlType::Iq3S
+            | GgmlType::Tq1_0
+            | GgmlType::Tq2_0 => {
+                row_k16::<S, R, _, { LEVEL_OFFSET }, false>(Quads(quads), un, acts, i, u, acc);
+            }
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
         }
     }

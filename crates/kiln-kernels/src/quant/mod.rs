@@ -22,6 +22,8 @@ mod avx2;
 mod avx2_k;
 mod dequant;
 pub mod formats;
+mod iq;
+mod iq_grids;
 mod isa;
 mod kernel;
 mod levels;
@@ -131,6 +133,19 @@ impl QuantMatrix {
         });
         crate::huge_pages::advise(&data, true);
         Some(Self { ty, rows, cols, units, full_record, last_record, group_bytes, data })
+    }
+
+    /// Bytes a `[rows, cols]` matrix of `ty` takes in the kernel layout (what
+    /// [`Self::from_bytes`] allocates); `None` as there.
+    pub fn held_bytes(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        if !ty.is_quantized() || cols == 0 || !cols.is_multiple_of(ty.block_elems()) {
+            return None;
+        }
+        let units = cols.div_ceil(UNIT);
+        let full = record_layout(ty, blocks_in(ty, UNIT.min(cols))).size;
+        let last = record_layout(ty, blocks_in(ty, cols - (units - 1) * UNIT)).size;
+        let group = (units - 1).checked_mul(full)?.checked_add(last)?;
+        rows.div_ceil(LANES).checked_mul(group)
     }
 
     pub fn ty(&self) -> GgmlType {

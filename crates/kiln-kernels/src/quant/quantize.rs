@@ -40,7 +40,16 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         | GgmlType::Q3K
         | GgmlType::Iq4Nl
         | GgmlType::Iq4Xs
-        | GgmlType::Mxfp4 => panic!("quantize_row: kiln reads {ty} files but does not write {ty}"),
+        | GgmlType::Mxfp4
+        | GgmlType::Iq1S
+        | GgmlType::Iq1M
+        | GgmlType::Iq2Xxs
+        | GgmlType::Iq2Xs
+        | GgmlType::Iq2S
+        | GgmlType::Iq3Xxs
+        | GgmlType::Iq3S
+        | GgmlType::Tq1_0
+        | GgmlType::Tq2_0 => panic!("quantize_row: kiln reads {ty} files but does not write {ty}"),
     }
 }
 

@@ -29,12 +29,19 @@
 //! levels, quads `4v..4v + 4` of vector `v` in bit pairs (0,1)..(6,7), Q3_K's bit 2 in bit
 //! planes of 8 quads, their 16 sub-block scales as bytes `[16][16]` (Q2_K: scale and min
 //! nibbles as in the file; Q3_K: `sc − 32` as i8) and `d` (Q2_K also `dmin`).
+//!
+//! The codebook and ternary types (`iq`: IQ1_*, IQ2_*, IQ3_*, TQ*) are decoded at load into
+//! level indices, stored as Q2_K's 2-bit vectors (TQ1_0, TQ2_0), plus Q3_K's bit planes for a
+//! third bit (IQ1_*, IQ2_*), or as 4-bit nibbles (IQ3_*); [`unpack`] maps them through the
+//! type's table to `level + 64`. Their 16 sub-block scales are bytes `[16][16]` and their `d`
+//! an f32 per lane, and the kernels run them as Q6_K with offset 64.
 
 use super::dequant::{q2_at, q3_high_bit};
 use super::formats::{
     GgmlType, IQ4_LEVELS, MXFP4_LEVELS, QK, QK_K, e8m0_half, iq4_xs_scale, scale_min_k4,
     scales_q3_k,
 };
+use super::iq;
 use super::isa::Isa;
 
 /// Rows per group: the lanes of one vector.
@@ -101,11 +108,15 @@ pub(crate) fn record_layout(ty: GgmlType, nb: usize) -> RecordLayout {
         GgmlType::Q5_1 => (nb * 4 * 64, nb * 64, 0, nb * 32, nb * 32),
         GgmlType::Mxfp4 => (nb * 4 * 64, 0, 0, 0, nb * 64),
         GgmlType::Iq4Xs => (2048, 0, 128, 0, 32),
-        GgmlType::Q2K => (1024, 0, 256, 0, 64),
+        GgmlType::Q2K | GgmlType::Tq1_0 | GgmlType::Tq2_0 => (1024, 0, 256, 0, 64),
         GgmlType::Q3K => (1024, 512, 256, 0, 32),
         GgmlType::Q4K => (2048, 0, 128, 128, 64),
         GgmlType::Q5K => (2048, 512, 128, 128, 64),
         GgmlType::Q6K => (2048, 1024, 256, 0, 32),
+        GgmlType::Iq1S | GgmlType::Iq1M | GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq2S => {
+            (1024, 512, 256, 0, 64)
+        }
+        GgmlType::Iq3Xxs | GgmlType::Iq3S => (2048, 0, 256, 0, 64),
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not a quantized type"),
     };
     let hi_at = lo;
@@ -216,7 +227,7 @@ fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
                 }
             }
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("not a quantized type"),
+        _ => unreachable!("{ty} is decoded elsewhere"),
     }
     out
 }
@@ -230,6 +241,10 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
     for (lane, row) in rows.iter().enumerate() {
         let Some(row) = row else { continue };
         for (bi, blk) in row.chunks_exact(ty.block_bytes()).take(nb).enumerate() {
+            if iq::is_codebook(ty) {
+                pack_codebook_lane(ty, blk, lane, lay, &mut quads, rec);
+                continue;
+            }
             let dec = decode(ty, blk);
             for e in 0..be {
                 let e_unit = bi * be + e;
@@ -282,7 +297,7 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
                 rec[i * 64..i * 64 + 64].copy_from_slice(q);
             }
         }
-        GgmlType::Q2K | GgmlType::Q3K => {
+        _ if two_bit_levels(ty) => {
             for v in 0..quads.len() / 4 {
                 for i in 0..64 {
                     rec[v * 64 + i] =
@@ -299,8 +314,8 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
         }
     }
     match ty {
-        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K | GgmlType::Q3K => {
-            let bit = if ty == GgmlType::Q3K { 2 } else { 4 };
+        _ if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K) || bit_plane_2(ty) => {
+            let bit = if bit_plane_2(ty) { 2 } else { 4 };
             for v in 0..quads.len() / 8 {
                 for i in 0..64 {
                     rec[lay.hi + v * 64 + i] =
@@ -320,6 +335,26 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
     }
 }
 
+/// One lane of a codebook type's record (a single block): its level indices into `quads`,
+/// its scales and `d` into `rec`.
+fn pack_codebook_lane(
+    ty: GgmlType,
+    blk: &[u8],
+    lane: usize,
+    lay: RecordLayout,
+    quads: &mut [[u8; 64]],
+    rec: &mut [u8],
+) {
+    let dec = iq::decode(ty, blk);
+    for (e, &i) in dec.idx.iter().enumerate() {
+        quads[e / 4][lane * 4 + e % 4] = i;
+    }
+    for (s, &sc) in dec.sc.iter().enumerate() {
+        rec[lay.sc + s * LANES + lane] = sc;
+    }
+    rec[lay.d + lane * 4..lay.d + lane * 4 + 4].copy_from_slice(&dec.d.to_le_bytes());
+}
+
 /// Widens record `rec` (`nb` blocks; `record_layout(ty, nb).size` readable bytes) into `un`.
 /// For Q8_0 the quads are not copied (the kernels read them from the record).
 ///
@@ -337,7 +372,15 @@ pub(crate) unsafe fn unpack<S: Isa>(ty: GgmlType, nb: usize, rec: *const u8, un:
         let nquads = nb * ty.block_elems() / 4;
         match ty {
             GgmlType::Q8_0 => {}
-            GgmlType::Q2K | GgmlType::Q3K => unpack_2bit::<S>(ty, nquads, rec, lay.hi, q),
+            _ if two_bit_levels(ty) => {
+                unpack_2bit::<S>(bit_plane_2(ty), nquads, rec, lay.hi, q);
+                if let Some(table) = level_table(ty) {
+                    let table = S::load(table.as_ptr());
+                    for v in 0..nquads {
+                        S::store(q.add(v * 64), S::lut16(table, S::load(q.add(v * 64))));
+                    }
+                }
+            }
             _ => {
                 let five = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K);
                 let table = level_table(ty).map(|t| S::load(t.as_ptr()));
@@ -407,7 +450,7 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
             _ => nb,
         };
         for b in 0..dn {
-            let d = if ty == GgmlType::Mxfp4 {
+            let d = if ty == GgmlType::Mxfp4 || iq::is_codebook(ty) {
                 S::loadf(rec.add(lay.d + b * 64).cast())
             } else {
                 S::load_f16(rec.add(lay.d + b * 32))
@@ -439,6 +482,12 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
                     S::store(un.mins16[s].as_mut_ptr().cast(), S::srli16::<4>(v));
                 }
             }
+            _ if iq::is_codebook(ty) => {
+                for s in 0..16 {
+                    let v = S::widen_u8_i32(rec.add(lay.sc + s * 16));
+                    S::store(un.iscale[s].as_mut_ptr().cast(), v);
+                }
+            }
             GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 for b in 0..nb {
                     let m = S::load_f16(rec.add(lay.mins + b * 32));
@@ -457,14 +506,25 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
     }
 }
 
-/// The levels of a Q2_K / Q3_K record (`nquads` quads, Q3_K's bit planes at `hi`) into `q`.
+/// Whether `ty`'s record stores 2-bit level vectors (Q2_K, Q3_K, the TQ, IQ1 and IQ2 types).
+fn two_bit_levels(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q2K | GgmlType::Q3K) || (iq::is_codebook(ty) && iq::index_bits(ty) < 4)
+}
+
+/// Whether `ty`'s record adds bit planes holding bit 2 of each level (Q3_K, IQ1, IQ2).
+fn bit_plane_2(ty: GgmlType) -> bool {
+    ty == GgmlType::Q3K || (iq::is_codebook(ty) && iq::index_bits(ty) == 3)
+}
+
+/// The 2-bit levels of a record (`nquads` quads, with `plane`: bit 2 from the bit planes at
+/// `hi`) into `q`.
 ///
 /// # Safety
 /// As [`unpack`]; `q` is the scratch's quads.
 #[inline(always)] // must inline into the `#[target_feature]` entry points
 #[allow(clippy::inline_always)]
-unsafe fn unpack_2bit<S: Isa>(ty: GgmlType, nquads: usize, rec: *const u8, hi: usize, q: *mut u8) {
-    // SAFETY (whole body): the record holds `nquads / 4` level vectors and (Q3_K)
+unsafe fn unpack_2bit<S: Isa>(plane: bool, nquads: usize, rec: *const u8, hi: usize, q: *mut u8) {
+    // SAFETY (whole body): the record holds `nquads / 4` level vectors and (`plane`)
     // `nquads / 8` bit planes from `hi`; `q` holds `nquads` quads.
     unsafe {
         let m2 = S::splat8(0x03);
@@ -475,7 +535,7 @@ unsafe fn unpack_2bit<S: Isa>(ty: GgmlType, nquads: usize, rec: *const u8, hi: u
                 S::store(q.add((4 * v + t) * 64), S::and(p, m2));
             }
         }
-        if ty == GgmlType::Q3K {
+        if plane {
             for p in 0..nquads / 8 {
                 let plane = S::load(rec.add(hi + p * 64));
                 for t in 0..8 {
@@ -489,23 +549,36 @@ unsafe fn unpack_2bit<S: Isa>(ty: GgmlType, nquads: usize, rec: *const u8, hi: u
     }
 }
 
-/// The format's levels as `level + 128`, four copies of 16 (one per 128-bit lane of a byte
-/// shuffle), for the types whose nibbles index a table.
+/// The format's levels as unsigned bytes, four copies of 16 (one per 128-bit lane of a byte
+/// shuffle), for the types whose indices select from a table: `level + 128` for IQ4_NL,
+/// IQ4_XS and MXFP4 (run as Q8_0), `level + 64` for the codebook types (run as Q6_K).
 fn level_table(ty: GgmlType) -> Option<&'static [u8; 64]> {
-    static IQ4: [u8; 64] = biased_table(&IQ4_LEVELS);
-    static MXFP4: [u8; 64] = biased_table(&MXFP4_LEVELS);
+    static IQ4: [u8; 64] = biased_table(&IQ4_LEVELS, 128);
+    static MXFP4: [u8; 64] = biased_table(&MXFP4_LEVELS, 128);
+    static IQ: [[u8; 64]; 5] = [
+        biased_table(&iq::IQ1_LEVELS, 64),
+        biased_table(&iq::IQ2_LEVELS, 64),
+        biased_table(&iq::IQ3XXS_LEVELS, 64),
+        biased_table(&iq::IQ3S_LEVELS, 64),
+        biased_table(&iq::TERNARY_LEVELS, 64),
+    ];
     match ty {
         GgmlType::Iq4Nl | GgmlType::Iq4Xs => Some(&IQ4),
         GgmlType::Mxfp4 => Some(&MXFP4),
+        GgmlType::Iq1S | GgmlType::Iq1M => Some(&IQ[0]),
+        GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq2S => Some(&IQ[1]),
+        GgmlType::Iq3Xxs => Some(&IQ[2]),
+        GgmlType::Iq3S => Some(&IQ[3]),
+        GgmlType::Tq1_0 | GgmlType::Tq2_0 => Some(&IQ[4]),
         _ => None,
     }
 }
 
-const fn biased_table(levels: &[i8; 16]) -> [u8; 64] {
+const fn biased_table(levels: &[i8; 16], bias: i16) -> [u8; 64] {
     let mut out = [0u8; 64];
     let mut i = 0;
     while i < 64 {
-        out[i] = (levels[i % 16] as u8) ^ 0x80;
+        out[i] = (levels[i % 16] as i16 + bias) as u8;
         i += 1;
     }
     out
@@ -579,7 +652,13 @@ pub(crate) fn dequant_lane(
                 let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
                 dl * f32::from(i16::from(q) - 32)
             }
+            _ if iq::is_codebook(ty) => {
+                // The same products as `iq::dequant_block`.
+                let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
+                dl * f32::from(i16::from(q) - iq::LEVEL_OFFSET as i16)
+            }
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+            _ => unreachable!("{ty}"),
         };
     }
 }

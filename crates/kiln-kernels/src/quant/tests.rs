@@ -1,4 +1,4 @@
-use super::formats::f16_scale_offsets;
+use super::formats::set_f16_scale;
 use super::*;
 use crate::testing::values;
 use crate::thread_pool::SharedMut;
@@ -37,9 +37,7 @@ fn file_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         values(rows * rb, seed, 1.0).iter().map(|v| ((v + 0.5) * 255.99) as u8).collect();
     for (i, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
         let scale = half::f16::from_f32((1.0 + (i % 7) as f32 / 8.0) / 64.0).to_le_bytes();
-        for &at in f16_scale_offsets(ty) {
-            block[at..at + 2].copy_from_slice(&scale);
-        }
+        set_f16_scale(ty, block, scale);
         if ty == GgmlType::Mxfp4 {
             block[0] = 119 + (i % 5) as u8;
         }
@@ -52,7 +50,11 @@ fn type_table() {
     for ty in GgmlType::ALL {
         assert_eq!(GgmlType::from_gguf_id(ty.gguf_id()), Some(ty));
     }
-    assert_eq!(GgmlType::from_gguf_id(16), None); // IQ2_XXS
+    assert_eq!(GgmlType::from_gguf_id(16), Some(GgmlType::Iq2Xxs));
+    assert_eq!(GgmlType::from_gguf_id(36), None); // IQ4_NL_4_4, a removed repacking
+    assert_eq!(GgmlType::Iq1M.row_bytes(512), Some(112));
+    assert_eq!(GgmlType::Tq1_0.block_bytes(), 54);
+    assert_eq!(GgmlType::Iq3S.name(), "iq3_s");
     assert_eq!(GgmlType::Iq4Xs.row_bytes(512), Some(272));
     assert_eq!(GgmlType::Mxfp4.row_bytes(64), Some(34));
     assert_eq!(GgmlType::Q4K.name(), "q4_K");
@@ -246,9 +248,7 @@ fn extreme_rows(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     bytes[rb..2 * rb].fill(0x80);
     let one = half::f16::ONE.to_le_bytes();
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-        for &at in f16_scale_offsets(ty) {
-            block[at..at + 2].copy_from_slice(&one);
-        }
+        set_f16_scale(ty, block, one);
         if ty == GgmlType::Mxfp4 {
             block[0] = 128; // d = 1
         }

@@ -136,32 +136,17 @@ impl<'a> Cursor<'a> {
 }
 
 /// ggml's tensor types by id (`ggml.h`), for naming the ones kiln cannot load.
-const GGML_TYPE_NAMES: &[(u32, &str)] = &[
-    (9, "Q8_1"),
-    (15, "Q8_K"),
-    (16, "IQ2_XXS"),
-    (17, "IQ2_XS"),
-    (18, "IQ3_XXS"),
-    (19, "IQ1_S"),
-    (21, "IQ3_S"),
-    (22, "IQ2_S"),
-    (24, "I8"),
-    (25, "I16"),
-    (26, "I32"),
-    (27, "I64"),
-    (28, "F64"),
-    (29, "IQ1_M"),
-    (34, "TQ1_0"),
-    (35, "TQ2_0"),
-];
+const GGML_TYPE_NAMES: &[(u32, &str)] =
+    &[(9, "Q8_1"), (15, "Q8_K"), (24, "I8"), (25, "I16"), (26, "I32"), (27, "I64"), (28, "F64")];
 
 /// The refusal of a tensor of type `type_id`: named when ggml knows it, with what to do.
 fn unsupported_type(what: &str, type_id: u32) -> String {
     match GGML_TYPE_NAMES.iter().find(|(id, _)| *id == type_id) {
         Some((_, name)) => format!(
             "{what}: unsupported tensor type {type_id} ({name}); kiln reads F32, F16, BF16, \
-             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and \
-             MXFP4 (e.g. a Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K, Q8_0 or IQ4_XS file)"
+             Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, \
+             IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and MXFP4 \
+             (the types of every llama-quantize preset)"
         ),
         None => format!("{what}: unknown or unsupported tensor type {type_id}"),
     }
