@@ -14,7 +14,9 @@
 # mixture-of-experts layers, 12 of its 48, so the file fits a 24 GB machine), TYPES (default
 # "Q4_K_M Q5_K_M Q6_K Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln
 # binary), CELLS (default "b1 b4 b16 pp512") and TG (tokens each decode cell generates,
-# default 64) choose what runs.
+# default 64) choose what runs. The 1- and 2-bit codebook types (IQ1_*, IQ2_*) need an
+# importance matrix: LLAMA_IMATRIX (llama.cpp's llama-imatrix) makes one per shape from a
+# fixed text.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS="${1:-3}"
@@ -61,12 +63,26 @@ print(int(total))
 PY
 }
 
+# imatrix_args TYPE F16: llama-quantize's `--imatrix FILE` for the types that need one.
+imatrix_args() {
+  case "$1" in IQ1_* | IQ2_*) ;; *) return 0 ;; esac
+  : "${LLAMA_IMATRIX:?set LLAMA_IMATRIX to llama-imatrix (IQ1_*, IQ2_* need an imatrix)}"
+  local im="${2%.gguf}-imatrix.gguf"
+  if [[ ! -s "$im" ]]; then
+    python3 scripts/fixtures/imatrix_text.py >"$im.txt"
+    "$LLAMA_IMATRIX" -m "$2" -f "$im.txt" -o "$im" -c 128 --chunks 8 -t "$THREADS" >/dev/null 2>&1
+  fi
+  echo "--imatrix $im"
+}
+
 for shape in $SHAPES; do
   f16="$DIR/$shape-f16.gguf"
   [[ -s "$f16" ]] || python3 scripts/bench/shape_gguf.py "$shape" "$TOKENIZER" "$f16"
   for ty in $TYPES; do
     file="$DIR/$shape-${ty,,}.gguf"
-    [[ -s "$file" ]] || "$LLAMA_QUANTIZE" "$f16" "$file" "$ty" "$THREADS" >/dev/null 2>&1
+    # shellcheck disable=SC2046 # the imatrix arguments are two words or none
+    [[ -s "$file" ]] || "$LLAMA_QUANTIZE" $(imatrix_args "$ty" "$f16") "$f16" "$file" "$ty" \
+      "$THREADS" >/dev/null 2>&1
     read_bytes="$(read_bytes "$file")"
     declare -A K=() L=()
     for run in $(seq "$RUNS"); do
