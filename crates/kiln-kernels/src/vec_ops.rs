@@ -1,5 +1,6 @@
-//! Small vector primitives used inside other kernels: the dot product (norms) and the argmax
-//! of greedy sampling. Each has a scalar reference and AVX-512 (and AVX2) variants.
+//! Small vector primitives used inside other kernels: the dot product (norms). It has a
+//! scalar reference and AVX-512 (and AVX2) variants. (Greedy sampling's argmax is in
+//! `kiln_backend::host_ops`, where the engine reaches it without the kernels.)
 
 use crate::SimdLevel;
 
@@ -31,111 +32,9 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Index of the first largest value, ignoring NaN (0 when nothing beats `-inf`): greedy
-/// sampling over a vocabulary. The maximum is exact, so every path returns the same index.
-pub fn argmax(values: &[f32]) -> usize {
-    argmax_at(SimdLevel::detect(), values)
-}
-
-/// [`argmax`] at a chosen SIMD level (scalar if the CPU lacks it).
-pub fn argmax_at(level: SimdLevel, values: &[f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level == SimdLevel::Avx512 && SimdLevel::detect() >= SimdLevel::Avx512 {
-            // SAFETY: AVX-512F is available.
-            return unsafe { x86::argmax_avx512(values) };
-        }
-        if level >= SimdLevel::Avx2 && SimdLevel::detect() >= SimdLevel::Avx2 {
-            // SAFETY: AVX2 is available.
-            return unsafe { x86::argmax_avx2(values) };
-        }
-    }
-    let _ = level;
-    argmax_scalar(values)
-}
-
-pub fn argmax_scalar(values: &[f32]) -> usize {
-    let mut best = 0usize;
-    let mut best_val = f32::NEG_INFINITY;
-    for (i, &v) in values.iter().enumerate() {
-        if v > best_val {
-            best = i;
-            best_val = v;
-        }
-    }
-    best
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    /// Two passes: the maximum (exact; `max(v, acc)` keeps `acc` when `v` is NaN), then the
-    /// first index holding it.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn argmax_avx512(values: &[f32]) -> usize {
-        let chunks = values.chunks_exact(16);
-        let tail = chunks.remainder();
-        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
-        for c in chunks {
-            // SAFETY: `c` holds 16 floats.
-            acc = _mm512_max_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }, acc);
-        }
-        let mut max = _mm512_reduce_max_ps(acc);
-        for &v in tail {
-            if v > max {
-                max = v;
-            }
-        }
-        if max == f32::NEG_INFINITY {
-            return 0;
-        }
-        let target = _mm512_set1_ps(max);
-        for (i, c) in values.chunks_exact(16).enumerate() {
-            // SAFETY: `c` holds 16 floats.
-            let hits = _mm512_cmpeq_ps_mask(unsafe { _mm512_loadu_ps(c.as_ptr()) }, target);
-            if hits != 0 {
-                return i * 16 + hits.trailing_zeros() as usize;
-            }
-        }
-        let start = values.len() - tail.len();
-        start + tail.iter().position(|&v| v == max).unwrap_or(0)
-    }
-
-    /// [`argmax_avx512`] with 8 lanes.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn argmax_avx2(values: &[f32]) -> usize {
-        let chunks = values.chunks_exact(8);
-        let tail = chunks.remainder();
-        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
-        for c in chunks {
-            // SAFETY: `c` holds 8 floats.
-            acc = _mm256_max_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, acc);
-        }
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-        let mut max = lanes.into_iter().fold(f32::NEG_INFINITY, f32::max);
-        for &v in tail {
-            if v > max {
-                max = v;
-            }
-        }
-        if max == f32::NEG_INFINITY {
-            return 0;
-        }
-        let target = _mm256_set1_ps(max);
-        for (i, c) in values.chunks_exact(8).enumerate() {
-            // SAFETY: `c` holds 8 floats.
-            let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(unsafe { _mm256_loadu_ps(c.as_ptr()) }, target);
-            let hits = _mm256_movemask_ps(eq);
-            if hits != 0 {
-                return i * 8 + hits.trailing_zeros() as usize;
-            }
-        }
-        let start = values.len() - tail.len();
-        start + tail.iter().position(|&v| v == max).unwrap_or(0)
-    }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
@@ -221,7 +120,6 @@ pub(crate) use x86::hsum256;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::values;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / 4e9 - 0.5).collect()
@@ -236,27 +134,6 @@ mod tests {
                 let got = dot_at(level, &a, &b);
                 assert!((want - got).abs() <= 1e-5 * (1.0 + want.abs()), "{level:?} n={n}");
             }
-        }
-    }
-
-    #[test]
-    fn argmax_equals_scalar_with_ties_nans_and_tails() {
-        for level in SimdLevel::available() {
-            for n in [1, 7, 9, 15, 16, 17, 100, 262_147] {
-                let mut v = values(n, 7, 10.0);
-                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} n={n}");
-                // A tie: the first index wins.
-                let m = argmax_scalar(&v);
-                v[n - 1] = v[m];
-                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} tie n={n}");
-                v[0] = f32::NAN;
-                assert_eq!(argmax_at(level, &v), argmax_scalar(&v), "{level:?} nan n={n}");
-            }
-            assert_eq!(argmax_at(level, &[f32::NEG_INFINITY; 40]), 0);
-            assert_eq!(argmax_at(level, &[f32::NAN; 40]), 0);
-            let mut v = vec![f32::NEG_INFINITY; 40];
-            v[37] = 1.0;
-            assert_eq!(argmax_at(level, &v), 37);
         }
     }
 }
