@@ -14,7 +14,7 @@
 # mixture-of-experts layers, 12 of its 48, so the file fits a 24 GB machine), TYPES (default
 # "Q4_K_M Q5_K_M Q6_K Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln
 # binary), CELLS (default "b1 b4 b16 pp512") and TG (tokens each decode cell generates,
-# default 64) choose what runs. The 1- and 2-bit codebook types (IQ1_*, IQ2_*) need an
+# default 64) choose what runs. The codebook types (IQ1_*, IQ2_*, IQ3_* presets) need an
 # importance matrix: LLAMA_IMATRIX (llama.cpp's llama-imatrix) makes one per shape from a
 # fixed text.
 set -euo pipefail
@@ -65,8 +65,8 @@ PY
 
 # imatrix_args TYPE F16: llama-quantize's `--imatrix FILE` for the types that need one.
 imatrix_args() {
-  case "$1" in IQ1_* | IQ2_*) ;; *) return 0 ;; esac
-  : "${LLAMA_IMATRIX:?set LLAMA_IMATRIX to llama-imatrix (IQ1_*, IQ2_* need an imatrix)}"
+  case "$1" in IQ1_* | IQ2_* | IQ3_*) ;; *) return 0 ;; esac
+  : "${LLAMA_IMATRIX:?set LLAMA_IMATRIX to llama-imatrix (the IQ1-IQ3 presets need an imatrix)}"
   local im="${2%.gguf}-imatrix.gguf"
   if [[ ! -s "$im" ]]; then
     python3 scripts/fixtures/imatrix_text.py >"$im.txt"
