@@ -10,21 +10,20 @@
 //! - [`Logits`]: what every backend hands back for sampling, in host memory;
 //! - [`Backend`]: device memory and the coarse operations of a decoder step, and
 //!   [`Workspace`], a step's reusable activation buffers;
-//! - [`host_ops`]: the host helpers the engine applies to [`Logits`] (greedy argmax).
+//! - [`quant`]: the quant codecs every backend shares (GGUF blocks to f32 and back).
 //!
 //! Implementations: the CPU backend (`kiln_kernels::Cpu`, SIMD kernels on a thread pool) and
 //! the scalar reference backend (`kiln_kernels::Reference`, plain f32 loops for tests). This
-//! crate holds no arithmetic beyond decoding float tensors on the host and the argmax of
-//! greedy sampling.
+//! crate holds no arithmetic beyond decoding float tensors on the host.
 
 mod backend;
 mod batch;
 mod error;
 pub mod ggml_type;
-pub mod host_ops;
 mod kv;
 mod logits;
 pub mod ops;
+pub mod quant;
 mod storage;
 mod tensor;
 

@@ -87,6 +87,61 @@ pub struct RopeConfig {
     pub mscale: f32,
 }
 
+impl RopeConfig {
+    /// The frequencies of the rotated pairs, `[rotary_dim / 2]`: `base^(-2i / rotary_dim)`
+    /// computed in f32, rescaled by [`Self::scaling`], then divided by [`Self::freq_factors`].
+    /// Every backend rotates with these (the RoPE table is a parameter, not arithmetic of a
+    /// device). Panics unless `rotary_dim` is even and positive and the factors, when given,
+    /// number one per pair.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let mut inv_freq = rope_inv_freq(self.base, self.rotary_dim, self.scaling);
+        if let Some(factors) = &self.freq_factors {
+            assert_eq!(factors.len(), inv_freq.len(), "one factor per rotated pair");
+            for (f, factor) in inv_freq.iter_mut().zip(factors) {
+                *f /= factor;
+            }
+        }
+        inv_freq
+    }
+}
+
+/// `base^(-2i / rotary_dim)` for each rotated pair `i`, rescaled by `scaling` (linear, or
+/// Llama 3's smooth per-wavelength rule). `rotary_dim` must be even and positive.
+pub fn rope_inv_freq(base: f32, rotary_dim: usize, scaling: RopeScaling) -> Vec<f32> {
+    assert!(rotary_dim.is_multiple_of(2) && rotary_dim > 0, "rotary_dim {rotary_dim}");
+    let half = rotary_dim / 2;
+    let mut inv_freq: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / rotary_dim as f32;
+            1.0 / base.powf(exponent)
+        })
+        .collect();
+    match scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => {
+            let low_freq_wavelen = original_max_position / low_freq_factor;
+            let high_freq_wavelen = original_max_position / high_freq_factor;
+            for f in &mut inv_freq {
+                let wavelen = 2.0 * std::f32::consts::PI / *f;
+                if wavelen > low_freq_wavelen {
+                    *f /= factor;
+                } else if wavelen >= high_freq_wavelen {
+                    let smooth = (original_max_position / wavelen - low_freq_factor)
+                        / (high_freq_factor - low_freq_factor);
+                    *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                }
+            }
+        }
+    }
+    inv_freq
+}
+
 /// The gate nonlinearity of a gated MLP: `gate = act(gate) * up`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateActivation {

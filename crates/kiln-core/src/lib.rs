@@ -1,9 +1,11 @@
 //! Shared vocabulary of kiln: id newtypes, sampling parameters, structured-output constraints,
-//! finish reasons and the seeded PRNG every component that draws random numbers uses.
+//! finish reasons, the seeded PRNG every component that draws random numbers uses, and the
+//! host helpers every layer may use on logits ([`host_ops`]: greedy argmax).
 //!
 //! This crate has no dependencies on the rest of kiln and does no I/O; every other crate
 //! speaks these types.
 
+pub mod host_ops;
 mod ids;
 mod rng;
 mod sampling;

@@ -4,12 +4,11 @@
 use std::ops::Range;
 
 use half::bf16;
+use kiln_backend::quant::{dequantize_row, quantize_row};
 use kiln_backend::{
     AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheDtype,
     KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan,
 };
-use kiln_kernels::quant::{dequantize_row, quantize_row};
-use kiln_kernels::rope::Rope;
 
 use crate::Cuda;
 use crate::kernels::{
@@ -115,8 +114,7 @@ impl Backend for Cuda {
             )));
         }
         // The same frequencies as the CPU backend's (parameters, not arithmetic).
-        let rope = Rope::from_config(config);
-        let v = self.load_vector(rope.inv_freq())?;
+        let v = self.load_vector(&config.inv_freq())?;
         Ok(CudaRope { inv_freq: v.mem, half: config.rotary_dim / 2, style: config.style })
     }
 

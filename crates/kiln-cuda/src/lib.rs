@@ -32,6 +32,7 @@ mod backend;
 pub mod device;
 mod gemm;
 pub mod graphs;
+mod host_threads;
 pub mod kernels;
 mod memory;
 mod scratch;
@@ -41,8 +42,8 @@ use std::sync::Mutex;
 pub use device::{CudaError, Device};
 use graphs::GraphCache;
 pub use graphs::GraphStats;
+use host_threads::HostThreads;
 use kernels::Kernels;
-use kiln_kernels::ThreadPool;
 pub use memory::{
     CudaBuffer, CudaKvStore, CudaRope, CudaVector, CudaView, CudaViewMut, CudaWeight,
 };
@@ -55,7 +56,7 @@ pub struct Cuda {
     scratch: Mutex<Scratch>,
     graphs: Mutex<GraphCache>,
     /// Host threads for [`kiln_backend::Backend::host_parallel`] (sampling).
-    pool: ThreadPool,
+    pool: HostThreads,
 }
 
 impl Cuda {
@@ -68,7 +69,7 @@ impl Cuda {
             kernels,
             scratch: Mutex::new(Scratch::new()),
             graphs: Mutex::new(GraphCache::new()),
-            pool: ThreadPool::new(host_threads),
+            pool: HostThreads::new(host_threads),
         })
     }
 

@@ -393,7 +393,7 @@ fn race(cands: impl Iterator<Item = (u32, f32)>, key: u64) -> Option<u32> {
 
 /// Index of the largest value (lowest index among ties; NaN never wins).
 pub fn argmax(values: &[f32]) -> u32 {
-    kiln_models::host_ops::argmax(values) as u32
+    kiln_core::host_ops::argmax(values) as u32
 }
 
 #[cfg(test)]

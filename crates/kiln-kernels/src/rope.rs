@@ -1,6 +1,7 @@
 //! Rotary position embeddings.
 //!
-//! Frequencies: `inv_freq[i] = base^(-2i / rotary_dim)`, optionally rescaled (linear, Llama 3).
+//! Frequencies: `inv_freq[i] = base^(-2i / rotary_dim)`, optionally rescaled (linear, Llama 3):
+//! [`RopeConfig::inv_freq`], below the seam, shared with the other backends.
 //! The angle of pair `i` at position `p` is `p * inv_freq[i]` computed in f32, as the reference
 //! implementations do. Two pairings exist:
 //! - [`RopeStyle::Neox`]: element `i` pairs with `i + rotary_dim / 2` (HF `rotate_half`);
@@ -29,58 +30,18 @@ impl Rope {
     /// `rotary_dim` must be even and at most [`MAX_ROTARY_DIM`].
     pub fn new(base: f32, rotary_dim: usize, scaling: RopeScaling, style: RopeStyle) -> Self {
         assert!(rotary_dim.is_multiple_of(2) && rotary_dim <= MAX_ROTARY_DIM && rotary_dim > 0);
-        let half = rotary_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                let exponent = (2 * i) as f32 / rotary_dim as f32;
-                1.0 / base.powf(exponent)
-            })
-            .collect();
-        match scaling {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position,
-            } => {
-                let low_freq_wavelen = original_max_position / low_freq_factor;
-                let high_freq_wavelen = original_max_position / high_freq_factor;
-                for f in &mut inv_freq {
-                    let wavelen = 2.0 * std::f32::consts::PI / *f;
-                    if wavelen > low_freq_wavelen {
-                        *f /= factor;
-                    } else if wavelen >= high_freq_wavelen {
-                        let smooth = (original_max_position / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
-                    }
-                }
-            }
+        Self {
+            inv_freq: kiln_backend::ops::rope_inv_freq(base, rotary_dim, scaling),
+            style,
+            mscale: 1.0,
         }
-        Self { inv_freq, style, mscale: 1.0 }
     }
 
-    /// The rotary parameters of `config`.
+    /// The rotary parameters of `config` (its frequencies: [`RopeConfig::inv_freq`]).
     pub fn from_config(config: &RopeConfig) -> Self {
-        let mut rope = Self::new(config.base, config.rotary_dim, config.scaling, config.style);
-        rope.mscale = config.mscale;
-        match &config.freq_factors {
-            Some(factors) => rope.with_freq_factors(factors),
-            None => rope,
-        }
-    }
-
-    /// Divides each frequency by its factor (llama.cpp's `rope_freqs` tensor, which carries
-    /// Llama 3's scaling in GGUF files). `factors` has one entry per rotated pair.
-    #[must_use]
-    pub fn with_freq_factors(mut self, factors: &[f32]) -> Self {
-        assert_eq!(factors.len(), self.inv_freq.len(), "one factor per rotated pair");
-        for (f, factor) in self.inv_freq.iter_mut().zip(factors) {
-            *f /= factor;
-        }
-        self
+        let rotary_dim = config.rotary_dim;
+        assert!(rotary_dim.is_multiple_of(2) && rotary_dim <= MAX_ROTARY_DIM && rotary_dim > 0);
+        Self { inv_freq: config.inv_freq(), style: config.style, mscale: config.mscale }
     }
 
     pub fn rotary_dim(&self) -> usize {

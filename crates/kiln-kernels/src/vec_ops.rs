@@ -1,6 +1,6 @@
 //! Small vector primitives used inside other kernels: the dot product (norms). It has a
 //! scalar reference and AVX-512 (and AVX2) variants. (Greedy sampling's argmax is in
-//! `kiln_backend::host_ops`, where the engine reaches it without the kernels.)
+//! `kiln_core::host_ops`, where the engine reaches it without the kernels.)
 
 use crate::SimdLevel;
 

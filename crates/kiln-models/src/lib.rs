@@ -26,7 +26,6 @@ mod weights;
 pub use config::{Architecture, ModelConfig, MoeConfig};
 pub use decoder::DecoderModel;
 pub use error::LoadError;
-pub use kiln_backend::host_ops;
 pub use kiln_backend::{
     Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, LogitsWanted,
     SeqSpan, TREE_ROOT, Workspace, check_block_size,

@@ -1,7 +1,8 @@
 //! GGUF quantized tensor formats and the integer-dot quantized matmul.
 //!
 //! - [`GgmlType`]: the supported GGUF types and their block geometry ([`formats`]).
-//! - [`dequantize_row`] / [`quantize_row`]: the scalar format reference and quantize-on-load.
+//! - [`dequantize_row`] / [`quantize_row`]: the scalar format reference and quantize-on-load
+//!   (re-exported from `kiln_backend::quant`, where every backend reaches them).
 //! - [`QuantMatrix`]: a `[rows, cols]` quantized weight matrix, repacked at load time into the
 //!   kernel layout described in `repack` (16 rows interleaved per record, scales widened; about
 //!   the size of the original). The original bytes are not kept: [`QuantMatrix::row_to_f32`]
@@ -20,10 +21,6 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
-mod dequant;
-pub mod formats;
-mod iq;
-mod iq_grids;
 mod isa;
 mod kernel;
 mod levels;
@@ -33,7 +30,6 @@ mod pairs;
 mod pairs_k;
 #[cfg(target_arch = "x86_64")]
 mod prefetch;
-mod quantize;
 mod repack;
 #[cfg(test)]
 mod tests;
@@ -41,10 +37,10 @@ mod tests;
 mod x86;
 
 pub(crate) use act::QuantActs;
-pub use dequant::dequantize_row;
 pub use formats::GgmlType;
 pub(crate) use kernel::qgemm_groups;
-pub use quantize::quantize_row;
+/// The codecs live below the seam (`kiln_backend::quant`), shared with the other backends.
+pub use kiln_backend::quant::{dequantize_row, formats, iq, quantize_row};
 
 /// Whether AMX-INT8 tiles are usable here (CPU and OS).
 pub(crate) fn amx_available() -> bool {

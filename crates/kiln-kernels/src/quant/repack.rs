@@ -36,13 +36,13 @@
 //! type's table to `level + 64`. Their 16 sub-block scales are bytes `[16][16]` and their `d`
 //! an f32 per lane, and the kernels run them as Q6_K with offset 64.
 
-use super::dequant::{q2_at, q3_high_bit};
 use super::formats::{
     GgmlType, IQ4_LEVELS, MXFP4_LEVELS, QK, QK_K, e8m0_half, iq4_xs_scale, scale_min_k4,
     scales_q3_k,
 };
 use super::iq;
 use super::isa::Isa;
+use kiln_backend::quant::{q2_at, q3_high_bit};
 
 /// Rows per group: the lanes of one vector.
 pub(crate) const LANES: usize = 16;

@@ -1,4 +1,4 @@
-//! Host helpers the engine needs on every backend's [`crate::Logits`], without the kernels:
+//! Host helpers every layer may use on a backend's logits (host memory), without the kernels:
 //! the argmax of greedy sampling.
 //!
 //! Invariant: [`argmax`] returns the first index of the largest value, NaN never winning, and 0

@@ -1,17 +1,17 @@
-//! Block-format helpers of the quantized kernels; the types themselves ([`GgmlType`]) and their
-//! block geometry are part of the backend contract (`kiln_backend::GgmlType`).
+//! Block-format helpers of the quant codecs and the backends' own layouts; the types
+//! themselves ([`GgmlType`]) and their block geometry are in [`crate::ggml_type`].
 
-pub use kiln_backend::ggml_type::{GgmlType, QK, QK_K};
+pub use crate::ggml_type::{GgmlType, QK, QK_K};
 
 /// Reads the little-endian f16 at `b[0..2]` as f32.
 #[inline]
-pub(crate) fn f16_at(b: &[u8]) -> f32 {
+pub fn f16_at(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
 /// Unpacks the 6-bit scale and min of sub-block `j` (0..8) from a K-quant `scales[12]`.
 #[inline]
-pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -20,23 +20,23 @@ pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 }
 
 /// IQ4_NL / IQ4_XS: the 16 non-linear levels a nibble selects.
-pub(crate) const IQ4_LEVELS: [i8; 16] =
+pub const IQ4_LEVELS: [i8; 16] =
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// MXFP4: the E2M1 values a nibble selects, doubled (the block scale is halved to match).
-pub(crate) const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// An MXFP4 block's E8M0 exponent as the f32 `2^(e − 128)` (half the block scale, for the
 /// doubled [`MXFP4_LEVELS`]), built from its bits as ggml does (subnormal for `e < 2`).
 #[inline]
-pub(crate) fn e8m0_half(e: u8) -> f32 {
+pub fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 { 0x0020_0000u32 << e } else { u32::from(e - 1) << 23 };
     f32::from_bits(bits)
 }
 
 /// The signed scale `ls − 32` of sub-block `s` (0..8) of an IQ4_XS block `b`.
 #[inline]
-pub(crate) fn iq4_xs_scale(b: &[u8], s: usize) -> i8 {
+pub fn iq4_xs_scale(b: &[u8], s: usize) -> i8 {
     let high = u16::from_le_bytes([b[2], b[3]]);
     let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF;
     let ls = low | ((((high >> (2 * s)) & 3) as u8) << 4);
@@ -46,7 +46,7 @@ pub(crate) fn iq4_xs_scale(b: &[u8], s: usize) -> i8 {
 /// The 16 six-bit scales (0..64, before subtracting 32) of a Q3_K block's `scales[12]`: the
 /// low nibbles of bytes 0..8 (scales 0..8) then their high nibbles (8..16), with two high bits
 /// each from bytes 8..12 (scale `s` takes bits `2·(s / 4)..` of byte `8 + s % 4`).
-pub(crate) fn scales_q3_k(s: &[u8]) -> [u8; 16] {
+pub fn scales_q3_k(s: &[u8]) -> [u8; 16] {
     std::array::from_fn(|i| {
         let low = if i < 8 { s[i] & 0xF } else { s[i - 8] >> 4 };
         let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;

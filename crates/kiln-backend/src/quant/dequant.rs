@@ -141,14 +141,14 @@ fn dequant_q3_k(b: &[u8], o: &mut [f32]) {
 
 /// The low 2 bits of element `e` of a Q2_K / Q3_K block's `qs[64]`.
 #[inline]
-pub(crate) fn q2_at(qs: &[u8], e: usize) -> u8 {
+pub fn q2_at(qs: &[u8], e: usize) -> u8 {
     let (h, j, l) = (e / 128, (e % 128) / 32, e % 32);
     (qs[32 * h + l] >> (2 * j)) & 3
 }
 
 /// Bit 2 of element `e` of a Q3_K block (`hmask[32]`), as 0 or 1.
 #[inline]
-pub(crate) fn q3_high_bit(hmask: &[u8], e: usize) -> u8 {
+pub fn q3_high_bit(hmask: &[u8], e: usize) -> u8 {
     let (h, j, l) = (e / 128, (e % 128) / 32, e % 32);
     (hmask[l] >> (4 * h + j)) & 1
 }

@@ -44,7 +44,7 @@ use super::formats::{GgmlType, QK_K, f16_at};
 use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 
 /// The types of this module.
-pub(crate) fn is_codebook(ty: GgmlType) -> bool {
+pub fn is_codebook(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Iq1S
@@ -60,7 +60,7 @@ pub(crate) fn is_codebook(ty: GgmlType) -> bool {
 }
 
 /// Bits a record spends on each level index: 2 (TQ), 3 (IQ1, IQ2) or 4 (IQ3).
-pub(crate) fn index_bits(ty: GgmlType) -> u32 {
+pub fn index_bits(ty: GgmlType) -> u32 {
     match ty {
         GgmlType::Tq1_0 | GgmlType::Tq2_0 => 2,
         GgmlType::Iq3Xxs | GgmlType::Iq3S => 4,
@@ -70,23 +70,22 @@ pub(crate) fn index_bits(ty: GgmlType) -> u32 {
 
 /// What the kernels add to a level to make it an unsigned byte (levels are within ±62, so
 /// `level + 64` is below 128 and `vpmaddubsw` cannot saturate).
-pub(crate) const LEVEL_OFFSET: i32 = 64;
+pub const LEVEL_OFFSET: i32 = 64;
 
 /// IQ2: index = magnitude (8, 25, 43) | sign << 2.
-pub(crate) const IQ2_LEVELS: [i8; 16] = [8, 25, 43, 0, -8, -25, -43, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+pub const IQ2_LEVELS: [i8; 16] = [8, 25, 43, 0, -8, -25, -43, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 /// IQ1: `8·(grid + δ)`, index = grid (−1, 0, 1) | (δ < 0) << 2.
-pub(crate) const IQ1_LEVELS: [i8; 16] = [-7, 1, 9, 0, -9, -1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+pub const IQ1_LEVELS: [i8; 16] = [-7, 1, 9, 0, -9, -1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 /// IQ3_XXS: index = magnitude | sign << 3.
-pub(crate) const IQ3XXS_LEVELS: [i8; 16] =
+pub const IQ3XXS_LEVELS: [i8; 16] =
     [4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62];
 /// IQ3_S: index = magnitude | sign << 3.
-pub(crate) const IQ3S_LEVELS: [i8; 16] =
-    [1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15];
+pub const IQ3S_LEVELS: [i8; 16] = [1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15];
 /// TQ1_0 / TQ2_0: index = digit, level = digit − 1.
-pub(crate) const TERNARY_LEVELS: [i8; 16] = [-1, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+pub const TERNARY_LEVELS: [i8; 16] = [-1, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 
 /// The signed level each index of `ty` selects (unused indices 0).
-pub(crate) fn levels(ty: GgmlType) -> &'static [i8; 16] {
+pub fn levels(ty: GgmlType) -> &'static [i8; 16] {
     match ty {
         GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq2S => &IQ2_LEVELS,
         GgmlType::Iq1S | GgmlType::Iq1M => &IQ1_LEVELS,
@@ -98,7 +97,7 @@ pub(crate) fn levels(ty: GgmlType) -> &'static [i8; 16] {
 }
 
 /// One block in the kernels' terms: element `e` is `(d · sc[e / 16]) · levels[idx[e]]`.
-pub(crate) struct Decoded {
+pub struct Decoded {
     pub idx: [u8; QK_K],
     pub sc: [u8; 16],
     pub d: f32,
@@ -145,7 +144,7 @@ fn put_iq1(out: &mut [u8], entry: u16, neg: bool) {
 }
 
 /// Decodes one block of `ty` (`ty.block_bytes()` bytes).
-pub(crate) fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
+pub fn decode(ty: GgmlType, b: &[u8]) -> Decoded {
     let mut out = Decoded { idx: [0; QK_K], sc: [1; 16], d: 0.0 };
     match ty {
         GgmlType::Iq2Xxs | GgmlType::Iq2Xs | GgmlType::Iq2S => decode_iq2(ty, b, &mut out),
@@ -287,7 +286,7 @@ fn decode_ternary(ty: GgmlType, b: &[u8], out: &mut Decoded) {
 }
 
 /// Dequantizes one block: `(d · sc) · level`, every product exact.
-pub(crate) fn dequant_block(ty: GgmlType, b: &[u8], o: &mut [f32]) {
+pub fn dequant_block(ty: GgmlType, b: &[u8], o: &mut [f32]) {
     let dec = decode(ty, b);
     let lv = levels(ty);
     for (e, o) in o.iter_mut().enumerate().take(QK_K) {
