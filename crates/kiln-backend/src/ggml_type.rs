@@ -71,6 +71,19 @@ impl GgmlType {
     ];
     /// The block-quantized types (every type of [`Self::ALL`] after the three float ones).
     pub const QUANTIZED: &'static [Self] = Self::ALL.split_at(3).1;
+    /// The codebook and ternary types: decoded at load into levels and scales
+    /// (`crate::quant::iq`).
+    pub const CODEBOOK: [Self; 9] = [
+        Self::Iq1S,
+        Self::Iq1M,
+        Self::Iq2Xxs,
+        Self::Iq2Xs,
+        Self::Iq2S,
+        Self::Iq3Xxs,
+        Self::Iq3S,
+        Self::Tq1_0,
+        Self::Tq2_0,
+    ];
     /// The types kiln also writes (quantize-on-load and the KV cache); the others are read
     /// from files only.
     pub const WRITABLE: [Self; 9] = [
@@ -233,6 +246,11 @@ impl GgmlType {
             Self::Iq3Xxs => 98,
             Self::Tq1_0 => 54,
         }
+    }
+
+    /// True for the types of [`Self::CODEBOOK`].
+    pub fn is_codebook(self) -> bool {
+        Self::CODEBOOK.contains(&self)
     }
 
     /// True for the block-quantized types.

@@ -90,15 +90,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Mxfp4 => {
             blocks.for_each(|(b, o)| dequant_lut(e8m0_half(b[0]), &b[1..17], &MXFP4_LEVELS, o));
         }
-        GgmlType::Iq1S
-        | GgmlType::Iq1M
-        | GgmlType::Iq2Xxs
-        | GgmlType::Iq2Xs
-        | GgmlType::Iq2S
-        | GgmlType::Iq3Xxs
-        | GgmlType::Iq3S
-        | GgmlType::Tq1_0
-        | GgmlType::Tq2_0 => blocks.for_each(|(b, o)| iq::dequant_block(ty, b, o)),
+        _ if ty.is_codebook() => blocks.for_each(|(b, o)| iq::dequant_block(ty, b, o)),
+        _ => unreachable!("{ty}: every other type has its arm"),
     }
 }
 

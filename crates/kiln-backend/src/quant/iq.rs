@@ -43,22 +43,6 @@
 use super::formats::{GgmlType, QK_K, f16_at};
 use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 
-/// The types of this module.
-pub fn is_codebook(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Iq1S
-            | GgmlType::Iq1M
-            | GgmlType::Iq2Xxs
-            | GgmlType::Iq2Xs
-            | GgmlType::Iq2S
-            | GgmlType::Iq3Xxs
-            | GgmlType::Iq3S
-            | GgmlType::Tq1_0
-            | GgmlType::Tq2_0
-    )
-}
-
 /// Bits a record spends on each level index: 2 (TQ), 3 (IQ1, IQ2) or 4 (IQ3).
 pub fn index_bits(ty: GgmlType) -> u32 {
     match ty {

@@ -542,18 +542,10 @@ unsafe fn rows<S: Isa, const R: usize>(
                 row_k16::<S, R, _, 32, false>(Q6Record::new(rec), un, acts, i, u, acc);
             }
             GgmlType::Q6K => row_k16::<S, R, _, 32, false>(Quads(quads), un, acts, i, u, acc),
-            GgmlType::Iq1S
-            | GgmlType::Iq1M
-            | GgmlType::Iq2Xxs
-            | GgmlType::Iq2Xs
-            | GgmlType::Iq2S
-            | GgmlType::Iq3Xxs
-            | GgmlType::Iq3S
-            | GgmlType::Tq1_0
-            | GgmlType::Tq2_0 => {
+            _ if ty.is_codebook() => {
                 row_k16::<S, R, _, { LEVEL_OFFSET }, false>(Quads(quads), un, acts, i, u, acc);
             }
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
+            _ => unreachable!("{ty} has no quantized kernel"),
         }
     }
 }

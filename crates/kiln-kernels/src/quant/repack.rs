@@ -241,7 +241,7 @@ pub(crate) fn pack(ty: GgmlType, nb: usize, rows: &[Option<&[u8]>; LANES], rec: 
     for (lane, row) in rows.iter().enumerate() {
         let Some(row) = row else { continue };
         for (bi, blk) in row.chunks_exact(ty.block_bytes()).take(nb).enumerate() {
-            if iq::is_codebook(ty) {
+            if ty.is_codebook() {
                 pack_codebook_lane(ty, blk, lane, lay, &mut quads, rec);
                 continue;
             }
@@ -450,7 +450,7 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
             _ => nb,
         };
         for b in 0..dn {
-            let d = if ty == GgmlType::Mxfp4 || iq::is_codebook(ty) {
+            let d = if ty == GgmlType::Mxfp4 || ty.is_codebook() {
                 S::loadf(rec.add(lay.d + b * 64).cast())
             } else {
                 S::load_f16(rec.add(lay.d + b * 32))
@@ -482,7 +482,7 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
                     S::store(un.mins16[s].as_mut_ptr().cast(), S::srli16::<4>(v));
                 }
             }
-            _ if iq::is_codebook(ty) => {
+            _ if ty.is_codebook() => {
                 for s in 0..16 {
                     let v = S::widen_u8_i32(rec.add(lay.sc + s * 16));
                     S::store(un.iscale[s].as_mut_ptr().cast(), v);
@@ -508,12 +508,12 @@ pub(crate) unsafe fn unpack_scales<S: Isa>(
 
 /// Whether `ty`'s record stores 2-bit level vectors (Q2_K, Q3_K, the TQ, IQ1 and IQ2 types).
 fn two_bit_levels(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q2K | GgmlType::Q3K) || (iq::is_codebook(ty) && iq::index_bits(ty) < 4)
+    matches!(ty, GgmlType::Q2K | GgmlType::Q3K) || (ty.is_codebook() && iq::index_bits(ty) < 4)
 }
 
 /// Whether `ty`'s record adds bit planes holding bit 2 of each level (Q3_K, IQ1, IQ2).
 fn bit_plane_2(ty: GgmlType) -> bool {
-    ty == GgmlType::Q3K || (iq::is_codebook(ty) && iq::index_bits(ty) == 3)
+    ty == GgmlType::Q3K || (ty.is_codebook() && iq::index_bits(ty) == 3)
 }
 
 /// The 2-bit levels of a record (`nquads` quads, with `plane`: bit 2 from the bit planes at
@@ -652,13 +652,12 @@ pub(crate) fn dequant_lane(
                 let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
                 dl * f32::from(i16::from(q) - 32)
             }
-            _ if iq::is_codebook(ty) => {
+            _ if ty.is_codebook() => {
                 // The same products as `iq::dequant_block`.
                 let dl = un.fscale[0][lane] * un.iscale[e / 16][lane] as f32;
                 dl * f32::from(i16::from(q) - iq::LEVEL_OFFSET as i16)
             }
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!(),
-            _ => unreachable!("{ty}"),
+            _ => unreachable!("{ty} is not a quantized type"),
         };
     }
 }

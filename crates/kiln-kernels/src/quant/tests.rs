@@ -55,6 +55,10 @@ fn type_table() {
     assert_eq!(GgmlType::Iq1M.row_bytes(512), Some(112));
     assert_eq!(GgmlType::Tq1_0.block_bytes(), 54);
     assert_eq!(GgmlType::Iq3S.name(), "iq3_s");
+    for ty in GgmlType::CODEBOOK {
+        assert!(GgmlType::QUANTIZED.contains(&ty) && !GgmlType::WRITABLE.contains(&ty), "{ty}");
+        assert_eq!(ty.block_elems(), QK_K, "{ty}");
+    }
     assert_eq!(GgmlType::Iq4Xs.row_bytes(512), Some(272));
     assert_eq!(GgmlType::Mxfp4.row_bytes(64), Some(34));
     assert_eq!(GgmlType::Q4K.name(), "q4_K");
