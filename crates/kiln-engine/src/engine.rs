@@ -4,7 +4,6 @@
 //! thread while the engine reports the step before (`engine/async_step.rs`).
 //! [`crate::EngineHandle`] runs the core on its own thread.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,19 +18,22 @@ use kiln_sched::{
 };
 
 use crate::forward_thread::ForwardThread;
+use crate::handle::OutputSink;
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
+use crate::requests::{LiveRequest, RequestTable};
 use crate::slo::{AdmissionDecision, Admitted, Prediction, SloConfig, decide};
 use crate::spec::{
     DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator, bind_draft_model,
 };
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
-use crate::{EngineOutput, FirstTokenInfo, ModelRunner};
+use crate::{EngineOutput, ModelRunner};
 
 mod async_step;
+mod deliver;
 mod step;
 
-use step::{Arrival, Decoding};
+pub(crate) use step::{Arrival, Decoding};
 
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
 /// (a small model on a few CPU cores; measured values replace it after the first prefills).
@@ -160,8 +162,8 @@ pub struct EngineCore {
     runner_output: ModelRunnerOutput,
     next_id: u64,
     stats: EngineStats,
-    /// Requests admitted whose first token has not been sampled yet.
-    first_scheduled: HashMap<RequestId, FirstTokenInfo>,
+    /// Everything kept about each request (`requests.rs`); nothing else here is by request.
+    requests: RequestTable,
     /// Proposes draft tokens when speculative decoding is on.
     speculator: Option<Speculator>,
     /// The draft model while speculation is switched off ([`EngineCore::set_speculative_config`]).
@@ -176,11 +178,6 @@ pub struct EngineCore {
     controller: Option<BatchController>,
     /// The engine's clock for deadlines (milliseconds since this instant).
     epoch: Instant,
-    /// When each request without a first token yet arrived, with its objectives (kept only
-    /// with a controller, which counts TTFT and TPOT misses).
-    arrived: HashMap<RequestId, Arrival>,
-    /// Requests with a TPOT objective past their first token (kept only with a controller).
-    decoding: HashMap<RequestId, Decoding>,
     num_admission_demoted: u64,
     /// The second KV tier's storage (`None`: no tier).
     tier: Option<KvTier>,
@@ -295,7 +292,7 @@ impl EngineCore {
             runner_output: ModelRunnerOutput::default(),
             next_id: 0,
             stats: EngineStats::default(),
-            first_scheduled: HashMap::new(),
+            requests: RequestTable::new(),
             speculator,
             idle_draft_model: None,
             grammar: None,
@@ -303,8 +300,6 @@ impl EngineCore {
             kv_event_sink: None,
             controller,
             epoch: Instant::now(),
-            arrived: HashMap::new(),
-            decoding: HashMap::new(),
             num_admission_demoted: 0,
             tier,
             prefill_secs_per_token: None,
@@ -502,6 +497,12 @@ impl EngineCore {
         self.scheduler.has_unfinished() || self.in_flight.is_some() || self.pending_error.is_some()
     }
 
+    /// Requests in the request table: unfinished ones, and finished ones whose outputs await
+    /// delivery to a sink (0 when idle: nothing is left behind by a finished or aborted one).
+    pub fn num_live_requests(&self) -> usize {
+        self.requests.len()
+    }
+
     /// Queues a request; lower `priority` is more urgent (used by the priority policy).
     pub fn add_request(
         &mut self,
@@ -523,6 +524,9 @@ impl EngineCore {
         params: SamplingParams,
         priority: i64,
     ) -> Result<(), EngineError> {
+        if self.requests.contains(id) {
+            return Err(AddError::DuplicateId(id).into());
+        }
         let vocab_size = self.runner.vocab_size();
         let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
             tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
@@ -584,17 +588,24 @@ impl EngineCore {
         let demoted = request.is_demoted();
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
+        let mut live = LiveRequest { constraint, ..LiveRequest::default() };
         if let Some(c) = &mut self.controller {
             let now = Instant::now();
-            self.arrived.insert(id, Arrival { at: now, ttft_ms, tpot_ms, predicted });
+            live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
             c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
-        if let Some(constraint) = constraint {
-            self.runner.add_constraint(id, constraint);
-        }
+        self.requests.insert(id, live);
         self.next_id = self.next_id.max(id.0 + 1);
         self.refresh_stats();
         Ok(())
+    }
+
+    /// Sends `id`'s outputs to `sink` from now on, when delivered (`engine/deliver.rs`); `false`
+    /// (the sink dropped) when `id` is not held.
+    pub(crate) fn set_sink(&mut self, id: RequestId, sink: OutputSink) -> bool {
+        let Some(live) = self.requests.get_mut(id) else { return false };
+        live.sink = Some(sink);
+        true
     }
 
     /// Turns speculative decoding on (with `config`) or off between runs: only while no request
@@ -633,10 +644,9 @@ impl EngineCore {
             self.idle_draft_model = Some(draft);
         }
         let wants_draft = config.as_ref().is_some_and(|c| c.draft_model_name().is_some());
-        let mut draft = if wants_draft { self.idle_draft_model.take() } else { None };
-        if let Some(draft) = &mut draft {
-            draft.reset();
-        }
+        let draft = if wants_draft { self.idle_draft_model.take() } else { None };
+        // No request runs; finished ones awaiting delivery draft no more either.
+        self.requests.reset_spec_state();
         self.speculator = match config.clone() {
             Some(c) => Some(
                 Speculator::new(c, draft, trees).map_err(EngineError::Config)?.with_stats(stats),
@@ -652,13 +662,7 @@ impl EngineCore {
     /// its blocks are freed when that step ends (its KV then written, or dropped with a failed
     /// step), so no block is cached with KV that was never written.
     pub fn abort(&mut self, id: RequestId) -> bool {
-        self.first_scheduled.remove(&id);
-        self.arrived.remove(&id);
-        self.decoding.remove(&id);
-        self.runner.forget(id);
-        if let Some(spec) = &mut self.speculator {
-            spec.forget(id);
-        }
+        self.requests.remove(id);
         if self.in_flight.is_some() {
             let known = self.scheduler.request(id).is_some();
             if known && !self.deferred_aborts.contains(&id) {

@@ -9,7 +9,6 @@
 //! Request ids are handed out by the handle, so [`EngineHandle::submit_with_sink`] never waits
 //! for the engine thread.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -248,7 +247,6 @@ fn run_until_shutdown(
     shared: &Mutex<EngineStats>,
     mut observer: Option<StepObserver>,
 ) {
-    let mut sinks: HashMap<RequestId, OutputSink> = HashMap::new();
     // After every step, before its outputs reach the clients (so a client that has its answer
     // reads metrics that count it), again when delivering aborted a request, and whenever
     // commands left the engine idle (aborts change the gauges): the stats and the prefix-cache
@@ -266,7 +264,7 @@ fn run_until_shutdown(
         if !core.has_unfinished() {
             match commands.recv() {
                 Ok(cmd) => {
-                    if !handle(core, &mut sinks, cmd) {
+                    if !handle(core, cmd) {
                         return;
                     }
                 }
@@ -276,7 +274,7 @@ fn run_until_shutdown(
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
-                    if !handle(core, &mut sinks, cmd) {
+                    if !handle(core, cmd) {
                         return;
                     }
                 }
@@ -291,28 +289,12 @@ fn run_until_shutdown(
         match core.step() {
             Ok(outputs) => {
                 publish(core);
-                let mut aborted = false;
-                for out in outputs {
-                    let id = out.id;
-                    let finished = out.finish_reason.is_some();
-                    let Some(sink) = sinks.get_mut(&id) else { continue };
-                    if !sink(Ok(out)) {
-                        sinks.remove(&id);
-                        core.abort(id);
-                        aborted = true;
-                    } else if finished {
-                        sinks.remove(&id);
-                    }
-                }
-                if aborted {
+                if core.deliver(outputs) {
                     publish(core);
                 }
             }
             Err(e) => {
-                for (id, mut sink) in sinks.drain() {
-                    sink(Err(e.clone()));
-                    core.abort(id);
-                }
+                core.fail_delivery(&e);
                 publish(core);
             }
         }
@@ -320,13 +302,13 @@ fn run_until_shutdown(
 }
 
 /// Applies one command; `false` means shut down.
-fn handle(core: &mut EngineCore, sinks: &mut HashMap<RequestId, OutputSink>, cmd: Command) -> bool {
+fn handle(core: &mut EngineCore, cmd: Command) -> bool {
     match cmd {
         Command::Submit(submission) => {
             let Submission { id, prompt, params, priority, mut sink, reply } = *submission;
             match core.add_request_with_id(id, prompt, params, priority) {
                 Ok(()) => {
-                    sinks.insert(id, sink);
+                    core.set_sink(id, sink);
                     if let Some(reply) = reply {
                         let _ = reply.send(Ok(()));
                     }
@@ -342,7 +324,6 @@ fn handle(core: &mut EngineCore, sinks: &mut HashMap<RequestId, OutputSink>, cmd
             }
         }
         Command::Abort(id) => {
-            sinks.remove(&id);
             core.abort(id);
         }
         Command::Shutdown => return false,

@@ -24,6 +24,7 @@ pub mod kv_tier;
 mod logprobs;
 mod output;
 pub mod prefix_store;
+mod requests;
 mod runner;
 mod sampler;
 pub mod slo;
@@ -43,6 +44,7 @@ pub use kiln_sched::{
 pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
+pub use requests::{LiveRequest, RequestTable};
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};
 pub use sampler::Sampler;
 pub use slo::{SloAdmission, SloClass, SloConfig};

@@ -29,18 +29,22 @@
 //! delivered with the first sampled token. Recomputation after preemption overwrites them with
 //! the same values.
 //!
+//! The runner keeps no state by request: each request's view of its tokens, its sampler, its
+//! prompt log-probabilities and its extras live in its [`crate::requests::LiveRequest`], passed
+//! in with each call as the engine's [`RequestTable`].
+//!
 //! With asynchronous scheduling a step is split: `launch` builds the batch and hands it, the
 //! model and the logits buffer to the forward thread; `complete` takes them back and samples.
-//! Between the two the runner may forget aborted requests (their rows are then not sampled),
-//! take new constraints, and build the next step's batch ahead (`runner/ahead.rs`:
-//! `prepare_ahead`, then `launch_ahead` once the step in flight is sampled).
+//! Between the two the engine may remove aborted requests or retire stopped ones (their rows
+//! are then not sampled), add new ones, and build the next step's batch ahead
+//! (`runner/ahead.rs`: `prepare_ahead`, then `launch_ahead` once the step in flight is sampled).
 //!
 //! Once warm, a step allocates only for new requests, block-table growth, log-probabilities,
 //! each sampled request's short token list (one token, or the accepted drafts plus one) and a
 //! step planned ahead's row and placeholder lists: the batches, the logits, the scratch and
 //! the synchronous step's row and draft lists are reused.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::mem;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -50,7 +54,8 @@ use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel, T
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
 use crate::forward_thread::{ForwardJob, ForwardThread};
-use crate::structured::{Constraint, ConstraintStats};
+use crate::requests::{BatchView, LiveRequest, PromptLogprobState, RequestTable};
+use crate::structured::ConstraintStats;
 use crate::{Logprobs, Sampler, logprobs};
 
 mod ahead;
@@ -67,15 +72,6 @@ pub struct SampleExtras {
     pub logprobs: Option<Logprobs>,
     /// With the first sampled token only.
     pub prompt_logprobs: Option<PromptLogprobs>,
-}
-
-/// Prompt log-probabilities being gathered for one request.
-#[derive(Debug)]
-struct PromptLogprobState {
-    prompt: Vec<u32>,
-    top_k: usize,
-    /// `None` once delivered.
-    entries: Option<PromptLogprobs>,
 }
 
 /// One request's rows being sampled: its sampler, its logit rows (`[rows, vocab]`: one, or one
@@ -113,14 +109,6 @@ struct StepRow {
     tree: bool,
 }
 
-/// One scheduled request as the scheduler's diffs describe it.
-#[derive(Debug, Default)]
-struct RunnerRequest {
-    /// Prompt then output tokens, as of the last diff.
-    tokens: Vec<u32>,
-    block_table: Vec<u32>,
-}
-
 pub struct ModelRunner {
     /// The model bound to its KV cache and workspace on its backend (`None` while an
     /// asynchronous step's forward has it, with `batch` and `logits`).
@@ -133,12 +121,6 @@ pub struct ModelRunner {
     forward_broken: bool,
     logits: Logits,
     batch: ForwardBatch,
-    requests: HashMap<RequestId, RunnerRequest>,
-    samplers: HashMap<RequestId, Sampler>,
-    /// Structured-output states of requests added but not yet scheduled (moved into their
-    /// sampler when it is made).
-    constraints: HashMap<RequestId, Constraint>,
-    prompt_logprobs: HashMap<RequestId, PromptLogprobState>,
     /// Seed of requests whose params carry none: request `id` uses `seed + id`.
     seed: u64,
     eos_token_ids: Vec<u32>,
@@ -152,8 +134,8 @@ pub struct ModelRunner {
     slot_copies: Vec<(u32, u32)>,
     /// Scratch: one request's known tokens then drafts, as pushed to the batch.
     spec_tokens: Vec<u32>,
-    /// This step's log-probabilities, by request, one entry per generated token in order.
-    extras: HashMap<RequestId, VecDeque<SampleExtras>>,
+    /// The requests holding extras of the last step (cleared when the next one samples).
+    with_extras: Vec<RequestId>,
     /// Where the last `execute` spent its time.
     timing: StepTiming,
     /// Structured-output work since start (every constraint's, summed after each step).
@@ -183,10 +165,6 @@ impl ModelRunner {
             model: Some(model),
             logits: Logits::default(),
             batch: ForwardBatch::new(block_size),
-            requests: HashMap::new(),
-            samplers: HashMap::new(),
-            constraints: HashMap::new(),
-            prompt_logprobs: HashMap::new(),
             seed,
             eos_token_ids: Vec::new(),
             step_rows: Vec::new(),
@@ -194,7 +172,7 @@ impl ModelRunner {
             step_parents: Vec::new(),
             slot_copies: Vec::new(),
             spec_tokens: Vec::new(),
-            extras: HashMap::new(),
+            with_extras: Vec::new(),
             timing: StepTiming::default(),
             constraint_stats: ConstraintStats::default(),
             ahead: None,
@@ -207,12 +185,6 @@ impl ModelRunner {
     pub fn with_eos_token_ids(mut self, eos: &[TokenId]) -> Self {
         self.eos_token_ids = eos.iter().map(|t| t.0).collect();
         self
-    }
-
-    /// Takes the log-probabilities of `id`'s next generated token of the last step, if any
-    /// (call once per generated token, in order).
-    pub fn take_extras(&mut self, id: RequestId) -> Option<SampleExtras> {
-        self.extras.get_mut(&id)?.pop_front()
     }
 
     pub fn model(&self) -> &dyn StepModel {
@@ -234,25 +206,6 @@ impl ModelRunner {
         self.model.as_deref_mut().expect(MODEL_IN_FLIGHT)
     }
 
-    /// Sets the structured-output state `id`'s sampler starts with (call before `id` is first
-    /// scheduled).
-    pub fn add_constraint(&mut self, id: RequestId, constraint: Constraint) {
-        self.constraints.insert(id, constraint);
-    }
-
-    /// Drops everything known about `id` (abort).
-    pub fn forget(&mut self, id: RequestId) {
-        self.requests.remove(&id);
-        self.samplers.remove(&id);
-        self.constraints.remove(&id);
-        self.prompt_logprobs.remove(&id);
-    }
-
-    /// `id`'s sampler as of the last step (`None` before the request was first scheduled).
-    pub fn sampler(&self, id: RequestId) -> Option<&Sampler> {
-        self.samplers.get(&id)
-    }
-
     /// Where the last [`ModelRunner::execute`] spent its time.
     pub fn timing(&self) -> StepTiming {
         self.timing
@@ -263,13 +216,18 @@ impl ModelRunner {
         self.constraint_stats
     }
 
-    /// Drops the state of requests preempted (they come back as new requests) or finished.
-    fn drop_gone(&mut self, sched_out: &SchedulerOutput) {
+    /// Drops the batch views of requests preempted (they come back as new requests; their
+    /// samplers stay) and retires finished ones still held (their delivery removes them).
+    fn drop_gone(sched_out: &SchedulerOutput, table: &mut RequestTable) {
         for id in &sched_out.preempted_ids {
-            self.requests.remove(id);
+            if let Some(r) = table.get_mut(*id) {
+                r.view = None;
+            }
         }
         for id in &sched_out.finished_ids {
-            self.forget(*id);
+            if let Some(r) = table.get_mut(*id) {
+                r.retire();
+            }
         }
     }
 
@@ -278,17 +236,18 @@ impl ModelRunner {
     pub fn execute(
         &mut self,
         sched_out: &SchedulerOutput,
+        table: &mut RequestTable,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
-        self.clear_last_step(out);
-        if !self.prepare(sched_out)? {
+        self.clear_last_step(table, out);
+        if !self.prepare(sched_out, table)? {
             return Ok(());
         }
         let forward_start = Instant::now();
         let model = self.model.as_deref_mut().expect(MODEL_IN_FLIGHT);
         model.forward(&self.batch, &mut self.logits)?;
         self.timing.forward = forward_start.elapsed();
-        self.sample(out)
+        self.sample(table, out)
     }
 
     /// [`ModelRunner::execute`]'s forward started on `thread`: builds the batch and hands it,
@@ -297,9 +256,10 @@ impl ModelRunner {
     pub(crate) fn launch(
         &mut self,
         sched_out: &SchedulerOutput,
+        table: &mut RequestTable,
         thread: &ForwardThread,
     ) -> Result<bool, ForwardError> {
-        if !self.prepare(sched_out)? {
+        if !self.prepare(sched_out, table)? {
             return Ok(false);
         }
         let block_size = self.batch.block_size();
@@ -316,14 +276,15 @@ impl ModelRunner {
     }
 
     /// Waits for the forward [`ModelRunner::launch`] started (`launched`), then samples as
-    /// `execute` does. Requests forgotten meanwhile (aborted) get no token.
+    /// `execute` does. Requests removed or retired meanwhile get no token.
     pub(crate) fn complete(
         &mut self,
         launched: bool,
+        table: &mut RequestTable,
         thread: &ForwardThread,
         out: &mut ModelRunnerOutput,
     ) -> Result<(), ForwardError> {
-        self.clear_last_step(out);
+        self.clear_last_step(table, out);
         if !launched {
             return Ok(());
         }
@@ -336,11 +297,10 @@ impl ModelRunner {
         self.forward_broken |= job.panicked;
         let result = self.take_back(job);
         result?;
-        let samplers = &self.samplers;
         for row in &mut self.step_rows {
-            row.samples &= samplers.contains_key(&row.id);
+            row.samples &= table.get(row.id).is_some_and(|r| r.sampler.is_some());
         }
-        self.sample(out)
+        self.sample(table, out)
     }
 
     /// When the forward `complete` collected ended on its thread (`None`: no forward ran).
@@ -355,9 +315,13 @@ impl ModelRunner {
 
     /// Drops what the last step left for its report (its output, extras and timing): a new
     /// step's sampling starts.
-    fn clear_last_step(&mut self, out: &mut ModelRunnerOutput) {
+    fn clear_last_step(&mut self, table: &mut RequestTable, out: &mut ModelRunnerOutput) {
         out.clear();
-        self.extras.clear();
+        for id in self.with_extras.drain(..) {
+            if let Some(r) = table.get_mut(id) {
+                r.extras.clear();
+            }
+        }
         self.timing = StepTiming::default();
         self.forward_finished_at = None;
     }
@@ -374,48 +338,55 @@ impl ModelRunner {
     /// step's extras and timing stay until the next `execute` or `complete`; its draft lists do
     /// not (asynchronous steps, which `prepare_ahead` builds during the step before, never
     /// carry drafts).
-    fn prepare(&mut self, sched_out: &SchedulerOutput) -> Result<bool, ForwardError> {
-        self.drop_gone(sched_out);
+    fn prepare(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        table: &mut RequestTable,
+    ) -> Result<bool, ForwardError> {
+        Self::drop_gone(sched_out, table);
         self.batch.clear();
         self.step_rows.clear();
         self.step_drafts.clear();
         self.step_parents.clear();
         for new in &sched_out.new_requests {
-            let mut r = self.requests.remove(&new.id).unwrap_or_default();
+            let live = table.get_or_default(new.id);
+            let r = live.view.get_or_insert_with(BatchView::default);
             r.tokens.clear();
             r.tokens.extend(new.token_ids.iter().map(|t| t.0));
             r.block_table.clear();
             r.block_table.extend(new.block_table.iter().map(|b| b.0));
             let seed = self.seed.wrapping_add(new.id.0);
             let eos = &self.eos_token_ids;
-            let constraints = &mut self.constraints;
-            self.samplers.entry(new.id).or_insert_with(|| {
-                Sampler::new(new.sampling_params.clone(), &r.tokens, seed)
+            if live.sampler.is_none() {
+                let sampler = Sampler::new(new.sampling_params.clone(), &r.tokens, seed)
                     .with_eos_token_ids(eos)
-                    .with_constraint(constraints.remove(&new.id))
-            });
+                    .with_constraint(live.constraint.take());
+                live.sampler = Some(sampler);
+            }
             if let Some(top_k) = new.sampling_params.prompt_logprobs {
-                self.prompt_logprobs.entry(new.id).or_insert_with(|| PromptLogprobState {
+                live.prompt_logprobs.get_or_insert_with(|| PromptLogprobState {
                     prompt: r.tokens.clone(),
                     top_k,
                     entries: Some(vec![None; r.tokens.len()]),
                 });
             }
             let num_computed = new.num_computed_tokens;
-            let all = wants_all_logits(&self.prompt_logprobs, new.id, num_computed);
+            let all = wants_all_logits(live, num_computed);
+            let r = live.view.as_ref().expect("the view was just built");
             let (batch, rows) = (&mut self.batch, &mut self.step_rows);
-            Self::push(batch, rows, new.id, &r, num_computed, new.num_scheduled_tokens, all)?;
-            self.requests.insert(new.id, r);
+            Self::push(batch, rows, new.id, r, num_computed, new.num_scheduled_tokens, all)?;
         }
         for cached in &sched_out.cached_requests {
-            let r = self.requests.get_mut(&cached.id).ok_or_else(|| {
+            let unknown = || {
                 ForwardError::Batch(format!("{} was scheduled as cached but is unknown", cached.id))
-            })?;
+            };
+            let live = table.get_mut(cached.id).ok_or_else(unknown)?;
+            let all = wants_all_logits(live, cached.num_computed_tokens);
+            let r = live.view.as_mut().ok_or_else(unknown)?;
             r.tokens.extend(sched_out.new_token_ids(cached).iter().map(|t| t.0));
             r.block_table.extend(cached.new_block_ids.iter().map(|b| b.0));
             let (num_computed, n) = (cached.num_computed_tokens, cached.num_scheduled_tokens);
             if cached.spec_token_ids.is_empty() {
-                let all = wants_all_logits(&self.prompt_logprobs, cached.id, num_computed);
                 let (batch, rows) = (&mut self.batch, &mut self.step_rows);
                 Self::push(batch, rows, cached.id, r, num_computed, n, all)?;
             } else {
@@ -433,7 +404,11 @@ impl ModelRunner {
 
     /// Samples the rows of the forward that just ran into `out` (one entry per scheduled
     /// request) and moves accepted tree paths into place.
-    fn sample(&mut self, out: &mut ModelRunnerOutput) -> Result<(), ForwardError> {
+    fn sample(
+        &mut self,
+        table: &mut RequestTable,
+        out: &mut ModelRunnerOutput,
+    ) -> Result<(), ForwardError> {
         let sample_start = Instant::now();
         // Prompt log-probabilities read every row of a request but its last one, the row that
         // sampling changes in place (penalties, bias), so gathering them all first is the same
@@ -443,13 +418,15 @@ impl ModelRunner {
         for i in 0..self.step_rows.len() {
             let StepRow { id, start, num_rows, samples, ref drafts, .. } = self.step_rows[i];
             let drafts = drafts.clone();
-            self.gather_prompt_logprobs(id, start, row, num_rows);
+            if let Some(live) = table.get_mut(id) {
+                gather_prompt_logprobs(&mut self.logits, live, start, row, num_rows);
+            }
             row += num_rows;
             if samples {
                 to_sample.push((id, row - 1 - drafts.len(), drafts));
             }
         }
-        let mut sampled = self.sample_rows(&to_sample)?.into_iter();
+        let mut sampled = self.sample_rows(table, &to_sample)?.into_iter();
         self.timing.sample = sample_start.elapsed();
         self.slot_copies.clear();
         let rows = mem::take(&mut self.step_rows);
@@ -463,13 +440,18 @@ impl ModelRunner {
                     "{id} was to be sampled but got no token"
                 )));
             };
-            if let Some(r) = self.requests.get(&id).filter(|_| tree) {
+            let live = table.get_mut(id);
+            if let Some(r) = live.as_ref().and_then(|l| l.view.as_ref()).filter(|_| tree) {
                 path_moves(&path, start, &r.block_table, &self.batch, &mut self.slot_copies);
             }
             // The scheduler hands accepted tokens back in the next diff (`new_token_ids`).
             let ids: Vec<TokenId> = tokens.iter().map(|(t, _)| *t).collect();
             out.push(id, &ids);
-            self.keep_extras(id, tokens);
+            if let Some(live) = live
+                && keep_extras(live, tokens)
+            {
+                self.with_extras.push(id);
+            }
         }
         self.step_rows = rows;
         if !self.slot_copies.is_empty() {
@@ -479,18 +461,6 @@ impl ModelRunner {
         Ok(())
     }
 
-    /// Keeps the log-probabilities of `id`'s generated tokens (its prompt's with the first) for
-    /// [`ModelRunner::take_extras`].
-    fn keep_extras(&mut self, id: RequestId, tokens: SampledTokens) {
-        let mut prompt_logprobs = self.prompt_logprobs.get_mut(&id).and_then(|s| s.entries.take());
-        for (_, lp) in tokens {
-            if lp.is_some() || prompt_logprobs.is_some() {
-                let extras = SampleExtras { logprobs: lp, prompt_logprobs: prompt_logprobs.take() };
-                self.extras.entry(id).or_default().push_back(extras);
-            }
-        }
-    }
-
     /// Samples each request of `rows` (increasing rows) from its first logit row on, with its
     /// sampler, verifying its drafts (module docs); the requests in parallel on the backend's
     /// host threads: each request's sampler owns its random state and touches only its own
@@ -498,14 +468,13 @@ impl ModelRunner {
     /// vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
     fn sample_rows(
         &mut self,
+        table: &mut RequestTable,
         rows: &[SampleRow],
     ) -> Result<Vec<(SampledTokens, Vec<usize>)>, ForwardError> {
         let mut samplers = Vec::with_capacity(rows.len());
         for (id, _, _) in rows {
-            let Some(sampler) = self.samplers.remove(id) else {
-                for ((id, _, _), sampler) in rows.iter().zip(samplers) {
-                    self.samplers.insert(*id, sampler);
-                }
+            let Some(sampler) = table.get_mut(*id).and_then(|r| r.sampler.take()) else {
+                put_back(table, rows, samplers);
                 return Err(ForwardError::Batch(format!("{id} has no sampler")));
             };
             samplers.push(sampler);
@@ -542,34 +511,13 @@ impl ModelRunner {
                 (job.sampled, job.path)
             })
             .collect();
-        for ((id, _, _), mut sampler) in rows.iter().zip(samplers) {
+        for sampler in &mut samplers {
             if let Some(stats) = sampler.take_constraint_stats() {
                 self.constraint_stats += stats;
             }
-            self.samplers.insert(*id, sampler);
         }
+        put_back(table, rows, samplers);
         Ok(results)
-    }
-
-    /// Stores the log-probabilities of prompt tokens `start + 1 ..` found in logit rows
-    /// `first_row .. first_row + num_rows` (positions `start ..`).
-    fn gather_prompt_logprobs(
-        &mut self,
-        id: RequestId,
-        start: usize,
-        first_row: usize,
-        num_rows: usize,
-    ) {
-        let Some(state) = self.prompt_logprobs.get_mut(&id) else { return };
-        let Some(entries) = state.entries.as_mut() else { return };
-        for i in 0..num_rows {
-            let target = start + i + 1;
-            if target >= state.prompt.len() {
-                break;
-            }
-            let row = self.logits.row_mut(first_row + i);
-            entries[target] = Some(logprobs(row, TokenId(state.prompt[target]), state.top_k));
-        }
     }
 
     /// Adds `id`'s `num_scheduled` tokens from `num_computed` on to the batch.
@@ -577,7 +525,7 @@ impl ModelRunner {
         batch: &mut ForwardBatch,
         rows: &mut Vec<StepRow>,
         id: RequestId,
-        r: &RunnerRequest,
+        r: &BatchView,
         num_computed: usize,
         num_scheduled: usize,
         all_logits: bool,
@@ -614,7 +562,7 @@ impl ModelRunner {
         rows: &mut Vec<StepRow>,
         (drafts, parents, scratch): (&mut Vec<u32>, &mut Vec<u32>, &mut Vec<u32>),
         cached: &CachedRequestData,
-        r: &RunnerRequest,
+        r: &BatchView,
     ) -> Result<(), ForwardError> {
         let id = cached.id;
         let (num_computed, num_spec) = (cached.num_computed_tokens, cached.spec_token_ids.len());
@@ -676,11 +624,54 @@ fn path_moves(
     }
 }
 
-/// Whether `id` still gathers prompt log-probabilities from position `num_computed` on.
-fn wants_all_logits(
-    states: &HashMap<RequestId, PromptLogprobState>,
-    id: RequestId,
-    num_computed: usize,
-) -> bool {
-    states.get(&id).is_some_and(|s| s.entries.is_some() && num_computed + 1 < s.prompt.len())
+/// Whether `live` still gathers prompt log-probabilities from position `num_computed` on.
+fn wants_all_logits(live: &LiveRequest, num_computed: usize) -> bool {
+    live.prompt_logprobs
+        .as_ref()
+        .is_some_and(|s| s.entries.is_some() && num_computed + 1 < s.prompt.len())
+}
+
+/// Stores the log-probabilities of `live`'s prompt tokens `start + 1 ..` found in logit rows
+/// `first_row .. first_row + num_rows` (positions `start ..`).
+fn gather_prompt_logprobs(
+    logits: &mut Logits,
+    live: &mut LiveRequest,
+    start: usize,
+    first_row: usize,
+    num_rows: usize,
+) {
+    let Some(state) = live.prompt_logprobs.as_mut() else { return };
+    let Some(entries) = state.entries.as_mut() else { return };
+    for i in 0..num_rows {
+        let target = start + i + 1;
+        if target >= state.prompt.len() {
+            break;
+        }
+        let row = logits.row_mut(first_row + i);
+        entries[target] = Some(logprobs(row, TokenId(state.prompt[target]), state.top_k));
+    }
+}
+
+/// Keeps the log-probabilities of `live`'s generated tokens of this step (its prompt's with
+/// the first) for the report; `true` if it kept any.
+fn keep_extras(live: &mut LiveRequest, tokens: SampledTokens) -> bool {
+    let mut prompt_logprobs = live.prompt_logprobs.as_mut().and_then(|s| s.entries.take());
+    let mut kept = false;
+    for (_, lp) in tokens {
+        if lp.is_some() || prompt_logprobs.is_some() {
+            let extras = SampleExtras { logprobs: lp, prompt_logprobs: prompt_logprobs.take() };
+            live.extras.push_back(extras);
+            kept = true;
+        }
+    }
+    kept
+}
+
+/// Gives each of `rows`' requests its sampler back (in `rows` order).
+fn put_back(table: &mut RequestTable, rows: &[SampleRow], samplers: Vec<Sampler>) {
+    for ((id, _, _), sampler) in rows.iter().zip(samplers) {
+        if let Some(r) = table.get_mut(*id) {
+            r.sampler = Some(sampler);
+        }
+    }
 }

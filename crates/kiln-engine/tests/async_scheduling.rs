@@ -97,6 +97,7 @@ fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Ve
     }
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    assert_eq!(core.num_live_requests(), 0);
     ids.iter().map(|id| outs.remove(id).unwrap()).collect()
 }
 
@@ -178,6 +179,7 @@ fn aborts_while_a_step_is_in_flight_change_no_other_token_and_free_every_block()
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
     assert_eq!(stats.num_steps, core.scheduler().step());
+    assert_eq!(core.num_live_requests(), 0, "aborted in flight: nothing is left in the table");
     // The survivors' tokens are their tokens alone; the aborted requests' cached blocks hold
     // KV that was written: their prompts, run again on this engine, give their tokens alone.
     for (id, p) in ids.iter().zip(&prompts) {
@@ -318,6 +320,7 @@ fn abort_and_rerun(core: &mut EngineCore, ids: &[RequestId], prompts: &[Vec<Toke
     }
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+    assert_eq!(core.num_live_requests(), 0, "a failed step's requests leave with their aborts");
     let again: Vec<_> =
         prompts.iter().map(|p| (core.add_request(p.clone(), greedy(12), 0).unwrap(), p)).collect();
     let mut tokens: HashMap<RequestId, Vec<TokenId>> = HashMap::new();

@@ -86,6 +86,10 @@ fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Ve
     let mut finished = 0;
     while core.has_unfinished() {
         for out in core.step().unwrap() {
+            // The first-token record comes once, with the first token (also when the request
+            // was preempted and resumed later).
+            let seen = tokens.get(&out.id).map_or(0, Vec::len);
+            assert_eq!(out.first.is_some(), seen == 0, "{:?} after {seen} tokens", out.id);
             tokens.entry(out.id).or_default().push(out.new_token);
             if out.finish_reason.is_some() {
                 assert_eq!(out.finish_reason, Some(FinishReason::Length));
@@ -95,6 +99,7 @@ fn run(core: &mut EngineCore, requests: &[(Vec<TokenId>, SamplingParams)]) -> Ve
     }
     assert_eq!(finished, requests.len());
     assert_eq!(core.stats().kv_usage, 0.0);
+    assert_eq!(core.num_live_requests(), 0, "the request table keeps nothing of finished ones");
     ids.iter().map(|id| tokens.remove(id).unwrap()).collect()
 }
 
@@ -422,7 +427,7 @@ fn engine_config_is_validated() {
 /// reports one token per finished row; with drafts it reports the accepted ones plus one.
 #[test]
 fn the_runner_follows_the_diff_and_verifies_draft_tokens() {
-    use kiln_engine::ModelRunner;
+    use kiln_engine::{ModelRunner, RequestTable};
     use kiln_kv::KvCacheConfig;
     use kiln_models::BoundModel;
     use kiln_sched::{ModelRunnerOutput, Request, Scheduler};
@@ -444,10 +449,11 @@ fn the_runner_follows_the_diff_and_verifies_draft_tokens() {
     let id = RequestId(0);
     s.add(Request::new(id, prompt(3, 10), greedy(12))).unwrap();
     let mut res = ModelRunnerOutput::default();
+    let mut table = RequestTable::new();
     let mut got = Vec::new();
     let mut step = |s: &mut Scheduler, got: &mut Vec<TokenId>| {
         let out = s.schedule();
-        runner.execute(&out, &mut res).unwrap();
+        runner.execute(&out, &mut table, &mut res).unwrap();
         let n = res.get(0).unwrap().1.len();
         got.extend(s.update(&out, &res).iter().map(|o| o.new_token));
         (out.num_scheduled_spec_tokens, n)

@@ -23,7 +23,7 @@
 //! - **Outputs equal the synchronous engine's, token for token.** Each request's tokens come
 //!   from its own inputs and KV, sampled with its own seeded sampler from batch-invariant
 //!   logits, in order; only the steps' compositions differ. A request that stops at N had its
-//!   row in N+1 computed: the runner forgets it at once, so that row is not sampled.
+//!   row in N+1 computed: its entry is retired at once, so that row is not sampled.
 //! - At most one forward is in flight, and the model is never read on the engine thread while
 //!   it is. Between `step` calls no request holds a placeholder.
 //! - A request aborted while its step is in flight gets no output from then on: its row is
@@ -40,7 +40,7 @@
 //!   (`has_unfinished` stays true until then). A failed forward of N with N+1 planned ahead
 //!   (or a failure to build N+1's batch) unwinds the plan (`Scheduler::unwind_ahead`: N's
 //!   tokens are lost too) and fails both steps, for the caller to abort their requests; the
-//!   runner forgets them, so one planned again without an abort fails its step. A forward that panicked or a forward thread that ended fails every
+//!   requests are retired, so one planned again without an abort fails its step. A forward that panicked or a forward thread that ended fails every
 //!   later step: the model's state is unknown.
 
 use std::time::{Duration, Instant};
@@ -119,7 +119,8 @@ impl EngineCore {
         let Some(thread) = &self.forward_thread else {
             unreachable!("a step in flight without a forward thread")
         };
-        let completed = self.runner.complete(step.launched, thread, &mut self.runner_output);
+        let (requests, output) = (&mut self.requests, &mut self.runner_output);
+        let completed = self.runner.complete(step.launched, requests, thread, output);
         if let Err(e) = completed {
             let err = self.fail_forward(&step.sched_out, &e);
             if self.runner.forward_broken() {
@@ -172,19 +173,20 @@ impl EngineCore {
         self.scheduler.set_now_ms(self.now_ms());
         let next = self.scheduler.schedule_ahead(&step.sched_out);
         self.record_first_scheduled(&next, planned_at);
-        let prepared = self.runner.prepare_ahead(&next);
+        let prepared = self.runner.prepare_ahead(&next, &mut self.requests);
         let Some(thread) = &self.forward_thread else {
             unreachable!("a step in flight without a forward thread")
         };
-        let completed = self.runner.complete(true, thread, &mut self.runner_output);
+        let (requests, output) = (&mut self.requests, &mut self.runner_output);
+        let completed = self.runner.complete(true, requests, thread, output);
         if let Err(e) = completed.and(prepared) {
-            // The caller aborts the requests; each frees the KV really written. The runner
-            // forgets them now, so a request planned again without an abort fails its step
-            // instead of running on the undone plan.
+            // The caller aborts the requests; each frees the KV really written. They are
+            // retired now, so a request planned again without an abort fails its step instead
+            // of running on the undone plan.
             self.runner.drop_ahead();
             self.scheduler.unwind_ahead(&step.sched_out, &next);
             for (id, _) in step.sched_out.scheduled().chain(next.scheduled()) {
-                self.runner.forget(id);
+                self.retire(id);
             }
             if self.runner.forward_broken() {
                 self.broken = Some(e.to_string());
@@ -193,10 +195,10 @@ impl EngineCore {
         }
         // Step N+1's time starts here, where its forward's critical path does.
         let start = Instant::now();
-        let launched = self.runner.launch_ahead(&self.runner_output, thread);
+        let launched = self.runner.launch_ahead(&self.runner_output, &mut self.requests, thread);
         let updates = self.scheduler.confirm(&step.sched_out, &self.runner_output);
         for out in updates.iter().filter(|o| o.finish_reason.is_some()) {
-            self.runner.forget(out.id); // its row in step N+1 is computed, not sampled
+            self.retire(out.id); // its row in step N+1 is computed, not sampled
         }
         self.debug_check_invariants(step.sched_out.step);
         match launched {
@@ -205,9 +207,9 @@ impl EngineCore {
                 self.in_flight = Some(InFlightStep { sched_out: next, start, launched });
             }
             Err(e) => {
-                // As after a failed forward: the runner's copy of N+1's requests is undone.
+                // As after a failed forward: N+1's requests are retired.
                 for (id, _) in next.scheduled() {
-                    self.runner.forget(id);
+                    self.retire(id);
                 }
                 self.pending_error = Some(self.fail_forward(&next, &e));
             }
@@ -216,6 +218,13 @@ impl EngineCore {
         let outputs = self.report_step(&step.sched_out, updates, step.start, Some(done));
         self.returned_at = self.in_flight.is_some().then(Instant::now);
         Ok(outputs)
+    }
+
+    /// Retires `id`'s entry (`requests.rs`): its row in the step in flight is not sampled.
+    fn retire(&mut self, id: kiln_core::RequestId) {
+        if let Some(live) = self.requests.get_mut(id) {
+            live.retire();
+        }
     }
 
     fn apply_deferred_aborts(&mut self) {
@@ -231,7 +240,7 @@ impl EngineCore {
         let Some(thread) = &self.forward_thread else {
             unreachable!("an asynchronous step without a forward thread")
         };
-        match self.runner.launch(&sched_out, thread) {
+        match self.runner.launch(&sched_out, &mut self.requests, thread) {
             Ok(launched) => {
                 self.in_flight = Some(InFlightStep { sched_out, start, launched });
                 Ok(())

@@ -10,7 +10,7 @@ use kiln_models::ForwardError;
 use kiln_sched::{Request, RequestOutput, SchedulerOutput};
 
 use super::{EngineCore, EngineError, RATE_SMOOTHING};
-use crate::{EngineOutput, FirstTokenInfo, Sampler};
+use crate::{EngineOutput, FirstTokenInfo};
 
 impl EngineCore {
     /// One engine step; returns the sampled tokens in batch order (empty when idle). With
@@ -22,7 +22,8 @@ impl EngineCore {
         }
         let start = Instant::now();
         let sched_out = self.plan_step(start)?;
-        if let Err(e) = self.runner.execute(&sched_out, &mut self.runner_output) {
+        if let Err(e) = self.runner.execute(&sched_out, &mut self.requests, &mut self.runner_output)
+        {
             return Err(self.fail_forward(&sched_out, &e));
         }
         let updates = self.scheduler.update(&sched_out, &self.runner_output);
@@ -44,13 +45,17 @@ impl EngineCore {
         Ok(sched_out)
     }
 
-    /// Starts the first-token records of `sched_out`'s new requests, scheduled at `at`.
+    /// Starts the first-token records of `sched_out`'s new requests, scheduled at `at` (not
+    /// of those resumed after their first token).
     pub(super) fn record_first_scheduled(&mut self, sched_out: &SchedulerOutput, at: Instant) {
         for new in &sched_out.new_requests {
-            self.first_scheduled.entry(new.id).or_insert(FirstTokenInfo {
-                scheduled_at: at,
-                num_cached_tokens: new.num_computed_tokens,
-            });
+            let Some(live) = self.requests.get_mut(new.id) else { continue };
+            if !live.first_reported {
+                live.first.get_or_insert(FirstTokenInfo {
+                    scheduled_at: at,
+                    num_cached_tokens: new.num_computed_tokens,
+                });
+            }
         }
     }
 
@@ -77,30 +82,35 @@ impl EngineCore {
         let outputs: Vec<EngineOutput> = updates
             .into_iter()
             .map(|out| {
-                let extras = self.runner.take_extras(out.id).unwrap_or_default();
+                let live = self.requests.get_mut(out.id);
+                let (extras, first) = match live {
+                    Some(live) => {
+                        live.first_reported = true;
+                        (live.extras.pop_front().unwrap_or_default(), live.first.take())
+                    }
+                    None => Default::default(),
+                };
                 EngineOutput {
                     id: out.id,
                     new_token: out.new_token,
                     finish_reason: out.finish_reason,
                     logprobs: extras.logprobs,
                     prompt_logprobs: extras.prompt_logprobs,
-                    first: self.first_scheduled.remove(&out.id),
+                    first,
                 }
             })
             .collect();
         if let Some(spec) = &mut self.speculator {
-            spec.record_step(sched_out, &self.runner_output, self.runner.timing().forward);
-            for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
-                spec.forget(out.id);
-            }
-            let runner = &self.runner;
-            spec.propose(&mut self.scheduler, &|id| runner.sampler(id).map(Sampler::for_drafting));
+            let forward = self.runner.timing().forward;
+            spec.record_step(sched_out, &self.runner_output, forward, &mut self.requests);
+            spec.propose(&mut self.scheduler, &mut self.requests);
             self.stats.spec_decode = *spec.stats();
         }
         self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
         self.stats.total_sampled_tokens += outputs.len() as u64;
         let step_time = done.unwrap_or_else(Instant::now).saturating_duration_since(start);
         self.control(sched_out, &outputs, step_time);
+        self.remove_finished_without_sink(&outputs);
         self.refresh_stats();
         self.stats.step_time = step_time;
         let timing = self.runner.timing();
@@ -109,6 +119,16 @@ impl EngineCore {
         self.stats.total_forward_time += timing.forward;
         self.stats.total_sample_time += timing.sample;
         outputs
+    }
+
+    /// Finished requests without a sink leave the table now (the caller of `step` takes their
+    /// outputs); those with one leave once delivered (`engine/deliver.rs`).
+    fn remove_finished_without_sink(&mut self, outputs: &[EngineOutput]) {
+        for out in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+            if self.requests.get(out.id).is_some_and(|r| r.sink.is_none()) {
+                self.requests.remove(out.id);
+            }
+        }
     }
 
     /// Debug builds: the scheduler's invariants, which hold between `update` and `schedule`.
@@ -195,7 +215,9 @@ impl EngineCore {
             if out.first.is_some() {
                 // A request's first output carries `first`, so its arrival is removed there
                 // (aborts remove theirs).
-                if let Some(arrival) = self.arrived.remove(&out.id) {
+                let live = self.requests.get_mut(out.id);
+                if let Some(live) = live.filter(|l| l.arrival.is_some()) {
+                    let arrival = live.arrival.take().expect("filtered on its arrival");
                     let objective = arrival.ttft_ms.map(|ms| ms as f64 / 1e3);
                     let ttft = now.saturating_duration_since(arrival.at).as_secs_f64();
                     let at = now.duration_since(self.epoch).as_secs_f64();
@@ -205,18 +227,19 @@ impl EngineCore {
                     let predicted = arrival.predicted.filter(|_| !demoted);
                     controller.observe_ttft(at, ttft, objective, predicted);
                     if let Some(tpot_ms) = arrival.tpot_ms {
-                        let decoding = Decoding { first: now, tokens: 0, tpot_ms };
-                        self.decoding.insert(out.id, decoding);
+                        live.decoding = Some(Decoding { first: now, tokens: 0, tpot_ms });
                     }
                 }
-            } else if let Some(decoding) = self.decoding.get_mut(&out.id) {
+            } else if let Some(decoding) =
+                self.requests.get_mut(out.id).and_then(|l| l.decoding.as_mut())
+            {
                 decoding.tokens += 1;
             }
             if out.finish_reason.is_none() {
                 continue;
             }
             controller.observe_departure();
-            if let Some(d) = self.decoding.remove(&out.id)
+            if let Some(d) = self.requests.get_mut(out.id).and_then(|l| l.decoding.take())
                 && d.tokens > 0
             {
                 let seconds = now.saturating_duration_since(d.first).as_secs_f64();
@@ -228,7 +251,7 @@ impl EngineCore {
 
 /// A request waiting for its first token: when it arrived and its objectives.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Arrival {
+pub(crate) struct Arrival {
     pub(super) at: Instant,
     /// Its class's TTFT (`None`: the TTFT target).
     pub(super) ttft_ms: Option<u64>,
@@ -241,7 +264,7 @@ pub(super) struct Arrival {
 
 /// A request past its first token with a TPOT objective.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Decoding {
+pub(crate) struct Decoding {
     first: Instant,
     /// Tokens since the first.
     tokens: usize,

@@ -1,8 +1,8 @@
 //! A step planned ahead (asynchronous scheduling with placeholders, the scheduler's
 //! `schedule_ahead`): its batch is built while the step before computes, with
 //! [`PLACEHOLDER_TOKEN`] where a decoding request's input is the token that step samples. Once
-//! that step is sampled, each placeholder is replaced, in the batch and in the runner's copy of
-//! the request's tokens, by the request's sampled token, and the forward starts.
+//! that step is sampled, each placeholder is replaced, in the batch and in the request's batch
+//! view, by the request's sampled token, and the forward starts.
 //!
 //! Invariant: a batch never reaches the model with a placeholder in it. Every placeholder
 //! belongs to a request the step before sampled (the scheduler places one only on a row that
@@ -17,6 +17,7 @@ use kiln_sched::{ModelRunnerOutput, PLACEHOLDER_TOKEN, SchedulerOutput};
 
 use super::{MODEL_IN_FLIGHT, ModelRunner, StepRow};
 use crate::forward_thread::{ForwardJob, ForwardThread};
+use crate::requests::RequestTable;
 
 /// A step's batch built ahead, waiting for the tokens of the step in flight.
 pub(crate) struct AheadBatch {
@@ -32,9 +33,10 @@ impl ModelRunner {
     pub(crate) fn prepare_ahead(
         &mut self,
         sched_out: &SchedulerOutput,
+        table: &mut RequestTable,
     ) -> Result<(), ForwardError> {
         let in_flight_rows = mem::take(&mut self.step_rows);
-        let built = self.prepare(sched_out);
+        let built = self.prepare(sched_out, table);
         let rows = mem::replace(&mut self.step_rows, in_flight_rows);
         let block_size = self.batch.block_size();
         let batch = mem::replace(&mut self.batch, ForwardBatch::new(block_size));
@@ -56,6 +58,7 @@ impl ModelRunner {
     pub(crate) fn launch_ahead(
         &mut self,
         sampled: &ModelRunnerOutput,
+        table: &mut RequestTable,
         thread: &ForwardThread,
     ) -> Result<bool, ForwardError> {
         let Some(AheadBatch { mut batch, rows, placeholders }) = self.ahead.take() else {
@@ -75,7 +78,8 @@ impl ModelRunner {
                 )));
             };
             batch.set_token_id(index, token);
-            if let Some(t) = self.requests.get_mut(&id).and_then(|r| r.tokens.get_mut(pos)) {
+            let view = table.get_mut(id).and_then(|r| r.view.as_mut());
+            if let Some(t) = view.and_then(|v| v.tokens.get_mut(pos)) {
                 *t = token;
             }
         }

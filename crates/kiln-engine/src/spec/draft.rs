@@ -36,7 +36,6 @@
 //! the same values into a shared block. Nothing here can change the target's output: drafts are
 //! proposals, verified exactly by the runner; stale draft KV would only lower acceptance.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use kiln_core::{RequestId, TokenId};
@@ -47,12 +46,9 @@ use kiln_models::{
 use kiln_sched::Scheduler;
 
 use super::SpeculativeConfig;
+use crate::requests::RequestTable;
 use crate::sampler::argmax;
 use crate::{EngineConfig, Sampler};
-
-/// Gives the copy of a request's sampler that draws its drafts ([`Sampler::for_drafting`];
-/// `None`: the draft's argmax).
-pub type DraftSamplers<'a> = &'a dyn Fn(RequestId) -> Option<Sampler>;
 
 /// A request drafts only while the tokens its draft KV is missing are at most this many times
 /// the output tokens it may still produce: catching up costs a draft prefill token each, and
@@ -61,9 +57,9 @@ pub type DraftSamplers<'a> = &'a dyn Fn(RequestId) -> Option<Sampler>;
 /// third of it, so a remaining output token repays about 5 tokens of catch-up).
 const MAX_CATCH_UP_PER_OUTPUT_TOKEN: usize = 4;
 
-/// What the draft knows of one request.
+/// What the draft knows of one request (kept in its `LiveRequest`).
 #[derive(Debug, Default)]
-struct DraftSeq {
+pub(crate) struct DraftSeq {
     /// The request's preemption count when `valid` was last set.
     preemptions: u32,
     /// Positions `0..valid` hold draft KV of the request's tokens.
@@ -162,7 +158,7 @@ pub fn bind_draft_model<B: Backend>(
     ))
 }
 
-/// Runs the draft model and keeps its per-request state.
+/// Runs the draft model (its per-request state is in each request's `LiveRequest`).
 pub struct DraftProposer {
     /// The draft bound to its cache: the target's blocks, then the scratch blocks.
     model: Box<dyn StepModel>,
@@ -174,7 +170,6 @@ pub struct DraftProposer {
     /// The scheduler's running cap (with `disable_by_batch_size`, it bounds the requests that
     /// draft at once).
     max_num_seqs: usize,
-    seqs: HashMap<RequestId, DraftSeq>,
     batch: ForwardBatch,
     logits: Logits,
     drafting: Vec<Drafting>,
@@ -188,7 +183,6 @@ impl std::fmt::Debug for DraftProposer {
             .field("model", &self.model.config().architecture)
             .field("num_target_blocks", &self.num_target_blocks)
             .field("num_scratch_blocks", &self.num_scratch_blocks)
-            .field("requests", &self.seqs.len())
             .finish_non_exhaustive()
     }
 }
@@ -224,7 +218,6 @@ impl DraftProposer {
             max_num_seqs,
             batch: ForwardBatch::new(spec.block_size),
             model,
-            seqs: HashMap::new(),
             logits: Logits::default(),
             drafting: Vec::new(),
             tokens: Vec::new(),
@@ -259,27 +252,25 @@ impl DraftProposer {
         Ok(())
     }
 
-    /// Drops what is known about a finished or aborted request.
-    pub fn forget(&mut self, id: RequestId) {
-        self.seqs.remove(&id);
-    }
-
-    /// Forgets every request (after a failed pass, whose KV writes are unknown).
-    pub fn reset(&mut self) {
-        self.seqs.clear();
+    /// Forgets what the draft's cache holds of every request (after a failed pass, whose KV
+    /// writes are unknown, or when drafting is switched back on).
+    pub(crate) fn reset(requests: &mut RequestTable) {
+        for live in requests.values_mut() {
+            live.spec.draft = DraftSeq::default();
+        }
     }
 
     /// Catches the requests of `wanted` up and proposes up to `k` drafts for each `(id, k)` of
     /// `wanted` (requests that decode next), handing them to the scheduler. Returns whether the
     /// round was a steady one: some request drafted, with at most two catch-up tokens per
     /// drafting request, so its time is what drafting costs per step.
-    pub fn propose(
+    pub(crate) fn propose(
         &mut self,
         scheduler: &mut Scheduler,
         wanted: &[(RequestId, usize)],
-        samplers: DraftSamplers<'_>,
+        requests: &mut RequestTable,
     ) -> Result<bool, ForwardError> {
-        self.plan_first_pass(scheduler, wanted, samplers)?;
+        self.plan_first_pass(scheduler, wanted, requests)?;
         let num_drafting = self.drafting.len();
         let steady = num_drafting > 0 && self.batch.num_tokens() <= 2 * num_drafting;
         if self.batch.num_tokens() == 0 {
@@ -299,7 +290,7 @@ impl DraftProposer {
         }
         for d in &self.drafting {
             let real_end = scheduler.kv_cache().block_table(d.id).len() * self.block_size;
-            if let Some(seq) = self.seqs.get_mut(&d.id) {
+            if let Some(seq) = requests.get_mut(d.id).map(|r| &mut r.spec.draft) {
                 // Drafts 1..k-1 were written at the positions after the last token.
                 seq.pending.extend_from_slice(&d.drafts[..d.k - 1]);
                 seq.pending_start = d.last + 1;
@@ -343,7 +334,7 @@ impl DraftProposer {
         &mut self,
         scheduler: &Scheduler,
         wanted: &[(RequestId, usize)],
-        samplers: DraftSamplers<'_>,
+        requests: &mut RequestTable,
     ) -> Result<(), ForwardError> {
         self.batch.clear();
         self.drafting.clear();
@@ -358,7 +349,8 @@ impl DraftProposer {
             if k == 0 || req.num_uncomputed_tokens() != 1 {
                 continue; // only a request that decodes next drafts
             }
-            let seq = self.seqs.entry(id).or_default();
+            let Some(live) = requests.get_mut(id) else { continue };
+            let seq = &mut live.spec.draft;
             let tokens = req.all_token_ids();
             seq.refresh(req.num_preemptions(), tokens);
             // The last known token's position. A request not scheduled in the last step may
@@ -382,7 +374,8 @@ impl DraftProposer {
                 self.batch.push_seq(&self.tokens, seq.valid, &ext, LogitsWanted::Last)?;
                 budget -= missing;
                 seq.valid = (last + 1).min(real_end);
-                let sampler = samplers(id);
+                // Drafts are drawn as the request samples (`None`: the draft's argmax).
+                let sampler = live.sampler.as_ref().map(Sampler::for_drafting);
                 let drafts = Vec::with_capacity(k);
                 self.drafting.push(Drafting { id, last, k, table: ext, drafts, sampler });
                 continue;

@@ -40,3 +40,12 @@ pub use draft::{DraftProposer, bind_draft_model};
 pub use speculator::{Speculator, check_token_tree};
 pub use stats::SpecDecodeStats;
 pub use tree::{MAX_TREE_RANK, TokenTree};
+
+/// What the speculators keep about one request, in its [`crate::LiveRequest`] (dropped with it).
+#[derive(Debug, Default)]
+pub(crate) struct SpecState {
+    /// Its drafts' acceptance windows and pause.
+    pub(crate) backoff: speculator::Backoff,
+    /// With a draft model: what the draft's cache holds of it.
+    pub(crate) draft: draft::DraftSeq,
+}

@@ -28,16 +28,16 @@
 //! draft runs once for all of them; a failed draft pass is logged, forgets the draft's state
 //! and proposes nothing in that step (the target's outputs never depend on drafts).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use kiln_core::{RequestId, TokenId};
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
-use super::draft::{DraftProposer, DraftSamplers};
+use super::draft::DraftProposer;
 use super::ngram;
 use super::stats::SpecDecodeStats;
+use crate::requests::RequestTable;
 
 /// Draft tokens per back-off window.
 const WINDOW_DRAFT_TOKENS: u32 = 32;
@@ -100,8 +100,9 @@ pub fn tree_break_even_acceptance(nodes: usize, depth: usize, propose_over_verif
     ((cost - 1.0) / n).max(floor).min(1.0)
 }
 
+/// One request's drafting record (kept in its `LiveRequest`).
 #[derive(Clone, Copy, Debug, Default)]
-struct Backoff {
+pub(crate) struct Backoff {
     window_drafted: u32,
     window_accepted: u32,
     strikes: u32,
@@ -142,7 +143,6 @@ impl Backoff {
 #[derive(Debug)]
 pub struct Speculator {
     config: SpeculativeConfig,
-    backoff: HashMap<RequestId, Backoff>,
     stats: SpecDecodeStats,
     /// The draft model, with method `draft_model`.
     draft_model: Option<DraftProposer>,
@@ -182,7 +182,6 @@ impl Speculator {
         }
         Ok(Self {
             config,
-            backoff: HashMap::new(),
             stats: SpecDecodeStats::default(),
             draft_model,
             draft: Vec::new(),
@@ -221,14 +220,6 @@ impl Speculator {
         &self.stats
     }
 
-    /// Drops what is known about a finished or aborted request.
-    pub fn forget(&mut self, id: RequestId) {
-        self.backoff.remove(&id);
-        if let Some(draft) = &mut self.draft_model {
-            draft.forget(id);
-        }
-    }
-
     /// The acceptance rate a request's drafts need for drafting to pay, from the costs
     /// measured so far (the floor until both are measured).
     pub fn min_acceptance(&self) -> f64 {
@@ -248,11 +239,12 @@ impl Speculator {
     /// Counts the verifications of a step whose model forward took `forward`: with `k` drafts
     /// scheduled and `g` tokens generated, `g - 1` drafts were accepted. `model_output` is in
     /// `sched_out.scheduled()` order.
-    pub fn record_step(
+    pub(crate) fn record_step(
         &mut self,
         sched_out: &SchedulerOutput,
         model_output: &ModelRunnerOutput,
         forward: std::time::Duration,
+        requests: &mut RequestTable,
     ) {
         if sched_out.num_scheduled_spec_tokens == 0 {
             return;
@@ -269,18 +261,19 @@ impl Speculator {
             debug_assert_eq!(id, cached.id);
             let num_accepted = generated.len().saturating_sub(1).min(num_draft);
             self.stats.record(num_draft, num_accepted);
-            self.backoff.entry(id).or_default().observe(num_draft, num_accepted, min_rate);
+            if let Some(live) = requests.get_mut(id) {
+                live.spec.backoff.observe(num_draft, num_accepted, min_rate);
+            }
         }
     }
 
-    /// Proposes drafts for the next step of every running request that decodes next;
-    /// `samplers` gives a request's [`crate::Sampler::for_drafting`] copy, with which a draft
-    /// model draws its drafts. The proposing time of a round counts in the break-even rate only
+    /// Proposes drafts for the next step of every running request that decodes next (a draft
+    /// model draws them with a [`crate::Sampler::for_drafting`] copy of the request's sampler). The proposing time of a round counts in the break-even rate only
     /// when the round was a steady one ([`DraftProposer::propose`]): a new request's
     /// whole-prompt catch-up is not what drafting costs per step.
-    pub fn propose(&mut self, scheduler: &mut Scheduler, samplers: DraftSamplers<'_>) {
+    pub(crate) fn propose(&mut self, scheduler: &mut Scheduler, requests: &mut RequestTable) {
         let start = Instant::now();
-        let steady = self.propose_drafts(scheduler, samplers);
+        let steady = self.propose_drafts(scheduler, requests);
         let elapsed = start.elapsed();
         self.stats.propose_nanos += u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         if steady {
@@ -289,7 +282,7 @@ impl Speculator {
     }
 
     /// Proposes, and says whether the round was a steady one (its time counts as the cost).
-    fn propose_drafts(&mut self, scheduler: &mut Scheduler, samplers: DraftSamplers<'_>) -> bool {
+    fn propose_drafts(&mut self, scheduler: &mut Scheduler, requests: &mut RequestTable) -> bool {
         self.running.clear();
         self.running.extend_from_slice(scheduler.running_ids());
         if self.running.len() >= self.config.disable_by_batch_size {
@@ -308,7 +301,8 @@ impl Speculator {
                 .config
                 .num_speculative_tokens
                 .min(req.num_remaining_tokens(max_model_len).saturating_sub(1));
-            if k == 0 || !self.backoff.entry(id).or_default().drafts() {
+            let Some(live) = requests.get_mut(id) else { continue };
+            if k == 0 || !live.spec.backoff.drafts() {
                 continue;
             }
             match (&self.config.method, &self.config.token_tree) {
@@ -342,7 +336,7 @@ impl Speculator {
         if let Some(draft) = &mut self.draft_model
             && !self.wanted.is_empty()
         {
-            match draft.propose(scheduler, &self.wanted, samplers) {
+            match draft.propose(scheduler, &self.wanted, requests) {
                 Ok(steady) => return steady,
                 Err(e) => {
                     self.num_draft_failures += 1;
@@ -352,7 +346,7 @@ impl Speculator {
                             self.num_draft_failures
                         );
                     }
-                    draft.reset();
+                    DraftProposer::reset(requests);
                 }
             }
         }
