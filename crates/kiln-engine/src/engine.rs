@@ -1,37 +1,42 @@
-//! The engine core: owns the [`Scheduler`] and the [`ModelRunner`] (with the model bound to its
-//! KV cache on its backend), and runs one step at a time: schedule → execute → update →
-//! outputs. Synchronous by default; with asynchronous scheduling the forward runs on a second
-//! thread while the engine reports the step before (`engine/async_step.rs`).
+//! The engine core: owns the [`Scheduler`], the [`ModelRunner`] (with the model bound to its
+//! KV cache on its backend), the request table (`requests.rs`) and an executor, and runs one
+//! step at a time: plan → execute → update → report (`engine/step.rs`) → deliver
+//! (`engine/deliver.rs`). The executor (`engine/executor.rs`) orders a step's phases:
+//! synchronous by default; with asynchronous scheduling the forward runs on a second thread
+//! while the engine reports the step before (`engine/pipelined.rs`).
 //! [`crate::EngineHandle`] runs the core on its own thread.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_core::{RequestId, SamplingParams, TokenId};
+use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
 use kiln_sched::{
-    AddError, BatchController, ControllerConfig, ControllerStats, Deadline, ModelRunnerOutput,
-    PreemptionMode, QueueAhead, Request, RequestStatus, Scheduler, SchedulerConfig, SchedulerStats,
-    SchedulingPolicy, SwapConfig, SwapStats,
+    AddError, BatchController, ControllerConfig, ControllerStats, ModelRunnerOutput,
+    PreemptionMode, RequestStatus, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
+    SwapConfig, SwapStats,
 };
 
-use crate::forward_thread::ForwardThread;
 use crate::handle::OutputSink;
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
-use crate::requests::{LiveRequest, RequestTable};
-use crate::slo::{AdmissionDecision, Admitted, Prediction, SloConfig, decide};
-use crate::spec::{
-    DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator, bind_draft_model,
-};
+use crate::requests::RequestTable;
+use crate::slo::SloConfig;
+use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, ModelRunner};
 
-mod async_step;
+mod admission;
 mod deliver;
+mod executor;
+mod pipelined;
+mod speculation;
 mod step;
+
+use executor::{Executor, executor_for};
+use speculation::speculator_for;
 
 pub(crate) use step::{Arrival, Decoding};
 
@@ -66,7 +71,7 @@ pub struct EngineConfig {
     pub preemption_mode: PreemptionMode,
     /// Asynchronous scheduling (vLLM's `--async-scheduling`): each step's forward runs on a
     /// second thread while the engine plans the next step (placeholders for the tokens in
-    /// flight) and applies and reports the step before (`engine/async_step.rs`). Not with
+    /// flight) and applies and reports the step before (`engine/pipelined.rs`). Not with
     /// speculative decoding; with a second KV tier each step is planned after the update of
     /// the step before.
     pub async_scheduling: bool,
@@ -185,20 +190,11 @@ pub struct EngineCore {
     prefill_secs_per_token: Option<f64>,
     /// Measured bytes per second of the tier's copies (moving average; `None` until a swap).
     tier_bytes_per_sec: Option<f64>,
-    /// Runs the forwards with asynchronous scheduling (`None`: steps are synchronous).
-    forward_thread: Option<ForwardThread>,
-    /// The step whose forward is running (asynchronous scheduling).
-    in_flight: Option<async_step::InFlightStep>,
-    /// Why the step after the last one reported could not start (asynchronous scheduling: the
-    /// next `step` returns it).
-    pending_error: Option<EngineError>,
-    /// Requests aborted while a step was in flight: removed from the scheduler once it ends.
-    deferred_aborts: Vec<RequestId>,
-    /// The forward thread lost the model or panicked: every later step fails with this.
-    broken: Option<String>,
-    /// When the last asynchronous `step` returned (the caller's time until the next one is
-    /// not the engine's).
-    returned_at: Option<Instant>,
+    /// Runs the steps (`engine/executor.rs`; `None` only while it runs one).
+    executor: Option<Box<dyn Executor>>,
+    /// Whether the pipelined executor has a step in flight (the counters leave it out, and the
+    /// model is away).
+    step_in_flight: bool,
 }
 
 /// Weight of the newest measurement in the engine's moving averages of rates.
@@ -274,7 +270,7 @@ impl EngineCore {
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids);
         let speculator = speculator_for(&config, &runner, draft_model)?;
-        let forward_thread = forward_thread_for(&config, speculator.is_some())?;
+        let executor = executor_for(&config, speculator.is_some())?;
         let slo = &config.slo;
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
             .then(|| {
@@ -304,12 +300,8 @@ impl EngineCore {
             tier,
             prefill_secs_per_token: None,
             tier_bytes_per_sec: None,
-            forward_thread,
-            in_flight: None,
-            pending_error: None,
-            deferred_aborts: Vec::new(),
-            broken: None,
-            returned_at: None,
+            executor: Some(executor),
+            step_in_flight: false,
         };
         core.refresh_stats();
         Ok(core)
@@ -319,71 +311,6 @@ impl EngineCore {
     #[cfg(test)]
     pub(crate) fn controller_mut(&mut self) -> Option<&mut BatchController> {
         self.controller.as_mut()
-    }
-
-    /// Milliseconds on the engine's clock.
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// The request's deadline from its SLO class, after admission control: `Err` when it must
-    /// be refused, `Ok(None)` when it has no deadline.
-    fn admit_deadline(
-        &self,
-        priority: i64,
-        num_prompt_tokens: usize,
-    ) -> Result<Option<Admitted>, AddError> {
-        let slo = &self.config.slo;
-        let now = self.now_ms();
-        let is_deadline_policy = self.config.scheduler.policy == SchedulingPolicy::Deadline;
-        let shift = self.config.scheduler.slo_demotion_ms;
-        let Some(class) = slo.class_for(priority) else {
-            // Under the deadline policy every request is due some time, so none starves.
-            let best_effort = Deadline { first_token_ms: now.saturating_add(shift), tpot_ms: None };
-            let admitted = Admitted { deadline: best_effort, demoted: false, predicted: None };
-            return Ok(is_deadline_policy.then_some(admitted));
-        };
-        let deadline =
-            Deadline { first_token_ms: now.saturating_add(class.ttft_ms), tpot_ms: class.tpot_ms };
-        let prediction = self.predict_first_token(deadline, num_prompt_tokens);
-        match decide(slo.admission, class.ttft_ms, prediction.alone_ms, prediction.queued_ms) {
-            AdmissionDecision::Admit => {
-                Ok(Some(Admitted { deadline, demoted: false, predicted: prediction.uncalibrated }))
-            }
-            AdmissionDecision::Reject { predicted_ms } => {
-                Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms })
-            }
-            AdmissionDecision::Demote => {
-                let first_token_ms = deadline.first_token_ms.saturating_add(shift);
-                let deadline = Deadline { first_token_ms, ..deadline };
-                Ok(Some(Admitted { deadline, demoted: true, predicted: None }))
-            }
-        }
-    }
-
-    /// The first-token time of a request due at `deadline` with `num_prompt_tokens` tokens:
-    /// alone, and behind the work served ahead of it (all `None` until the batch controller's
-    /// cost model is fitted).
-    fn predict_first_token(&self, deadline: Deadline, num_prompt_tokens: usize) -> Prediction {
-        let Some(controller) = &self.controller else { return Prediction::default() };
-        let before = (self.config.scheduler.policy == SchedulingPolicy::Deadline)
-            .then_some(deadline.first_token_ms);
-        let running = self.scheduler.num_running();
-        let free_seats = self.scheduler.limits().max_num_seqs.saturating_sub(running);
-        let queue = QueueAhead {
-            prompt_tokens: num_prompt_tokens,
-            tokens_ahead: self.scheduler.pending_prefill_tokens(before),
-            num_running: running,
-            seats_needed: (self.scheduler.num_waiting_ahead(before) + 1).saturating_sub(free_seats),
-        };
-        let alone = QueueAhead { prompt_tokens: num_prompt_tokens, ..QueueAhead::default() };
-        let now = self.epoch.elapsed().as_secs_f64();
-        let ms = |seconds: Option<f64>| seconds.map(|s| (s * 1e3).ceil() as u64);
-        Prediction {
-            alone_ms: ms(controller.calibrated_first_token_seconds(&alone, now)),
-            queued_ms: ms(controller.calibrated_first_token_seconds(&queue, now)),
-            uncalibrated: controller.predict_first_token_seconds(&queue),
-        }
     }
 
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
@@ -429,7 +356,7 @@ impl EngineCore {
     /// Writes the reachable prefix cache to `path` ([`crate::prefix_store`]); returns the
     /// number of blocks. `model_fingerprint` identifies the model file.
     pub fn save_prefix_cache(&self, path: &Path, model_fingerprint: u64) -> std::io::Result<usize> {
-        if self.in_flight.is_some() {
+        if self.step_in_flight {
             return Err(std::io::Error::other(
                 "a step is in flight: save the prefix cache between steps (finish_in_flight)",
             ));
@@ -494,110 +421,13 @@ impl EngineCore {
     /// Whether a request is unfinished, an asynchronous step still runs, or the error of one
     /// that could not start is still to be returned.
     pub fn has_unfinished(&self) -> bool {
-        self.scheduler.has_unfinished() || self.in_flight.is_some() || self.pending_error.is_some()
+        self.scheduler.has_unfinished() || self.executor().has_pending()
     }
 
     /// Requests in the request table: unfinished ones, and finished ones whose outputs await
     /// delivery to a sink (0 when idle: nothing is left behind by a finished or aborted one).
     pub fn num_live_requests(&self) -> usize {
         self.requests.len()
-    }
-
-    /// Queues a request; lower `priority` is more urgent (used by the priority policy).
-    pub fn add_request(
-        &mut self,
-        prompt: Vec<TokenId>,
-        params: SamplingParams,
-        priority: i64,
-    ) -> Result<RequestId, EngineError> {
-        let id = RequestId(self.next_id);
-        self.add_request_with_id(id, prompt, params, priority)?;
-        Ok(id)
-    }
-
-    /// [`EngineCore::add_request`] with an id chosen by the caller (unique among unfinished
-    /// requests; ids from [`EngineCore::add_request`] count up from 0).
-    pub fn add_request_with_id(
-        &mut self,
-        id: RequestId,
-        prompt: Vec<TokenId>,
-        params: SamplingParams,
-        priority: i64,
-    ) -> Result<(), EngineError> {
-        if self.requests.contains(id) {
-            return Err(AddError::DuplicateId(id).into());
-        }
-        let vocab_size = self.runner.vocab_size();
-        let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
-            tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
-        };
-        let bad = first_bad(&mut prompt.iter().copied())
-            .map(|t| ("prompt", t))
-            .or_else(|| {
-                first_bad(&mut params.logit_bias.iter().map(|b| b.0)).map(|t| ("logit_bias", t))
-            })
-            .or_else(|| {
-                first_bad(&mut params.stop_token_ids.iter().copied()).map(|t| ("stop_token_ids", t))
-            });
-        if let Some((what, token)) = bad {
-            return Err(AddError::TokenOutOfVocab { what, token, vocab_size }.into());
-        }
-        let constraint = match (&params.structured, &self.grammar) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(AddError::InvalidSampling(
-                    "structured outputs are not available: the engine has no grammar compiler \
-                     (no tokenizer vocabulary)"
-                        .into(),
-                )
-                .into());
-            }
-            (Some(spec), Some(pending)) => {
-                let compiler = pending.wait().map_err(|why| {
-                    AddError::InvalidSampling(format!(
-                        "structured outputs are not available for this model: {why}"
-                    ))
-                })?;
-                Some(compiler.compile(spec).map_err(|e| {
-                    AddError::InvalidSampling(format!(
-                        "invalid structured output ({}): {e}",
-                        spec.kind()
-                    ))
-                })?)
-            }
-        };
-        let num_prompt_tokens = prompt.len();
-        let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
-        let tpot_ms = self.config.slo.tpot_ms_for(priority);
-        let admitted = self.admit_deadline(priority, num_prompt_tokens);
-        if let Err(AddError::DeadlineUnmeetable { .. }) = &admitted {
-            self.stats.num_slo_rejected += 1;
-        }
-        let admitted = admitted?;
-        let predicted = admitted.and_then(|a| a.predicted);
-        let mut request = Request::new(id, prompt, params)
-            .with_priority(priority)
-            .with_eos_token_ids(self.config.eos_token_ids.clone());
-        request = match admitted {
-            Some(Admitted { deadline, demoted: false, .. }) => request.with_deadline(deadline),
-            Some(Admitted { deadline, demoted: true, .. }) => {
-                request.with_demoted_deadline(deadline)
-            }
-            None => request,
-        };
-        let demoted = request.is_demoted();
-        self.scheduler.add(request)?;
-        self.num_admission_demoted += u64::from(demoted);
-        let mut live = LiveRequest { constraint, ..LiveRequest::default() };
-        if let Some(c) = &mut self.controller {
-            let now = Instant::now();
-            live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
-            c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
-        }
-        self.requests.insert(id, live);
-        self.next_id = self.next_id.max(id.0 + 1);
-        self.refresh_stats();
-        Ok(())
     }
 
     /// Sends `id`'s outputs to `sink` from now on, when delivered (`engine/deliver.rs`); `false`
@@ -608,65 +438,16 @@ impl EngineCore {
         true
     }
 
-    /// Turns speculative decoding on (with `config`) or off between runs: only while no request
-    /// is unfinished, so no draft of the old setting is left (benchmarks compare both on the same
-    /// weights and threads). The acceptance counters keep counting. A draft model is kept while
-    /// speculation is off; a config naming another draft model, or more drafts at once than its
-    /// scratch blocks fit, is refused.
-    pub fn set_speculative_config(
-        &mut self,
-        config: Option<SpeculativeConfig>,
-    ) -> Result<(), EngineError> {
-        if self.has_unfinished() {
-            return Err(EngineError::Config(
-                "speculative decoding can only be switched while no request runs".into(),
-            ));
-        }
-        if config.is_some() && self.forward_thread.is_some() {
-            return Err(EngineError::Config(
-                "speculative decoding does not run with asynchronous scheduling".into(),
-            ));
-        }
-        // Checked before anything changes: a refused config leaves the engine as it was.
-        let trees = self.runner.model().supports_token_trees();
-        if let Some(c) = &config {
-            crate::spec::check_token_tree(c, trees).map_err(EngineError::Config)?;
-        }
-        if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
-            let held = self.speculator.as_ref().and_then(Speculator::draft_model);
-            let Some(draft) = held.or(self.idle_draft_model.as_ref()) else {
-                return Err(EngineError::Config("this engine has no draft model".into()));
-            };
-            draft.check_serves(c).map_err(EngineError::Config)?;
-        }
-        let stats = self.speculator.as_ref().map_or(self.stats.spec_decode, |s| *s.stats());
-        if let Some(draft) = self.speculator.take().and_then(Speculator::into_draft_model) {
-            self.idle_draft_model = Some(draft);
-        }
-        let wants_draft = config.as_ref().is_some_and(|c| c.draft_model_name().is_some());
-        let draft = if wants_draft { self.idle_draft_model.take() } else { None };
-        // No request runs; finished ones awaiting delivery draft no more either.
-        self.requests.reset_spec_state();
-        self.speculator = match config.clone() {
-            Some(c) => Some(
-                Speculator::new(c, draft, trees).map_err(EngineError::Config)?.with_stats(stats),
-            ),
-            None => None,
-        };
-        self.config.speculative = config;
-        Ok(())
-    }
-
     /// Removes a request in any state and frees its blocks; `false` if unknown (finished).
     /// While an asynchronous step is in flight the request gets no more output at once, but
     /// its blocks are freed when that step ends (its KV then written, or dropped with a failed
     /// step), so no block is cached with KV that was never written.
     pub fn abort(&mut self, id: RequestId) -> bool {
         self.requests.remove(id);
-        if self.in_flight.is_some() {
+        if self.step_in_flight {
             let known = self.scheduler.request(id).is_some();
-            if known && !self.deferred_aborts.contains(&id) {
-                self.deferred_aborts.push(id);
+            if known {
+                self.executor.as_deref_mut().expect("between steps").defer_abort(id);
             }
             return known;
         }
@@ -711,53 +492,6 @@ impl EngineCore {
         self.stats.num_preemptions = num_preemptions;
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         // With a step in flight, the steps reported so far (its own is counted when reported).
-        self.stats.num_steps = num_steps - u64::from(self.in_flight.is_some());
+        self.stats.num_steps = num_steps - u64::from(self.step_in_flight);
     }
-}
-
-/// The speculator `config.speculative` asks for, with its draft model bound to the target's
-/// KV geometry (`None`: speculation off; a draft model without a config is refused).
-fn speculator_for<B: Backend>(
-    config: &EngineConfig,
-    runner: &ModelRunner,
-    draft_model: Option<Box<dyn Model<B>>>,
-) -> Result<Option<Speculator>, EngineError> {
-    let draft = match draft_model {
-        None => None,
-        Some(draft) => Some(
-            bind_draft_model(draft, runner.model().config(), config)
-                .map_err(EngineError::Config)?,
-        ),
-    };
-    match config.speculative.clone() {
-        Some(spec) => {
-            let trees = runner.model().supports_token_trees();
-            Ok(Some(Speculator::new(spec, draft, trees).map_err(EngineError::Config)?))
-        }
-        None if draft.is_some() => {
-            Err(EngineError::Config("a draft model was given without a speculative config".into()))
-        }
-        None => Ok(None),
-    }
-}
-
-/// The forward thread of asynchronous scheduling (`None`: synchronous steps); refused next to
-/// speculative decoding.
-fn forward_thread_for(
-    config: &EngineConfig,
-    speculating: bool,
-) -> Result<Option<ForwardThread>, EngineError> {
-    if !config.async_scheduling {
-        return Ok(None);
-    }
-    if speculating {
-        return Err(EngineError::Config(
-            "asynchronous scheduling does not run with speculative decoding (the drafts of a step \
-             need the tokens of the step before)"
-                .into(),
-        ));
-    }
-    ForwardThread::spawn()
-        .map(Some)
-        .map_err(|e| EngineError::Config(format!("starting the forward thread: {e}")))
 }

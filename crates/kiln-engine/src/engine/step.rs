@@ -1,35 +1,43 @@
 //! One engine step, phase by phase: plan (schedule, move swapped blocks), execute (the
 //! runner's forward and sampling), update (the scheduler applies the tokens and stop checks),
 //! report (outputs with their extras, drafts for the next step, the batch controller, the
-//! counters). The synchronous `step` runs them in order; `async_step` overlaps the report of
-//! one step with the forward of the next.
+//! counters). The executor orders them (`executor.rs`): the synchronous one in order, the
+//! pipelined one overlapping the report of one step with the forward of the next.
 
 use std::time::{Duration, Instant};
 
 use kiln_models::ForwardError;
 use kiln_sched::{Request, RequestOutput, SchedulerOutput};
 
+use super::executor::Executor;
 use super::{EngineCore, EngineError, RATE_SMOOTHING};
 use crate::{EngineOutput, FirstTokenInfo};
 
 impl EngineCore {
     /// One engine step; returns the sampled tokens in batch order (empty when idle). With
     /// asynchronous scheduling ([`EngineConfig::async_scheduling`]) it returns the tokens of
-    /// the step before, whose forward ran meanwhile (`engine/async_step.rs`).
+    /// the step before, whose forward ran meanwhile (`engine/pipelined.rs`).
     pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
-        if self.forward_thread.is_some() {
-            return self.step_async();
-        }
-        let start = Instant::now();
-        let sched_out = self.plan_step(start)?;
-        if let Err(e) = self.runner.execute(&sched_out, &mut self.requests, &mut self.runner_output)
-        {
-            return Err(self.fail_forward(&sched_out, &e));
-        }
-        let updates = self.scheduler.update(&sched_out, &self.runner_output);
-        let outputs = self.report_step(&sched_out, updates, start, None);
-        self.debug_check_invariants(sched_out.step);
-        Ok(outputs)
+        self.with_executor(|executor, core| executor.step(core))
+    }
+
+    /// Waits for the step in flight, if any, and returns its outputs without starting another
+    /// (before the model is read between steps, and at shutdown). A no-op when synchronous.
+    pub fn finish_in_flight(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
+        self.with_executor(|executor, core| executor.finish_in_flight(core))
+    }
+
+    /// Runs `f` with the executor and the engine without it (`engine/executor.rs`).
+    fn with_executor<T>(&mut self, f: impl FnOnce(&mut dyn Executor, &mut Self) -> T) -> T {
+        let mut executor = self.executor.take().expect("the executor is not re-entered");
+        let result = f(&mut *executor, self);
+        self.executor = Some(executor);
+        result
+    }
+
+    /// The executor (between steps).
+    pub(super) fn executor(&self) -> &dyn Executor {
+        self.executor.as_deref().expect("the executor is not re-entered")
     }
 
     /// A step's first phase: schedules it and moves its swapped blocks (before the forward

@@ -1,0 +1,177 @@
+//! Admission: a request enters the engine here. Its token ids are checked against the
+//! vocabulary, its structured output compiled, its SLO class turned into a deadline (admission
+//! control refuses or demotes one the queue already makes unmeetable), then it is queued in the
+//! scheduler and gets its entry in the request table. A refused request changes nothing.
+
+use std::time::Instant;
+
+use kiln_core::{RequestId, SamplingParams, TokenId};
+use kiln_sched::{AddError, Deadline, QueueAhead, Request, SchedulingPolicy};
+
+use super::{Arrival, EngineCore, EngineError};
+use crate::requests::LiveRequest;
+use crate::slo::{AdmissionDecision, Admitted, Prediction, decide};
+
+impl EngineCore {
+    /// Queues a request; lower `priority` is more urgent (used by the priority policy).
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+    ) -> Result<RequestId, EngineError> {
+        let id = RequestId(self.next_id);
+        self.add_request_with_id(id, prompt, params, priority)?;
+        Ok(id)
+    }
+
+    /// [`EngineCore::add_request`] with an id chosen by the caller (unique among unfinished
+    /// requests; ids from [`EngineCore::add_request`] count up from 0).
+    pub fn add_request_with_id(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        priority: i64,
+    ) -> Result<(), EngineError> {
+        if self.requests.contains(id) {
+            return Err(AddError::DuplicateId(id).into());
+        }
+        let vocab_size = self.runner.vocab_size();
+        let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
+            tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
+        };
+        let bad = first_bad(&mut prompt.iter().copied())
+            .map(|t| ("prompt", t))
+            .or_else(|| {
+                first_bad(&mut params.logit_bias.iter().map(|b| b.0)).map(|t| ("logit_bias", t))
+            })
+            .or_else(|| {
+                first_bad(&mut params.stop_token_ids.iter().copied()).map(|t| ("stop_token_ids", t))
+            });
+        if let Some((what, token)) = bad {
+            return Err(AddError::TokenOutOfVocab { what, token, vocab_size }.into());
+        }
+        let constraint = match (&params.structured, &self.grammar) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(AddError::InvalidSampling(
+                    "structured outputs are not available: the engine has no grammar compiler \
+                     (no tokenizer vocabulary)"
+                        .into(),
+                )
+                .into());
+            }
+            (Some(spec), Some(pending)) => {
+                let compiler = pending.wait().map_err(|why| {
+                    AddError::InvalidSampling(format!(
+                        "structured outputs are not available for this model: {why}"
+                    ))
+                })?;
+                Some(compiler.compile(spec).map_err(|e| {
+                    AddError::InvalidSampling(format!(
+                        "invalid structured output ({}): {e}",
+                        spec.kind()
+                    ))
+                })?)
+            }
+        };
+        let num_prompt_tokens = prompt.len();
+        let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
+        let tpot_ms = self.config.slo.tpot_ms_for(priority);
+        let admitted = self.admit_deadline(priority, num_prompt_tokens);
+        if let Err(AddError::DeadlineUnmeetable { .. }) = &admitted {
+            self.stats.num_slo_rejected += 1;
+        }
+        let admitted = admitted?;
+        let predicted = admitted.and_then(|a| a.predicted);
+        let mut request = Request::new(id, prompt, params)
+            .with_priority(priority)
+            .with_eos_token_ids(self.config.eos_token_ids.clone());
+        request = match admitted {
+            Some(Admitted { deadline, demoted: false, .. }) => request.with_deadline(deadline),
+            Some(Admitted { deadline, demoted: true, .. }) => {
+                request.with_demoted_deadline(deadline)
+            }
+            None => request,
+        };
+        let demoted = request.is_demoted();
+        self.scheduler.add(request)?;
+        self.num_admission_demoted += u64::from(demoted);
+        let mut live = LiveRequest { constraint, ..LiveRequest::default() };
+        if let Some(c) = &mut self.controller {
+            let now = Instant::now();
+            live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
+            c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
+        }
+        self.requests.insert(id, live);
+        self.next_id = self.next_id.max(id.0 + 1);
+        self.refresh_stats();
+        Ok(())
+    }
+
+    /// Milliseconds on the engine's clock.
+    pub(super) fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The request's deadline from its SLO class, after admission control: `Err` when it must
+    /// be refused, `Ok(None)` when it has no deadline.
+    fn admit_deadline(
+        &self,
+        priority: i64,
+        num_prompt_tokens: usize,
+    ) -> Result<Option<Admitted>, AddError> {
+        let slo = &self.config.slo;
+        let now = self.now_ms();
+        let is_deadline_policy = self.config.scheduler.policy == SchedulingPolicy::Deadline;
+        let shift = self.config.scheduler.slo_demotion_ms;
+        let Some(class) = slo.class_for(priority) else {
+            // Under the deadline policy every request is due some time, so none starves.
+            let best_effort = Deadline { first_token_ms: now.saturating_add(shift), tpot_ms: None };
+            let admitted = Admitted { deadline: best_effort, demoted: false, predicted: None };
+            return Ok(is_deadline_policy.then_some(admitted));
+        };
+        let deadline =
+            Deadline { first_token_ms: now.saturating_add(class.ttft_ms), tpot_ms: class.tpot_ms };
+        let prediction = self.predict_first_token(deadline, num_prompt_tokens);
+        match decide(slo.admission, class.ttft_ms, prediction.alone_ms, prediction.queued_ms) {
+            AdmissionDecision::Admit => {
+                Ok(Some(Admitted { deadline, demoted: false, predicted: prediction.uncalibrated }))
+            }
+            AdmissionDecision::Reject { predicted_ms } => {
+                Err(AddError::DeadlineUnmeetable { predicted_ms, ttft_slo_ms: class.ttft_ms })
+            }
+            AdmissionDecision::Demote => {
+                let first_token_ms = deadline.first_token_ms.saturating_add(shift);
+                let deadline = Deadline { first_token_ms, ..deadline };
+                Ok(Some(Admitted { deadline, demoted: true, predicted: None }))
+            }
+        }
+    }
+
+    /// The first-token time of a request due at `deadline` with `num_prompt_tokens` tokens:
+    /// alone, and behind the work served ahead of it (all `None` until the batch controller's
+    /// cost model is fitted).
+    fn predict_first_token(&self, deadline: Deadline, num_prompt_tokens: usize) -> Prediction {
+        let Some(controller) = &self.controller else { return Prediction::default() };
+        let before = (self.config.scheduler.policy == SchedulingPolicy::Deadline)
+            .then_some(deadline.first_token_ms);
+        let running = self.scheduler.num_running();
+        let free_seats = self.scheduler.limits().max_num_seqs.saturating_sub(running);
+        let queue = QueueAhead {
+            prompt_tokens: num_prompt_tokens,
+            tokens_ahead: self.scheduler.pending_prefill_tokens(before),
+            num_running: running,
+            seats_needed: (self.scheduler.num_waiting_ahead(before) + 1).saturating_sub(free_seats),
+        };
+        let alone = QueueAhead { prompt_tokens: num_prompt_tokens, ..QueueAhead::default() };
+        let now = self.epoch.elapsed().as_secs_f64();
+        let ms = |seconds: Option<f64>| seconds.map(|s| (s * 1e3).ceil() as u64);
+        Prediction {
+            alone_ms: ms(controller.calibrated_first_token_seconds(&alone, now)),
+            queued_ms: ms(controller.calibrated_first_token_seconds(&queue, now)),
+            uncalibrated: controller.predict_first_token_seconds(&queue),
+        }
+    }
+}
