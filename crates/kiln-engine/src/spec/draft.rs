@@ -46,6 +46,7 @@ use kiln_models::{
 use kiln_sched::Scheduler;
 
 use super::SpeculativeConfig;
+use super::proposer::Proposer;
 use crate::requests::RequestTable;
 use crate::sampler::argmax;
 use crate::{EngineConfig, Sampler};
@@ -175,6 +176,8 @@ pub struct DraftProposer {
     drafting: Vec<Drafting>,
     /// Scratch: one sequence's tokens as the batch takes them.
     tokens: Vec<u32>,
+    /// Failed draft passes (logged at powers of two).
+    num_failures: u64,
 }
 
 impl std::fmt::Debug for DraftProposer {
@@ -221,6 +224,7 @@ impl DraftProposer {
             logits: Logits::default(),
             drafting: Vec::new(),
             tokens: Vec::new(),
+            num_failures: 0,
         }
     }
 
@@ -252,19 +256,11 @@ impl DraftProposer {
         Ok(())
     }
 
-    /// Forgets what the draft's cache holds of every request (after a failed pass, whose KV
-    /// writes are unknown, or when drafting is switched back on).
-    pub(crate) fn reset(requests: &mut RequestTable) {
-        for live in requests.values_mut() {
-            live.spec.draft = DraftSeq::default();
-        }
-    }
-
     /// Catches the requests of `wanted` up and proposes up to `k` drafts for each `(id, k)` of
     /// `wanted` (requests that decode next), handing them to the scheduler. Returns whether the
     /// round was a steady one: some request drafted, with at most two catch-up tokens per
     /// drafting request, so its time is what drafting costs per step.
-    pub(crate) fn propose(
+    fn try_propose(
         &mut self,
         scheduler: &mut Scheduler,
         wanted: &[(RequestId, usize)],
@@ -299,6 +295,14 @@ impl DraftProposer {
             scheduler.update_draft_token_ids(d.id, &d.drafts);
         }
         Ok(steady)
+    }
+
+    /// Forgets what the draft's cache holds of every request (after a failed pass, whose KV
+    /// writes are unknown).
+    fn reset(requests: &mut RequestTable) {
+        for live in requests.values_mut() {
+            live.spec.draft = DraftSeq::default();
+        }
     }
 
     /// Draws draft `step` (0-based) of every request drafting more than `step` tokens from
@@ -393,5 +397,39 @@ impl DraftProposer {
             }
         }
         Ok(())
+    }
+}
+
+impl Proposer for DraftProposer {
+    /// A failed draft pass is logged, forgets the draft's state and proposes nothing in this
+    /// step (the target's outputs never depend on drafts).
+    fn propose(
+        &mut self,
+        scheduler: &mut Scheduler,
+        wanted: &[(RequestId, usize)],
+        requests: &mut RequestTable,
+    ) -> bool {
+        match self.try_propose(scheduler, wanted, requests) {
+            Ok(steady) => steady,
+            Err(e) => {
+                self.num_failures += 1;
+                if self.num_failures.is_power_of_two() {
+                    tracing::warn!(
+                        "draft model pass failed ({} so far), no drafts in this step: {e}",
+                        self.num_failures
+                    );
+                }
+                Self::reset(requests);
+                false
+            }
+        }
+    }
+
+    fn draft_model(&self) -> Option<&DraftProposer> {
+        Some(self)
+    }
+
+    fn into_draft_model(self: Box<Self>) -> Option<DraftProposer> {
+        Some(*self)
     }
 }

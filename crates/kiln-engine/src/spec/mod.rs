@@ -8,9 +8,11 @@
 //! - [`DraftProposer`]: a smaller draft model's continuation, drawn with a copy of each
 //!   request's sampler (its random numbers included), run over its own paged KV cache that
 //!   shares the target's block tables.
-//! - [`Speculator`]: after each step, records how the drafts fared and proposes the next ones
-//!   for every decoding request (through `Scheduler::update_draft_token_ids`), backing off per
-//!   request when its drafts are mostly rejected and for the whole step when the batch is large.
+//! - [`Speculator`]: after each step, records how the drafts fared and has the method's
+//!   proposer (`proposer.rs`: one `Proposer` implementation per method, registered in
+//!   `proposer_for`) draft the next ones for every decoding request (through
+//!   `Scheduler::update_draft_token_ids`), backing off per request when its drafts are mostly
+//!   rejected and for the whole step when the batch is large.
 //!
 //! Verification is the runner's (`ModelRunner::execute`): the drafts' logit rows are sampled in
 //! order with the request's own sampler, exactly as if each token had been decoded alone, and
@@ -28,6 +30,7 @@
 mod config;
 mod draft;
 pub mod ngram;
+mod proposer;
 mod speculator;
 mod stats;
 mod tree;

@@ -10,9 +10,87 @@
 //! the first mismatch or `max` tokens: O(len · typical match length), O(len · max) at worst;
 //! a few microseconds for a few thousand tokens.
 
-use kiln_core::TokenId;
+use kiln_core::{RequestId, TokenId};
+use kiln_sched::Scheduler;
 
+use super::proposer::Proposer;
 use super::tree::TokenTree;
+use crate::requests::RequestTable;
+
+/// Prompt lookup as a [`Proposer`]: a chain of up to `k` drafts per request ([`propose`]).
+#[derive(Debug)]
+pub(crate) struct PromptLookup {
+    min: usize,
+    max: usize,
+    /// Scratch: one request's drafts.
+    draft: Vec<TokenId>,
+}
+
+impl PromptLookup {
+    pub(crate) fn new(min: usize, max: usize) -> Self {
+        Self { min, max, draft: Vec::new() }
+    }
+}
+
+impl Proposer for PromptLookup {
+    /// Prompt lookup costs microseconds: every round that drafted is a steady one.
+    fn propose(
+        &mut self,
+        scheduler: &mut Scheduler,
+        wanted: &[(RequestId, usize)],
+        _: &mut RequestTable,
+    ) -> bool {
+        let mut drafted = false;
+        for &(id, k) in wanted {
+            let Some(req) = scheduler.request(id) else { continue };
+            propose(req.all_token_ids(), self.min, self.max, k, &mut self.draft);
+            drafted |= !self.draft.is_empty() && scheduler.update_draft_token_ids(id, &self.draft);
+        }
+        drafted
+    }
+}
+
+/// Prompt lookup filling a [`TokenTree`] shape ([`propose_tree`]), its first `k` nodes per
+/// request.
+#[derive(Debug)]
+pub(crate) struct PromptLookupTree {
+    min: usize,
+    max: usize,
+    tree: TokenTree,
+    /// Scratch: the sequence extended by a node's path; the drafts and their parents.
+    context: Vec<TokenId>,
+    draft: Vec<TokenId>,
+    parents: Vec<u32>,
+}
+
+impl PromptLookupTree {
+    pub(crate) fn new(min: usize, max: usize, tree: TokenTree) -> Self {
+        Self { min, max, tree, context: Vec::new(), draft: Vec::new(), parents: Vec::new() }
+    }
+}
+
+impl Proposer for PromptLookupTree {
+    fn propose(
+        &mut self,
+        scheduler: &mut Scheduler,
+        wanted: &[(RequestId, usize)],
+        _: &mut RequestTable,
+    ) -> bool {
+        let mut drafted = false;
+        for &(id, k) in wanted {
+            let Some(req) = scheduler.request(id) else { continue };
+            let (context, draft, parents) = (&mut self.context, &mut self.draft, &mut self.parents);
+            let tokens = req.all_token_ids();
+            propose_tree(tokens, (self.min, self.max), &self.tree, context, draft, parents);
+            // The first `k` drafts are still a tree (parents come first).
+            self.draft.truncate(k);
+            self.parents.truncate(k);
+            drafted |= !self.draft.is_empty()
+                && scheduler.update_draft_tree(id, &self.draft, &self.parents);
+        }
+        drafted
+    }
+}
 
 /// Appends to `out` (cleared first) up to `k` tokens predicted to follow `tokens`, from the
 /// longest (up to `max`, at least `min`) suffix of `tokens` that occurred earlier, taking its

@@ -20,22 +20,23 @@
 //! and its break-even ([`tree_break_even_acceptance`]) weighs `1 + a · n` tokens against the
 //! cost of `n` verified rows; its floor is the chain's scaled by `depth / n`.
 //!
-//! State is kept per request until it finishes or is aborted (`forget`); a preempted request
-//! keeps its back-off. Drafts are only proposed for a running request whose next step is a
-//! decode; the scheduler drops them if that changes (preemption).
+//! A request's back-off lives in its `LiveRequest` and leaves with it; a preempted request
+//! keeps it. Drafts are only proposed for a running request whose next step is a decode; the
+//! scheduler drops them if that changes (preemption).
 //!
-//! With a draft model ([`DraftProposer`]) the requests that draft are collected first and the
-//! draft runs once for all of them; a failed draft pass is logged, forgets the draft's state
-//! and proposes nothing in that step (the target's outputs never depend on drafts).
+//! The requests that draft in a step are collected first, then the method's [`Proposer`]
+//! (`proposer.rs`) drafts for all of them at once (a draft model runs one batch; a failed
+//! draft pass is logged, forgets the draft's state and proposes nothing in that step: the
+//! target's outputs never depend on drafts).
 
 use std::time::Instant;
 
-use kiln_core::{RequestId, TokenId};
+use kiln_core::RequestId;
 use kiln_sched::{ModelRunnerOutput, Scheduler, SchedulerOutput};
 
 use super::config::{SpecMethod, SpeculativeConfig};
 use super::draft::DraftProposer;
-use super::ngram;
+use super::proposer::{Proposer, proposer_for};
 use super::stats::SpecDecodeStats;
 use crate::requests::RequestTable;
 
@@ -139,26 +140,21 @@ impl Backoff {
     }
 }
 
-/// Proposes draft tokens and keeps the acceptance counters.
+/// Decides which requests draft and how many tokens, has the proposer draft them, and keeps
+/// the acceptance counters.
 #[derive(Debug)]
 pub struct Speculator {
     config: SpeculativeConfig,
     stats: SpecDecodeStats,
-    /// The draft model, with method `draft_model`.
-    draft_model: Option<DraftProposer>,
-    /// Scratch: one request's drafts (and their parents in a tree, and a tree's context); the
-    /// running ids; the requests asking the draft model for `k` tokens.
-    draft: Vec<TokenId>,
-    parents: Vec<u32>,
-    context: Vec<TokenId>,
+    /// Drafts for the method of `config` (`proposer.rs`).
+    proposer: Box<dyn Proposer>,
+    /// Scratch: the running ids; the requests that draft this round, with their `k`.
     running: Vec<RequestId>,
     wanted: Vec<(RequestId, usize)>,
     /// Moving averages of the proposing time of steps that drafted, and of the forward time of
     /// steps that verified drafts, in seconds (`None` until measured).
     propose_secs: Option<f64>,
     verify_secs: Option<f64>,
-    /// Failed draft-model passes (logged at powers of two).
-    num_draft_failures: u64,
 }
 
 impl Speculator {
@@ -170,39 +166,26 @@ impl Speculator {
         supports_token_trees: bool,
     ) -> Result<Self, String> {
         check_token_tree(&config, supports_token_trees)?;
-        match (&config.method, &draft_model) {
-            (SpecMethod::DraftModel { model }, None) => {
-                return Err(format!("the draft model `{model}` was not loaded"));
-            }
-            (SpecMethod::Ngram { .. }, Some(_)) => {
-                return Err("a draft model was given for method \"ngram\"".into());
-            }
-            (SpecMethod::DraftModel { .. }, Some(draft)) => draft.check_serves(&config)?,
-            (SpecMethod::Ngram { .. }, None) => {}
-        }
+        let proposer = proposer_for(&config, draft_model)?;
         Ok(Self {
             config,
             stats: SpecDecodeStats::default(),
-            draft_model,
-            draft: Vec::new(),
-            parents: Vec::new(),
-            context: Vec::new(),
+            proposer,
             running: Vec::new(),
             wanted: Vec::new(),
             propose_secs: None,
             verify_secs: None,
-            num_draft_failures: 0,
         })
     }
 
     /// The draft model, with method `draft_model`.
     pub fn draft_model(&self) -> Option<&DraftProposer> {
-        self.draft_model.as_ref()
+        self.proposer.draft_model()
     }
 
     /// Gives the draft model back (to keep it while speculation is switched off).
     pub fn into_draft_model(self) -> Option<DraftProposer> {
-        self.draft_model
+        self.proposer.into_draft_model()
     }
 
     /// Continues counting from `stats`.
@@ -288,7 +271,6 @@ impl Speculator {
         if self.running.len() >= self.config.disable_by_batch_size {
             return false;
         }
-        let mut drafted = false;
         let max_model_len = scheduler.config().max_model_len;
         self.wanted.clear();
         for &id in &self.running {
@@ -302,56 +284,11 @@ impl Speculator {
                 .num_speculative_tokens
                 .min(req.num_remaining_tokens(max_model_len).saturating_sub(1));
             let Some(live) = requests.get_mut(id) else { continue };
-            if k == 0 || !live.spec.backoff.drafts() {
-                continue;
-            }
-            match (&self.config.method, &self.config.token_tree) {
-                (&SpecMethod::Ngram { min, max }, Some(tree)) => {
-                    let (context, draft, parents) =
-                        (&mut self.context, &mut self.draft, &mut self.parents);
-                    ngram::propose_tree(
-                        req.all_token_ids(),
-                        (min, max),
-                        tree,
-                        context,
-                        draft,
-                        parents,
-                    );
-                    // The first `k` drafts are still a tree (parents come first).
-                    self.draft.truncate(k);
-                    self.parents.truncate(k);
-                    if !self.draft.is_empty() {
-                        drafted |= scheduler.update_draft_tree(id, &self.draft, &self.parents);
-                    }
-                }
-                (&SpecMethod::Ngram { min, max }, None) => {
-                    ngram::propose(req.all_token_ids(), min, max, k, &mut self.draft);
-                    if !self.draft.is_empty() {
-                        drafted |= scheduler.update_draft_token_ids(id, &self.draft);
-                    }
-                }
-                (SpecMethod::DraftModel { .. }, _) => self.wanted.push((id, k)),
+            if k > 0 && live.spec.backoff.drafts() {
+                self.wanted.push((id, k));
             }
         }
-        if let Some(draft) = &mut self.draft_model
-            && !self.wanted.is_empty()
-        {
-            match draft.propose(scheduler, &self.wanted, requests) {
-                Ok(steady) => return steady,
-                Err(e) => {
-                    self.num_draft_failures += 1;
-                    if self.num_draft_failures.is_power_of_two() {
-                        tracing::warn!(
-                            "draft model pass failed ({} so far), no drafts in this step: {e}",
-                            self.num_draft_failures
-                        );
-                    }
-                    DraftProposer::reset(requests);
-                }
-            }
-        }
-        // Prompt lookup costs microseconds: every round that drafted is a steady one.
-        drafted
+        !self.wanted.is_empty() && self.proposer.propose(scheduler, &self.wanted, requests)
     }
 }
 
