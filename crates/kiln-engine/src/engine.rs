@@ -20,11 +20,12 @@ use kiln_sched::{
 };
 
 use crate::handle::OutputSink;
+use crate::hooks::{Hooks, KvEvents, SloControl, TierHook};
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::requests::RequestTable;
 use crate::slo::SloConfig;
-use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig, Speculator};
+use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, ModelRunner};
 
@@ -37,8 +38,6 @@ mod step;
 
 use executor::{Executor, executor_for};
 use speculation::speculator_for;
-
-pub(crate) use step::{Arrival, Decoding};
 
 /// Seconds per prefill token the swap-or-recompute rule assumes until a prefill is measured
 /// (a small model on a few CPU cores; measured values replace it after the first prefills).
@@ -169,36 +168,24 @@ pub struct EngineCore {
     stats: EngineStats,
     /// Everything kept about each request (`requests.rs`); nothing else here is by request.
     requests: RequestTable,
-    /// Proposes draft tokens when speculative decoding is on.
-    speculator: Option<Speculator>,
     /// The draft model while speculation is switched off ([`EngineCore::set_speculative_config`]).
     idle_draft_model: Option<DraftProposer>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
     grammar: Option<PendingCompiler>,
     /// Run once when the engine thread stops.
     shutdown_hook: Option<ShutdownHook>,
-    /// Where prefix-cache events go (`None`: not logged).
-    kv_event_sink: Option<KvEventSink>,
-    /// Plans the scheduler's limits from measured steps (`None`: no latency objective).
-    controller: Option<BatchController>,
+    /// What rides on the steps (`hooks.rs`): the speculator, the batch controller, the KV
+    /// tier, KV events.
+    hooks: Hooks,
     /// The engine's clock for deadlines (milliseconds since this instant).
     epoch: Instant,
     num_admission_demoted: u64,
-    /// The second KV tier's storage (`None`: no tier).
-    tier: Option<KvTier>,
-    /// Measured seconds per prefill token (moving average; `None` until a prefill step ran).
-    prefill_secs_per_token: Option<f64>,
-    /// Measured bytes per second of the tier's copies (moving average; `None` until a swap).
-    tier_bytes_per_sec: Option<f64>,
     /// Runs the steps (`engine/executor.rs`; `None` only while it runs one).
     executor: Option<Box<dyn Executor>>,
     /// Whether the pipelined executor has a step in flight (the counters leave it out, and the
     /// model is away).
     step_in_flight: bool,
 }
-
-/// Weight of the newest measurement in the engine's moving averages of rates.
-const RATE_SMOOTHING: f64 = 0.2;
 
 /// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
 pub type ShutdownHook = Box<dyn FnOnce(&mut EngineCore) + Send>;
@@ -264,7 +251,7 @@ impl EngineCore {
                     tier_bytes_per_sec: tier_config.location.prior_bytes_per_sec(),
                     prefill_secs_per_token: PRIOR_PREFILL_SECS_PER_TOKEN,
                 });
-                Some(tier)
+                Some(TierHook::new(tier))
             }
         };
         let runner = ModelRunner::new(Box::new(bound), config.seed)
@@ -273,13 +260,13 @@ impl EngineCore {
         let executor = executor_for(&config, speculator.is_some())?;
         let slo = &config.slo;
         let controller = (slo.is_active() || config.scheduler.policy == SchedulingPolicy::Deadline)
-            .then(|| {
-                BatchController::new(ControllerConfig {
+            .then(|| SloControl {
+                controller: BatchController::new(ControllerConfig {
                     target_itl: slo.target_itl_ms.map(|ms| ms / 1e3),
                     target_tpot: slo.controller_tpot_ms().map(|ms| ms / 1e3),
                     target_ttft: slo.target_ttft_ms.map(|ms| ms / 1e3),
                     ceiling: scheduler.limits(),
-                })
+                }),
             });
         let mut core = Self {
             scheduler,
@@ -289,17 +276,12 @@ impl EngineCore {
             next_id: 0,
             stats: EngineStats::default(),
             requests: RequestTable::new(),
-            speculator,
+            hooks: Hooks::for_engine(speculator, controller, tier),
             idle_draft_model: None,
             grammar: None,
             shutdown_hook: None,
-            kv_event_sink: None,
-            controller,
             epoch: Instant::now(),
             num_admission_demoted: 0,
-            tier,
-            prefill_secs_per_token: None,
-            tier_bytes_per_sec: None,
             executor: Some(executor),
             step_in_flight: false,
         };
@@ -310,7 +292,7 @@ impl EngineCore {
     /// The batch controller, for tests that teach its cost model known step times.
     #[cfg(test)]
     pub(crate) fn controller_mut(&mut self) -> Option<&mut BatchController> {
-        self.controller.as_mut()
+        self.hooks.get_mut::<SloControl>().map(|s| &mut s.controller)
     }
 
     /// Enables structured outputs: requests whose params carry one are compiled by `compiler`
@@ -385,16 +367,15 @@ impl EngineCore {
     /// step on the engine thread ([`Self::flush_kv_events`]).
     pub fn set_kv_event_sink(&mut self, sink: KvEventSink) {
         self.scheduler.kv_cache_mut().set_log_events(true);
-        self.kv_event_sink = Some(sink);
+        drop(self.hooks.take::<KvEvents>());
+        self.hooks.push(Some(KvEvents::new(sink)));
     }
 
-    /// Hands the index changes since the last call to the sink, if any.
+    /// Hands the index changes since the last call to the sink, if any (every reported step
+    /// does; this is for the changes made between steps, by aborts).
     pub fn flush_kv_events(&mut self) {
-        if let Some(sink) = &mut self.kv_event_sink {
-            let events = self.scheduler.kv_cache_mut().take_events();
-            if !events.is_empty() {
-                sink(events);
-            }
+        if let Some(events) = self.hooks.get_mut::<KvEvents>() {
+            events.flush(&mut self.scheduler);
         }
     }
 
@@ -462,8 +443,8 @@ impl EngineCore {
         let running =
             self.scheduler.request(id).is_some_and(|r| r.status() == RequestStatus::Running);
         let known = self.scheduler.abort(id);
-        if let Some(controller) = self.controller.as_mut().filter(|_| running) {
-            controller.observe_departure();
+        if running {
+            self.hooks.on_departure();
         }
         known
     }
@@ -483,7 +464,7 @@ impl EngineCore {
         self.stats.swap = swap;
         self.stats.structured = self.runner.constraint_stats();
         self.stats.limits = self.scheduler.limits();
-        self.stats.controller = self.controller.as_ref().map(BatchController::stats);
+        self.hooks.report(&mut self.stats);
         self.stats.num_slo_demoted = num_demoted + self.num_admission_demoted;
         self.stats.num_running = num_running;
         self.stats.num_waiting = num_waiting;

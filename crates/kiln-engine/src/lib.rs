@@ -20,6 +20,7 @@ mod admission_tests;
 mod engine;
 mod forward_thread;
 mod handle;
+mod hooks;
 pub mod kv_tier;
 mod logprobs;
 mod output;

@@ -21,8 +21,8 @@ use std::collections::hash_map::{Entry, HashMap};
 
 use kiln_core::RequestId;
 
-use crate::engine::{Arrival, Decoding};
 use crate::handle::OutputSink;
+use crate::hooks::slo::{Arrival, Decoding};
 use crate::runner::{PromptLogprobs, SampleExtras};
 use crate::spec::SpecState;
 use crate::structured::Constraint;

@@ -8,7 +8,9 @@ use std::time::Instant;
 use kiln_core::{RequestId, SamplingParams, TokenId};
 use kiln_sched::{AddError, Deadline, QueueAhead, Request, SchedulingPolicy};
 
-use super::{Arrival, EngineCore, EngineError};
+use super::{EngineCore, EngineError};
+use crate::hooks::SloControl;
+use crate::hooks::slo::Arrival;
 use crate::requests::LiveRequest;
 use crate::slo::{AdmissionDecision, Admitted, Prediction, decide};
 
@@ -99,11 +101,11 @@ impl EngineCore {
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
         let mut live = LiveRequest { constraint, ..LiveRequest::default() };
-        if let Some(c) = &mut self.controller {
-            let now = Instant::now();
+        let now = Instant::now();
+        if self.hooks.get::<SloControl>().is_some() {
             live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
-            c.observe_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         }
+        self.hooks.on_arrival(num_prompt_tokens, now.duration_since(self.epoch).as_secs_f64());
         self.requests.insert(id, live);
         self.next_id = self.next_id.max(id.0 + 1);
         self.refresh_stats();
@@ -154,7 +156,9 @@ impl EngineCore {
     /// alone, and behind the work served ahead of it (all `None` until the batch controller's
     /// cost model is fitted).
     fn predict_first_token(&self, deadline: Deadline, num_prompt_tokens: usize) -> Prediction {
-        let Some(controller) = &self.controller else { return Prediction::default() };
+        let Some(SloControl { controller }) = self.hooks.get::<SloControl>() else {
+            return Prediction::default();
+        };
         let before = (self.config.scheduler.policy == SchedulingPolicy::Deadline)
             .then_some(deadline.first_token_ms);
         let running = self.scheduler.num_running();

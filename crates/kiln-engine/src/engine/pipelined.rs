@@ -214,13 +214,13 @@ impl Pipelined {
 
     /// Whether the step after `step` can be planned while `step` computes: `step` runs a
     /// forward, a request is left to plan, no abort waits for it (an aborted request must not
-    /// be planned again), there is no second KV tier (its copies need the model, which the
-    /// forward has), and the last step planned ahead did not run short of blocks (this one is
-    /// planned after the update, where preemption can free them).
+    /// be planned again), no hook needs the model between steps (a second KV tier's copies),
+    /// and the last step planned ahead did not run short of blocks (this one is planned after
+    /// the update, where preemption can free them).
     fn can_plan_ahead(&self, core: &EngineCore, step: &InFlightStep) -> bool {
         step.launched
             && core.scheduler.has_unfinished()
-            && core.tier.is_none()
+            && core.hooks.allow_planning_ahead()
             && self.deferred_aborts.is_empty()
             && !core.scheduler.ahead_starved()
     }

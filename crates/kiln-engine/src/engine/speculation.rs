@@ -31,26 +31,26 @@ impl EngineCore {
             crate::spec::check_token_tree(c, trees).map_err(EngineError::Config)?;
         }
         if let Some(c) = config.as_ref().filter(|c| c.draft_model_name().is_some()) {
-            let held = self.speculator.as_ref().and_then(Speculator::draft_model);
+            let held = self.hooks.get::<Speculator>().and_then(Speculator::draft_model);
             let Some(draft) = held.or(self.idle_draft_model.as_ref()) else {
                 return Err(EngineError::Config("this engine has no draft model".into()));
             };
             draft.check_serves(c).map_err(EngineError::Config)?;
         }
-        let stats = self.speculator.as_ref().map_or(self.stats.spec_decode, |s| *s.stats());
-        if let Some(draft) = self.speculator.take().and_then(Speculator::into_draft_model) {
+        let stats = self.hooks.get::<Speculator>().map_or(self.stats.spec_decode, |s| *s.stats());
+        if let Some(draft) = self.hooks.take::<Speculator>().and_then(Speculator::into_draft_model)
+        {
             self.idle_draft_model = Some(draft);
         }
         let wants_draft = config.as_ref().is_some_and(|c| c.draft_model_name().is_some());
         let draft = if wants_draft { self.idle_draft_model.take() } else { None };
         // No request runs; finished ones awaiting delivery draft no more either.
         self.requests.reset_spec_state();
-        self.speculator = match config.clone() {
-            Some(c) => Some(
-                Speculator::new(c, draft, trees).map_err(EngineError::Config)?.with_stats(stats),
-            ),
-            None => None,
-        };
+        if let Some(c) = config.clone() {
+            let speculator = Speculator::new(c, draft, trees).map_err(EngineError::Config)?;
+            // First: it drafts under the limits the step ran with (`hooks.rs`).
+            self.hooks.push_front(speculator.with_stats(stats));
+        }
         self.config.speculative = config;
         Ok(())
     }
