@@ -10,8 +10,12 @@
 //! `num_speculative_tokens` may then be left out, and must equal its node count if given; a
 //! chain-shaped tree is plain drafting). Any other key is refused, so a misspelled knob never
 //! passes silently.
+//!
+//! The object is read by serde into [`RawConfig`] (the keys as written, each with its type;
+//! a wrong type is refused naming its key), then validated into a [`SpeculativeConfig`].
 
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::tree::TokenTree;
 
@@ -65,6 +69,20 @@ fn err(field: &str, message: impl Into<String>) -> SpecConfigError {
     SpecConfigError { field: field.to_owned(), message: message.into() }
 }
 
+/// The JSON object as written: vLLM's keys, typed, before validation.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    method: Option<String>,
+    model: Option<String>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    disable_by_batch_size: Option<usize>,
+    /// A string as vLLM takes it, or the same list as a JSON array.
+    speculative_token_tree: Option<Value>,
+}
+
 const KNOWN_KEYS: [&str; 7] = [
     "method",
     "num_speculative_tokens",
@@ -114,7 +132,7 @@ impl SpeculativeConfig {
     pub fn from_json(text: &str) -> Result<Self, SpecConfigError> {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| err("(json)", format!("is not valid JSON: {e}")))?;
-        let Value::Object(map) = value else {
+        let Value::Object(map) = &value else {
             return Err(err("(json)", "must be a JSON object, e.g. {\"method\": \"ngram\", ...}"));
         };
         if let Some(key) = map.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
@@ -123,20 +141,31 @@ impl SpeculativeConfig {
                 format!("is not supported (known keys: {})", KNOWN_KEYS.join(", ")),
             ));
         }
-        let model = optional_str(&map, "model")?;
-        let method = match optional_str(&map, "method")? {
+        let raw: RawConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let field = e.path().to_string();
+            err(&field, format!("has the wrong type: {}", e.into_inner()))
+        })?;
+        raw.validate()
+    }
+}
+
+impl RawConfig {
+    /// The validated configuration, or the first field that is wrong.
+    fn validate(self) -> Result<SpeculativeConfig, SpecConfigError> {
+        let model = self.model.as_deref();
+        let method = match self.method.as_deref() {
             Some(m) => m,
             None if model.is_some() => "draft_model",
             None => return Err(err("method", "is required (\"ngram\")")),
         };
-        let (k, token_tree) = count_and_tree(&map, method)?;
+        let (k, token_tree) = self.count_and_tree(method)?;
         if !(1..=MAX_SPEC_TOKENS).contains(&k) {
             return Err(err(
                 "num_speculative_tokens",
                 format!("must be 1 to {MAX_SPEC_TOKENS}, got {k}"),
             ));
         }
-        let disable_by_batch_size = match optional_count(&map, "disable_by_batch_size")? {
+        let disable_by_batch_size = match self.disable_by_batch_size {
             Some(0) => return Err(err("disable_by_batch_size", "must be at least 1")),
             Some(n) => n,
             None => DEFAULT_DISABLE_BY_BATCH_SIZE,
@@ -146,9 +175,7 @@ impl SpeculativeConfig {
                 if model.is_some() {
                     return Err(err("model", "is for method \"draft_model\", not \"ngram\""));
                 }
-                let min = optional_count(&map, "prompt_lookup_min")?;
-                let max = optional_count(&map, "prompt_lookup_max")?;
-                let (min, max) = match (min, max) {
+                let (min, max) = match (self.prompt_lookup_min, self.prompt_lookup_max) {
                     (None, None) => (5, 5),
                     (Some(n), None) | (None, Some(n)) => (n, n),
                     (Some(a), Some(b)) => (a, b),
@@ -171,10 +198,17 @@ impl SpeculativeConfig {
                 SpecMethod::Ngram { min, max }
             }
             "draft_model" => {
-                for key in ["prompt_lookup_min", "prompt_lookup_max"] {
-                    if map.get(key).is_some_and(|v| !v.is_null()) {
-                        return Err(err(key, "is for method \"ngram\", not \"draft_model\""));
-                    }
+                if self.prompt_lookup_min.is_some() {
+                    return Err(err(
+                        "prompt_lookup_min",
+                        "is for method \"ngram\", not \"draft_model\"",
+                    ));
+                }
+                if self.prompt_lookup_max.is_some() {
+                    return Err(err(
+                        "prompt_lookup_max",
+                        "is for method \"ngram\", not \"draft_model\"",
+                    ));
                 }
                 match model {
                     Some(m) if !m.trim().is_empty() => SpecMethod::DraftModel { model: m.into() },
@@ -191,74 +225,57 @@ impl SpeculativeConfig {
                 ));
             }
         };
-        Ok(Self { method, num_speculative_tokens: k, disable_by_batch_size, token_tree })
+        Ok(SpeculativeConfig {
+            method,
+            num_speculative_tokens: k,
+            disable_by_batch_size,
+            token_tree,
+        })
     }
-}
 
-/// `num_speculative_tokens` and `speculative_token_tree` (module docs).
-fn count_and_tree(
-    map: &Map<String, Value>,
-    method: &str,
-) -> Result<(usize, Option<TokenTree>), SpecConfigError> {
-    let token_tree = parse_tree(map)?;
-    let k = match (optional_count(map, "num_speculative_tokens")?, &token_tree) {
-        (Some(k), Some(tree)) if k != tree.num_nodes() => {
+    /// `num_speculative_tokens` and `speculative_token_tree` (module docs).
+    fn count_and_tree(&self, method: &str) -> Result<(usize, Option<TokenTree>), SpecConfigError> {
+        let token_tree = self.tree()?;
+        let k = match (self.num_speculative_tokens, &token_tree) {
+            (Some(k), Some(tree)) if k != tree.num_nodes() => {
+                return Err(err(
+                    "num_speculative_tokens",
+                    format!(
+                        "({k}) must equal the node count of speculative_token_tree ({})",
+                        tree.num_nodes()
+                    ),
+                ));
+            }
+            (Some(k), _) => k,
+            (None, Some(tree)) => tree.num_nodes(),
+            (None, None) => return Err(err("num_speculative_tokens", "is required")),
+        };
+        // (Other methods are refused with `method` named.)
+        if token_tree.is_some() && method == "draft_model" {
             return Err(err(
-                "num_speculative_tokens",
-                format!(
-                    "({k}) must equal the node count of speculative_token_tree ({})",
-                    tree.num_nodes()
-                ),
+                "speculative_token_tree",
+                "is drafted by method \"ngram\" only (kiln's draft models propose chains)",
             ));
         }
-        (Some(k), _) => k,
-        (None, Some(tree)) => tree.num_nodes(),
-        (None, None) => return Err(err("num_speculative_tokens", "is required")),
-    };
-    // (Other methods are refused with `method` named.)
-    if token_tree.is_some() && method == "draft_model" {
-        return Err(err(
-            "speculative_token_tree",
-            "is drafted by method \"ngram\" only (kiln's draft models propose chains)",
-        ));
+        // A chain-shaped tree is plain drafting.
+        Ok((k, token_tree.filter(|t| !t.is_chain())))
     }
-    // A chain-shaped tree is plain drafting.
-    Ok((k, token_tree.filter(|t| !t.is_chain())))
-}
 
-/// `speculative_token_tree`: a string as vLLM takes it, or the same list as a JSON array.
-fn parse_tree(map: &Map<String, Value>) -> Result<Option<TokenTree>, SpecConfigError> {
-    const KEY: &str = "speculative_token_tree";
-    let text = match map.get(KEY) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s.clone(),
-        Some(v @ Value::Array(_)) => v.to_string(),
-        Some(other) => {
-            return Err(err(KEY, format!("must be a string like \"[(0,), (1,)]\", got {other}")));
-        }
-    };
-    TokenTree::parse(&text, MAX_SPEC_TOKENS).map(Some).map_err(|e| err(KEY, e))
-}
-
-fn optional_str<'a>(
-    map: &'a Map<String, Value>,
-    key: &str,
-) -> Result<Option<&'a str>, SpecConfigError> {
-    match map.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(err(key, format!("must be a string, got {other}"))),
-    }
-}
-
-fn optional_count(map: &Map<String, Value>, key: &str) -> Result<Option<usize>, SpecConfigError> {
-    match map.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| err(key, format!("must be a non-negative integer, got {v}"))),
+    /// `speculative_token_tree`: a string as vLLM takes it, or the same list as a JSON array.
+    fn tree(&self) -> Result<Option<TokenTree>, SpecConfigError> {
+        const KEY: &str = "speculative_token_tree";
+        let text = match &self.speculative_token_tree {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ Value::Array(_)) => v.to_string(),
+            Some(other) => {
+                return Err(err(
+                    KEY,
+                    format!("must be a string like \"[(0,), (1,)]\", got {other}"),
+                ));
+            }
+        };
+        TokenTree::parse(&text, MAX_SPEC_TOKENS).map(Some).map_err(|e| err(KEY, e))
     }
 }
 
