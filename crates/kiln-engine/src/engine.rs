@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
-use kiln_models::{Backend, BoundModel, KvCacheDtype, Model, StepModel, check_block_size};
+use kiln_models::{
+    Backend, BoundModel, ForwardError, KvCacheDtype, Model, StepModel, check_block_size,
+};
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, ModelRunnerOutput,
     PreemptionMode, RequestStatus, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
@@ -103,8 +105,16 @@ pub enum EngineError {
     /// The request was refused (too long, empty, bad sampling parameters).
     #[error(transparent)]
     Rejected(#[from] AddError),
+    /// The step's forward or its batch failed (its requests are to be aborted).
     #[error("forward step failed: {0}")]
-    Forward(String),
+    Forward(#[from] ForwardError),
+    /// The second KV tier failed a copy: the step fails and the tier is turned off for good.
+    #[error("KV tier: {0}; the tier is turned off, preempted requests will be recomputed")]
+    KvTier(Arc<std::io::Error>),
+    /// An earlier forward panicked or its thread ended with the model: every later step fails
+    /// (the model's state is unknown). Holds the first error.
+    #[error("the engine can no longer step: {0}")]
+    Broken(Box<EngineError>),
     #[error("the engine has shut down")]
     Shutdown,
 }

@@ -249,7 +249,10 @@ fn engine_error(e: &EngineError) -> ApiError {
         },
         EngineError::Rejected(reason) => ApiError::bad_request(reason.to_string()),
         EngineError::Shutdown => ApiError::draining(),
-        EngineError::Config(m) | EngineError::Forward(m) => ApiError::internal(m.clone()),
+        EngineError::Config(m) => ApiError::internal(m.clone()),
+        e @ (EngineError::Forward(_) | EngineError::KvTier(_) | EngineError::Broken(_)) => {
+            ApiError::internal(e.to_string())
+        }
     }
 }
 

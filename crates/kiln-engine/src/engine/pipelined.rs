@@ -89,7 +89,7 @@ pub(crate) struct Pipelined {
     /// Requests aborted while a step was in flight: removed from the scheduler once it ends.
     deferred_aborts: Vec<RequestId>,
     /// The forward thread lost the model or panicked: every later step fails with this.
-    broken: Option<String>,
+    broken: Option<EngineError>,
     /// When the last `step` returned (the caller's time until the next one is not the
     /// engine's).
     returned_at: Option<Instant>,
@@ -113,7 +113,7 @@ impl Executor for Pipelined {
     fn step(&mut self, core: &mut EngineCore) -> Result<Vec<EngineOutput>, EngineError> {
         let gap = self.returned_at.take().map(|returned| (returned, Instant::now()));
         if let Some(broken) = &self.broken {
-            return Err(EngineError::Forward(broken.clone()));
+            return Err(EngineError::Broken(Box::new(broken.clone())));
         }
         if let Some(e) = self.pending_error.take() {
             return Err(e);
@@ -199,7 +199,7 @@ impl Pipelined {
         if let Err(e) = completed {
             let err = core.fail_forward(&step.sched_out, &e);
             if core.runner.forward_broken() {
-                self.broken = Some(err.to_string());
+                self.broken = Some(err.clone());
             }
             self.apply_deferred_aborts(core);
             return Err(err);
@@ -250,10 +250,11 @@ impl Pipelined {
             for (id, _) in step.sched_out.scheduled().chain(next.scheduled()) {
                 retire(core, id);
             }
+            let err = EngineError::Forward(e);
             if core.runner.forward_broken() {
-                self.broken = Some(e.to_string());
+                self.broken = Some(err.clone());
             }
-            return Err(EngineError::Forward(e.to_string()));
+            return Err(err);
         }
         // Step N+1's time starts here, where its forward's critical path does.
         let start = Instant::now();

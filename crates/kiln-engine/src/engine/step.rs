@@ -76,7 +76,7 @@ impl EngineCore {
         e: &ForwardError,
     ) -> EngineError {
         self.scheduler.fail_step(sched_out);
-        EngineError::Forward(e.to_string())
+        EngineError::Forward(e.clone())
     }
 
     /// A step's last phase, after `update`: its outputs with their extras, drafts for the next

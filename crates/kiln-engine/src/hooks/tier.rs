@@ -77,9 +77,7 @@ impl StepHook for TierHook {
                 let unwritten: Vec<_> = plan.swap_in.iter().map(|c| c.block).collect();
                 scheduler.disable_swap_space(&unwritten);
                 self.tier = None;
-                return Err(EngineError::Forward(format!(
-                    "KV tier: {e}; the tier is turned off, preempted requests will be recomputed"
-                )));
+                return Err(EngineError::KvTier(std::sync::Arc::new(e)));
             }
         };
         if let Some(rate) = rate {
