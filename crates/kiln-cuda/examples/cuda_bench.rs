@@ -21,6 +21,15 @@ const DECODE_STEPS: usize = 32;
 const PREFILL: usize = 2048;
 const BATCHES: [usize; 6] = [1, 2, 8, 16, 32, 64];
 
+/// The kernels' cache folder from the environment (this program is an edge: it reads it).
+fn kernel_cache() -> Option<PathBuf> {
+    kiln_cuda::kernels::kernel_cache_dir(
+        std::env::var_os(kiln_cuda::kernels::CACHE_ENV),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = PathBuf::from(
@@ -30,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peak_tflops: f64 = args.get(3).map_or(Ok(989.0), |s| s.parse())?;
     let context: usize = args.get(4).map_or(Ok(128), |s| s.parse())?;
     let start = Instant::now();
-    let cuda = Arc::new(Cuda::new(0, 4)?);
+    let cuda = Arc::new(Cuda::new(0, 4, kernel_cache().as_deref())?);
     let loaded = load_model(&path, &cuda)?;
     let model = &loaded.model;
     let c = model.config();

@@ -3,7 +3,8 @@
 //! architecture and the NVRTC version), loaded into the context, and launched with raw device
 //! addresses.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx};
@@ -66,14 +67,23 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// `$KILN_CUDA_CACHE`, else `$XDG_CACHE_HOME/kiln/cuda`, else `~/.cache/kiln/cuda`.
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("KILN_CUDA_CACHE") {
-        return Some(PathBuf::from(dir));
+/// The environment variable naming the compiled kernels' cache folder (read by programs, which
+/// pass the folder in: [`kernel_cache_dir`]).
+pub const CACHE_ENV: &str = "KILN_CUDA_CACHE";
+
+/// Where compiled kernels are cached, from the values a program read of `KILN_CUDA_CACHE`,
+/// `XDG_CACHE_HOME` and `HOME`: the first, else `$XDG_CACHE_HOME/kiln/cuda`, else
+/// `~/.cache/kiln/cuda` (`None`: no cache, every start compiles).
+pub fn kernel_cache_dir(
+    kiln_cuda_cache: Option<OsString>,
+    xdg_cache_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    let non_empty = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = non_empty(kiln_cuda_cache) {
+        return Some(dir);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let base = non_empty(xdg_cache_home).or_else(|| non_empty(home).map(|h| h.join(".cache")))?;
     Some(base.join("kiln").join("cuda"))
 }
 
@@ -89,13 +99,13 @@ fn nvrtc_version() -> String {
     }
 }
 
-/// The PTX for this device: from the disk cache, or compiled and cached (a cache that cannot
-/// be written only costs the next start a compile).
-fn ptx_for(device: &Device) -> Result<String, CudaError> {
+/// The PTX for this device: from the disk cache in `cache_dir`, or compiled and cached (a cache
+/// that cannot be written only costs the next start a compile).
+fn ptx_for(device: &Device, cache_dir: Option<&Path>) -> Result<String, CudaError> {
     let (major, minor) = device.compute_capability;
     let nvrtc = crate::device::quietly(nvrtc_version).unwrap_or_default();
     let key = fnv1a(&[SOURCE.as_bytes(), format!("{major}{minor}/{nvrtc}").as_bytes()]);
-    let path = cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key:016x}.ptx")));
+    let path = cache_dir.map(|d| d.join(format!("kernels-sm{major}{minor}-{key:016x}.ptx")));
     if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(ptx);
     }
@@ -149,10 +159,10 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    pub fn load(device: &Device) -> Result<Self, CudaError> {
+    pub fn load(device: &Device, cache_dir: Option<&Path>) -> Result<Self, CudaError> {
         let module = device
             .ctx
-            .load_module(Ptx::from_src(ptx_for(device)?))
+            .load_module(Ptx::from_src(ptx_for(device, cache_dir)?))
             .map_err(|e| CudaError::new("loading the kernels", e))?;
         let f = |name: &str| {
             module.load_function(name).map_err(|e| CudaError::new(&format!("kernel {name}"), e))
@@ -243,4 +253,27 @@ pub fn row_grid(rows: usize, width: usize) -> (u32, u32, u32) {
 /// Blocks of `threads` covering `n` elements.
 pub fn blocks_for(n: usize, threads: usize) -> u32 {
     u32::try_from(n.div_ceil(threads)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use super::kernel_cache_dir;
+
+    #[test]
+    fn the_kernel_cache_is_the_variable_then_xdg_then_home_and_empty_values_are_unset() {
+        let os = |s: &str| Some(OsString::from(s));
+        assert_eq!(kernel_cache_dir(os("/k"), os("/x"), os("/h")), Some(PathBuf::from("/k")));
+        assert_eq!(
+            kernel_cache_dir(os(""), os("/x"), os("/h")),
+            Some(PathBuf::from("/x/kiln/cuda"))
+        );
+        assert_eq!(
+            kernel_cache_dir(None, None, os("/h")),
+            Some(PathBuf::from("/h/.cache/kiln/cuda"))
+        );
+        assert_eq!(kernel_cache_dir(None, os(""), None), None);
+    }
 }

@@ -60,10 +60,16 @@ pub struct Cuda {
 }
 
 impl Cuda {
-    /// Opens GPU `ordinal` and loads the kernels; `host_threads` for sampling (0 = all cores).
-    pub fn new(ordinal: usize, host_threads: usize) -> Result<Self, CudaError> {
+    /// Opens GPU `ordinal` and loads the kernels, compiled or from `kernel_cache` (a folder,
+    /// [`kernels::kernel_cache_dir`]; `None`: compiled at every start); `host_threads` for
+    /// sampling (0 = all cores).
+    pub fn new(
+        ordinal: usize,
+        host_threads: usize,
+        kernel_cache: Option<&std::path::Path>,
+    ) -> Result<Self, CudaError> {
         let device = Device::open(ordinal)?;
-        let kernels = Kernels::load(&device)?;
+        let kernels = Kernels::load(&device, kernel_cache)?;
         Ok(Self {
             device,
             kernels,

@@ -15,6 +15,11 @@ use kiln_kernels::ThreadPool;
 use kiln_kernels::attention::{AttentionSeq, AttentionShape, paged_attention};
 
 fn main() {
+    // The kernels read no environment: this program passes `KILN_ISA` / `KILN_PREFETCH` on.
+    kiln_kernels::force_paths(
+        std::env::var(kiln_kernels::ISA_ENV).ok().as_deref(),
+        std::env::var(kiln_kernels::PREFETCH_ENV).ok().as_deref(),
+    );
     let mut args = std::env::args().skip(1).map(|s| s.parse::<usize>().expect("a number"));
     let threads = args.next().unwrap_or(2);
     let num_seqs = args.next().unwrap_or(64);

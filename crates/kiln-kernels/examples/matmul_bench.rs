@@ -7,6 +7,11 @@ use half::bf16;
 use kiln_kernels::{ThreadPool, WeightData, WeightMatrix, linear};
 
 fn main() {
+    // The kernels read no environment: this program passes `KILN_ISA` / `KILN_PREFETCH` on.
+    kiln_kernels::force_paths(
+        std::env::var(kiln_kernels::ISA_ENV).ok().as_deref(),
+        std::env::var(kiln_kernels::PREFETCH_ENV).ok().as_deref(),
+    );
     let threads = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let pool = ThreadPool::new(threads);
     for &(n, k) in &[(4864usize, 896usize), (896, 4864), (151_936, 896)] {

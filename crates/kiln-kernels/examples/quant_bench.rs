@@ -15,6 +15,11 @@ use kiln_kernels::probe::pseudo_random_matrix;
 use kiln_kernels::{GgmlType, ThreadPool, linear};
 
 fn main() {
+    // The kernels read no environment: this program passes `KILN_ISA` / `KILN_PREFETCH` on.
+    kiln_kernels::force_paths(
+        std::env::var(kiln_kernels::ISA_ENV).ok().as_deref(),
+        std::env::var(kiln_kernels::PREFETCH_ENV).ok().as_deref(),
+    );
     let mut args = std::env::args().skip(1);
     let threads = args.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let filter = args.next().unwrap_or_default();

@@ -44,3 +44,20 @@ pub use quant::{GgmlType, QuantMatrix};
 pub use reference::Reference;
 pub use simd::{CpuIsa, ISA_ENV, IsaError, SimdLevel};
 pub use thread_pool::{SharedMut, ThreadPool};
+
+/// Selects the kernels' path and prefetch level from the values a program without flags read
+/// from `KILN_ISA` and `KILN_PREFETCH` (the examples; the CLI has `--isa` and `--prefetch`).
+/// `None` or empty leaves a choice to the defaults.
+///
+/// # Panics
+/// On a value that names no path or level, or a path this CPU lacks: a forced setting that
+/// silently fell back would make its measurement a lie.
+pub fn force_paths(isa: Option<&str>, prefetch: Option<&str>) {
+    if let Err(e) = CpuIsa::select_named(isa) {
+        panic!("{ISA_ENV}: {e}");
+    }
+    if let Some(name) = prefetch.map(str::trim).filter(|v| !v.is_empty()) {
+        let level = PrefetchLevel::parse(name).unwrap_or_else(|e| panic!("{PREFETCH_ENV}: {e}"));
+        level.select().unwrap_or_else(|e| panic!("{PREFETCH_ENV}: {e}"));
+    }
+}

@@ -9,15 +9,17 @@
 //! misses in flight, and the first load of the line then finds it in L2. Batch-1 decode of a
 //! Llama-3.2-1B-shaped Q4_K_M file went from 19.9 to 23.8 tok/s (medians of 4 alternating
 //! runs). On AMD Zen 5, L1 measured faster (the LM head at 16 rows: 8.8–9.0 ms against
-//! 9.5–10.5 with L2), so the default follows the CPU's vendor ([`PrefetchLevel::best`]);
-//! `KILN_PREFETCH` (`l1`, `l2`) overrides it for measurements and for other CPUs.
+//! 9.5–10.5 with L2), so the default follows the CPU's vendor ([`PrefetchLevel::best`]); a
+//! program overrides it with [`PrefetchLevel::select`] (the CLI's `--prefetch`, or
+//! `KILN_PREFETCH` = `l1` / `l2`, for measurements and for other CPUs).
 //!
 //! Invariant: a hint only. No prefetched address is dereferenced, and results never depend on
 //! the level.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// The environment variable that overrides [`PrefetchLevel::best`].
+/// The environment variable the CLI (`--prefetch`) and the examples read to override
+/// [`PrefetchLevel::best`]; the library itself reads no environment.
 pub const PREFETCH_ENV: &str = "KILN_PREFETCH";
 
 /// The cache level weight prefetches fill.
@@ -59,30 +61,38 @@ impl PrefetchLevel {
         }
     }
 
-    /// The level the kernels use: `KILN_PREFETCH`'s, else [`Self::best`]. Fixed at the first
-    /// call.
-    ///
-    /// # Panics
-    /// When `KILN_PREFETCH` names neither level (a measurement of a level that silently fell
-    /// back would be a lie).
+    /// The level the kernels use: the one [`Self::select`]ed, else [`Self::best`]. Fixed at
+    /// the first call.
     pub fn selected() -> Self {
         match SELECTED.load(Ordering::Relaxed) {
             1 => Self::L1,
             2 => Self::L2,
-            _ => Self::choose(),
+            _ => Self::choose(Self::best()),
         }
     }
 
+    /// Makes the kernels prefetch into `self` from now on; refused once they use another
+    /// level (selecting the current one again is fine).
+    ///
+    /// # Errors
+    /// Another level already in use.
+    pub fn select(self) -> Result<(), String> {
+        let current = Self::choose(self);
+        if current == self {
+            Ok(())
+        } else {
+            Err(format!("the kernels already prefetch into {current}, not {self}"))
+        }
+    }
+
+    /// Sets the level if none is set yet; returns the level in force.
     #[cold]
-    fn choose() -> Self {
-        let level = match std::env::var(PREFETCH_ENV) {
-            Ok(name) if !name.trim().is_empty() => {
-                Self::parse(&name).unwrap_or_else(|e| panic!("{PREFETCH_ENV}: {e}"))
-            }
-            _ => Self::best(),
-        };
-        SELECTED.store(1 + level as u8, Ordering::Relaxed);
-        level
+    fn choose(level: Self) -> Self {
+        match SELECTED.compare_exchange(0, 1 + level as u8, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => level,
+            Err(1) => Self::L1,
+            Err(_) => Self::L2,
+        }
     }
 }
 

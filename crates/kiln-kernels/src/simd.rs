@@ -14,7 +14,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-/// The environment variable that forces a path when nothing called [`CpuIsa::select`] first.
+/// The environment variable the CLI (`--isa`) and the examples read to force a path; the
+/// library itself reads no environment (a program selects with [`CpuIsa::select`]).
 pub const ISA_ENV: &str = "KILN_ISA";
 
 /// The vector width the non-matmul kernels run at: that of [`CpuIsa::selected`].
@@ -159,20 +160,23 @@ impl CpuIsa {
         Self::ALL.into_iter().filter(|p| p.is_supported()).collect()
     }
 
-    /// The path the kernels run: the one [`CpuIsa::select`]ed, else `KILN_ISA`'s, else
-    /// [`CpuIsa::best`]. Fixed at the first call.
-    ///
-    /// # Panics
-    /// When `KILN_ISA` names an unknown or unsupported path (a forced path that silently fell
-    /// back would make every benchmark of it a lie); programs that take user input check it
-    /// first with [`CpuIsa::select`].
+    /// The path the kernels run: the one [`CpuIsa::select`]ed, else [`CpuIsa::best`]. Fixed
+    /// at the first call.
     pub fn selected() -> Self {
-        *SELECTED.get_or_init(|| match std::env::var(ISA_ENV) {
-            Ok(name) if !name.trim().is_empty() => Self::parse(&name)
-                .and_then(Self::checked)
-                .unwrap_or_else(|e| panic!("{ISA_ENV}: {e}")),
-            _ => Self::best(),
-        })
+        *SELECTED.get_or_init(Self::best)
+    }
+
+    /// Selects the path `value` names (an environment variable's, `ISA_ENV` in a program
+    /// without flags); empty or `None` leaves the choice to [`CpuIsa::selected`].
+    ///
+    /// # Errors
+    /// An unknown name, a path this CPU lacks, or another path already selected (a forced path
+    /// that silently fell back would make every benchmark of it a lie).
+    pub fn select_named(value: Option<&str>) -> Result<(), IsaError> {
+        match value.map(str::trim).filter(|v| !v.is_empty()) {
+            Some(name) => Self::parse(name)?.select(),
+            None => Ok(()),
+        }
     }
 
     /// Makes the kernels run this path from now on. Refused when the CPU lacks it, or when

@@ -121,7 +121,14 @@ pub mod cuda {
     ) -> anyhow::Result<(LoadedModel<Cuda>, u64)> {
         // Host threads only sample: a few do, and idle ones must not take cores from the server.
         let host_threads = if host_threads == 0 { SAMPLING_THREADS } else { host_threads };
-        let cuda = Arc::new(Cuda::new(ordinal, host_threads).map_err(|e| anyhow::anyhow!(e))?);
+        // The environment is read here, at the edge; the backend takes the folder.
+        let cache = kiln_cuda::kernels::kernel_cache_dir(
+            std::env::var_os(kiln_cuda::kernels::CACHE_ENV),
+            std::env::var_os("XDG_CACHE_HOME"),
+            std::env::var_os("HOME"),
+        );
+        let cuda = Cuda::new(ordinal, host_threads, cache.as_deref());
+        let cuda = Arc::new(cuda.map_err(|e| anyhow::anyhow!(e))?);
         let (_, total) = cuda.device().mem_info().map_err(|e| anyhow::anyhow!(e))?;
         tracing::info!("CUDA backend: {}, {:.1} GiB", cuda.describe(), gib(total));
         cuda.set_graphs(!enforce_eager);

@@ -26,6 +26,11 @@ struct Cli {
     #[arg(long, global = true, env = kiln_kernels::ISA_ENV, value_name = "ISA",
           value_parser = kiln_kernels::CpuIsa::parse)]
     isa: Option<kiln_kernels::CpuIsa>,
+    /// Cache level the kernels' weight prefetches fill: l1 or l2 (default: l2 on Intel, l1
+    /// elsewhere). Results are the same bits; this is for measuring.
+    #[arg(long, global = true, env = kiln_kernels::PREFETCH_ENV, value_name = "LEVEL",
+          value_parser = kiln_kernels::PrefetchLevel::parse)]
+    prefetch: Option<kiln_kernels::PrefetchLevel>,
     #[command(subcommand)]
     command: Command,
 }
@@ -75,6 +80,10 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: --isa: {e}");
         return std::process::ExitCode::FAILURE;
     }
+    if let Some(Err(e)) = cli.prefetch.map(kiln_kernels::PrefetchLevel::select) {
+        eprintln!("error: --prefetch: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),
@@ -107,5 +116,19 @@ mod tests {
         assert_eq!(isa_of("kiln bench latency --isa scalar"), Ok(Some(CpuIsa::Scalar)));
         let err = isa_of("kiln serve --isa sse9").unwrap_err();
         assert!(err.contains("unknown ISA \"sse9\"") && err.contains("avx512-vnni"), "{err}");
+    }
+
+    #[test]
+    fn prefetch_flag_names_a_cache_level() {
+        use kiln_kernels::PrefetchLevel;
+        let prefetch_of = |line: &str| {
+            let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+            super::parse(&argv, &[]).map(|(cli, _)| cli.prefetch).map_err(|e| e.to_string())
+        };
+        assert_eq!(prefetch_of("kiln --prefetch l2 plan"), Ok(Some(PrefetchLevel::L2)));
+        assert_eq!(prefetch_of("kiln bench latency --prefetch L1"), Ok(Some(PrefetchLevel::L1)));
+        assert_eq!(prefetch_of("kiln plan"), Ok(None));
+        let err = prefetch_of("kiln serve --prefetch l3").unwrap_err();
+        assert!(err.contains("\"l3\"") && err.contains("l1 or l2"), "{err}");
     }
 }

@@ -17,7 +17,13 @@ pub fn cuda() -> Arc<Cuda> {
     static CUDA: OnceLock<Arc<Cuda>> = OnceLock::new();
     CUDA.get_or_init(|| {
         let ordinal = std::env::var("KILN_CUDA_DEVICE").map_or(0, |s| s.parse().unwrap());
-        let cuda = Cuda::new(ordinal, 4).unwrap_or_else(|e| panic!("no CUDA device: {e}"));
+        let cache = kiln_cuda::kernels::kernel_cache_dir(
+            std::env::var_os(kiln_cuda::kernels::CACHE_ENV),
+            std::env::var_os("XDG_CACHE_HOME"),
+            std::env::var_os("HOME"),
+        );
+        let cuda = Cuda::new(ordinal, 4, cache.as_deref())
+            .unwrap_or_else(|e| panic!("no CUDA device: {e}"));
         eprintln!("device: {}", cuda.describe());
         Arc::new(cuda)
     })
