@@ -45,7 +45,7 @@ pub use kiln_sched::{
 pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
-pub use requests::{LiveRequest, RequestTable};
+pub use requests::RequestTable;
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};
 pub use sampler::Sampler;
 pub use slo::{SloAdmission, SloClass, SloConfig};

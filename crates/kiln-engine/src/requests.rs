@@ -14,7 +14,8 @@
 //!   penalties) and only its batch view is rebuilt from the scheduler's diff.
 //! - A *retired* entry (asynchronous scheduling: the request stopped, or its step failed, while
 //!   the next step was already built) has no sampler and no batch view: its row in the step in
-//!   flight is computed but never sampled, and scheduling it again fails that step.
+//!   flight is computed but never sampled, and scheduling it again as a running request fails
+//!   that step.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::{Entry, HashMap};
@@ -47,7 +48,7 @@ pub(crate) struct PromptLogprobState {
 
 /// Everything the engine keeps about one request (module docs).
 #[derive(Default)]
-pub struct LiveRequest {
+pub(crate) struct LiveRequest {
     /// Its tokens and block table as the runner last built them (`None` before it is first
     /// scheduled, while preempted, and once retired).
     pub(crate) view: Option<BatchView>,

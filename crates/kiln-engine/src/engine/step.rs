@@ -1,8 +1,9 @@
 //! One engine step, phase by phase: plan (schedule; hooks before the forward: the KV tier's
 //! copies), execute (the runner's forward and sampling), update (the scheduler applies the
 //! tokens and stop checks), report (outputs with their extras; hooks after the step: drafts
-//! for the next step, the batch controller, the tier's rates, KV events; the counters). The executor orders them (`executor.rs`): the synchronous one in order, the
-//! pipelined one overlapping the report of one step with the forward of the next.
+//! for the next step, the batch controller, the tier's rates, KV events; the counters). The
+//! executor orders them (`executor.rs`): the synchronous one in order, the pipelined one
+//! overlapping the report of one step with the forward of the next.
 
 use std::time::Instant;
 
@@ -16,8 +17,8 @@ use crate::{EngineOutput, FirstTokenInfo};
 
 impl EngineCore {
     /// One engine step; returns the sampled tokens in batch order (empty when idle). With
-    /// asynchronous scheduling ([`EngineConfig::async_scheduling`]) it returns the tokens of
-    /// the step before, whose forward ran meanwhile (`engine/pipelined.rs`).
+    /// asynchronous scheduling ([`crate::EngineConfig::async_scheduling`]) it returns the
+    /// tokens of the step before, whose forward ran meanwhile (`engine/pipelined.rs`).
     pub fn step(&mut self) -> Result<Vec<EngineOutput>, EngineError> {
         self.with_executor(|executor, core| executor.step(core))
     }

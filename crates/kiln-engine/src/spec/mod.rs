@@ -44,7 +44,7 @@ pub use speculator::{Speculator, check_token_tree};
 pub use stats::SpecDecodeStats;
 pub use tree::{MAX_TREE_RANK, TokenTree};
 
-/// What the speculators keep about one request, in its [`crate::LiveRequest`] (dropped with it).
+/// What the speculators keep about one request, in its `LiveRequest` (dropped with it).
 #[derive(Debug, Default)]
 pub(crate) struct SpecState {
     /// Its drafts' acceptance windows and pause.
