@@ -261,10 +261,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         out: &mut Logits,
     );
 
-    /// Runs `task(0..num_tasks)` on the backend's host threads (sampling and other host work
-    /// of the engine); tasks must be independent.
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
-
     /// Runs one forward step: `forward` issues the step's ops for `batch` and fills `logits`.
     /// The default runs it once. A backend may call `forward` more than once in modes of its
     /// own (to record the step, or to check it against a recording) and replay a recording

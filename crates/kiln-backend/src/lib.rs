@@ -20,6 +20,7 @@ mod backend;
 mod batch;
 mod error;
 pub mod ggml_type;
+mod host;
 mod kv;
 mod logits;
 pub mod ops;
@@ -31,6 +32,7 @@ pub use backend::{Backend, ExpertLinearJob, ExpertRouting, LinearJob, MAX_LINEAR
 pub use batch::{ForwardBatch, LogitsWanted, SeqSpan, TREE_ROOT, TreeKeys, TreeMask};
 pub use error::{ForwardError, LoadTensorError};
 pub use ggml_type::GgmlType;
+pub use host::{HostParallel, HostThreads, Serial};
 pub use kv::{KvCacheDtype, KvCacheSpec, KvLayout, MAX_BLOCK_SIZE, check_block_size};
 pub use logits::Logits;
 pub use ops::{AttentionShape, GateActivation, RopeConfig, RopeScaling, RopeStyle};

@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peak_tflops: f64 = args.get(3).map_or(Ok(989.0), |s| s.parse())?;
     let context: usize = args.get(4).map_or(Ok(128), |s| s.parse())?;
     let start = Instant::now();
-    let cuda = Arc::new(Cuda::new(0, 4, kernel_cache().as_deref())?);
+    let cuda = Arc::new(Cuda::new(0, kernel_cache().as_deref())?);
     let loaded = load_model(&path, &cuda)?;
     let model = &loaded.model;
     let c = model.config();

@@ -533,10 +533,6 @@ impl Backend for Cuda {
         }
     }
 
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-        self.pool.run(num_tasks, task);
-    }
-
     /// Decode and verification steps replay CUDA graphs ([`crate::graphs`]).
     fn run_step(
         &self,

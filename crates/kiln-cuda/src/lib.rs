@@ -32,7 +32,6 @@ mod backend;
 pub mod device;
 mod gemm;
 pub mod graphs;
-mod host_threads;
 pub mod kernels;
 mod memory;
 mod scratch;
@@ -42,32 +41,25 @@ use std::sync::Mutex;
 pub use device::{CudaError, Device};
 use graphs::GraphCache;
 pub use graphs::GraphStats;
-use host_threads::HostThreads;
 use kernels::Kernels;
 pub use memory::{
     CudaBuffer, CudaKvStore, CudaRope, CudaVector, CudaView, CudaViewMut, CudaWeight,
 };
 use scratch::Scratch;
 
-/// The CUDA backend: one device, its kernels, scratch space and host threads for sampling.
+/// The CUDA backend: one device, its kernels and scratch space (no host threads: the engine's
+/// host work runs on a [`kiln_backend::HostParallel`] the program pairs with it).
 pub struct Cuda {
     device: Device,
     kernels: Kernels,
     scratch: Mutex<Scratch>,
     graphs: Mutex<GraphCache>,
-    /// Host threads for [`kiln_backend::Backend::host_parallel`] (sampling).
-    pool: HostThreads,
 }
 
 impl Cuda {
     /// Opens GPU `ordinal` and loads the kernels, compiled or from `kernel_cache` (a folder,
-    /// [`kernels::kernel_cache_dir`]; `None`: compiled at every start); `host_threads` for
-    /// sampling (0 = all cores).
-    pub fn new(
-        ordinal: usize,
-        host_threads: usize,
-        kernel_cache: Option<&std::path::Path>,
-    ) -> Result<Self, CudaError> {
+    /// [`kernels::kernel_cache_dir`]; `None`: compiled at every start).
+    pub fn new(ordinal: usize, kernel_cache: Option<&std::path::Path>) -> Result<Self, CudaError> {
         let device = Device::open(ordinal)?;
         let kernels = Kernels::load(&device, kernel_cache)?;
         Ok(Self {
@@ -75,7 +67,6 @@ impl Cuda {
             kernels,
             scratch: Mutex::new(Scratch::new()),
             graphs: Mutex::new(GraphCache::new()),
-            pool: HostThreads::new(host_threads),
         })
     }
 

@@ -29,7 +29,7 @@ use crate::requests::RequestTable;
 use crate::slo::SloConfig;
 use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
-use crate::{EngineOutput, ModelRunner};
+use crate::{EngineOutput, HostPool, ModelRunner};
 
 mod admission;
 mod deliver;
@@ -70,6 +70,9 @@ pub struct EngineConfig {
     pub kv_tier: Option<KvTierConfig>,
     /// With a tier: when a preempted request's KV goes to it.
     pub preemption_mode: PreemptionMode,
+    /// Where sampling and a draft model's draws run in parallel (default: serially on the
+    /// engine thread; programs pass the CPU backend's pool, or host threads beside a GPU).
+    pub host_pool: HostPool,
     /// Asynchronous scheduling (vLLM's `--async-scheduling`): each step's forward runs on a
     /// second thread while the engine plans the next step (placeholders for the tokens in
     /// flight) and applies and reports the step before (`engine/pipelined.rs`). Not with
@@ -93,6 +96,7 @@ impl Default for EngineConfig {
             kv_tier: None,
             preemption_mode: PreemptionMode::Auto,
             async_scheduling: false,
+            host_pool: HostPool::serial(),
         }
     }
 }
@@ -265,7 +269,8 @@ impl EngineCore {
             }
         };
         let runner = ModelRunner::new(Box::new(bound), config.seed)
-            .with_eos_token_ids(&config.eos_token_ids);
+            .with_eos_token_ids(&config.eos_token_ids)
+            .with_host_pool(config.host_pool.clone());
         let speculator = speculator_for(&config, &runner, draft_model)?;
         let executor = executor_for(&config, speculator.is_some())?;
         let slo = &config.slo;

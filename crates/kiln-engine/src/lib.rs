@@ -21,6 +21,7 @@ mod engine;
 mod forward_thread;
 mod handle;
 mod hooks;
+mod host_pool;
 pub mod kv_tier;
 mod logprobs;
 mod output;
@@ -34,6 +35,7 @@ pub mod structured;
 
 pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats, KvEventSink, ShutdownHook};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
+pub use host_pool::HostPool;
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
 pub use kiln_kv::{BlockHash, KvCacheEvent};

@@ -55,7 +55,7 @@ use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 use crate::forward_thread::{ForwardJob, ForwardThread};
 use crate::requests::{BatchView, LiveRequest, PromptLogprobState, RequestTable};
 use crate::structured::ConstraintStats;
-use crate::{Logprobs, Sampler};
+use crate::{HostPool, Logprobs, Sampler};
 
 mod ahead;
 mod sample;
@@ -105,6 +105,8 @@ pub struct ModelRunner {
     /// Seed of requests whose params carry none: request `id` uses `seed + id`.
     seed: u64,
     eos_token_ids: Vec<u32>,
+    /// Where a step's requests are sampled in parallel.
+    host: HostPool,
     /// This step's scheduled requests in batch order.
     step_rows: Vec<StepRow>,
     /// This step's draft tokens, back to back (`StepRow::drafts` indexes them).
@@ -148,6 +150,7 @@ impl ModelRunner {
             batch: ForwardBatch::new(block_size),
             seed,
             eos_token_ids: Vec::new(),
+            host: HostPool::serial(),
             step_rows: Vec::new(),
             step_drafts: Vec::new(),
             step_parents: Vec::new(),
@@ -165,6 +168,13 @@ impl ModelRunner {
     #[must_use]
     pub fn with_eos_token_ids(mut self, eos: &[TokenId]) -> Self {
         self.eos_token_ids = eos.iter().map(|t| t.0).collect();
+        self
+    }
+
+    /// Samples a step's requests in parallel on `host` (default: serially).
+    #[must_use]
+    pub fn with_host_pool(mut self, host: HostPool) -> Self {
+        self.host = host;
         self
     }
 

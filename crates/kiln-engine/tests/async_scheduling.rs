@@ -33,6 +33,10 @@ fn engine(
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama3");
     let model = load_model(&path, &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         block_size: 4,
         num_kv_blocks,
         max_model_len: Some(64),

@@ -49,6 +49,10 @@ fn engine_with(
 ) -> EngineCore {
     let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         kv_tier,
         preemption_mode: PreemptionMode::Swap,
         block_size: 4,
@@ -272,6 +276,10 @@ fn a_prefix_evicted_to_the_tier_and_hit_again_gives_the_same_tokens_and_skips_it
 fn a_tier_too_small_for_one_block_is_refused() {
     let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         block_size: 4,
         num_kv_blocks: 16,
         kv_tier: Some(KvTierConfig { location: KvTierLocation::Memory, bytes: 100 }),

@@ -19,6 +19,10 @@ fn fixture() -> PathBuf {
 fn engine(max_num_batched_tokens: usize) -> EngineCore {
     let model = load_model(&fixture(), &std::sync::Arc::new(Cpu::new(2))).unwrap().model;
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         block_size: 4,
         num_kv_blocks: 128,
         max_model_len: Some(64),

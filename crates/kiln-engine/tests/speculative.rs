@@ -48,6 +48,10 @@ fn try_engine(
     let model = load_model(&fixture(name), &backend).unwrap().model;
     let draft = draft.map(|d| load_model(&fixture(d), &backend).unwrap().model);
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         block_size: 4,
         num_kv_blocks: setup.num_kv_blocks,
         max_model_len: Some(96),

@@ -51,6 +51,10 @@ fn engine_of(
     let vocab_size = model.config().vocab_size;
     let eos: Vec<TokenId> = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
     let config = EngineConfig {
+        // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
+        host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(
+            2,
+        ))),
         block_size: 4,
         num_kv_blocks,
         max_model_len: Some(max_model_len),

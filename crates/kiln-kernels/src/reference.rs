@@ -465,10 +465,6 @@ impl Backend for Reference {
             }
         }
     }
-
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-        (0..num_tasks).for_each(task);
-    }
 }
 
 #[cfg(test)]

@@ -184,6 +184,13 @@ fn worker_loop(shared: &Shared) {
     }
 }
 
+/// The engine's host work (sampling) runs on the kernels' threads.
+impl kiln_backend::HostParallel for ThreadPool {
+    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        self.run(num_tasks, task);
+    }
+}
+
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);

@@ -27,8 +27,8 @@ pub use config::{Architecture, ModelConfig, MoeConfig};
 pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{
-    Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, LogitsWanted,
-    SeqSpan, TREE_ROOT, Workspace, check_block_size,
+    Backend, ForwardBatch, ForwardError, HostParallel, HostThreads, KvCacheDtype, KvCacheSpec,
+    KvLayout, Logits, LogitsWanted, SeqSpan, Serial, TREE_ROOT, Workspace, check_block_size,
 };
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};

@@ -50,8 +50,6 @@ pub trait StepModel: Send {
     fn backend_name(&self) -> &'static str;
     /// Runs one step over the bound cache ([`Model::forward`]).
     fn forward(&mut self, batch: &ForwardBatch, logits: &mut Logits) -> Result<(), ForwardError>;
-    /// Runs `task(0..num_tasks)` on the backend's host threads ([`Backend::host_parallel`]).
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync));
     /// Bytes of one KV block over every layer ([`Backend::kv_block_bytes`]).
     fn kv_block_bytes(&self) -> usize;
     /// Copies a KV block out of the bound cache ([`Backend::read_kv_block`]).
@@ -116,10 +114,6 @@ impl<B: Backend> StepModel for BoundModel<B> {
         model.backend().run_step(batch, logits, &mut |logits| {
             model.forward(batch, &mut *kv, &mut *workspace, logits)
         })
-    }
-
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-        self.model.backend().host_parallel(num_tasks, task);
     }
 
     fn kv_block_bytes(&self) -> usize {

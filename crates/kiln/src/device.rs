@@ -101,6 +101,13 @@ pub mod cuda {
     /// Host threads for sampling on a GPU when `--threads` is 0.
     const SAMPLING_THREADS: usize = 4;
 
+    /// The engine's host pool beside a GPU: `threads` scoped workers (`--threads`; 0: a few,
+    /// since they only sample and idle ones must not take cores from the server).
+    pub fn host_pool(threads: usize) -> kiln_engine::HostPool {
+        let threads = if threads == 0 { SAMPLING_THREADS } else { threads };
+        kiln_engine::HostPool::new(Arc::new(kiln_models::HostThreads::new(threads)))
+    }
+
     /// What one profiled step needs to know.
     pub struct ProfileShape {
         pub max_num_batched_tokens: usize,
@@ -115,19 +122,16 @@ pub mod cuda {
         path: &Path,
         ordinal: usize,
         utilization: f64,
-        host_threads: usize,
         enforce_eager: bool,
         shape: &ProfileShape,
     ) -> anyhow::Result<(LoadedModel<Cuda>, u64)> {
-        // Host threads only sample: a few do, and idle ones must not take cores from the server.
-        let host_threads = if host_threads == 0 { SAMPLING_THREADS } else { host_threads };
         // The environment is read here, at the edge; the backend takes the folder.
         let cache = kiln_cuda::kernels::kernel_cache_dir(
             std::env::var_os(kiln_cuda::kernels::CACHE_ENV),
             std::env::var_os("XDG_CACHE_HOME"),
             std::env::var_os("HOME"),
         );
-        let cuda = Cuda::new(ordinal, host_threads, cache.as_deref());
+        let cuda = Cuda::new(ordinal, cache.as_deref());
         let cuda = Arc::new(cuda.map_err(|e| anyhow::anyhow!(e))?);
         let (_, total) = cuda.device().mem_info().map_err(|e| anyhow::anyhow!(e))?;
         tracing::info!("CUDA backend: {}, {:.1} GiB", cuda.describe(), gib(total));

@@ -104,6 +104,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         params.max_tokens = max_model_len - prompt.len();
     }
     let config = EngineConfig {
+        host_pool: crate::model_arg::cpu_host_pool(&*loaded.model),
         block_size: args.block_size,
         num_kv_blocks: max_model_len.div_ceil(args.block_size).max(1),
         max_model_len: Some(max_model_len),

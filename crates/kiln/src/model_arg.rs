@@ -18,6 +18,12 @@ use crate::hub::{self, HubConfig, HubId};
 pub type DraftModel<B> = Box<dyn kiln_models::Model<B>>;
 
 /// The CPU backend with `threads` kernel threads (0 = all cores), named in the log.
+/// The engine's host pool on the CPU backend: the kernels' own threads (idle between
+/// forwards, when the engine samples).
+pub fn cpu_host_pool(model: &dyn kiln_models::Model<Cpu>) -> kiln_engine::HostPool {
+    kiln_engine::HostPool::new(model.backend().shared_pool())
+}
+
 pub fn cpu_backend(threads: usize) -> Arc<Cpu> {
     let backend = Arc::new(Cpu::new(threads));
     tracing::info!(

@@ -408,7 +408,8 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
             let free = available_memory().map(|a| a.saturating_sub(weight_bytes));
             let default_bytes = free
                 .map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
-            start(state, args, &model_path, (loaded, draft), free, default_bytes)
+            let host_pool = crate::model_arg::cpu_host_pool(&*loaded.model);
+            start(state, args, &model_path, (loaded, draft), host_pool, free, default_bytes)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
@@ -430,11 +431,11 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 &model_path,
                 ordinal,
                 utilization,
-                args.threads,
                 args.device.enforce_eager,
                 &shape,
             )?;
-            start(state, args, &model_path, (loaded, None), Some(kv_bytes), kv_bytes)
+            let host_pool = crate::device::cuda::host_pool(args.threads);
+            start(state, args, &model_path, (loaded, None), host_pool, Some(kv_bytes), kv_bytes)
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => anyhow::bail!(
@@ -452,6 +453,7 @@ fn start<B: kiln_models::Backend>(
     args: &LoadArgs,
     model_path: &std::path::Path,
     (loaded, draft): (LoadedModel<B>, Option<DraftModel<B>>),
+    host_pool: kiln_engine::HostPool,
     free: Option<u64>,
     default_bytes: u64,
 ) -> anyhow::Result<Loaded> {
@@ -502,6 +504,7 @@ fn start<B: kiln_models::Backend>(
         speculative: args.speculative.clone(),
         slo: args.slo.clone(),
         async_scheduling: args.async_scheduling,
+        host_pool,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;

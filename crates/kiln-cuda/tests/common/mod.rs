@@ -22,8 +22,8 @@ pub fn cuda() -> Arc<Cuda> {
             std::env::var_os("XDG_CACHE_HOME"),
             std::env::var_os("HOME"),
         );
-        let cuda = Cuda::new(ordinal, 4, cache.as_deref())
-            .unwrap_or_else(|e| panic!("no CUDA device: {e}"));
+        let cuda =
+            Cuda::new(ordinal, cache.as_deref()).unwrap_or_else(|e| panic!("no CUDA device: {e}"));
         eprintln!("device: {}", cuda.describe());
         Arc::new(cuda)
     })

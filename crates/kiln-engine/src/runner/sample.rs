@@ -94,8 +94,8 @@ impl ModelRunner {
     }
 
     /// Samples each request of `rows` (increasing rows) from its first logit row on, with its
-    /// sampler, verifying its drafts (module docs); the requests in parallel on the backend's
-    /// host threads: each request's sampler owns its random state and touches only its own
+    /// sampler, verifying its drafts (module docs); the requests in parallel on the engine's
+    /// host pool: each request's sampler owns its random state and touches only its own
     /// rows, so the tokens are those of sampling the requests one by one (a greedy row of a 262k
     /// vocabulary reads 1 MiB of logits, 64 of them 5 ms on one core).
     fn sample_rows(
@@ -131,7 +131,7 @@ impl ModelRunner {
                 path: Vec::new(),
             }));
         }
-        self.model.as_deref().expect(MODEL_IN_FLIGHT).host_parallel(jobs.len(), &|i| {
+        self.host.run(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
             let SampleJob { sampler, logits, drafts, parents, sampled, path } = &mut *job;
             sampler.verify(logits, drafts, parents, sampled, path);

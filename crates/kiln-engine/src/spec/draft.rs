@@ -49,7 +49,7 @@ use super::SpeculativeConfig;
 use super::proposer::Proposer;
 use crate::requests::RequestTable;
 use crate::sampler::argmax;
-use crate::{EngineConfig, Sampler};
+use crate::{EngineConfig, HostPool, Sampler};
 
 /// A request drafts only while the tokens its draft KV is missing are at most this many times
 /// the output tokens it may still produce: catching up costs a draft prefill token each, and
@@ -156,7 +156,8 @@ pub fn bind_draft_model<B: Backend>(
         spec.draft_model_name().unwrap_or("(unnamed)"),
         config.num_kv_blocks,
         max_num_seqs,
-    ))
+    )
+    .with_host_pool(config.host_pool.clone()))
 }
 
 /// Runs the draft model (its per-request state is in each request's `LiveRequest`).
@@ -178,6 +179,8 @@ pub struct DraftProposer {
     tokens: Vec<u32>,
     /// Failed draft passes (logged at powers of two).
     num_failures: u64,
+    /// Where the drafting requests' draws run in parallel.
+    host: HostPool,
 }
 
 impl std::fmt::Debug for DraftProposer {
@@ -225,7 +228,15 @@ impl DraftProposer {
             drafting: Vec::new(),
             tokens: Vec::new(),
             num_failures: 0,
+            host: HostPool::serial(),
         }
+    }
+
+    /// Draws the drafting requests' drafts in parallel on `host` (default: serially).
+    #[must_use]
+    pub fn with_host_pool(mut self, host: HostPool) -> Self {
+        self.host = host;
+        self
     }
 
     /// The draft model, bound to its cache.
@@ -307,7 +318,7 @@ impl DraftProposer {
 
     /// Draws draft `step` (0-based) of every request drafting more than `step` tokens from
     /// this pass's logit rows (one per such request, in `self.drafting` order), the requests in
-    /// parallel on the backend's host threads: each draws from its own row with its own
+    /// parallel on the engine's host pool: each draws from its own row with its own
     /// sampler (a sampled row of a 262k vocabulary is about a millisecond of one core).
     fn draw_drafts(&mut self, step: usize) -> Result<(), ForwardError> {
         let vocab = self.logits.vocab_size();
@@ -321,7 +332,7 @@ impl DraftProposer {
                 "the draft pass returned {num_rows} logit rows for {wanted} drafting requests"
             )));
         }
-        self.model.host_parallel(jobs.len(), &|i| {
+        self.host.run(jobs.len(), &|i| {
             let mut job = jobs[i].lock().unwrap_or_else(PoisonError::into_inner);
             let (drafting, row) = &mut *job;
             drafting.draw(row);

@@ -42,6 +42,11 @@ impl Cpu {
         Self { pool }
     }
 
+    /// The pool, shared (the engine samples on the kernels' threads).
+    pub fn shared_pool(&self) -> Arc<ThreadPool> {
+        Arc::clone(&self.pool)
+    }
+
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
     }
@@ -340,9 +345,5 @@ impl Backend for Cpu {
         if let Some(cap) = softcap {
             out.as_mut_slice().iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
         }
-    }
-
-    fn host_parallel(&self, num_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-        self.pool.run(num_tasks, task);
     }
 }

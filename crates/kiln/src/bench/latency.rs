@@ -141,6 +141,7 @@ pub fn grid_engine(
     let mut engine = engine.clone();
     engine.max_num_seqs = Some(engine.resolved().max_num_seqs.max(max_batch));
     let config = EngineConfig {
+        host_pool: crate::model_arg::cpu_host_pool(&*model),
         block_size,
         num_kv_blocks: max_tokens.div_ceil(block_size) + max_batch,
         max_model_len: Some(max_len),

@@ -103,6 +103,7 @@ pub fn run(args: &SpeculativeArgs) -> anyhow::Result<()> {
     ensure!(!prompts.is_empty(), "no prompts");
     let max_len = prompts.iter().map(Vec::len).max().unwrap_or(0) + args.output_len;
     let config = EngineConfig {
+        host_pool: crate::model_arg::cpu_host_pool(&*loaded.model),
         num_kv_blocks: (max_len.div_ceil(16) + 1) * args.batch_size,
         max_model_len: Some(max_len),
         scheduler: SchedulerConfig { enable_prefix_caching: false, ..SchedulerConfig::default() },

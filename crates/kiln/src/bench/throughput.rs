@@ -79,6 +79,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     )?;
     let num_kv_blocks = sizing.num_blocks;
     let mut config = EngineConfig {
+        host_pool: crate::model_arg::cpu_host_pool(&*model),
         block_size,
         num_kv_blocks,
         max_model_len: Some(max_model_len),
