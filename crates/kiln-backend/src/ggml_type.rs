@@ -40,6 +40,12 @@ pub enum GgmlType {
     Tq2_0,
 }
 
+// `CODEBOOK` is the tail of `ALL`: checked when compiling.
+const _: () = assert!(
+    matches!(GgmlType::CODEBOOK, [GgmlType::Iq1S, .., GgmlType::Tq2_0])
+        && GgmlType::CODEBOOK.len() == 9
+);
+
 impl GgmlType {
     /// Every supported type, for tests and tables.
     pub const ALL: [Self; 25] = [
@@ -72,18 +78,8 @@ impl GgmlType {
     /// The block-quantized types (every type of [`Self::ALL`] after the three float ones).
     pub const QUANTIZED: &'static [Self] = Self::ALL.split_at(3).1;
     /// The codebook and ternary types: decoded at load into levels and scales
-    /// (`crate::quant::iq`).
-    pub const CODEBOOK: [Self; 9] = [
-        Self::Iq1S,
-        Self::Iq1M,
-        Self::Iq2Xxs,
-        Self::Iq2Xs,
-        Self::Iq2S,
-        Self::Iq3Xxs,
-        Self::Iq3S,
-        Self::Tq1_0,
-        Self::Tq2_0,
-    ];
+    /// (`crate::quant::iq`); the last nine of [`Self::ALL`], from `Iq1S` on.
+    pub const CODEBOOK: &'static [Self] = Self::ALL.split_at(Self::ALL.len() - 9).1;
     /// The types kiln also writes (quantize-on-load and the KV cache); the others are read
     /// from files only.
     pub const WRITABLE: [Self; 9] = [

@@ -17,8 +17,8 @@
 //!   flight is computed but never sampled, and scheduling it again as a running request fails
 //!   that step.
 
+use std::collections::HashMap;
 use std::collections::VecDeque;
-use std::collections::hash_map::{Entry, HashMap};
 
 use kiln_core::RequestId;
 
@@ -123,15 +123,10 @@ impl RequestTable {
         self.live.contains_key(&id)
     }
 
-    /// Adds a request's entry; `false` (nothing changed) when `id` is held already.
-    pub(crate) fn insert(&mut self, id: RequestId, request: LiveRequest) -> bool {
-        match self.live.entry(id) {
-            Entry::Occupied(_) => false,
-            Entry::Vacant(v) => {
-                v.insert(request);
-                true
-            }
-        }
+    /// Adds a request's entry (the caller refused a held `id` before anything changed).
+    pub(crate) fn insert(&mut self, id: RequestId, request: LiveRequest) {
+        let previous = self.live.insert(id, request);
+        debug_assert!(previous.is_none(), "{id} was held already");
     }
 
     pub(crate) fn get(&self, id: RequestId) -> Option<&LiveRequest> {

@@ -55,7 +55,7 @@ fn type_table() {
     assert_eq!(GgmlType::Iq1M.row_bytes(512), Some(112));
     assert_eq!(GgmlType::Tq1_0.block_bytes(), 54);
     assert_eq!(GgmlType::Iq3S.name(), "iq3_s");
-    for ty in GgmlType::CODEBOOK {
+    for &ty in GgmlType::CODEBOOK {
         assert!(GgmlType::QUANTIZED.contains(&ty) && !GgmlType::WRITABLE.contains(&ty), "{ty}");
         assert_eq!(ty.block_elems(), QK_K, "{ty}");
     }
