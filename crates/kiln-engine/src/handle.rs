@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
 
-use crate::{EngineCore, EngineError, EngineOutput, EngineStats};
+use crate::{EngineCore, EngineError, EngineOutput, EngineStats, PreparedRequest};
 
 /// One item of a request's output: a token (the last one carries the finish reason) or the
 /// error that ended the request.
@@ -33,12 +33,18 @@ pub type StepObserver = Box<dyn FnMut(&EngineStats) + Send>;
 
 struct Submission {
     id: RequestId,
-    prompt: Vec<TokenId>,
-    params: SamplingParams,
+    request: Unprepared,
     priority: i64,
     sink: OutputSink,
     /// Told whether the request was accepted; without it a refusal goes to the sink.
     reply: Option<Sender<Result<(), EngineError>>>,
+}
+
+/// A submitted request: prepared by the caller, or to be prepared on the engine thread.
+#[expect(clippy::large_enum_variant, reason = "it travels inside the boxed Submission")]
+enum Unprepared {
+    Raw { prompt: Vec<TokenId>, params: SamplingParams },
+    Prepared(PreparedRequest),
 }
 
 enum Command {
@@ -95,7 +101,8 @@ impl EngineHandle {
         let (outputs_tx, outputs) = mpsc::channel();
         let (reply, reply_rx) = mpsc::channel();
         let sink: OutputSink = Box::new(move |item| outputs_tx.send(item).is_ok());
-        let id = self.send_submit(prompt, params, priority, sink, Some(reply))?;
+        let request = Unprepared::Raw { prompt, params };
+        let id = self.send_submit(request, priority, sink, Some(reply))?;
         reply_rx.recv().map_err(|_| EngineError::Shutdown)??;
         Ok(RequestStream { id, outputs, commands: self.commands.clone(), finished: false })
     }
@@ -109,27 +116,30 @@ impl EngineHandle {
         priority: i64,
         sink: OutputSink,
     ) -> Result<RequestId, EngineError> {
-        self.send_submit(prompt, params, priority, sink, None)
+        self.send_submit(Unprepared::Raw { prompt, params }, priority, sink, None)
+    }
+
+    /// [`EngineHandle::submit_with_sink`] for a request prepared off the engine thread (ids
+    /// checked, structured output compiled): the engine does not redo either.
+    pub fn submit_prepared_with_sink(
+        &self,
+        request: PreparedRequest,
+        priority: i64,
+        sink: OutputSink,
+    ) -> Result<RequestId, EngineError> {
+        self.send_submit(Unprepared::Prepared(request), priority, sink, None)
     }
 
     fn send_submit(
         &self,
-        prompt: Vec<TokenId>,
-        params: SamplingParams,
+        request: Unprepared,
         priority: i64,
         sink: OutputSink,
         reply: Option<Sender<Result<(), EngineError>>>,
     ) -> Result<RequestId, EngineError> {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         self.commands
-            .send(Command::Submit(Box::new(Submission {
-                id,
-                prompt,
-                params,
-                priority,
-                sink,
-                reply,
-            })))
+            .send(Command::Submit(Box::new(Submission { id, request, priority, sink, reply })))
             .map_err(|_| EngineError::Shutdown)?;
         Ok(id)
     }
@@ -305,8 +315,14 @@ fn run_until_shutdown(
 fn handle(core: &mut EngineCore, cmd: Command) -> bool {
     match cmd {
         Command::Submit(submission) => {
-            let Submission { id, prompt, params, priority, mut sink, reply } = *submission;
-            match core.add_request_with_id(id, prompt, params, priority) {
+            let Submission { id, request, priority, mut sink, reply } = *submission;
+            let added = match request {
+                Unprepared::Raw { prompt, params } => {
+                    core.add_request_with_id(id, prompt, params, priority)
+                }
+                Unprepared::Prepared(request) => core.add_prepared(id, request, priority),
+            };
+            match added {
                 Ok(()) => {
                     core.set_sink(id, sink);
                     if let Some(reply) = reply {

@@ -9,6 +9,8 @@
 //! - [`spec`]: speculative decoding (config, prompt-lookup and draft-model proposers,
 //!   acceptance counters).
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, grammar) as token masks.
+//! - [`PreparedRequest`]: a request checked against the model (ids, compiled structured output)
+//!   once, before the engine admits it.
 //! - [`EngineHandle`]: the core on its own thread; `submit` returns a [`RequestStream`].
 //! - [`prefix_store`]: the prefix cache saved to a file and restored at start.
 //!
@@ -26,6 +28,7 @@ pub mod kv_tier;
 mod logprobs;
 mod output;
 pub mod prefix_store;
+mod prepared;
 mod requests;
 mod runner;
 mod sampler;
@@ -47,6 +50,7 @@ pub use kiln_sched::{
 pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
+pub use prepared::{CompiledOutput, PrepareError, PreparedRequest};
 pub use requests::RequestTable;
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};
 pub use sampler::Sampler;

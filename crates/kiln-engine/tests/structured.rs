@@ -3,8 +3,9 @@
 //! would emit forever) (a choice, a regex, a JSON schema, a Lark grammar) and
 //! ends with an end-of-sequence token; constrained and unconstrained requests batched together
 //! give what each gives alone; speculation and preemption give the same tokens as none; a
-//! grammar that does not compile is refused before anything is queued; no KV block is left
-//! held.
+//! grammar that does not compile is refused before anything is queued; a request prepared off
+//! the engine (one compile for all its samples) is admitted without compiling again and gives
+//! what an unprepared one gives; no KV block is left held.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -14,7 +15,10 @@ use std::sync::Arc;
 
 use kiln_core::{FinishReason, RequestId, SamplingParams, StructuredOutput, TokenId};
 use kiln_engine::structured::GrammarCompiler;
-use kiln_engine::{EngineConfig, EngineCore, EngineError, SchedulerConfig, SpeculativeConfig};
+use kiln_engine::{
+    CompiledOutput, EngineConfig, EngineCore, EngineError, PrepareError, PreparedRequest,
+    SchedulerConfig, SpeculativeConfig,
+};
 use kiln_kernels::Cpu;
 use kiln_models::{load_model, load_tokenizer};
 use kiln_tokenizer::Tokenizer;
@@ -331,4 +335,74 @@ fn aborting_constrained_requests_frees_everything() {
     }
     let stats = core.stats();
     assert_eq!((stats.kv_usage, stats.num_running, stats.num_waiting), (0.0, 0, 0));
+}
+
+/// Three samples of one request share one compile; the engine admits them without compiling
+/// (the compiler's count does not move) and they give what requests it compiles itself give.
+#[test]
+fn prepared_requests_are_not_compiled_again() {
+    let (mut core, _) = engine("qwen3", None);
+    let pending = core.grammar_compiler().unwrap().clone();
+    let compiler = Arc::clone(pending.wait().unwrap());
+    let vocab_size = core.model().config().vocab_size;
+    let output = StructuredOutput::JsonSchema(SCHEMA.into());
+    let samples: Vec<(Vec<TokenId>, SamplingParams)> = (0..3)
+        .map(|seed| (prompt(seed as u32), params(Some(output.clone()), Some(seed))))
+        .collect();
+
+    let before = compiler.num_compiles();
+    let compiled = CompiledOutput::compile(&output, Some(&pending)).unwrap();
+    let mut ids = Vec::new();
+    for (i, (p, params)) in samples.iter().enumerate() {
+        let request =
+            PreparedRequest::new(p.clone(), params.clone(), vocab_size, Some(&compiled)).unwrap();
+        let id = RequestId(100 + i as u64);
+        core.add_prepared(id, request, 0).unwrap();
+        ids.push(id);
+    }
+    assert_eq!(compiler.num_compiles(), before + 1, "one compile for three samples");
+    let mut prepared: HashMap<RequestId, Vec<TokenId>> = HashMap::new();
+    while core.has_unfinished() {
+        for out in core.step().unwrap() {
+            prepared.entry(out.id).or_default().push(out.new_token);
+        }
+    }
+    assert_eq!(compiler.num_compiles(), before + 1, "the engine compiled a prepared request");
+
+    let plain = run(&mut core, &samples);
+    assert_eq!(compiler.num_compiles(), before + 4, "an unprepared request compiles once");
+    for (id, (tokens, _)) in ids.iter().zip(&plain) {
+        assert_eq!(&prepared[id], tokens);
+    }
+}
+
+#[test]
+fn mismatched_preparations_are_refused_and_change_nothing() {
+    let (mut core, _) = engine("llama3", None);
+    let pending = core.grammar_compiler().unwrap().clone();
+    let vocab_size = core.model().config().vocab_size;
+    let regex = StructuredOutput::Regex(REGEX.into());
+    let compiled = CompiledOutput::compile(&regex, Some(&pending)).unwrap();
+    let json = params(Some(StructuredOutput::JsonObject), None);
+    let err = PreparedRequest::new(prompt(1), json, vocab_size, Some(&compiled)).unwrap_err();
+    assert!(matches!(err, PrepareError::OutputMismatch), "{err}");
+    let free = params(None, None);
+    let err = PreparedRequest::new(prompt(1), free.clone(), vocab_size, Some(&compiled));
+    assert!(matches!(err, Err(PrepareError::OutputMismatch)));
+    let out_of_vocab = vec![TokenId(3), TokenId(vocab_size as u32)];
+    let err = PreparedRequest::new(out_of_vocab, free.clone(), vocab_size, None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "prompt: token id {vocab_size} is outside the vocabulary (valid ids are 0 to {})",
+            vocab_size - 1
+        )
+    );
+    // Prepared for another model's vocabulary: refused by the engine, which holds nothing.
+    let other = PreparedRequest::new(prompt(1), free, vocab_size + 1, None).unwrap();
+    let err = core.add_prepared(RequestId(7), other, 0).unwrap_err();
+    assert!(err.to_string().contains("prepared for a vocabulary"), "{err}");
+    assert!(!core.has_unfinished());
+    let ok = run(&mut core, &[(prompt(2), params(Some(regex), None))]);
+    assert_eq!(ok[0].1, FinishReason::Stop);
 }

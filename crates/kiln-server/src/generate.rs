@@ -35,7 +35,7 @@ pub fn start_all(
 ) -> Result<Vec<Sequence>, ApiError> {
     let slots = state.reserve(specs.len())?;
     let max_tokens: Vec<usize> =
-        specs.iter().step_by(n.max(1)).map(|s| s.params.max_tokens).collect();
+        specs.iter().step_by(n.max(1)).map(|s| s.request.params().max_tokens).collect();
     let seqs = specs
         .into_iter()
         .zip(slots)

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use kiln_core::{FinishReason, RequestId, SamplingParams, TokenId};
-use kiln_engine::{AddError, EngineError, Logprobs, PromptLogprobs, StreamItem};
+use kiln_core::{FinishReason, RequestId, TokenId};
+use kiln_engine::{
+    AddError, CompiledOutput, EngineError, Logprobs, PrepareError, PreparedRequest, PromptLogprobs,
+    StreamItem,
+};
 use kiln_tokenizer::DecodeStream;
 use tokio::sync::mpsc;
 
@@ -20,6 +23,7 @@ use crate::error::ApiError;
 use crate::metrics::FinishedRequest;
 use crate::state::{InFlight, Loaded, QueueSlot, ServerState};
 use crate::stop::StopMatcher;
+use crate::validate::{GenerationSpec, Limits};
 
 /// What one engine output adds to a sequence.
 #[derive(Debug, Default)]
@@ -38,13 +42,46 @@ pub struct Delta {
     pub num_cached_tokens: Option<usize>,
 }
 
-/// How to run one sequence.
+/// How to run one sequence: its request prepared for the engine (ids checked against the
+/// vocabulary, structured output compiled) and what the HTTP layer does with its tokens.
 pub struct SequenceSpec {
-    pub prompt: Vec<TokenId>,
-    pub params: SamplingParams,
+    pub request: PreparedRequest,
     pub priority: i64,
     pub stop: Vec<String>,
     pub skip_special_tokens: bool,
+}
+
+impl SequenceSpec {
+    /// Sample `sample` of `spec` on the prompt `ids`; `compiled` is `spec`'s structured output
+    /// compiled once for all samples ([`crate::structured_fields::compile`]). A token id
+    /// outside the vocabulary is a 400 naming the parameter that holds it.
+    pub fn new(
+        spec: &GenerationSpec,
+        ids: &[TokenId],
+        sample: usize,
+        limits: &Limits,
+        compiled: Option<&CompiledOutput>,
+    ) -> Result<Self, ApiError> {
+        let params = spec.for_prompt(ids.len(), sample, limits)?;
+        let request = PreparedRequest::new(ids.to_vec(), params, limits.vocab_size, compiled)
+            .map_err(|e| match e {
+                PrepareError::TokenOutOfVocab { what, token, vocab_size } => ApiError::bad_param(
+                    what,
+                    format!(
+                        "`{what}`: token id {token} is outside the vocabulary (valid ids are 0 to \
+                         {})",
+                        vocab_size.saturating_sub(1)
+                    ),
+                ),
+                other => ApiError::internal(other.to_string()),
+            })?;
+        Ok(Self {
+            request,
+            priority: spec.priority,
+            stop: spec.stop.clone(),
+            skip_special_tokens: spec.skip_special_tokens,
+        })
+    }
 }
 
 pub struct Sequence {
@@ -76,17 +113,13 @@ impl Sequence {
         queue_slot: QueueSlot,
     ) -> Result<Self, ApiError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let num_prompt_tokens = spec.prompt.len();
-        let min_tokens = spec.params.min_tokens;
+        let num_prompt_tokens = spec.request.prompt().len();
+        let min_tokens = spec.request.params().min_tokens;
         let submitted = Instant::now();
+        let sink = Box::new(move |item| tx.send(item).is_ok());
         let id = loaded
             .engine
-            .submit_with_sink(
-                spec.prompt,
-                spec.params,
-                spec.priority,
-                Box::new(move |item| tx.send(item).is_ok()),
-            )
+            .submit_prepared_with_sink(spec.request, spec.priority, sink)
             .map_err(|_| ApiError::draining())?;
         Ok(Self {
             id,

@@ -23,6 +23,7 @@
 use std::sync::Arc;
 
 use kiln_core::StructuredOutput;
+use kiln_engine::{CompiledOutput, PrepareError};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -75,29 +76,29 @@ pub fn structured_output(
     }
 }
 
-/// Compiles `spec`'s structured output, if any, on a blocking thread: a schema, regex or
-/// grammar that does not compile is a 400 naming its parameter before anything is queued, and
-/// the compiled grammar is cached for the engine.
-pub async fn check_compiles(loaded: &Arc<Loaded>, spec: &GenerationSpec) -> Result<(), ApiError> {
+/// Compiles `spec`'s structured output, if any, on a blocking thread, once for all the
+/// request's samples: a schema, regex or grammar that does not compile is a 400 naming its
+/// parameter before anything is queued. The engine admits the compiled output as it is.
+pub async fn compile(
+    loaded: &Arc<Loaded>,
+    spec: &GenerationSpec,
+) -> Result<Option<CompiledOutput>, ApiError> {
     let (Some(output), Some(param)) = (spec.params.structured.clone(), spec.structured_param)
     else {
-        return Ok(());
+        return Ok(None);
     };
     let pending = loaded.grammar.clone();
     // Waits (off the async runtime) for the compiler's background build if it is still running.
-    let compiled = tokio::task::spawn_blocking(move || match pending.wait() {
-        Ok(compiler) => Ok(compiler.compile(&output).map(drop)),
-        Err(why) => Err(why.to_owned()),
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
+    let compiled =
+        tokio::task::spawn_blocking(move || CompiledOutput::compile(&output, Some(&pending)))
+            .await
+            .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
     match compiled {
-        Ok(result) => {
-            result.map_err(|e| bad(param, format!("`{param}` ({}): {e}", output_kind(spec))))
+        Ok(compiled) => Ok(Some(compiled)),
+        Err(PrepareError::Grammar { error, .. }) => {
+            Err(bad(param, format!("`{param}` ({}): {error}", output_kind(spec))))
         }
-        Err(why) => {
-            Err(bad(param, format!("structured outputs are unavailable for this model: {why}")))
-        }
+        Err(e) => Err(bad(param, e.to_string())),
     }
 }
 

@@ -75,18 +75,30 @@ fn to_f32(param: &str, value: f64) -> Result<f32, ApiError> {
     }
 }
 
-/// A token id named by `param`, or 400 when it is outside the vocabulary.
+/// A token id named by `param`: 400 unless `value` fits one (0 to `u32::MAX`). Whether it is
+/// inside the vocabulary is checked once, when the request is prepared for the engine
+/// ([`kiln_engine::PreparedRequest`]), with the same message.
 pub fn token_id(param: &str, value: i64, limits: &Limits) -> Result<TokenId, ApiError> {
-    match u32::try_from(value) {
-        Ok(t) if (t as usize) < limits.vocab_size => Ok(TokenId(t)),
-        _ => Err(ApiError::bad_param(
-            param,
-            format!(
-                "`{param}`: token id {value} is outside the vocabulary (valid ids are 0 to {})",
-                limits.vocab_size.saturating_sub(1)
-            ),
-        )),
+    u32::try_from(value).map(TokenId).map_err(|_| out_of_vocab(param, value, limits))
+}
+
+/// A token id named by `param`, or 400 when it is outside the vocabulary (for ids that are
+/// not generated from, such as `/detokenize`'s).
+pub fn vocab_token_id(param: &str, value: i64, limits: &Limits) -> Result<TokenId, ApiError> {
+    match token_id(param, value, limits) {
+        Ok(t) if (t.0 as usize) < limits.vocab_size => Ok(t),
+        _ => Err(out_of_vocab(param, value, limits)),
     }
+}
+
+fn out_of_vocab(param: &str, value: i64, limits: &Limits) -> ApiError {
+    ApiError::bad_param(
+        param,
+        format!(
+            "`{param}`: token id {value} is outside the vocabulary (valid ids are 0 to {})",
+            limits.vocab_size.saturating_sub(1)
+        ),
+    )
 }
 
 /// Validates the shared fields; `max_tokens` is the completions field or chat's
@@ -223,8 +235,8 @@ fn stop_strings(stop: Option<crate::protocol::StopField>) -> Result<Vec<String>,
     Ok(stop)
 }
 
-/// `stop_token_ids` and `logit_bias` (keys are token ids as strings), checked against the
-/// vocabulary.
+/// `stop_token_ids` and `logit_bias` (keys are token ids as strings; the vocabulary is
+/// checked when the request is prepared).
 fn token_fields(
     params: &mut SamplingParams,
     stop_token_ids: Option<Vec<i64>>,

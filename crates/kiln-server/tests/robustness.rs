@@ -105,6 +105,22 @@ fn bad_requests_get_4xx_and_the_server_stays_healthy() {
         "[-100, 100]",
     );
     assert_error(
+        &server.post(c, &with("logit_bias", json!({"512": 1}))),
+        400,
+        Some("logit_bias"),
+        "token id 512 is outside the vocabulary",
+    );
+    assert_error(
+        &server.post(
+            chat,
+            &json!({"messages": [{"role": "user", "content": "hi"}],
+                                   "stop_token_ids": [3, 512]}),
+        ),
+        400,
+        Some("stop_token_ids"),
+        "token id 512 is outside the vocabulary",
+    );
+    assert_error(
         &server.post(c, &with("logit_bias", json!({"x": 1}))),
         400,
         Some("logit_bias"),

@@ -1,5 +1,6 @@
-//! Admission: a request enters the engine here. Its token ids are checked against the
-//! vocabulary, its structured output compiled, its SLO class turned into a deadline (admission
+//! Admission: a request enters the engine here, prepared (its token ids checked against the
+//! vocabulary, its structured output compiled: [`PreparedRequest`], done once, by the caller or
+//! here), its SLO class turned into a deadline (admission
 //! control refuses or demotes one the queue already makes unmeetable), then it is queued in the
 //! scheduler and gets its entry in the request table. A refused request changes nothing.
 
@@ -11,6 +12,7 @@ use kiln_sched::{AddError, Deadline, QueueAhead, Request, SchedulingPolicy};
 use super::{EngineCore, EngineError};
 use crate::hooks::SloControl;
 use crate::hooks::slo::Arrival;
+use crate::prepared::{PrepareError, PreparedRequest};
 use crate::requests::LiveRequest;
 use crate::slo::{AdmissionDecision, Admitted, Prediction, decide};
 
@@ -28,7 +30,9 @@ impl EngineCore {
     }
 
     /// [`EngineCore::add_request`] with an id chosen by the caller (unique among unfinished
-    /// requests; ids from [`EngineCore::add_request`] count up from 0).
+    /// requests; ids from [`EngineCore::add_request`] count up from 0). Prepares the request
+    /// here (see [`PreparedRequest::compile`]); a server prepares off the engine thread and
+    /// calls [`EngineCore::add_prepared`].
     pub fn add_request_with_id(
         &mut self,
         id: RequestId,
@@ -36,48 +40,28 @@ impl EngineCore {
         params: SamplingParams,
         priority: i64,
     ) -> Result<(), EngineError> {
+        let vocab_size = self.runner.vocab_size();
+        let request = PreparedRequest::compile(prompt, params, vocab_size, self.grammar.as_ref())?;
+        self.add_prepared(id, request, priority)
+    }
+
+    /// Queues a request the caller prepared (ids checked, structured output compiled) under
+    /// `id`: the engine trusts both and checks only that it was prepared for this vocabulary.
+    pub fn add_prepared(
+        &mut self,
+        id: RequestId,
+        request: PreparedRequest,
+        priority: i64,
+    ) -> Result<(), EngineError> {
         if self.requests.contains(id) {
             return Err(AddError::DuplicateId(id).into());
         }
-        let vocab_size = self.runner.vocab_size();
-        let first_bad = |tokens: &mut dyn Iterator<Item = TokenId>| {
-            tokens.map(|t| t.0).find(|&t| t as usize >= vocab_size)
-        };
-        let bad = first_bad(&mut prompt.iter().copied())
-            .map(|t| ("prompt", t))
-            .or_else(|| {
-                first_bad(&mut params.logit_bias.iter().map(|b| b.0)).map(|t| ("logit_bias", t))
-            })
-            .or_else(|| {
-                first_bad(&mut params.stop_token_ids.iter().copied()).map(|t| ("stop_token_ids", t))
-            });
-        if let Some((what, token)) = bad {
-            return Err(AddError::TokenOutOfVocab { what, token, vocab_size }.into());
+        let model = self.runner.vocab_size();
+        if request.vocab_size() != model {
+            let prepared = request.vocab_size();
+            return Err(PrepareError::VocabMismatch { prepared, model }.into());
         }
-        let constraint = match (&params.structured, &self.grammar) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(AddError::InvalidSampling(
-                    "structured outputs are not available: the engine has no grammar compiler \
-                     (no tokenizer vocabulary)"
-                        .into(),
-                )
-                .into());
-            }
-            (Some(spec), Some(pending)) => {
-                let compiler = pending.wait().map_err(|why| {
-                    AddError::InvalidSampling(format!(
-                        "structured outputs are not available for this model: {why}"
-                    ))
-                })?;
-                Some(compiler.compile(spec).map_err(|e| {
-                    AddError::InvalidSampling(format!(
-                        "invalid structured output ({}): {e}",
-                        spec.kind()
-                    ))
-                })?)
-            }
-        };
+        let (prompt, params, constraint) = request.into_parts();
         let num_prompt_tokens = prompt.len();
         let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
         let tpot_ms = self.config.slo.tpot_ms_for(priority);

@@ -1,6 +1,7 @@
 //! Compiling a [`StructuredOutput`] for one vocabulary, with a cache of compiled grammars.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,6 +67,8 @@ pub struct GrammarCompiler {
     digit_start: Arc<SimpleVob>,
     zero_start: Arc<SimpleVob>,
     cache: Mutex<Cache>,
+    /// Constraints handed out by [`GrammarCompiler::compile`], from the cache or compiled.
+    num_compiles: AtomicU64,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -160,6 +163,7 @@ impl GrammarCompiler {
             digit_start: Arc::new(digit_start),
             zero_start: Arc::new(zero_start),
             cache: Mutex::new(Cache::new(CACHE_BYTES)),
+            num_compiles: AtomicU64::new(0),
         })
     }
 
@@ -174,6 +178,7 @@ impl GrammarCompiler {
         spec: &StructuredOutput,
     ) -> Result<(Constraint, CompileInfo), GrammarError> {
         let start = Instant::now();
+        self.num_compiles.fetch_add(1, Ordering::Relaxed);
         let cap = is_json(spec)
             .then(|| NumberCap::new(Arc::clone(&self.digit_start), Arc::clone(&self.zero_start)));
         if let Some(parser) = self.cached(spec) {
@@ -238,6 +243,11 @@ impl GrammarCompiler {
         }
         cache.bytes += bytes;
         cache.evict(Some(spec));
+    }
+
+    /// How many times [`GrammarCompiler::compile`] ran (a cache hit counts), since built.
+    pub fn num_compiles(&self) -> u64 {
+        self.num_compiles.load(Ordering::Relaxed)
     }
 
     /// Bytes the kept grammars take (by [`grammar_bytes`]), and how many there are.

@@ -102,15 +102,9 @@ async fn handle(state: Arc<ServerState>, req: MessagesRequest) -> Result<Respons
     let loaded = Arc::clone(state.ready()?);
     let limits = loaded.limits;
     let translated = req.translate(false)?;
-    let Prepared { spec, output, ids, max_tokens, reasoning, .. } =
+    let Prepared { spec, output, ids, max_tokens, reasoning, compiled, .. } =
         prepare(&state, &loaded, translated.chat).await?;
-    let seq_spec = SequenceSpec {
-        prompt: ids.clone(),
-        params: spec.for_prompt(ids.len(), 0, &limits)?,
-        priority: spec.priority,
-        stop: spec.stop.clone(),
-        skip_special_tokens: spec.skip_special_tokens,
-    };
+    let seq_spec = SequenceSpec::new(&spec, &ids, 0, &limits, compiled.as_ref())?;
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let mut seqs = start_all(&state, &loaded, vec![seq_spec], 1, max_tokens)?;
     let id = state.response_id("msg").replace('-', "_");

@@ -137,15 +137,9 @@ async fn handle(state: Arc<ServerState>, req: ResponsesRequest) -> Result<Respon
         }
     };
     let translated = req.translate(previous.as_deref(), state.responses.enabled())?;
-    let Prepared { spec, output, ids, max_tokens, reasoning, .. } =
+    let Prepared { spec, output, ids, max_tokens, reasoning, compiled, .. } =
         prepare(&state, &loaded, translated.chat).await?;
-    let seq_spec = SequenceSpec {
-        prompt: ids.clone(),
-        params: spec.for_prompt(ids.len(), 0, &loaded.limits)?,
-        priority: spec.priority,
-        stop: spec.stop.clone(),
-        skip_special_tokens: spec.skip_special_tokens,
-    };
+    let seq_spec = SequenceSpec::new(&spec, &ids, 0, &loaded.limits, compiled.as_ref())?;
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let mut seqs = crate::generate::start_all(&state, &loaded, vec![seq_spec], 1, max_tokens)?;
     let seq = seqs.pop().ok_or_else(|| ApiError::internal("no sequence started"))?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use kiln_engine::CompiledOutput;
 use serde_json::{Value, json};
 
 use super::chat_input::{render_tokens, template_kwargs, template_messages};
@@ -42,6 +43,8 @@ pub(crate) struct Prepared {
     /// With `--reasoning-parser`: where each output starts, and whether the client wants the
     /// reasoning (`include_reasoning`, default true).
     pub reasoning: Option<(Start, bool)>,
+    /// The structured output compiled once for every sample.
+    pub compiled: Option<CompiledOutput>,
 }
 
 /// Validates `req`, plans its tools and renders its messages through the chat template.
@@ -101,8 +104,8 @@ pub(crate) async fn prepare(
         }
         (start, include_reasoning)
     });
-    crate::structured_fields::check_compiles(loaded, &spec).await?;
-    Ok(Prepared { spec, output: plan.output, logprobs, ids, max_tokens, reasoning })
+    let compiled = crate::structured_fields::compile(loaded, &spec).await?;
+    Ok(Prepared { spec, output: plan.output, logprobs, ids, max_tokens, reasoning, compiled })
 }
 
 /// Tokens at the prompt's end decoded to find an opened or closed `<think>` (enough for the
@@ -123,19 +126,11 @@ pub(crate) fn reasoning_start(
 async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, ApiError> {
     let loaded = Arc::clone(state.ready()?);
     let limits = loaded.limits;
-    let Prepared { spec, output, logprobs, ids, max_tokens, reasoning } =
+    let Prepared { spec, output, logprobs, ids, max_tokens, reasoning, compiled } =
         prepare(&state, &loaded, req).await?;
     let settings = state.config.tools;
     let seq_specs = (0..spec.n)
-        .map(|sample| {
-            Ok(SequenceSpec {
-                prompt: ids.clone(),
-                params: spec.for_prompt(ids.len(), sample, &limits)?,
-                priority: spec.priority,
-                stop: spec.stop.clone(),
-                skip_special_tokens: spec.skip_special_tokens,
-            })
-        })
+        .map(|sample| SequenceSpec::new(&spec, &ids, sample, &limits, compiled.as_ref()))
         .collect::<Result<Vec<_>, ApiError>>()?;
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;

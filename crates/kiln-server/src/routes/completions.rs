@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use kiln_core::TokenId;
-use kiln_engine::PromptLogprobs;
+use kiln_engine::{CompiledOutput, PromptLogprobs};
 use serde_json::{Value, json};
 
 use super::format::{completion_logprobs, prompt_logprobs};
@@ -132,6 +132,8 @@ pub(crate) struct Prepared {
     echo: bool,
     logprobs: Option<usize>,
     max_tokens: Option<i64>,
+    /// The structured output compiled once for every prompt and sample.
+    compiled: Option<CompiledOutput>,
 }
 
 /// Validates `req` and tokenizes its prompts.
@@ -156,31 +158,25 @@ pub(crate) async fn prepare(
     let echo = req.echo.unwrap_or(false);
     let max_tokens = req.sampling.max_tokens_given()?;
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
-    crate::structured_fields::check_compiles(loaded, &spec).await?;
+    let compiled = crate::structured_fields::compile(loaded, &spec).await?;
     if let (true, Some(k)) = (echo, logprobs) {
         // Echoed prompt tokens carry their log-probabilities too.
         spec.params.prompt_logprobs = Some(spec.params.prompt_logprobs.unwrap_or(0).max(k));
     }
     let (prompt_ids, echo_texts) =
         resolve_prompts(loaded, &req.prompt, echo, spec.skip_special_tokens).await?;
-    Ok(Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens })
+    Ok(Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens, compiled })
 }
 
 async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Response, ApiError> {
     let loaded = Arc::clone(state.ready()?);
     let limits = loaded.limits;
-    let Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens } =
+    let Prepared { spec, prompt_ids, echo_texts, echo, logprobs, max_tokens, compiled } =
         prepare(&state, &loaded, req).await?;
     let mut seq_specs = Vec::with_capacity(prompt_ids.len() * spec.n);
     for ids in &prompt_ids {
         for sample in 0..spec.n {
-            seq_specs.push(SequenceSpec {
-                prompt: ids.clone(),
-                params: spec.for_prompt(ids.len(), sample, &limits)?,
-                priority: spec.priority,
-                stop: spec.stop.clone(),
-                skip_special_tokens: spec.skip_special_tokens,
-            });
+            seq_specs.push(SequenceSpec::new(&spec, ids, sample, &limits, compiled.as_ref())?);
         }
     }
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());

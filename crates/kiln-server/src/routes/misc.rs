@@ -169,7 +169,7 @@ pub async fn detokenize_endpoint(
         let ids = req
             .tokens
             .iter()
-            .map(|&t| validate::token_id("tokens", t, &loaded.limits).map(|id| id.0))
+            .map(|&t| validate::vocab_token_id("tokens", t, &loaded.limits).map(|id| id.0))
             .collect::<Result<Vec<u32>, _>>()?;
         let text = loaded
             .tokenizer

@@ -1,0 +1,169 @@
+//! A request checked against the model once, before it reaches the engine thread: every token
+//! id (prompt, `logit_bias`, `stop_token_ids`) inside the vocabulary, and its structured output
+//! compiled into a [`Constraint`]. The engine admits a [`PreparedRequest`] without redoing
+//! either; the server prepares on a blocking thread of its own, so a slow grammar never stalls a
+//! step.
+//!
+//! Invariants: a [`PreparedRequest`] holds a constraint exactly when its params carry a
+//! structured output, and that constraint is a fresh compile (or an untouched copy of one) of
+//! those params' output; its ids are all below the `vocab_size` it records, which the engine
+//! compares with its model's (one comparison, not a second scan). The `n` samples of one request
+//! share one [`CompiledOutput`]: it is compiled once, each sample starts from its own copy.
+
+use kiln_core::{SamplingParams, StructuredOutput, TokenId};
+use kiln_sched::AddError;
+
+use crate::EngineError;
+use crate::structured::{Constraint, GrammarError, PendingCompiler};
+
+/// Why a request could not be prepared. Every variant is the caller's fault except
+/// [`PrepareError::Unavailable`] (the model has no grammar compiler).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// A token id of `what` (`prompt`, `logit_bias`, `stop_token_ids`) outside the vocabulary.
+    #[error("{what}: token id {token} is outside the vocabulary (valid ids are 0 to {})", vocab_size.saturating_sub(1))]
+    TokenOutOfVocab { what: &'static str, token: u32, vocab_size: usize },
+    /// Structured outputs cannot be compiled for this model.
+    #[error("structured outputs are not available for this model: {0}")]
+    Unavailable(String),
+    /// The structured output does not compile.
+    #[error("invalid structured output ({kind}): {error}")]
+    Grammar { kind: &'static str, error: GrammarError },
+    /// The compiled output given is not the one the params ask for (a caller bug).
+    #[error("the compiled structured output does not match the request's sampling parameters")]
+    OutputMismatch,
+    /// Prepared against another vocabulary than the engine's model has.
+    #[error(
+        "the request was prepared for a vocabulary of {prepared} tokens; the model has {model}"
+    )]
+    VocabMismatch { prepared: usize, model: usize },
+}
+
+impl From<PrepareError> for EngineError {
+    fn from(e: PrepareError) -> Self {
+        match e {
+            PrepareError::TokenOutOfVocab { what, token, vocab_size } => {
+                AddError::TokenOutOfVocab { what, token, vocab_size }.into()
+            }
+            other => AddError::InvalidSampling(other.to_string()).into(),
+        }
+    }
+}
+
+/// A structured output compiled once for all the samples of a request.
+#[derive(Clone, Debug)]
+pub struct CompiledOutput {
+    output: StructuredOutput,
+    constraint: Constraint,
+}
+
+impl CompiledOutput {
+    /// Compiles `output` (waiting for the compiler's background build if it still runs).
+    pub fn compile(
+        output: &StructuredOutput,
+        grammar: Option<&PendingCompiler>,
+    ) -> Result<Self, PrepareError> {
+        let Some(pending) = grammar else {
+            return Err(PrepareError::Unavailable(
+                "the engine has no grammar compiler (no tokenizer vocabulary)".into(),
+            ));
+        };
+        let compiler = pending.wait().map_err(|why| PrepareError::Unavailable(why.to_owned()))?;
+        let constraint = compiler
+            .compile(output)
+            .map_err(|error| PrepareError::Grammar { kind: output.kind(), error })?;
+        Ok(Self { output: output.clone(), constraint })
+    }
+
+    /// The output this was compiled from.
+    pub fn output(&self) -> &StructuredOutput {
+        &self.output
+    }
+}
+
+/// A request ready for [`crate::EngineCore::add_prepared`] (or the handle's `submit_prepared`).
+#[derive(Debug)]
+pub struct PreparedRequest {
+    prompt: Vec<TokenId>,
+    params: SamplingParams,
+    constraint: Option<Constraint>,
+    vocab_size: usize,
+}
+
+impl PreparedRequest {
+    /// Checks the ids against a vocabulary of `vocab_size` tokens and compiles the structured
+    /// output, if the params ask for one.
+    pub fn compile(
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        vocab_size: usize,
+        grammar: Option<&PendingCompiler>,
+    ) -> Result<Self, PrepareError> {
+        check_vocab(&prompt, &params, vocab_size)?;
+        let constraint = match &params.structured {
+            None => None,
+            Some(output) => Some(CompiledOutput::compile(output, grammar)?.constraint),
+        };
+        Ok(Self { prompt, params, constraint, vocab_size })
+    }
+
+    /// Checks the ids and starts from a copy of `compiled`, which must be the compile of the
+    /// params' structured output (`None` when they have none).
+    pub fn new(
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        vocab_size: usize,
+        compiled: Option<&CompiledOutput>,
+    ) -> Result<Self, PrepareError> {
+        check_vocab(&prompt, &params, vocab_size)?;
+        let constraint = match (&params.structured, compiled) {
+            (None, None) => None,
+            (Some(output), Some(compiled)) if *output == compiled.output => {
+                Some(compiled.constraint.clone())
+            }
+            _ => return Err(PrepareError::OutputMismatch),
+        };
+        Ok(Self { prompt, params, constraint, vocab_size })
+    }
+
+    pub fn prompt(&self) -> &[TokenId] {
+        &self.prompt
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The vocabulary size the ids were checked against.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub(crate) fn into_parts(self) -> (Vec<TokenId>, SamplingParams, Option<Constraint>) {
+        (self.prompt, self.params, self.constraint)
+    }
+}
+
+/// The first id of the prompt, then of `logit_bias`, then of `stop_token_ids` at or above
+/// `vocab_size`.
+fn check_vocab(
+    prompt: &[TokenId],
+    params: &SamplingParams,
+    vocab_size: usize,
+) -> Result<(), PrepareError> {
+    let first_bad = |ids: &mut dyn Iterator<Item = TokenId>| {
+        ids.map(|t| t.0).find(|&t| t as usize >= vocab_size)
+    };
+    let bad = first_bad(&mut prompt.iter().copied())
+        .map(|t| ("prompt", t))
+        .or_else(|| {
+            first_bad(&mut params.logit_bias.iter().map(|b| b.0)).map(|t| ("logit_bias", t))
+        })
+        .or_else(|| {
+            first_bad(&mut params.stop_token_ids.iter().copied()).map(|t| ("stop_token_ids", t))
+        });
+    match bad {
+        Some((what, token)) => Err(PrepareError::TokenOutOfVocab { what, token, vocab_size }),
+        None => Ok(()),
+    }
+}
