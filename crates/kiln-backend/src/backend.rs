@@ -34,6 +34,19 @@ pub struct LinearJob<'a, B: Backend> {
     pub out: B::ViewMut<'a>,
 }
 
+/// One adapter's rows of a [`Backend::lora_add`] call: `out[t] += (x[t] · aᵀ) · b_t` for rows
+/// `t` in `rows`.
+pub struct LoraJob<'a, B: Backend> {
+    /// Rows of `x` and `out` this adapter applies to.
+    pub rows: Range<usize>,
+    pub rank: usize,
+    /// `[rank, k]` the down projection (PEFT's `lora_A`).
+    pub a: &'a B::Vector,
+    /// `[rank, n]` the up projection transposed, the adapter's scale folded in (PEFT's
+    /// `lora_B`ᵀ · `lora_alpha / r`, or `/ sqrt(r)` with rsLoRA).
+    pub b_t: &'a B::Vector,
+}
+
 /// One matrix per expert of a [`Backend::linear_experts`] call.
 pub struct ExpertLinearJob<'a, B: Backend> {
     /// One `[n, k]` matrix per expert, all of one shape.
@@ -227,6 +240,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
                 .collect();
             self.linear(xs, rows.len(), &mut linear);
         }
+    }
+    /// Whether [`Backend::lora_add`] works (a model refuses LoRA adapters on a backend
+    /// without it).
+    fn supports_lora(&self) -> bool {
+        false
+    }
+    /// Low-rank adapter updates on the rows of a linear layer's output: for every job and row
+    /// `t` of its `rows`, `out[t, :] += Σ_j (x[t, :] · a[j, :]) · b_t[j, :]`, the `rank` dot
+    /// products first, then the sum in `j` order. `x`: `[m, k]`, `out`: `[m, n]`; the jobs'
+    /// rows are disjoint. A row's result depends on its own input and adapter alone (never on
+    /// which other rows or adapters share the call). Only called on a backend that
+    /// [`Backend::supports_lora`].
+    fn lora_add(
+        &self,
+        x: Self::View<'_>,
+        k: usize,
+        n: usize,
+        jobs: &[LoraJob<'_, Self>],
+        out: Self::ViewMut<'_>,
+    ) {
+        let _ = (x, k, n, jobs, out);
+        unreachable!("{} does not run LoRA adapters", self.name());
     }
     /// Whether [`Backend::permute_cols`] works (act-order GPTQ matrices need it; a model with
     /// them is refused at load on a backend without it).

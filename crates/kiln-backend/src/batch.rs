@@ -83,6 +83,8 @@ pub struct ForwardBatch {
     tree_rows: Vec<TreeKeys>,
     /// The slots [`TreeKeys`] ranges point into.
     tree_slots: Vec<u32>,
+    /// `[num_seqs]` the LoRA adapter slot of each sequence (0: the base model alone).
+    adapters: Vec<u32>,
 }
 
 impl ForwardBatch {
@@ -97,6 +99,7 @@ impl ForwardBatch {
             logits_rows: Vec::new(),
             tree_rows: Vec::new(),
             tree_slots: Vec::new(),
+            adapters: Vec::new(),
         }
     }
 
@@ -109,6 +112,7 @@ impl ForwardBatch {
         self.logits_rows.clear();
         self.tree_rows.clear();
         self.tree_slots.clear();
+        self.adapters.clear();
     }
 
     pub fn block_size(&self) -> usize {
@@ -161,6 +165,22 @@ impl ForwardBatch {
             .then_some(TreeMask { rows: &self.tree_rows, slots: &self.tree_slots })
     }
 
+    /// `[num_seqs]` the LoRA adapter slot of each sequence (0: none, the base model alone).
+    pub fn seq_adapters(&self) -> &[u32] {
+        &self.adapters
+    }
+
+    /// Whether any sequence runs with an adapter.
+    pub fn has_adapters(&self) -> bool {
+        self.adapters.iter().any(|&a| a != 0)
+    }
+
+    /// Runs the last sequence pushed with the adapter in `slot` (0: none). Panics when no
+    /// sequence was pushed.
+    pub fn set_last_adapter(&mut self, slot: u32) {
+        *self.adapters.last_mut().expect("a sequence was pushed") = slot;
+    }
+
     /// Adds a sequence whose first `num_cached` tokens are already in the cache and whose
     /// `new_tokens` follow. `block_table` must cover `num_cached + new_tokens.len()` tokens.
     pub fn push_seq(
@@ -187,6 +207,7 @@ impl ForwardBatch {
             return Err(ForwardError::Batch("sequence longer than 2^32 tokens".into()));
         }
         let query_start = self.token_ids.len();
+        self.adapters.push(0);
         self.seqs.push(SeqSpan {
             query_start,
             query_len: new_tokens.len(),

@@ -28,7 +28,9 @@ pub mod quant;
 mod storage;
 mod tensor;
 
-pub use backend::{Backend, ExpertLinearJob, ExpertRouting, LinearJob, MAX_LINEAR_JOBS, Workspace};
+pub use backend::{
+    Backend, ExpertLinearJob, ExpertRouting, LinearJob, LoraJob, MAX_LINEAR_JOBS, Workspace,
+};
 pub use batch::{ForwardBatch, LogitsWanted, SeqSpan, TREE_ROOT, TreeKeys, TreeMask};
 pub use error::{ForwardError, LoadTensorError};
 pub use ggml_type::GgmlType;

@@ -18,6 +18,7 @@ mod host_rows;
 pub mod huge_pages;
 pub mod kv_quant;
 mod le_bytes;
+pub mod lora;
 pub mod matmul;
 pub mod norm;
 mod prefetch_level;

@@ -17,7 +17,8 @@ use std::ops::Range;
 use half::f16;
 use kiln_backend::{
     AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheDtype,
-    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, RopeStyle, SeqSpan, TreeMask,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, LoraJob, RopeConfig, RopeStyle, SeqSpan,
+    TreeMask,
 };
 
 use crate::le_bytes::{get_all, put_all};
@@ -421,6 +422,23 @@ impl Backend for Reference {
 
     fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
         host_rows::gather_rows(src, width, rows, dst);
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn lora_add(&self, x: &[f32], k: usize, n: usize, jobs: &[LoraJob<'_, Self>], out: &mut [f32]) {
+        let rows: Vec<crate::lora::LoraRows<'_>> = jobs
+            .iter()
+            .map(|j| crate::lora::LoraRows {
+                rows: j.rows.clone(),
+                rank: j.rank,
+                a: j.a,
+                b_t: j.b_t,
+            })
+            .collect();
+        crate::lora::lora_add_scalar(x, k, n, &rows, out);
     }
 
     fn supports_permuted_inputs(&self) -> bool {

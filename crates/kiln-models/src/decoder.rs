@@ -31,11 +31,15 @@ use crate::weights::Weights;
 use crate::{LoadError, ModelConfig};
 
 mod input_order;
+mod lora;
 mod mlp;
 mod moe;
 
 use input_order::InputOrders;
+use lora::{AdapterRuns, BoundAdapter, SliceLora};
 use mlp::{Mlp, MlpIo};
+
+use crate::lora::{LoraAdapter, LoraTarget};
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
@@ -73,6 +77,8 @@ pub struct DecoderModel<B: Backend> {
     local_rope: Option<B::Rope>,
     /// The widest permuted input of any matrix (0 without act-order matrices).
     permuted_width: usize,
+    /// LoRA adapters by slot: `adapters[s - 1]` is slot `s`'s (slot 0 is the base alone).
+    adapters: Vec<Option<BoundAdapter<B>>>,
 }
 
 /// The step's buffers, each at least as long as the step needs.
@@ -185,6 +191,7 @@ impl<B: Backend> DecoderModel<B> {
             .unwrap_or(0);
         Ok(Self {
             permuted_width,
+            adapters: Vec::new(),
             embed_tokens,
             layers,
             final_norm: norm(Tensor::FinalNorm, h)?,
@@ -268,6 +275,7 @@ impl<B: Backend> DecoderModel<B> {
         b: &mut StepBuffers<'_, B>,
         r: &std::ops::Range<usize>,
         (rope, local): (&B::Rope, bool),
+        lora: Option<&SliceLora<'_, B>>,
     ) {
         let c = &self.config;
         let be = &*self.backend;
@@ -297,6 +305,12 @@ impl<B: Backend> DecoderModel<B> {
                 },
             ],
         );
+        if let Some(lora) = lora {
+            let x = (B::view(b.normed, Self::rows(r, h)), h);
+            lora.apply(be, LoraTarget::Q, x, (B::view_mut(b.q, qr.clone()), q_dim));
+            lora.apply(be, LoraTarget::K, x, (B::view_mut(b.k, kr.clone()), kv_dim));
+            lora.apply(be, LoraTarget::V, x, (B::view_mut(b.v, kr.clone()), kv_dim));
+        }
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             be.rms_norm_inplace(B::view_mut(b.q, qr.clone()), qn, c.rms_norm_eps);
             be.rms_norm_inplace(B::view_mut(b.k, kr.clone()), kn, c.rms_norm_eps);
@@ -310,7 +324,13 @@ impl<B: Backend> DecoderModel<B> {
     /// The rest of layer `l` for token rows `r` once attention is done: `hidden += [norm](o_proj
     /// (attn))`, then `hidden += [norm](mlp(rmsnorm(hidden)))`, leaving the next layer's input
     /// norm of `hidden` in `normed`.
-    fn attn_out_and_mlp(&self, l: usize, b: &mut StepBuffers<'_, B>, r: &std::ops::Range<usize>) {
+    fn attn_out_and_mlp(
+        &self,
+        l: usize,
+        b: &mut StepBuffers<'_, B>,
+        r: &std::ops::Range<usize>,
+        lora: Option<&SliceLora<'_, B>>,
+    ) {
         let c = &self.config;
         let be = &*self.backend;
         let (h, eps, layer) = (c.hidden_size, c.rms_norm_eps, &self.layers[l]);
@@ -323,6 +343,9 @@ impl<B: Backend> DecoderModel<B> {
         };
         let x = B::view(b.attn, Self::rows(r, q_dim));
         layer.o_order.linear(be, (x, n), b.permuted, &mut [o]);
+        if let Some(lora) = lora {
+            lora.apply(be, LoraTarget::O, (x, q_dim), (B::view_mut(b.proj, hr.clone()), h));
+        }
         be.residual_norm(
             h,
             B::view_mut(b.proj, hr.clone()),
@@ -341,6 +364,7 @@ impl<B: Backend> DecoderModel<B> {
             picked_out: &mut *b.picked_out,
             permuted: &mut *b.permuted,
             routing: &mut b.routing,
+            lora,
         };
         layer.mlp.forward(be, io);
         let next =
@@ -445,6 +469,43 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
         self.matrix_bytes(Mlp::active_matrices)
     }
 
+    fn set_adapter(&mut self, slot: u32, adapter: Option<&LoraAdapter>) -> Result<(), LoadError> {
+        let index = (slot as usize).checked_sub(1).ok_or_else(|| LoadError::Backend {
+            name: "LoRA adapter".into(),
+            message: "slot 0 is the base model and holds no adapter".into(),
+        })?;
+        let bound = match adapter {
+            None => None,
+            Some(adapter) => {
+                if !self.backend.supports_lora() {
+                    return Err(LoadError::Backend {
+                        name: "LoRA adapter".into(),
+                        message: format!(
+                            "the {} backend does not run LoRA adapters",
+                            self.backend.name()
+                        ),
+                    });
+                }
+                if adapter.num_layers() != self.config.num_layers {
+                    return Err(LoadError::Backend {
+                        name: "LoRA adapter".into(),
+                        message: format!(
+                            "the adapter has {} layers, the model {}",
+                            adapter.num_layers(),
+                            self.config.num_layers
+                        ),
+                    });
+                }
+                Some(BoundAdapter::bind(&*self.backend, adapter)?)
+            }
+        };
+        if self.adapters.len() <= index {
+            self.adapters.resize_with(index + 1, || None);
+        }
+        self.adapters[index] = bound;
+        Ok(())
+    }
+
     fn forward(
         &self,
         batch: &ForwardBatch,
@@ -453,6 +514,7 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
         logits: &mut Logits,
     ) -> Result<(), ForwardError> {
         self.check_batch(batch, kv)?;
+        let runs = AdapterRuns::of(batch, &self.adapters)?;
         let mut row_seqs = std::mem::take(&mut workspace.row_seqs);
         let mut row_trees = std::mem::take(&mut workspace.row_trees);
         let mut b = self.step_buffers(workspace, batch);
@@ -475,7 +537,7 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
                 let tree = tree.map(|t| TreeMask { rows: &row_trees, slots: t.slots });
                 (&row_seqs[..], tree)
             });
-            self.layer(l, batch, kv, &mut b, pruned);
+            self.layer(l, batch, kv, &mut b, pruned, &runs);
         }
         let gather = (!prune).then_some(batch.logits_rows());
         self.logits(&mut b, t, gather, num_rows, logits);
@@ -611,10 +673,14 @@ impl<B: Backend> DecoderModel<B> {
         kv: &mut B::KvStore,
         b: &mut StepBuffers<'_, B>,
         pruned: Option<(&[SeqSpan], Option<TreeMask<'_>>)>,
+        runs: &AdapterRuns,
     ) {
         let c = &self.config;
         let be = &*self.backend;
         let layer = &self.layers[l];
+        let lora = |is_pruned: bool, r: &std::ops::Range<usize>| {
+            if runs.is_empty() { None } else { runs.slice(is_pruned, r, &self.adapters, l) }
+        };
         let t = batch.num_tokens();
         let (h, q_dim) = (c.hidden_size, c.num_heads * c.head_dim);
         let kv_dim = c.num_kv_heads * c.head_dim;
@@ -623,7 +689,7 @@ impl<B: Backend> DecoderModel<B> {
             _ => (&self.rope, false),
         };
         for r in token_slices(t) {
-            self.qkv(layer, b, &r, rope);
+            self.qkv(layer, b, &r, rope, lora(false, &r).as_ref());
         }
         let (k, v) = (B::view(b.k, 0..t * kv_dim), B::view(b.v, 0..t * kv_dim));
         be.write_kv(kv, l, k, v, batch.slot_mapping());
@@ -643,7 +709,7 @@ impl<B: Backend> DecoderModel<B> {
             be.paged_attention(kv, l, q, seqs, batch.block_tables(), tree, &shape, out);
         }
         for r in token_slices(rows_on) {
-            self.attn_out_and_mlp(l, b, &r);
+            self.attn_out_and_mlp(l, b, &r, lora(pruned.is_some(), &r).as_ref());
         }
     }
 }

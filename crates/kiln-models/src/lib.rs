@@ -17,6 +17,7 @@ mod error;
 mod family;
 pub mod gguf;
 mod loader;
+pub mod lora;
 mod model;
 mod names;
 mod packed;

@@ -6,7 +6,8 @@ use kiln_backend::{
     Backend, ForwardBatch, ForwardError, KvCacheDtype, KvCacheSpec, KvLayout, Logits, Workspace,
 };
 
-use crate::ModelConfig;
+use crate::lora::LoraAdapter;
+use crate::{LoadError, ModelConfig};
 
 /// A causal language model on backend `B`. Implementations are stateless: all per-sequence
 /// state lives in the KV cache and the batch.
@@ -27,6 +28,18 @@ pub trait Model<B: Backend>: Send + Sync {
     /// [`Model::weight_bytes`] for a mixture of experts, which reads only its picked experts.
     fn active_weight_bytes(&self) -> usize {
         self.weight_bytes()
+    }
+
+    /// Binds `adapter` (read for this model's config) to LoRA slot `slot` (from 1; slot 0 is the
+    /// base model), replacing what the slot held; `None` empties it. A batch's sequences name
+    /// their slot ([`ForwardBatch::set_last_adapter`]). Refused by a model or backend without
+    /// adapters.
+    fn set_adapter(&mut self, slot: u32, adapter: Option<&LoraAdapter>) -> Result<(), LoadError> {
+        let _ = (slot, adapter);
+        Err(LoadError::Backend {
+            name: "LoRA adapter".into(),
+            message: "this model does not run LoRA adapters".into(),
+        })
     }
 
     /// Runs the batch: writes this step's K/V into `kv` at the batch's slots and fills `logits`
@@ -61,6 +74,8 @@ pub trait StepModel: Send {
     /// Copies cache slots in every layer, in order ([`Backend::copy_kv_slots`]); an error on a
     /// backend without token trees.
     fn copy_kv_slots(&mut self, pairs: &[(u32, u32)]) -> Result<(), ForwardError>;
+    /// Binds or empties a LoRA slot ([`Model::set_adapter`]).
+    fn set_adapter(&mut self, slot: u32, adapter: Option<&LoraAdapter>) -> Result<(), LoadError>;
 }
 
 /// A model with its own KV cache and workspace on its backend.
@@ -150,5 +165,9 @@ impl<B: Backend> StepModel for BoundModel<B> {
         }
         backend.copy_kv_slots(&mut self.kv, pairs);
         Ok(())
+    }
+
+    fn set_adapter(&mut self, slot: u32, adapter: Option<&LoraAdapter>) -> Result<(), LoadError> {
+        self.model.set_adapter(slot, adapter)
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kiln_backend::{
     AttentionShape, Backend, ExpertLinearJob, ForwardError, GateActivation, GgmlType, HostTensor,
-    KvCacheSpec, LinearJob, LoadTensorError, Logits, RopeConfig, SeqSpan, TreeMask,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, LoraJob, RopeConfig, SeqSpan, TreeMask,
 };
 
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
@@ -275,6 +275,23 @@ impl Backend for Cpu {
 
     fn gather_rows(&self, src: &[f32], width: usize, rows: &[usize], dst: &mut [f32]) {
         host_rows::gather_rows(src, width, rows, dst);
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn lora_add(&self, x: &[f32], k: usize, n: usize, jobs: &[LoraJob<'_, Self>], out: &mut [f32]) {
+        let rows: Vec<crate::lora::LoraRows<'_>> = jobs
+            .iter()
+            .map(|j| crate::lora::LoraRows {
+                rows: j.rows.clone(),
+                rank: j.rank,
+                a: j.a,
+                b_t: j.b_t,
+            })
+            .collect();
+        crate::lora::lora_add(&self.pool, x, k, n, &rows, out);
     }
 
     fn supports_permuted_inputs(&self) -> bool {

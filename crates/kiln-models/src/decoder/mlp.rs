@@ -5,7 +5,9 @@
 use kiln_backend::{Backend, ExpertRouting, GateActivation, LinearJob};
 
 use super::input_order::InputOrders;
+use super::lora::SliceLora;
 use super::moe::MoeMlp;
+use crate::lora::LoraTarget;
 use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
 use crate::{LoadError, MoeConfig};
@@ -20,6 +22,8 @@ pub(crate) struct DenseMlp<B: Backend> {
     down_bias: Option<B::Vector>,
     act: GateActivation,
     intermediate: usize,
+    /// The hidden width (the input of gate/up, the output of down).
+    down_width: usize,
     /// The input orders of gate/up and of down ([`super::input_order`]).
     in_orders: InputOrders<2>,
     down_order: InputOrders<1>,
@@ -47,6 +51,9 @@ pub(crate) struct MlpIo<'a, B: Backend> {
     pub picked_out: &'a mut B::Buffer,
     pub permuted: &'a mut B::Buffer,
     pub routing: &'a mut ExpertRouting,
+    /// The rows' LoRA adapters (dense MLPs only: adapters of expert layers are refused at
+    /// load).
+    pub lora: Option<&'a SliceLora<'a, B>>,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -74,6 +81,7 @@ impl<B: Backend> Mlp<B> {
             down_bias: w.optional_vector(t(L::DownBias), h, bias)?,
             act,
             intermediate: i,
+            down_width: h,
         }))
     }
 
@@ -140,6 +148,7 @@ impl<B: Backend> DenseMlp<B> {
             down_bias: None,
             act,
             intermediate: i,
+            down_width: h,
             in_orders: InputOrders::new([None, None]),
             down_order: InputOrders::new([None]),
         })
@@ -151,8 +160,8 @@ impl<B: Backend> DenseMlp<B> {
     }
 
     fn forward<'a>(&'a self, backend: &B, io: MlpIo<'a, B>) {
-        let MlpIo { n, input, out, gate, up, permuted, .. } = io;
-        self.run(backend, n, input, (gate, up), permuted, out);
+        let MlpIo { n, input, out, gate, up, permuted, lora, .. } = io;
+        self.run(backend, n, input, (gate, up), permuted, out, lora);
     }
 
     /// `out = mlp(input)` over `n` tokens; `gate` and `up` hold `[n, intermediate]`,
@@ -165,8 +174,9 @@ impl<B: Backend> DenseMlp<B> {
         (gate, up): (&mut B::Buffer, &mut B::Buffer),
         permuted: &mut B::Buffer,
         out: B::ViewMut<'o>,
+        lora: Option<&SliceLora<'_, B>>,
     ) {
-        let len = n * self.intermediate;
+        let (len, i) = (n * self.intermediate, self.intermediate);
         self.in_orders.linear(
             backend,
             (input, n),
@@ -184,9 +194,21 @@ impl<B: Backend> DenseMlp<B> {
                 },
             ],
         );
+        // The model's input width: the down projection's output width.
+        let h = self.down_width;
+        if let Some(lora) = lora {
+            let x = (input, h);
+            lora.apply(backend, LoraTarget::Gate, x, (B::view_mut(gate, 0..len), i));
+            lora.apply(backend, LoraTarget::Up, x, (B::view_mut(up, 0..len), i));
+        }
         backend.gated_act(self.act, B::view_mut(gate, 0..len), B::view(up, 0..len));
         let down = LinearJob { weight: &self.down_proj, bias: self.down_bias.as_ref(), out };
         let x = (B::view(gate, 0..len), n);
-        self.down_order.linear(backend, x, permuted, &mut [down]);
+        let mut jobs = [down];
+        self.down_order.linear(backend, x, permuted, &mut jobs);
+        if let Some(lora) = lora {
+            let [LinearJob { out, .. }] = jobs;
+            lora.apply(backend, LoraTarget::Down, (B::view(gate, 0..len), i), (out, h));
+        }
     }
 }

@@ -108,14 +108,14 @@ impl<B: Backend> MoeMlp<B> {
     }
 
     pub(crate) fn forward<'a>(&'a self, be: &B, io: MlpIo<'a, B>) {
-        let MlpIo { n, input, out, gate, up, picked, picked_out, permuted, routing } = io;
+        let MlpIo { n, input, out, gate, up, picked, picked_out, permuted, routing, .. } = io;
         let (k, i, h) = (self.top_k, self.intermediate, self.hidden);
         be.logits(input, n, &self.router, None, &mut routing.logits);
         let rows = n * k;
         if let Some(s) = &self.shared {
             be.logits(input, n, &s.gate, None, &mut routing.shared_logits);
             let shared_out = B::view_mut(picked_out, rows * h..(rows + n) * h);
-            s.mlp.run(be, n, input, (&mut *gate, &mut *up), permuted, shared_out);
+            s.mlp.run(be, n, input, (&mut *gate, &mut *up), permuted, shared_out, None);
         }
         let shared = self.shared.is_some();
         route(routing, n, k, self.norm_topk_prob, shared);
