@@ -30,6 +30,7 @@ use crate::slo::SloConfig;
 use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, HostPool, ModelRunner};
+use kiln_models::lora::LoraAdapter;
 
 mod admission;
 mod deliver;
@@ -186,6 +187,8 @@ pub struct EngineCore {
     idle_draft_model: Option<DraftProposer>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
     grammar: Option<PendingCompiler>,
+    /// LoRA slots with an adapter bound ([`EngineCore::set_adapter`]).
+    adapter_slots: std::collections::BTreeSet<u32>,
     /// Run once when the engine thread stops.
     shutdown_hook: Option<ShutdownHook>,
     /// What rides on the steps (`hooks.rs`): the speculator, the batch controller, the KV
@@ -294,6 +297,7 @@ impl EngineCore {
             hooks: Hooks::for_engine(speculator, controller, tier),
             idle_draft_model: None,
             grammar: None,
+            adapter_slots: std::collections::BTreeSet::new(),
             shutdown_hook: None,
             epoch: Instant::now(),
             num_admission_demoted: 0,
@@ -320,6 +324,38 @@ impl EngineCore {
     /// (a structured request waits for it; a failed build refuses such requests).
     pub fn set_pending_grammar_compiler(&mut self, compiler: PendingCompiler) {
         self.grammar = Some(compiler);
+    }
+
+    /// Binds a LoRA adapter (read for this model: [`LoraAdapter::load_peft`]) to `slot` (from
+    /// 1), or empties the slot (`None`); requests name their slot
+    /// ([`crate::PreparedRequest::with_adapter`]). Only while no request is unfinished: a
+    /// server binds its adapters before it serves.
+    pub fn set_adapter(
+        &mut self,
+        slot: u32,
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<(), EngineError> {
+        if self.has_unfinished() {
+            return Err(EngineError::Config(
+                "LoRA adapters are bound only while no request runs".into(),
+            ));
+        }
+        self.runner
+            .model_mut()
+            .set_adapter(slot, adapter)
+            .map_err(|e| EngineError::Config(format!("LoRA adapter in slot {slot}: {e}")))?;
+        if adapter.is_some() {
+            self.adapter_slots.insert(slot);
+        } else {
+            self.adapter_slots.remove(&slot);
+        }
+        Ok(())
+    }
+
+    /// Whether `slot` holds an adapter (slot 0, the base model, always "holds" none and is
+    /// valid).
+    pub(crate) fn has_adapter(&self, slot: u32) -> bool {
+        slot == 0 || self.adapter_slots.contains(&slot)
     }
 
     /// The structured-output compiler, shared with whoever validates requests before queueing.

@@ -88,6 +88,8 @@ pub struct PreparedRequest {
     params: SamplingParams,
     constraint: Option<Constraint>,
     vocab_size: usize,
+    /// The LoRA adapter slot it runs with (0: the base model).
+    adapter: u32,
 }
 
 impl PreparedRequest {
@@ -104,7 +106,7 @@ impl PreparedRequest {
             None => None,
             Some(output) => Some(CompiledOutput::compile(output, grammar)?.constraint),
         };
-        Ok(Self { prompt, params, constraint, vocab_size })
+        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0 })
     }
 
     /// Checks the ids and starts from a copy of `compiled`, which must be the compile of the
@@ -123,7 +125,20 @@ impl PreparedRequest {
             }
             _ => return Err(PrepareError::OutputMismatch),
         };
-        Ok(Self { prompt, params, constraint, vocab_size })
+        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0 })
+    }
+
+    /// Runs it with the LoRA adapter in `slot` (0: none); the engine refuses a slot it has
+    /// not bound ([`crate::EngineCore::set_adapter`]).
+    #[must_use]
+    pub fn with_adapter(mut self, slot: u32) -> Self {
+        self.adapter = slot;
+        self
+    }
+
+    /// Its LoRA adapter slot (0: the base model).
+    pub fn adapter(&self) -> u32 {
+        self.adapter
     }
 
     pub fn prompt(&self) -> &[TokenId] {
@@ -139,8 +154,8 @@ impl PreparedRequest {
         self.vocab_size
     }
 
-    pub(crate) fn into_parts(self) -> (Vec<TokenId>, SamplingParams, Option<Constraint>) {
-        (self.prompt, self.params, self.constraint)
+    pub(crate) fn into_parts(self) -> (Vec<TokenId>, SamplingParams, Option<Constraint>, u32) {
+        (self.prompt, self.params, self.constraint, self.adapter)
     }
 }
 

@@ -74,6 +74,8 @@ pub(crate) struct LiveRequest {
     pub(crate) spec: SpecState,
     /// Where its outputs go (`EngineCore::deliver`); `None`: the caller of `step` takes them.
     pub(crate) sink: Option<OutputSink>,
+    /// The LoRA adapter slot it runs with (0: the base model alone).
+    pub(crate) adapter: u32,
 }
 
 impl std::fmt::Debug for LiveRequest {

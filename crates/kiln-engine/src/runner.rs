@@ -366,6 +366,7 @@ impl ModelRunner {
             let r = live.view.as_ref().expect("the view was just built");
             let (batch, rows) = (&mut self.batch, &mut self.step_rows);
             Self::push(batch, rows, new.id, r, num_computed, new.num_scheduled_tokens, all)?;
+            batch.set_last_adapter(live.adapter);
         }
         for cached in &sched_out.cached_requests {
             let unknown = || {
@@ -389,6 +390,7 @@ impl ModelRunner {
                     r,
                 )?;
             }
+            self.batch.set_last_adapter(live.adapter);
         }
         Ok(!self.step_rows.is_empty())
     }

@@ -36,7 +36,7 @@
 //! twice; a cached block at position `i` of a table is registered under that request's `i`-th
 //! chain hash.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kiln_core::{BlockId, RequestId, TokenId};
 
@@ -105,6 +105,8 @@ pub struct KvCacheManager {
     extra_keys: Vec<u64>,
     hash_fn: BlockHashFn,
     requests: HashMap<RequestId, RequestBlocks>,
+    /// Requests whose blocks never enter the prefix cache ([`KvCacheManager::keep_private`]).
+    private: HashSet<RequestId>,
     stats: PrefixCacheStats,
 }
 
@@ -121,6 +123,7 @@ impl KvCacheManager {
             extra_keys: config.extra_keys,
             hash_fn,
             requests: HashMap::new(),
+            private: HashSet::new(),
             stats: PrefixCacheStats::default(),
         }
     }
@@ -237,6 +240,13 @@ impl KvCacheManager {
         (blocks, hashes)
     }
 
+    /// Keeps `req`'s blocks out of the prefix cache until it is freed: its KV depends on more
+    /// than its tokens (a LoRA adapter's). Such a request must be allocated with no cached
+    /// tokens; call it again after a preemption freed it.
+    pub fn keep_private(&mut self, req: RequestId) {
+        self.private.insert(req);
+    }
+
     /// Gives `req` slots for `num_computed_tokens + num_new_tokens + num_lookahead` tokens and
     /// returns the blocks added to its table; `None` (nothing changed) if too few are free.
     ///
@@ -254,6 +264,11 @@ impl KvCacheManager {
         let num_tokens = tokens.len();
         assert!(num_known <= num_tokens, "{req}: {num_known} tokens scheduled, {num_tokens} known");
         let first = !self.requests.contains_key(&req);
+        let shared = self.enable_prefix_caching && !self.private.contains(&req);
+        debug_assert!(
+            shared || !first || num_computed_tokens == 0 || !self.enable_prefix_caching,
+            "{req}: a private request admitted with cached tokens"
+        );
         let (hits, hit_hashes) = if first && num_computed_tokens > 0 {
             self.pinned_hit(req, tokens, num_computed_tokens)
         } else {
@@ -269,7 +284,7 @@ impl KvCacheManager {
         // Pin the hits first so that allocation cannot evict them.
         self.pool.touch(&hits);
         let new_blocks = self.pool.allocate(num_new_blocks).expect("free blocks counted above");
-        if first && self.enable_prefix_caching {
+        if first && shared {
             self.stats.num_requests += 1;
             self.stats.num_queried_tokens += tokens.len() as u64;
             self.stats.num_hit_tokens += num_computed_tokens as u64;
@@ -282,7 +297,7 @@ impl KvCacheManager {
             entry.blocks = hits;
         }
         entry.blocks.extend_from_slice(&new_blocks);
-        if self.enable_prefix_caching {
+        if shared {
             self.cache_full_blocks(req, tokens, num_known);
         }
         Some(new_blocks)
@@ -343,6 +358,7 @@ impl KvCacheManager {
     /// Releases the request's blocks (finish, abort, preempt), tail first. Unknown ids are a
     /// no-op.
     pub fn free(&mut self, req: RequestId) {
+        self.private.remove(&req);
         if let Some(entry) = self.requests.remove(&req) {
             self.pool.free(entry.blocks.into_iter().rev());
         }
@@ -370,7 +386,10 @@ impl KvCacheManager {
     /// on are removed from the prefix cache first (they were registered for tokens that were
     /// never computed).
     pub fn free_with_computed(&mut self, req: RequestId, num_computed_tokens: usize) {
-        let Some(entry) = self.requests.get(&req) else { return };
+        let Some(entry) = self.requests.get(&req) else {
+            self.private.remove(&req);
+            return;
+        };
         for &b in entry.blocks.iter().skip(num_computed_tokens / self.block_size()) {
             debug_assert!(
                 self.pool.ref_count(b) == 1 || self.pool.block_hash(b).is_none(),
@@ -698,6 +717,28 @@ mod tests {
         assert!(hit.blocks.iter().all(|&blk| m.pool().ref_count(blk) == 1));
         let s = m.prefix_cache_stats();
         assert_eq!((s.num_requests, s.num_queried_tokens, s.num_hit_tokens), (2, 11, 4));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn private_requests_neither_fill_nor_count_in_the_prefix_cache() {
+        let mut m = manager(8, 2);
+        let a = toks(&[1, 2, 3, 4, 5]);
+        m.keep_private(RequestId(1));
+        m.allocate_slots(RequestId(1), &a, 0, 5, 0).unwrap();
+        assert_eq!(m.num_registered_blocks(RequestId(1)), 0);
+        m.free(RequestId(1));
+        assert_eq!(m.lookup_prefix(&a).num_cached_tokens, 0);
+        assert_eq!(m.prefix_cache_stats().num_requests, 0);
+        // Freed, the id is no longer private: reused, it caches as any request.
+        m.allocate_slots(RequestId(1), &a, 0, 5, 0).unwrap();
+        m.free(RequestId(1));
+        assert_eq!(m.lookup_prefix(&a).num_cached_tokens, 4);
+        // Marked private while waiting and aborted before any allocation: forgotten too.
+        m.keep_private(RequestId(2));
+        m.free_with_computed(RequestId(2), 0);
+        m.allocate_slots(RequestId(2), &toks(&[7, 7, 7]), 0, 3, 0).unwrap();
+        assert_eq!(m.num_registered_blocks(RequestId(2)), 1);
         m.check_invariants().unwrap();
     }
 

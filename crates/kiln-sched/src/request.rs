@@ -50,6 +50,9 @@ pub struct Request {
     eos_token_ids: Vec<TokenId>,
     /// Lower is more urgent (vLLM's convention); used by the priority policy.
     priority: i64,
+    /// The LoRA adapter slot it runs with (0: the base model). A request with an adapter
+    /// neither reads nor fills the prefix cache or the second KV tier.
+    adapter: u32,
     /// Caller-given arrival (a timestamp or counter); `None` = the scheduler's add order.
     arrival: Option<u64>,
     /// Latency objectives (the deadline policy orders by them).
@@ -93,6 +96,7 @@ impl Request {
             sampling,
             eos_token_ids: Vec::new(),
             priority: 0,
+            adapter: 0,
             arrival: None,
             deadline: None,
             demoted: false,
@@ -115,6 +119,18 @@ impl Request {
     pub fn with_priority(mut self, priority: i64) -> Self {
         self.priority = priority;
         self
+    }
+
+    /// Runs it with the LoRA adapter in `slot` (0: none).
+    #[must_use]
+    pub fn with_adapter(mut self, slot: u32) -> Self {
+        self.adapter = slot;
+        self
+    }
+
+    /// Its LoRA adapter slot (0: the base model).
+    pub fn adapter(&self) -> u32 {
+        self.adapter
     }
 
     /// Arrival for FCFS order and ties; give it for every request or for none.

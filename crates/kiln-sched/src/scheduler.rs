@@ -621,18 +621,21 @@ impl Scheduler {
             }
             let req = &self.requests[&id];
             let bs = self.kv.block_size();
-            // Prompt logprobs need every prompt position computed: no prefix-cache reads.
-            let (num_cached, tier_slots) = if req.sampling_params().prompt_logprobs.is_some() {
-                (0, Vec::new())
-            } else {
-                let hit = self.kv.lookup_prefix(req.all_token_ids());
-                let tier = if req.swapped.is_none() {
-                    self.tier_hit(req.all_token_ids(), &hit.blocks)
+            // Prompt logprobs need every prompt position computed: no prefix-cache reads. An
+            // adapter's KV is not the base model's: its blocks stay private.
+            let private = req.adapter() != 0;
+            let (num_cached, tier_slots) =
+                if req.sampling_params().prompt_logprobs.is_some() || private {
+                    (0, Vec::new())
                 } else {
-                    Vec::new()
+                    let hit = self.kv.lookup_prefix(req.all_token_ids());
+                    let tier = if req.swapped.is_none() {
+                        self.tier_hit(req.all_token_ids(), &hit.blocks)
+                    } else {
+                        Vec::new()
+                    };
+                    (hit.num_cached_tokens, tier)
                 };
-                (hit.num_cached_tokens, tier)
-            };
             // A request preempted by swap: the KV past the hit comes back from its slots (all
             // but the last token, whose logits the next sample needs); any other request gets
             // the spilled blocks that continue its hit.
@@ -646,6 +649,9 @@ impl Scheduler {
             }
             let tokens = req.all_token_ids();
             let num_new = num_computed - num_cached + num_tokens;
+            if private {
+                self.kv.keep_private(id);
+            }
             if self.kv.allocate_slots(id, tokens, num_cached, num_new, 0).is_none() {
                 break;
             }

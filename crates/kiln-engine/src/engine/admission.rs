@@ -61,7 +61,12 @@ impl EngineCore {
             let prepared = request.vocab_size();
             return Err(PrepareError::VocabMismatch { prepared, model }.into());
         }
-        let (prompt, params, constraint) = request.into_parts();
+        if !self.has_adapter(request.adapter()) {
+            let slot = request.adapter();
+            let why = format!("no LoRA adapter is loaded in slot {slot}");
+            return Err(AddError::InvalidSampling(why).into());
+        }
+        let (prompt, params, constraint, adapter) = request.into_parts();
         let num_prompt_tokens = prompt.len();
         let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
         let tpot_ms = self.config.slo.tpot_ms_for(priority);
@@ -73,6 +78,7 @@ impl EngineCore {
         let predicted = admitted.and_then(|a| a.predicted);
         let mut request = Request::new(id, prompt, params)
             .with_priority(priority)
+            .with_adapter(adapter)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
         request = match admitted {
             Some(Admitted { deadline, demoted: false, .. }) => request.with_deadline(deadline),
@@ -84,7 +90,7 @@ impl EngineCore {
         let demoted = request.is_demoted();
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
-        let mut live = LiveRequest { constraint, ..LiveRequest::default() };
+        let mut live = LiveRequest { constraint, adapter, ..LiveRequest::default() };
         let now = Instant::now();
         if self.hooks.get::<SloControl>().is_some() {
             live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
