@@ -42,6 +42,36 @@ pub struct ServerConfig {
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
     /// How many responses of `/v1/responses` are kept for `GET` and `previous_response_id`.
     pub responses_store: crate::responses::store::StoreLimits,
+    /// `--enable-lora`: the LoRA adapters served beside the base model.
+    pub lora: LoraSettings,
+}
+
+/// LoRA adapters served by name (`--lora-modules`), each bound to its own slot at load.
+#[derive(Clone, Debug)]
+pub struct LoraSettings {
+    /// In slot order: `modules[i]` runs in slot `i + 1`.
+    pub modules: Vec<LoraModule>,
+    /// `--max-lora-rank`: adapters of a higher rank are refused at load.
+    pub max_rank: usize,
+}
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        // vLLM's default --max-lora-rank.
+        Self { modules: Vec::new(), max_rank: 16 }
+    }
+}
+
+/// One adapter of `--lora-modules`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoraModule {
+    /// What clients send as `model`.
+    pub name: String,
+    /// The PEFT adapter directory.
+    pub path: std::path::PathBuf,
+    /// The base model it was trained on, as `/v1/models` reports its `parent` (default: the
+    /// first served model name).
+    pub base_model_name: Option<String>,
 }
 
 /// Limits of the HTTP layer against slow, idle or too many clients.
@@ -94,6 +124,7 @@ impl Default for ServerConfig {
             responses_store: crate::responses::store::StoreLimits::default(),
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
             kv_events: None,
+            lora: LoraSettings::default(),
         }
     }
 }

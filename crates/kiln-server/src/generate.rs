@@ -155,12 +155,13 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// A fresh id with `prefix` (`cmpl`, `chatcmpl`), now, and the served model name.
-    pub fn new(state: &ServerState, prefix: &str) -> Self {
+    /// A fresh id with `prefix` (`cmpl`, `chatcmpl`), now, and the model name of LoRA slot
+    /// `adapter` (the served name for the base model).
+    pub fn new(state: &ServerState, prefix: &str, adapter: u32) -> Self {
         Self {
             id: state.response_id(prefix),
             created: crate::routes::unix_now(),
-            model: crate::routes::model_name(state).to_owned(),
+            model: crate::routes::reported_name(state, adapter).to_owned(),
         }
     }
 

@@ -49,10 +49,10 @@ use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use kiln_engine::structured::{GrammarCompiler, PendingCompiler};
-use kiln_engine::{EngineCore, EngineHandle};
+use kiln_engine::{EngineCore, EngineHandle, LoraAdapter};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
-pub use config::{ConnectionLimits, ServerConfig};
+pub use config::{ConnectionLimits, LoraModule, LoraSettings, ServerConfig};
 pub use error::ApiError;
 pub use state::{Loaded, ServerState};
 
@@ -111,6 +111,7 @@ pub fn load(
         core.set_pending_grammar_compiler(pending.clone());
         pending
     };
+    bind_adapters(&mut core, &config.lora)?;
     let block_size = core.scheduler().kv_cache().block_size();
     let kv_events = match &config.kv_events {
         Some(events) => {
@@ -155,6 +156,25 @@ pub fn load(
         kv_events,
         tokenize_gate,
     })
+}
+
+/// Reads every adapter of `--lora-modules` for this model and binds it to its slot.
+fn bind_adapters(core: &mut EngineCore, lora: &config::LoraSettings) -> Result<(), String> {
+    for (i, module) in lora.modules.iter().enumerate() {
+        let config = core.model().config().clone();
+        let adapter = LoraAdapter::load_peft(&module.path, &config, lora.max_rank)
+            .map_err(|e| format!("--lora-modules {}: {e}", module.name))?;
+        core.set_adapter(i as u32 + 1, Some(&adapter))
+            .map_err(|e| format!("--lora-modules {}: {e}", module.name))?;
+        tracing::info!(
+            "LoRA adapter {} (rank {}, {:.1} MiB) from {}",
+            module.name,
+            adapter.max_rank(),
+            adapter.bytes() as f64 / f64::from(1 << 20),
+            module.path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The routes, behind (outermost first) the HTTP request counts, CORS, the API key (before

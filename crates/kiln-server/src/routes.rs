@@ -14,21 +14,38 @@ use kiln_core::TokenId;
 use crate::error::ApiError;
 use crate::state::{Loaded, ServerState};
 
-/// 404 unless `model` (when given) is one of the served names.
+/// 404 unless `model` (when given) is one of the served names or LoRA adapters.
 pub fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if !state.config.served_model_names.iter().any(|n| n == m) => {
-            let mut e = ApiError::not_found(format!("The model `{m}` does not exist."));
-            e.param = Some("model".into());
-            Err(e)
-        }
-        _ => Ok(()),
+    resolve_model(state, model).map(drop)
+}
+
+/// The LoRA slot `model` asks for: 0 for the base model (one of its served names, or no
+/// `model`), `i + 1` for the `i`-th adapter of `--lora-modules`; 404 for any other name.
+pub fn resolve_model(state: &ServerState, model: Option<&str>) -> Result<u32, ApiError> {
+    let Some(m) = model else { return Ok(0) };
+    if state.config.served_model_names.iter().any(|n| n == m) {
+        return Ok(0);
     }
+    if let Some(i) = state.config.lora.modules.iter().position(|l| l.name == m) {
+        return Ok(i as u32 + 1);
+    }
+    let mut e = ApiError::not_found(format!("The model `{m}` does not exist."));
+    e.param = Some("model".into());
+    Err(e)
 }
 
 /// The name reported in responses.
 pub fn model_name(state: &ServerState) -> &str {
     state.config.served_model_names.first().map_or("kiln", String::as_str)
+}
+
+/// The name reported in the responses of a request run with LoRA slot `adapter`: the
+/// adapter's, or the base model's.
+pub fn reported_name(state: &ServerState, adapter: u32) -> &str {
+    match (adapter as usize).checked_sub(1).and_then(|i| state.config.lora.modules.get(i)) {
+        Some(module) => &module.name,
+        None => model_name(state),
+    }
 }
 
 /// Tokenizes on a blocking thread (long prompts must not stall the async workers), after

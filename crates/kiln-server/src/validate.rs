@@ -43,6 +43,8 @@ pub struct GenerationSpec {
     pub usage: UsageReport,
     /// The parameter that asked for `params.structured` (compile errors name it).
     pub structured_param: Option<&'static str>,
+    /// The LoRA slot `model` named (0: the base model).
+    pub adapter: u32,
 }
 
 /// Where a stream reports usage (`stream_options`).
@@ -210,6 +212,7 @@ pub fn spec(
         stream: f.stream.unwrap_or(false),
         usage: UsageReport { last_chunk: include_usage, every_chunk: continuous_usage },
         structured_param,
+        adapter: 0,
     })
 }
 

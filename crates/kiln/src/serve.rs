@@ -139,6 +139,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     kv: KvCacheArgs,
     #[command(flatten)]
+    lora: crate::lora_args::LoraArgs,
+    #[command(flatten)]
     vllm: VllmServeArgs,
 }
 
@@ -256,7 +258,9 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
     } else {
         args.served_model_name.clone()
     };
+    let lora = args.lora.settings(&names)?;
     Ok(ServerConfig {
+        lora,
         served_model_names: names,
         api_keys: args.api_key.iter().filter(|k| !k.is_empty()).cloned().collect(),
         max_queued_requests: args.max_queued_requests,

@@ -10,8 +10,8 @@ use kiln_engine::CompiledOutput;
 use serde_json::{Value, json};
 
 use super::chat_input::{render_tokens, template_kwargs, template_messages};
-use super::check_model;
 use super::format::{chat_logprobs, prompt_logprobs};
+use super::resolve_model;
 use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -53,7 +53,7 @@ pub(crate) async fn prepare(
     loaded: &Arc<Loaded>,
     req: ChatRequest,
 ) -> Result<Prepared, ApiError> {
-    check_model(state, req.model.as_deref())?;
+    let adapter = resolve_model(state, req.model.as_deref())?;
     let limits = loaded.limits;
     let top = req.top_logprobs.map(|k| {
         usize::try_from(k).map_err(|_| {
@@ -79,6 +79,7 @@ pub(crate) async fn prepare(
         None => req.sampling.max_tokens_given()?,
     };
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    spec.adapter = adapter;
     let settings = state.config.tools;
     let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
     let plan = plan_tools(fields, settings, &mut spec)?;
@@ -135,7 +136,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let mut usage = Usage::new(&[ids.len()]);
-    let envelope = Envelope::new(&state, "chatcmpl");
+    let envelope = Envelope::new(&state, "chatcmpl", spec.adapter);
     let parser = settings.parser;
     let mut new_id = || tools::call_id(state.unique(), parser);
     if spec.stream {

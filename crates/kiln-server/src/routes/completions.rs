@@ -11,7 +11,7 @@ use kiln_engine::{CompiledOutput, PromptLogprobs};
 use serde_json::{Value, json};
 
 use super::format::{completion_logprobs, prompt_logprobs};
-use super::{check_model, tokenize};
+use super::{resolve_model, tokenize};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::generate::{
@@ -142,7 +142,7 @@ pub(crate) async fn prepare(
     loaded: &Arc<Loaded>,
     req: CompletionRequest,
 ) -> Result<Prepared, ApiError> {
-    check_model(state, req.model.as_deref())?;
+    let adapter = resolve_model(state, req.model.as_deref())?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_param("suffix", "`suffix` is not supported"));
     }
@@ -158,6 +158,7 @@ pub(crate) async fn prepare(
     let echo = req.echo.unwrap_or(false);
     let max_tokens = req.sampling.max_tokens_given()?;
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
+    spec.adapter = adapter;
     let compiled = crate::structured_fields::compile(loaded, &spec).await?;
     if let (true, Some(k)) = (echo, logprobs) {
         // Echoed prompt tokens carry their log-probabilities too.
@@ -182,7 +183,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
-    let envelope = Envelope::new(&state, "cmpl");
+    let envelope = Envelope::new(&state, "cmpl", spec.adapter);
     if spec.stream {
         let format = CompletionChunks {
             loaded,

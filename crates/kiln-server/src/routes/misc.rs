@@ -25,12 +25,9 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
         Ok(loaded) => loaded,
         Err(e) => return e.into_response(),
     };
-    let data: Vec<_> = state
-        .config
-        .served_model_names
-        .iter()
-        .map(|name| model_card(&state, loaded, name))
-        .collect();
+    let names = state.config.served_model_names.iter();
+    let adapters = state.config.lora.modules.iter().map(|m| &m.name);
+    let data: Vec<_> = names.chain(adapters).map(|name| model_card(&state, loaded, name)).collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
@@ -50,13 +47,24 @@ pub async fn model(
     Json(model_card(&state, loaded, &id)).into_response()
 }
 
+/// A served name's card; a LoRA adapter's (vLLM's shape) has its directory as `root` and the
+/// base model as `parent`.
 fn model_card(state: &ServerState, loaded: &Loaded, name: &str) -> Value {
+    let adapter = state.config.lora.modules.iter().find(|m| m.name == name);
+    let (root, parent) = match adapter {
+        Some(m) => {
+            let parent = m.base_model_name.as_deref().unwrap_or(model_name(state));
+            (json!(m.path.display().to_string()), json!(parent))
+        }
+        None => (json!(model_name(state)), Value::Null),
+    };
     json!({
         "id": name,
         "object": "model",
         "created": loaded.created,
         "owned_by": "kiln",
-        "root": model_name(state),
+        "root": root,
+        "parent": parent,
         "max_model_len": loaded.limits.max_model_len,
     })
 }

@@ -76,10 +76,10 @@ const TABLE: &[(&[&str], Rule)] = &[
     (&["hf-token"], Rule::Ignore("set HF_TOKEN in the environment instead", One)),
     // ---- vllm serve: refused ----
     (
-        &["enable-lora", "lora-modules", "max-loras", "max-lora-rank"],
-        Rule::Refuse(
-            "LoRA adapters are not supported yet; merge the adapter into the weights",
-            NoValue,
+        &["max-loras", "max-cpu-loras"],
+        Rule::Ignore(
+            "every adapter of --lora-modules stays loaded and any number of them run in one step",
+            One,
         ),
     ),
     (
@@ -133,6 +133,14 @@ const TABLE: &[(&[&str], Rule)] = &[
         Rule::Ignore("the paged KV cache is always shared by all requests", NoValue),
     ),
     // ---- llama-server: refused ----
+    (
+        &["lora", "lora-scaled"],
+        Rule::Refuse(
+            "llama.cpp's GGUF LoRA files are not read yet; serve the PEFT adapter directory \
+         with --enable-lora --lora-modules NAME=PATH",
+            One,
+        ),
+    ),
     (
         &["-c", "ctx-size"],
         Rule::Refuse(
