@@ -156,7 +156,7 @@ impl ApiClient {
                 json!({ "messages": [{ "role": "user", "content": req.prompt }] })
             }
         };
-        body["model"] = json!(self.target.model);
+        body["model"] = json!(req.model.as_deref().unwrap_or(&self.target.model));
         body["max_tokens"] = json!(req.output_len);
         body["temperature"] = json!(self.target.temperature.unwrap_or(0.0));
         body["stream"] = json!(true);
@@ -391,8 +391,13 @@ mod tests {
             extra_body: serde_json::from_str(r#"{"top_k": 5, "max_tokens": 3}"#).ok(),
             ..target(endpoint)
         };
-        let req =
-            BenchRequest { prompt: "hi".into(), prompt_len: 1, output_len: 7, priority: None };
+        let req = BenchRequest {
+            prompt: "hi".into(),
+            prompt_len: 1,
+            output_len: 7,
+            priority: None,
+            model: None,
+        };
         let c = ApiClient::new(target("/v1/completions")).unwrap();
         let b = c.body(&req);
         assert_eq!((b["prompt"].as_str(), b["max_tokens"].as_u64()), (Some("hi"), Some(3)));

@@ -33,6 +33,8 @@ pub struct BenchRequest {
     pub output_len: usize,
     /// vLLM's `priority` request field (`--priority-mix`); `None`: not sent.
     pub priority: Option<i64>,
+    /// The `model` sent instead of the target's (a LoRA adapter, `--lora-modules`).
+    pub model: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +110,13 @@ fn random(
         let suffix = text_of_len(tok, &sampler, rng, input_len);
         let prompt = format!("{}{suffix}", prefixes[i % num_prefixes]);
         let prompt_len = tok.encode(&prompt).len();
-        requests.push(BenchRequest { prompt, prompt_len, output_len: out_len, priority: None });
+        requests.push(BenchRequest {
+            prompt,
+            prompt_len,
+            output_len: out_len,
+            priority: None,
+            model: None,
+        });
     }
     if num_prefixes > 1 {
         shuffle(&mut requests, rng);
@@ -214,7 +222,13 @@ fn sharegpt(
         let output_len = config.output_len.unwrap_or_else(|| tok.encode(&reply).len());
         let output_ok = output_len >= 4 || config.output_len.is_some();
         if prompt_len >= 4 && output_ok && prompt_len <= 1024 && prompt_len + output_len <= 2048 {
-            requests.push(BenchRequest { prompt, prompt_len, output_len, priority: None });
+            requests.push(BenchRequest {
+                prompt,
+                prompt_len,
+                output_len,
+                priority: None,
+                model: None,
+            });
         }
     }
     if requests.len() < config.num_prompts {

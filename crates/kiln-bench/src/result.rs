@@ -443,8 +443,13 @@ mod tests {
             tokenizer_id: "tok".into(),
             percentile_metrics: vec!["ttft".into(), "tpot".into(), "itl".into(), "e2el".into()],
         };
-        let req =
-            BenchRequest { prompt: "abc".into(), prompt_len: 3, output_len: 4, priority: None };
+        let req = BenchRequest {
+            prompt: "abc".into(),
+            prompt_len: 3,
+            output_len: 4,
+            priority: None,
+            model: None,
+        };
         let ok = |ttft: f64, usage: Option<usize>| Outcome {
             success: true,
             ttft,
@@ -478,6 +483,7 @@ mod tests {
             prompt_len: 3,
             output_len: 4,
             priority: Some(p),
+            model: None,
         };
         let m =
             BenchResult::summarise(&config, &[with(0), with(1), with(1)], &outcomes, 2.0, &Letters);

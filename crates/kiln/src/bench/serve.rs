@@ -72,6 +72,10 @@ pub struct ServeBenchArgs {
     /// adds a summary per priority.
     #[arg(long, value_parser = parse_priority_mix)]
     pub priority_mix: Option<PriorityMix>,
+    /// LoRA adapters the server serves (by name): each request asks for one of them, drawn
+    /// with --seed (vLLM's flag).
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub lora_modules: Vec<String>,
     /// Percentiles to report (vLLM's default: 99).
     #[arg(long, alias = "percentiles", default_value = "99")]
     pub metric_percentiles: String,
@@ -251,6 +255,7 @@ pub fn run_quiet(args: &ServeBenchArgs, show_progress: bool) -> anyhow::Result<B
     if let Some(PriorityMix(mix)) = &args.priority_mix {
         assign_priorities(&mut requests, mix, args.data.seed);
     }
+    assign_adapters(&mut requests, &args.lora_modules, args.data.seed);
     let mean_prompt =
         requests.iter().map(|r| r.prompt_len).sum::<usize>() as f64 / requests.len().max(1) as f64;
     eprintln!(
@@ -377,6 +382,19 @@ fn assign_priorities(requests: &mut [BenchRequest], mix: &[(i64, f64)], seed: u6
     }
 }
 
+/// Gives each request one of `names` as its `model`, drawn uniformly (seeded); none: the
+/// target's model.
+fn assign_adapters(requests: &mut [BenchRequest], names: &[String], seed: u64) {
+    if names.is_empty() {
+        return;
+    }
+    let mut rng = kiln_core::Rng::new(seed ^ 0x4c4f_5241);
+    for req in requests {
+        let i = ((rng.next_f64() * names.len() as f64) as usize).min(names.len() - 1);
+        req.model = Some(names[i].clone());
+    }
+}
+
 /// The metrics named by `--percentile-metrics`.
 fn parse_metrics(list: &str) -> anyhow::Result<Vec<String>> {
     let names: Vec<String> =
@@ -429,8 +447,13 @@ mod tests {
         for bad in ["", "0", "x:1", "0:-1", "0:nan", "0:1,0:2"] {
             assert!(parse_priority_mix(bad).is_err(), "{bad}");
         }
-        let req =
-            BenchRequest { prompt: String::new(), prompt_len: 1, output_len: 1, priority: None };
+        let req = BenchRequest {
+            prompt: String::new(),
+            prompt_len: 1,
+            output_len: 1,
+            priority: None,
+            model: None,
+        };
         let mut requests = vec![req; 2000];
         assign_priorities(&mut requests, &mix, 3);
         let zeros = requests.iter().filter(|r| r.priority == Some(0)).count();
@@ -438,5 +461,29 @@ mod tests {
         let mut again = requests.clone();
         assign_priorities(&mut again, &mix, 3);
         assert_eq!(again, requests);
+    }
+
+    #[test]
+    fn lora_modules_spread_requests_over_the_adapters() {
+        let names: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let req = BenchRequest {
+            prompt: String::new(),
+            prompt_len: 1,
+            output_len: 1,
+            priority: None,
+            model: None,
+        };
+        let mut requests = vec![req; 2000];
+        assign_adapters(&mut requests, &names, 7);
+        for name in &names {
+            let count = requests.iter().filter(|r| r.model.as_ref() == Some(name)).count();
+            assert!((400..600).contains(&count), "{count} of 2000 ask for {name}");
+        }
+        let mut none = requests.clone();
+        for r in &mut none {
+            r.model = None;
+        }
+        assign_adapters(&mut none, &[], 7);
+        assert!(none.iter().all(|r| r.model.is_none()));
     }
 }
