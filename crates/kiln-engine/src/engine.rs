@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
+use kiln_models::lora::LoraAdapter;
 use kiln_models::{
     Backend, BoundModel, ForwardError, KvCacheDtype, Model, StepModel, check_block_size,
 };
@@ -30,7 +31,6 @@ use crate::slo::SloConfig;
 use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, HostPool, ModelRunner};
-use kiln_models::lora::LoraAdapter;
 
 mod admission;
 mod deliver;
