@@ -11,6 +11,8 @@
 
 use std::ops::Range;
 
+use kiln_backend::{Backend, LoraJob};
+
 use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
 
@@ -20,14 +22,6 @@ const ROW_BLOCK: usize = 4;
 const RANK_CHUNK: usize = 32;
 /// Lanes of a dot product's partial sums.
 const LANES: usize = 8;
-
-/// One adapter's rows: `a` is `[rank, k]`, `b_t` `[rank, n]`.
-pub struct LoraRows<'a> {
-    pub rows: Range<usize>,
-    pub rank: usize,
-    pub a: &'a [f32],
-    pub b_t: &'a [f32],
-}
 
 /// `x · a_row` as 8 lane sums in index order reduced by a fixed tree, for each of `R` rows.
 #[allow(clippy::inline_always)] // inlined into the AVX2 copy of `block`, compiled with it
@@ -100,8 +94,8 @@ fn block_avx2<const R: usize>(
 }
 
 /// Rows `rows` of one adapter: blocks of [`ROW_BLOCK`], then the rest one by one.
-fn job_rows(
-    job: &LoraRows<'_>,
+fn job_rows<B: Backend<Vector = Vec<f32>>>(
+    job: &LoraJob<'_, B>,
     rows: Range<usize>,
     (x, k): (&[f32], usize),
     n: usize,
@@ -123,7 +117,12 @@ fn job_rows(
     }
 }
 
-fn run<const R: usize>(xs: [&[f32]; R], job: &LoraRows<'_>, outs: [&mut [f32]; R], avx2: bool) {
+fn run<const R: usize, B: Backend<Vector = Vec<f32>>>(
+    xs: [&[f32]; R],
+    job: &LoraJob<'_, B>,
+    outs: [&mut [f32]; R],
+    avx2: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: `avx2` is true only when the CPU has AVX2 (checked by the caller).
@@ -134,7 +133,13 @@ fn run<const R: usize>(xs: [&[f32]; R], job: &LoraRows<'_>, outs: [&mut [f32]; R
     block(xs, job.a, job.b_t, job.rank, outs);
 }
 
-fn check(x: &[f32], k: usize, n: usize, jobs: &[LoraRows<'_>], out: &[f32]) {
+fn check<B: Backend<Vector = Vec<f32>>>(
+    x: &[f32],
+    k: usize,
+    n: usize,
+    jobs: &[LoraJob<'_, B>],
+    out: &[f32],
+) {
     assert!(jobs.iter().all(|j| j.rank == 0 || k > 0));
     for job in jobs {
         assert!(job.rows.end * k <= x.len() && job.rows.end * n <= out.len());
@@ -157,33 +162,41 @@ fn has_avx2() -> bool {
 const ROWS_PER_TASK: usize = 4 * ROW_BLOCK;
 
 /// Every job's rows, in parallel on `pool` (`x`: `[m, k]`, `out`: `[m, n]`, rows disjoint).
-pub fn lora_add(
+pub fn lora_add<B: Backend<Vector = Vec<f32>>>(
     pool: &ThreadPool,
     x: &[f32],
     k: usize,
     n: usize,
-    jobs: &[LoraRows<'_>],
+    jobs: &[LoraJob<'_, B>],
     out: &mut [f32],
 ) {
     check(x, k, n, jobs, out);
     let avx2 = has_avx2();
-    // (job, first row) of each task.
-    let tasks: Vec<(usize, usize)> = jobs
-        .iter()
-        .enumerate()
-        .flat_map(|(j, job)| job.rows.clone().step_by(ROWS_PER_TASK).map(move |r| (j, r)))
-        .collect();
+    let tasks_of = |job: &LoraJob<'_, B>| job.rows.len().div_ceil(ROWS_PER_TASK);
+    let num_tasks = jobs.iter().map(tasks_of).sum();
     let out_ptr = SharedMut::new(out);
-    pool.run(tasks.len(), |task| {
-        let (j, r0) = tasks[task];
-        let job = &jobs[j];
-        let rows = r0..(r0 + ROWS_PER_TASK).min(job.rows.end);
-        job_rows(job, rows, (x, k), n, out_ptr, avx2);
+    pool.run(num_tasks, |mut task| {
+        // The job holding this task (a step has a few adapters: a scan, no table).
+        for job in jobs {
+            if task < tasks_of(job) {
+                let r0 = job.rows.start + task * ROWS_PER_TASK;
+                let rows = r0..(r0 + ROWS_PER_TASK).min(job.rows.end);
+                job_rows(job, rows, (x, k), n, out_ptr, avx2);
+                return;
+            }
+            task -= tasks_of(job);
+        }
     });
 }
 
 /// [`lora_add`] on one thread without SIMD (the reference backend's; the same bits).
-pub fn lora_add_scalar(x: &[f32], k: usize, n: usize, jobs: &[LoraRows<'_>], out: &mut [f32]) {
+pub fn lora_add_scalar<B: Backend<Vector = Vec<f32>>>(
+    x: &[f32],
+    k: usize,
+    n: usize,
+    jobs: &[LoraJob<'_, B>],
+    out: &mut [f32],
+) {
     check(x, k, n, jobs, out);
     let out_ptr = SharedMut::new(out);
     for job in jobs {
@@ -194,6 +207,7 @@ pub fn lora_add_scalar(x: &[f32], k: usize, n: usize, jobs: &[LoraRows<'_>], out
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Cpu;
 
     fn values(len: usize, seed: u32) -> Vec<f32> {
         (0..len)
@@ -224,8 +238,8 @@ mod tests {
         let (a1, b1) = (values(8 * k, 3), values(8 * n, 4));
         let (a2, b2) = (values(70 * k, 5), values(70 * n, 6));
         let jobs = [
-            LoraRows { rows: 0..3, rank: 8, a: &a1, b_t: &b1 },
-            LoraRows { rows: 4..11, rank: 70, a: &a2, b_t: &b2 },
+            LoraJob::<Cpu> { rows: 0..3, rank: 8, a: &a1, b_t: &b1 },
+            LoraJob::<Cpu> { rows: 4..11, rank: 70, a: &a2, b_t: &b2 },
         ];
         let pool = ThreadPool::new(3);
         let mut out = base.clone();
@@ -248,7 +262,7 @@ mod tests {
         for (job, (a, b, rank)) in jobs.iter().zip([(&a1, &b1, 8), (&a2, &b2, 70)]) {
             for r in job.rows.clone() {
                 let mut alone = base[r * n..(r + 1) * n].to_vec();
-                let one = [LoraRows { rows: 0..1, rank, a, b_t: b }];
+                let one = [LoraJob::<Cpu> { rows: 0..1, rank, a, b_t: b }];
                 lora_add(&ThreadPool::new(1), &x[r * k..(r + 1) * k], k, n, &one, &mut alone);
                 assert_eq!(alone, out[r * n..(r + 1) * n]);
             }

@@ -429,16 +429,7 @@ impl Backend for Reference {
     }
 
     fn lora_add(&self, x: &[f32], k: usize, n: usize, jobs: &[LoraJob<'_, Self>], out: &mut [f32]) {
-        let rows: Vec<crate::lora::LoraRows<'_>> = jobs
-            .iter()
-            .map(|j| crate::lora::LoraRows {
-                rows: j.rows.clone(),
-                rank: j.rank,
-                a: j.a,
-                b_t: j.b_t,
-            })
-            .collect();
-        crate::lora::lora_add_scalar(x, k, n, &rows, out);
+        crate::lora::lora_add_scalar(x, k, n, jobs, out);
     }
 
     fn supports_permuted_inputs(&self) -> bool {

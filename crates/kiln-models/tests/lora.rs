@@ -10,9 +10,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Runner, argmax, assert_rows_close, ids};
+use common::{Runner, argmax, assert_rows_close};
+use kiln_models::LogitsWanted;
 use kiln_models::lora::LoraAdapter;
-use kiln_models::{LogitsWanted, WeightStore};
 use serde_json::{Value, json};
 
 /// Max |ours - PEFT| on f32 logits (as the base models' bar).
@@ -23,23 +23,13 @@ fn lora_fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lora").join(name)
 }
 
-/// `(prompt + greedy ids, PEFT's logits rows)` of each case of adapter `name`.
+/// `(prompt + greedy ids, PEFT's logits rows, prompt length)` of each case of adapter `name`.
 fn lora_cases(name: &str, vocab: usize) -> Vec<(Vec<u32>, Vec<Vec<f32>>, usize)> {
-    let dir = lora_fixture(name);
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let store = WeightStore::open_files(&[dir.join("reference_logits.safetensors")]).unwrap();
-    reference["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
+    common::cases_in(&lora_fixture(name), Some(vocab))
+        .into_iter()
         .map(|c| {
-            let prompt = ids(&c["prompt_ids"]);
-            let tokens: Vec<u32> = prompt.iter().chain(&ids(&c["greedy_ids"])).copied().collect();
-            let tensor = c["logits_tensor"].as_str().unwrap();
-            let m = store.matrix(tensor, tokens.len(), vocab).unwrap().to_f32_vec().unwrap();
-            (tokens, m.chunks_exact(vocab).map(<[f32]>::to_vec).collect(), prompt.len())
+            let tokens: Vec<u32> = c.prompt_ids.iter().chain(&c.greedy_ids).copied().collect();
+            (tokens, c.logits, c.prompt_ids.len())
         })
         .collect()
 }

@@ -282,16 +282,7 @@ impl Backend for Cpu {
     }
 
     fn lora_add(&self, x: &[f32], k: usize, n: usize, jobs: &[LoraJob<'_, Self>], out: &mut [f32]) {
-        let rows: Vec<crate::lora::LoraRows<'_>> = jobs
-            .iter()
-            .map(|j| crate::lora::LoraRows {
-                rows: j.rows.clone(),
-                rank: j.rank,
-                a: j.a,
-                b_t: j.b_t,
-            })
-            .collect();
-        crate::lora::lora_add(&self.pool, x, k, n, &rows, out);
+        crate::lora::lora_add(&self.pool, x, k, n, jobs, out);
     }
 
     fn supports_permuted_inputs(&self) -> bool {

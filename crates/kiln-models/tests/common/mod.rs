@@ -35,7 +35,12 @@ pub fn ids(v: &Value) -> Vec<u32> {
 
 /// Reference cases; logits are read only when `vocab` is given.
 pub fn cases(name: &str, vocab: Option<usize>) -> Vec<Case> {
-    let dir = fixture(name);
+    cases_in(&fixture(name), vocab)
+}
+
+/// The reference cases of the fixture in `dir` (`reference.json` and
+/// `reference_logits.safetensors`; a case without a `prompt` text has an empty one).
+pub fn cases_in(dir: &std::path::Path, vocab: Option<usize>) -> Vec<Case> {
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -56,7 +61,8 @@ pub fn cases(name: &str, vocab: Option<usize>) -> Vec<Case> {
                     m.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
                 }
             };
-            Case { prompt: c["prompt"].as_str().unwrap().into(), prompt_ids, greedy_ids, logits }
+            let prompt = c["prompt"].as_str().unwrap_or_default().into();
+            Case { prompt, prompt_ids, greedy_ids, logits }
         })
         .collect()
 }

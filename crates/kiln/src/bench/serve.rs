@@ -447,14 +447,7 @@ mod tests {
         for bad in ["", "0", "x:1", "0:-1", "0:nan", "0:1,0:2"] {
             assert!(parse_priority_mix(bad).is_err(), "{bad}");
         }
-        let req = BenchRequest {
-            prompt: String::new(),
-            prompt_len: 1,
-            output_len: 1,
-            priority: None,
-            model: None,
-        };
-        let mut requests = vec![req; 2000];
+        let mut requests = vec![blank(); 2000];
         assign_priorities(&mut requests, &mix, 3);
         let zeros = requests.iter().filter(|r| r.priority == Some(0)).count();
         assert!((340..460).contains(&zeros), "{zeros} of 2000 at priority 0");
@@ -463,17 +456,21 @@ mod tests {
         assert_eq!(again, requests);
     }
 
-    #[test]
-    fn lora_modules_spread_requests_over_the_adapters() {
-        let names: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
-        let req = BenchRequest {
+    /// A request whose fields the assignments fill.
+    fn blank() -> BenchRequest {
+        BenchRequest {
             prompt: String::new(),
             prompt_len: 1,
             output_len: 1,
             priority: None,
             model: None,
-        };
-        let mut requests = vec![req; 2000];
+        }
+    }
+
+    #[test]
+    fn lora_modules_spread_requests_over_the_adapters() {
+        let names: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let mut requests = vec![blank(); 2000];
         assign_adapters(&mut requests, &names, 7);
         for name in &names {
             let count = requests.iter().filter(|r| r.model.as_ref() == Some(name)).count();
