@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
-use kiln_models::lora::LoraAdapter;
 use kiln_models::{
     Backend, BoundModel, ForwardError, KvCacheDtype, Model, StepModel, check_block_size,
 };
@@ -32,6 +31,7 @@ use crate::spec::{DraftProposer, SpecDecodeStats, SpeculativeConfig};
 use crate::structured::{ConstraintStats, GrammarCompiler, PendingCompiler};
 use crate::{EngineOutput, HostPool, ModelRunner};
 
+mod adapters;
 mod admission;
 mod deliver;
 mod executor;
@@ -39,6 +39,8 @@ mod pipelined;
 mod speculation;
 mod step;
 
+use adapters::AdapterBindings;
+pub use adapters::{AdapterBinding, AdapterSet, AdapterStats, MAX_ADAPTER_SLOT};
 use executor::{Executor, executor_for};
 use speculation::speculator_for;
 
@@ -80,6 +82,9 @@ pub struct EngineConfig {
     /// speculative decoding; with a second KV tier each step is planned after the update of
     /// the step before.
     pub async_scheduling: bool,
+    /// Most distinct LoRA adapters in one step (vLLM's `--max-loras`; `None`: no limit): a
+    /// request of another adapter waits until a running adapter's requests leave.
+    pub max_loras: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +103,7 @@ impl Default for EngineConfig {
             preemption_mode: PreemptionMode::Auto,
             async_scheduling: false,
             host_pool: HostPool::serial(),
+            max_loras: None,
         }
     }
 }
@@ -129,6 +135,8 @@ pub enum EngineError {
 pub struct EngineStats {
     pub num_running: usize,
     pub num_waiting: usize,
+    /// LoRA adapters loaded, and named by running and by waiting requests.
+    pub adapters: AdapterStats,
     /// Fraction of KV blocks held by requests.
     pub kv_usage: f32,
     /// Prompt tokens looked up in the prefix cache and, of those, found (not recomputed),
@@ -187,8 +195,8 @@ pub struct EngineCore {
     idle_draft_model: Option<DraftProposer>,
     /// Compiles requests' structured outputs (`None`: such requests are refused).
     grammar: Option<PendingCompiler>,
-    /// LoRA slots with an adapter bound ([`EngineCore::set_adapter`]).
-    adapter_slots: std::collections::BTreeSet<u32>,
+    /// LoRA slots with an adapter bound ([`EngineCore::set_adapter`], `engine/adapters.rs`).
+    adapters: AdapterBindings,
     /// Run once when the engine thread stops.
     shutdown_hook: Option<ShutdownHook>,
     /// What rides on the steps (`hooks.rs`): the speculator, the batch controller, the KV
@@ -254,6 +262,10 @@ impl EngineCore {
         };
         let mut scheduler = Scheduler::new(config.scheduler.clone(), kv_config)
             .map_err(|e| EngineError::Config(e.0))?;
+        if config.max_loras == Some(0) {
+            return Err(EngineError::Config("`max_loras` must be at least 1".into()));
+        }
+        scheduler.set_max_loras(config.max_loras);
         let bound = BoundModel::new(model, config.kv_cache_dtype, config.num_kv_blocks, block_size)
             .map_err(|e| EngineError::Config(e.to_string()))?;
         let tier = match &config.kv_tier {
@@ -297,7 +309,7 @@ impl EngineCore {
             hooks: Hooks::for_engine(speculator, controller, tier),
             idle_draft_model: None,
             grammar: None,
-            adapter_slots: std::collections::BTreeSet::new(),
+            adapters: AdapterBindings::default(),
             shutdown_hook: None,
             epoch: Instant::now(),
             num_admission_demoted: 0,
@@ -324,38 +336,6 @@ impl EngineCore {
     /// (a structured request waits for it; a failed build refuses such requests).
     pub fn set_pending_grammar_compiler(&mut self, compiler: PendingCompiler) {
         self.grammar = Some(compiler);
-    }
-
-    /// Binds a LoRA adapter (read for this model: [`LoraAdapter::load_peft`]) to `slot` (from
-    /// 1), or empties the slot (`None`); requests name their slot
-    /// ([`crate::PreparedRequest::with_adapter`]). Only while no request is unfinished: a
-    /// server binds its adapters before it serves.
-    pub fn set_adapter(
-        &mut self,
-        slot: u32,
-        adapter: Option<&LoraAdapter>,
-    ) -> Result<(), EngineError> {
-        if self.has_unfinished() {
-            return Err(EngineError::Config(
-                "LoRA adapters are bound only while no request runs".into(),
-            ));
-        }
-        self.runner
-            .model_mut()
-            .set_adapter(slot, adapter)
-            .map_err(|e| EngineError::Config(format!("LoRA adapter in slot {slot}: {e}")))?;
-        if adapter.is_some() {
-            self.adapter_slots.insert(slot);
-        } else {
-            self.adapter_slots.remove(&slot);
-        }
-        Ok(())
-    }
-
-    /// Whether `slot` holds an adapter (slot 0, the base model, always "holds" none and is
-    /// valid).
-    pub(crate) fn has_adapter(&self, slot: u32) -> bool {
-        slot == 0 || self.adapter_slots.contains(&slot)
     }
 
     /// The structured-output compiler, shared with whoever validates requests before queueing.
@@ -450,6 +430,12 @@ impl EngineCore {
         self.stats
     }
 
+    /// Whether the pipelined executor has a step in flight (the model is away until
+    /// [`EngineCore::finish_in_flight`] or the next step reports it).
+    pub fn has_step_in_flight(&self) -> bool {
+        self.step_in_flight
+    }
+
     /// Whether a request is unfinished, an asynchronous step still runs, or the error of one
     /// that could not start is still to be returned.
     pub fn has_unfinished(&self) -> bool {
@@ -519,6 +505,7 @@ impl EngineCore {
         self.stats.num_slo_demoted = num_demoted + self.num_admission_demoted;
         self.stats.num_running = num_running;
         self.stats.num_waiting = num_waiting;
+        self.stats.adapters = self.adapter_stats();
         self.stats.kv_usage = kv_usage;
         self.stats.prefix_cache = prefix_cache;
         self.stats.num_preemptions = num_preemptions;

@@ -8,6 +8,11 @@
 //! [`RequestStream`] before it finished aborts the request too, which frees its blocks at once.
 //! Request ids are handed out by the handle, so [`EngineHandle::submit_with_sink`] never waits
 //! for the engine thread.
+//!
+//! LoRA adapters change at run time through the same channel: a bind waits for the step in
+//! flight, if any, to be reported first (the model must be on the engine thread); an unbind
+//! refuses new requests of the slot at once and answers once its last request has ended and
+//! the slot is empty.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
@@ -16,7 +21,7 @@ use std::thread::JoinHandle;
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
 
-use crate::{EngineCore, EngineError, EngineOutput, EngineStats, PreparedRequest};
+use crate::{EngineCore, EngineError, EngineOutput, EngineStats, LoraAdapter, PreparedRequest};
 
 /// One item of a request's output: a token (the last one carries the finish reason) or the
 /// error that ended the request.
@@ -50,8 +55,25 @@ enum Unprepared {
 enum Command {
     Submit(Box<Submission>),
     Abort(RequestId),
+    /// [`EngineCore::set_adapter`], answered with the binding's cache key.
+    SetAdapter {
+        slot: u32,
+        adapter: Option<Arc<LoraAdapter>>,
+        reply: Sender<AdapterReply>,
+    },
+    /// [`EngineCore::unbind_adapter_when_drained`], answered once the slot is empty.
+    UnbindAdapter {
+        slot: u32,
+        reply: Sender<Result<(), EngineError>>,
+    },
     Shutdown,
 }
+
+/// The answer to a bind: the binding's prefix-cache key.
+pub type AdapterReply = Result<u64, EngineError>;
+
+/// Unbinds waiting for their slot's requests to end.
+type PendingUnbinds = Vec<(u32, Sender<Result<(), EngineError>>)>;
 
 /// A running engine thread. Dropping it shuts the engine down (like [`EngineHandle::shutdown`]).
 pub struct EngineHandle {
@@ -142,6 +164,27 @@ impl EngineHandle {
             .send(Command::Submit(Box::new(Submission { id, request, priority, sink, reply })))
             .map_err(|_| EngineError::Shutdown)?;
         Ok(id)
+    }
+
+    /// Binds `adapter` to `slot` (or empties it: `None`) between steps, without stopping the
+    /// other requests ([`EngineCore::set_adapter`]); the receiver gets the binding's cache key
+    /// or the refusal.
+    pub fn set_adapter(
+        &self,
+        slot: u32,
+        adapter: Option<Arc<LoraAdapter>>,
+    ) -> Receiver<AdapterReply> {
+        let (reply, rx) = mpsc::channel();
+        let _ = self.commands.send(Command::SetAdapter { slot, adapter, reply });
+        rx
+    }
+
+    /// Unloads the adapter in `slot` once its requests end (new ones are refused at once); the
+    /// receiver gets `Ok` when the slot is empty. A closed receiver means the engine stopped.
+    pub fn unbind_adapter_when_drained(&self, slot: u32) -> Receiver<Result<(), EngineError>> {
+        let (reply, rx) = mpsc::channel();
+        let _ = self.commands.send(Command::UnbindAdapter { slot, reply });
+        rx
     }
 
     /// Aborts a request (a no-op when it already finished).
@@ -269,12 +312,14 @@ fn run_until_shutdown(
             observe(&stats);
         }
     };
+    let mut unbinds = PendingUnbinds::new();
     loop {
+        finish_unbinds(core, &mut unbinds, &mut publish);
         // Idle: sleep until a command arrives.
         if !core.has_unfinished() {
             match commands.recv() {
                 Ok(cmd) => {
-                    if !handle(core, cmd) {
+                    if !handle(core, cmd, &mut unbinds, &mut publish) {
                         return;
                     }
                 }
@@ -284,7 +329,7 @@ fn run_until_shutdown(
         loop {
             match commands.try_recv() {
                 Ok(cmd) => {
-                    if !handle(core, cmd) {
+                    if !handle(core, cmd, &mut unbinds, &mut publish) {
                         return;
                     }
                 }
@@ -311,8 +356,53 @@ fn run_until_shutdown(
     }
 }
 
+/// Reports the step in flight, if any, so that the model is back on the engine thread.
+fn settle(core: &mut EngineCore, publish: &mut dyn FnMut(&mut EngineCore)) {
+    if !core.has_step_in_flight() {
+        return;
+    }
+    match core.finish_in_flight() {
+        Ok(outputs) => {
+            publish(core);
+            if core.deliver(outputs) {
+                publish(core);
+            }
+        }
+        Err(e) => {
+            core.fail_delivery(&e);
+            publish(core);
+        }
+    }
+}
+
+/// Empties the draining slots whose requests have all ended and answers their unbinds.
+fn finish_unbinds(
+    core: &mut EngineCore,
+    unbinds: &mut PendingUnbinds,
+    publish: &mut dyn FnMut(&mut EngineCore),
+) {
+    if unbinds.is_empty() || !core.has_drained_adapters() {
+        return;
+    }
+    settle(core, publish);
+    let emptied = core.unbind_drained();
+    unbinds.retain(|(slot, reply)| {
+        let done = emptied.contains(slot);
+        if done {
+            let _ = reply.send(Ok(()));
+        }
+        !done
+    });
+    publish(core);
+}
+
 /// Applies one command; `false` means shut down.
-fn handle(core: &mut EngineCore, cmd: Command) -> bool {
+fn handle(
+    core: &mut EngineCore,
+    cmd: Command,
+    unbinds: &mut PendingUnbinds,
+    publish: &mut dyn FnMut(&mut EngineCore),
+) -> bool {
     match cmd {
         Command::Submit(submission) => {
             let Submission { id, request, priority, mut sink, reply } = *submission;
@@ -342,6 +432,21 @@ fn handle(core: &mut EngineCore, cmd: Command) -> bool {
         Command::Abort(id) => {
             core.abort(id);
         }
+        Command::SetAdapter { slot, adapter, reply } => {
+            settle(core, publish);
+            let _ = reply.send(core.set_adapter(slot, adapter.as_deref()));
+            publish(core);
+        }
+        Command::UnbindAdapter { slot, reply } => match core.unbind_adapter_when_drained(slot) {
+            Ok(true) => {
+                let _ = reply.send(Ok(()));
+                publish(core);
+            }
+            Ok(false) => unbinds.push((slot, reply)),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        },
         Command::Shutdown => return false,
     }
     true

@@ -36,14 +36,17 @@ pub mod slo;
 pub mod spec;
 pub mod structured;
 
-pub use engine::{EngineConfig, EngineCore, EngineError, EngineStats, KvEventSink, ShutdownHook};
+pub use engine::{
+    AdapterBinding, AdapterSet, AdapterStats, EngineConfig, EngineCore, EngineError, EngineStats,
+    KvEventSink, MAX_ADAPTER_SLOT, ShutdownHook,
+};
 pub use handle::{EngineHandle, RequestStream, StreamItem};
 pub use host_pool::HostPool;
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
 pub use kiln_kv::{BlockHash, KvCacheEvent};
-pub use kiln_models::KvCacheDtype;
 pub use kiln_models::lora::LoraAdapter;
+pub use kiln_models::{KvCacheDtype, ModelConfig};
 pub use kiln_sched::{
     AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,
     StepLimits, SwapStats,

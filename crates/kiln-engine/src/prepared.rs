@@ -13,6 +13,7 @@
 use kiln_core::{SamplingParams, StructuredOutput, TokenId};
 use kiln_sched::AddError;
 
+use crate::AdapterBinding;
 use crate::EngineError;
 use crate::structured::{Constraint, GrammarError, PendingCompiler};
 
@@ -90,6 +91,8 @@ pub struct PreparedRequest {
     vocab_size: usize,
     /// The LoRA adapter slot it runs with (0: the base model).
     adapter: u32,
+    /// The binding of that slot it was resolved against (`None`: whatever the slot holds).
+    adapter_key: Option<u64>,
 }
 
 impl PreparedRequest {
@@ -106,7 +109,7 @@ impl PreparedRequest {
             None => None,
             Some(output) => Some(CompiledOutput::compile(output, grammar)?.constraint),
         };
-        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0 })
+        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0, adapter_key: None })
     }
 
     /// Checks the ids and starts from a copy of `compiled`, which must be the compile of the
@@ -125,7 +128,7 @@ impl PreparedRequest {
             }
             _ => return Err(PrepareError::OutputMismatch),
         };
-        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0 })
+        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0, adapter_key: None })
     }
 
     /// Runs it with the LoRA adapter in `slot` (0: none); the engine refuses a slot it has
@@ -136,9 +139,23 @@ impl PreparedRequest {
         self
     }
 
+    /// Runs it with the adapter `binding` names: the engine refuses it if the slot has been
+    /// bound again since (a name resolved just before an unload and a reload of its slot).
+    #[must_use]
+    pub fn with_adapter_binding(mut self, binding: AdapterBinding) -> Self {
+        self.adapter = binding.slot;
+        self.adapter_key = (binding.slot != 0).then_some(binding.cache_key);
+        self
+    }
+
     /// Its LoRA adapter slot (0: the base model).
     pub fn adapter(&self) -> u32 {
         self.adapter
+    }
+
+    /// The binding its slot was resolved against, if given.
+    pub fn adapter_key(&self) -> Option<u64> {
+        self.adapter_key
     }
 
     pub fn prompt(&self) -> &[TokenId] {

@@ -149,6 +149,11 @@ impl RequestTable {
         self.live.remove(&id)
     }
 
+    /// Every entry with its id (in no particular order).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (RequestId, &LiveRequest)> {
+        self.live.iter().map(|(&id, live)| (id, live))
+    }
+
     pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut LiveRequest> {
         self.live.values_mut()
     }

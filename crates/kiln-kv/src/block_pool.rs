@@ -26,6 +26,11 @@
 //! whatever the quality of the hash. A block whose predecessor's KV is not cached cannot be
 //! reached by a chain, so it is not cached either.
 //!
+//! A cached block also carries the **cache key** its chain was computed under: 0 for KV that
+//! depends only on the tokens, or a non-zero key naming whatever else the KV depends on (the
+//! engine uses one per binding of a LoRA adapter). A hit must match the key too, and every
+//! block of a chain has its root's key, so a chain never serves a request of another key.
+//!
 //! Evictions can be logged ([`BlockPool::set_log_evictions`]): each evicted cached block's hash,
 //! parent and tokens, with a reference to it as it was, so that its KV can be kept elsewhere
 //! (a second tier) before the new owner overwrites it.
@@ -68,6 +73,8 @@ struct Block {
     /// The cached block holding the KV this block's KV was computed after (`None` for the first
     /// block of a sequence; meaningful only while `hash` is set).
     parent: Option<CachedBlockRef>,
+    /// The cache key it was computed under (module docs; 0 while uncached).
+    key: u64,
     /// Bumped whenever the block stops being cached, so a stale `CachedBlockRef` never matches.
     generation: u64,
     /// The block's token ids while cached (`len == block_size`), empty otherwise; the capacity is
@@ -83,6 +90,8 @@ pub struct EvictedBlock {
     pub hash: BlockHash,
     /// The cached block its KV was computed after, as registered (`None`: a sequence's first).
     pub parent: Option<CachedBlockRef>,
+    /// Its cache key (module docs).
+    pub key: u64,
     pub tokens: Vec<TokenId>,
 }
 
@@ -90,8 +99,9 @@ pub struct EvictedBlock {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvCacheEvent {
     /// A full block entered the index: its hash, the hash of the cached block its KV was
-    /// computed after (`None`: a sequence's first block) and its `block_size` tokens.
-    Stored { hash: BlockHash, parent: Option<BlockHash>, tokens: Vec<TokenId> },
+    /// computed after (`None`: a sequence's first block), its `block_size` tokens and its cache
+    /// key (module docs).
+    Stored { hash: BlockHash, parent: Option<BlockHash>, tokens: Vec<TokenId>, key: u64 },
     /// A block left the index (evicted for reuse, or uncached).
     Removed { hash: BlockHash },
     /// Every hash left the index at once.
@@ -167,7 +177,8 @@ impl BlockPool {
             .filter_map(|(_, id)| {
                 let b = &self.blocks[id.index()];
                 let parent = b.parent.and_then(|p| self.blocks[p.block.index()].hash);
-                Some(KvCacheEvent::Stored { hash: b.hash?, parent, tokens: b.tokens.clone() })
+                let (hash, tokens, key) = (b.hash?, b.tokens.clone(), b.key);
+                Some(KvCacheEvent::Stored { hash, parent, tokens, key })
             })
             .collect()
     }
@@ -260,17 +271,25 @@ impl BlockPool {
         }
     }
 
+    /// The cache key of a cached block (`None`: not cached).
+    pub fn cached_key(&self, block: BlockId) -> Option<u64> {
+        let b = &self.blocks[block.index()];
+        b.hash.map(|_| b.key)
+    }
+
     /// Whether `r` still names a cached block with unchanged content.
     pub fn is_current(&self, r: CachedBlockRef) -> bool {
         self.cached_ref(r.block) == Some(r)
     }
 
-    /// The cached block for `hash`, if it really holds `tokens` and was computed right after
-    /// the cached block `parent` (`None` for the first block of a sequence).
+    /// The cached block for `hash`, if it really holds `tokens`, was computed right after the
+    /// cached block `parent` (`None` for the first block of a sequence) and under cache key
+    /// `key`.
     pub fn get_cached(
         &self,
         hash: BlockHash,
         parent: Option<BlockId>,
+        key: u64,
         tokens: &[TokenId],
     ) -> Option<BlockId> {
         let &id = self.cached.get(&hash)?;
@@ -279,7 +298,7 @@ impl BlockPool {
             None => b.parent.is_none(),
             Some(p) => b.parent.is_some() && b.parent == self.cached_ref(p),
         };
-        (parent_ok && b.tokens == tokens).then_some(id)
+        (parent_ok && b.key == key && b.tokens == tokens).then_some(id)
     }
 
     pub fn can_allocate(&self, num_blocks: usize) -> bool {
@@ -313,10 +332,12 @@ impl BlockPool {
                     was: CachedBlockRef { block: id, generation: b.generation },
                     hash,
                     parent: b.parent,
+                    key: b.key,
                     tokens: b.tokens.clone(),
                 });
             }
             b.parent = None;
+            b.key = 0;
             b.tokens.clear();
             b.generation += 1;
             self.num_evictions += 1;
@@ -332,6 +353,7 @@ impl BlockPool {
         let Some(hash) = b.hash.take() else { return false };
         self.cached.remove(&hash);
         b.parent = None;
+        b.key = 0;
         b.tokens.clear();
         b.generation += 1;
         self.log_event(KvCacheEvent::Removed { hash });
@@ -367,7 +389,8 @@ impl BlockPool {
     }
 
     /// Registers a referenced, full block holding `tokens` under `hash`, computed after the KV
-    /// that the cached block `parent` holds (`None`: the first block of a sequence).
+    /// that the cached block `parent` holds (`None`: the first block of a sequence) under cache
+    /// key `key` (a parent's own key: a chain has one key).
     ///
     /// Returns the cached block that now holds this KV, to pass as the next block's parent:
     /// `block` itself (registered now or already), or the block that already holds `hash` with
@@ -378,6 +401,7 @@ impl BlockPool {
         block: BlockId,
         hash: BlockHash,
         parent: Option<CachedBlockRef>,
+        key: u64,
         tokens: &[TokenId],
     ) -> Option<CachedBlockRef> {
         assert_eq!(tokens.len(), self.block_size, "only full blocks are cached");
@@ -385,6 +409,10 @@ impl BlockPool {
         if parent.is_some_and(|p| !self.is_current(p)) {
             return None;
         }
+        debug_assert!(
+            parent.is_none_or(|p| self.blocks[p.block.index()].key == key),
+            "a chain changes its cache key"
+        );
         let holder = match (self.blocks[block.index()].hash, self.cached.get(&hash)) {
             (Some(_), _) => Some(block),
             (None, Some(&other)) => Some(other),
@@ -392,19 +420,20 @@ impl BlockPool {
         };
         if let Some(h) = holder {
             let b = &self.blocks[h.index()];
-            let same = b.parent == parent && b.tokens == tokens;
+            let same = b.parent == parent && b.key == key && b.tokens == tokens;
             return if same { self.cached_ref(h) } else { None };
         }
         let b = &mut self.blocks[block.index()];
         b.hash = Some(hash);
         b.parent = parent;
+        b.key = key;
         b.tokens.clear();
         b.tokens.extend_from_slice(tokens);
         self.cached.insert(hash, block);
         if self.events.is_some() {
             // A current parent is cached, so it has a hash.
             let parent = parent.and_then(|p| self.blocks[p.block.index()].hash);
-            self.log_event(KvCacheEvent::Stored { hash, parent, tokens: tokens.to_vec() });
+            self.log_event(KvCacheEvent::Stored { hash, parent, tokens: tokens.to_vec(), key });
         }
         self.cached_ref(block)
     }
@@ -420,6 +449,7 @@ impl BlockPool {
                 b.generation += 1;
             }
             b.parent = None;
+            b.key = 0;
             b.tokens.clear();
         }
         if !self.cached.is_empty() {
@@ -451,8 +481,8 @@ impl BlockPool {
                         return Err(format!("{id:?} is cached with {} tokens", b.tokens.len()));
                     }
                 }
-                None if !b.tokens.is_empty() || b.parent.is_some() => {
-                    return Err(format!("{id:?} is uncached but keeps tokens or a parent"));
+                None if !b.tokens.is_empty() || b.parent.is_some() || b.key != 0 => {
+                    return Err(format!("{id:?} is uncached but keeps tokens, a parent or a key"));
                 }
                 None => {}
             }
@@ -497,9 +527,9 @@ mod tests {
         let mut pool = BlockPool::new(2, 2);
         let a = pool.allocate(1).unwrap()[0];
         let h = BlockHash(7);
-        assert!(pool.cache_block(a, h, None, &toks(&[1, 2])).is_some());
+        assert!(pool.cache_block(a, h, None, 0, &toks(&[1, 2])).is_some());
         pool.free([a]);
-        assert_eq!(pool.get_cached(h, None, &toks(&[1, 2])), Some(a));
+        assert_eq!(pool.get_cached(h, None, 0, &toks(&[1, 2])), Some(a));
         // a hit on a free block takes it out of the queue
         pool.touch(&[a]);
         assert_eq!(pool.ref_count(a), 1);
@@ -513,7 +543,7 @@ mod tests {
         assert_eq!(pool.allocate(1).unwrap()[0], a);
         assert_eq!(pool.num_cached_blocks(), 0);
         assert_eq!(pool.num_evictions(), 1);
-        assert_eq!(pool.get_cached(h, None, &toks(&[1, 2])), None);
+        assert_eq!(pool.get_cached(h, None, 0, &toks(&[1, 2])), None);
         pool.check_invariants().unwrap();
     }
 
@@ -522,19 +552,19 @@ mod tests {
         let mut pool = BlockPool::new(5, 2);
         let ids = pool.allocate(2).unwrap();
         let (p, a) = (ids[0], ids[1]);
-        let pr = pool.cache_block(p, BlockHash(9), None, &toks(&[7, 7]));
+        let pr = pool.cache_block(p, BlockHash(9), None, 0, &toks(&[7, 7]));
         assert_eq!(pr, pool.cached_ref(p));
-        assert_eq!(pool.cache_block(a, BlockHash(1), pr, &toks(&[1, 2])), pool.cached_ref(a));
-        assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 2])), Some(a));
-        assert_eq!(pool.get_cached(BlockHash(1), Some(p), &toks(&[1, 3])), None);
-        assert_eq!(pool.get_cached(BlockHash(1), None, &toks(&[1, 2])), None);
-        assert_eq!(pool.get_cached(BlockHash(1), Some(a), &toks(&[1, 2])), None);
+        assert_eq!(pool.cache_block(a, BlockHash(1), pr, 0, &toks(&[1, 2])), pool.cached_ref(a));
+        assert_eq!(pool.get_cached(BlockHash(1), Some(p), 0, &toks(&[1, 2])), Some(a));
+        assert_eq!(pool.get_cached(BlockHash(1), Some(p), 0, &toks(&[1, 3])), None);
+        assert_eq!(pool.get_cached(BlockHash(1), None, 0, &toks(&[1, 2])), None);
+        assert_eq!(pool.get_cached(BlockHash(1), Some(a), 0, &toks(&[1, 2])), None);
         // a second block under the same hash with other content is refused and stays uncached
         let b = pool.allocate(1).unwrap()[0];
-        assert_eq!(pool.cache_block(b, BlockHash(1), None, &toks(&[5, 6])), None);
+        assert_eq!(pool.cache_block(b, BlockHash(1), None, 0, &toks(&[5, 6])), None);
         assert_eq!(pool.block_hash(b), None);
         // a duplicate stays uncached too, and the holder stands in for it
-        assert_eq!(pool.cache_block(b, BlockHash(1), pr, &toks(&[1, 2])), pool.cached_ref(a));
+        assert_eq!(pool.cache_block(b, BlockHash(1), pr, 0, &toks(&[1, 2])), pool.cached_ref(a));
         assert_eq!(pool.block_hash(b), None);
         pool.check_invariants().unwrap();
     }
@@ -544,19 +574,19 @@ mod tests {
         let mut pool = BlockPool::new(2, 1);
         let ids = pool.allocate(2).unwrap();
         let (p, a) = (ids[0], ids[1]);
-        let old = pool.cache_block(p, BlockHash(1), None, &toks(&[1]));
-        assert!(pool.cache_block(a, BlockHash(2), old, &toks(&[2])).is_some());
+        let old = pool.cache_block(p, BlockHash(1), None, 0, &toks(&[1]));
+        assert!(pool.cache_block(a, BlockHash(2), old, 0, &toks(&[2])).is_some());
         // free the parent first so that it is evicted before its child
         pool.free([p, a]);
         assert_eq!(pool.allocate(1).unwrap(), [p]);
         assert!(!pool.is_current(old.unwrap()));
         // same content again, but a new generation: the old child is unreachable
-        let new = pool.cache_block(p, BlockHash(1), None, &toks(&[1]));
+        let new = pool.cache_block(p, BlockHash(1), None, 0, &toks(&[1]));
         assert!(new.is_some() && new != old);
-        assert_eq!(pool.get_cached(BlockHash(2), Some(p), &toks(&[2])), None);
+        assert_eq!(pool.get_cached(BlockHash(2), Some(p), 0, &toks(&[2])), None);
         // and nothing is registered after a stale parent
         let c = pool.allocate(1).unwrap()[0];
-        assert_eq!(pool.cache_block(c, BlockHash(3), old, &toks(&[3])), None);
+        assert_eq!(pool.cache_block(c, BlockHash(3), old, 0, &toks(&[3])), None);
         pool.check_invariants().unwrap();
     }
 
@@ -566,11 +596,11 @@ mod tests {
         let mut pool = BlockPool::new(3, 1);
         pool.set_log_events(true);
         let ids = pool.allocate(3).unwrap();
-        let p = pool.cache_block(ids[0], BlockHash(1), None, &toks(&[1]));
-        assert!(pool.cache_block(ids[1], BlockHash(2), p, &toks(&[2])).is_some());
+        let p = pool.cache_block(ids[0], BlockHash(1), None, 0, &toks(&[1]));
+        assert!(pool.cache_block(ids[1], BlockHash(2), p, 0, &toks(&[2])).is_some());
         // a refused registration and a duplicate log nothing
-        assert!(pool.cache_block(ids[2], BlockHash(2), None, &toks(&[9])).is_none());
-        assert!(pool.cache_block(ids[2], BlockHash(2), p, &toks(&[2])).is_some());
+        assert!(pool.cache_block(ids[2], BlockHash(2), None, 0, &toks(&[9])).is_none());
+        assert!(pool.cache_block(ids[2], BlockHash(2), p, 0, &toks(&[2])).is_some());
         assert!(pool.uncache(ids[1]));
         pool.free(ids.iter().rev().copied());
         pool.allocate(3).unwrap(); // evicts block 0
@@ -578,8 +608,13 @@ mod tests {
         assert_eq!(
             events,
             [
-                Stored { hash: BlockHash(1), parent: None, tokens: toks(&[1]) },
-                Stored { hash: BlockHash(2), parent: Some(BlockHash(1)), tokens: toks(&[2]) },
+                Stored { hash: BlockHash(1), parent: None, tokens: toks(&[1]), key: 0 },
+                Stored {
+                    hash: BlockHash(2),
+                    parent: Some(BlockHash(1)),
+                    tokens: toks(&[2]),
+                    key: 0
+                },
                 Removed { hash: BlockHash(2) },
                 Removed { hash: BlockHash(1) },
             ]
@@ -588,7 +623,7 @@ mod tests {
         let all: Vec<BlockId> = (0..3).map(BlockId).collect();
         pool.free(all.iter().copied());
         let b = pool.allocate(1).unwrap();
-        assert!(pool.cache_block(b[0], BlockHash(5), None, &toks(&[5])).is_some());
+        assert!(pool.cache_block(b[0], BlockHash(5), None, 0, &toks(&[5])).is_some());
         pool.free(b);
         assert!(pool.reset_prefix_cache());
         assert!(pool.reset_prefix_cache()); // nothing cached: nothing logged
@@ -598,23 +633,33 @@ mod tests {
         // Logging again starts from the index as it is, parents first.
         pool.set_log_events(false);
         let ids = pool.allocate(3).unwrap();
-        let a = pool.cache_block(ids[2], BlockHash(10), None, &toks(&[1]));
-        let b = pool.cache_block(ids[1], BlockHash(11), a, &toks(&[2]));
-        assert!(pool.cache_block(ids[0], BlockHash(12), b, &toks(&[3])).is_some());
+        let a = pool.cache_block(ids[2], BlockHash(10), None, 0, &toks(&[1]));
+        let b = pool.cache_block(ids[1], BlockHash(11), a, 0, &toks(&[2]));
+        assert!(pool.cache_block(ids[0], BlockHash(12), b, 0, &toks(&[3])).is_some());
         pool.set_log_events(true);
         assert_eq!(
             pool.take_events(),
             [
-                Stored { hash: BlockHash(10), parent: None, tokens: toks(&[1]) },
-                Stored { hash: BlockHash(11), parent: Some(BlockHash(10)), tokens: toks(&[2]) },
-                Stored { hash: BlockHash(12), parent: Some(BlockHash(11)), tokens: toks(&[3]) },
+                Stored { hash: BlockHash(10), parent: None, tokens: toks(&[1]), key: 0 },
+                Stored {
+                    hash: BlockHash(11),
+                    parent: Some(BlockHash(10)),
+                    tokens: toks(&[2]),
+                    key: 0
+                },
+                Stored {
+                    hash: BlockHash(12),
+                    parent: Some(BlockHash(11)),
+                    tokens: toks(&[3]),
+                    key: 0
+                },
             ]
         );
         pool.free(ids);
         // Not logging: nothing kept.
         pool.set_log_events(false);
         let c = pool.allocate(1).unwrap();
-        assert!(pool.cache_block(c[0], BlockHash(6), None, &toks(&[6])).is_some());
+        assert!(pool.cache_block(c[0], BlockHash(6), None, 0, &toks(&[6])).is_some());
         assert!(pool.take_events().is_empty());
     }
 
@@ -622,7 +667,7 @@ mod tests {
     fn reset_is_refused_while_blocks_are_in_use() {
         let mut pool = BlockPool::new(2, 1);
         let a = pool.allocate(1).unwrap();
-        assert!(pool.cache_block(a[0], BlockHash(3), None, &toks(&[4])).is_some());
+        assert!(pool.cache_block(a[0], BlockHash(3), None, 0, &toks(&[4])).is_some());
         assert!(!pool.reset_prefix_cache());
         pool.free(a);
         assert!(pool.reset_prefix_cache());

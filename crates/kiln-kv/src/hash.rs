@@ -88,6 +88,18 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[TokenId], extra_keys: &[u
     BlockHash(h.finish())
 }
 
+/// The parent hash that a chain of cache key `key` starts from (`None` for key 0, the shared
+/// chains): mixed into a keyed chain's first block, it makes every hash of the chain differ from
+/// the same tokens' hashes under any other key.
+pub fn chain_root(key: u64) -> Option<BlockHash> {
+    (key != 0).then(|| {
+        let mut h = Hasher64::new();
+        h.write(0x6b65_7965_645f_726f); // a tag: no token block hashes to this alone
+        h.write(key);
+        BlockHash(h.finish())
+    })
+}
+
 /// `BuildHasher` for maps keyed by [`BlockHash`]: the key already is a hash, so hashing it again
 /// with SipHash is wasted work; one folded multiply keeps a weak injected hash function usable.
 #[derive(Clone, Copy, Debug, Default)]

@@ -25,6 +25,10 @@
 //!   [`KvCacheManager::free_with_computed`] with the tokens really computed: it unregisters the
 //!   blocks beyond them first. No other request may have hit those blocks in between (vLLM's
 //!   rule: no admissions in a pass that preempts).
+//! - **Keys.** A request whose KV depends on more than its tokens (a LoRA adapter) gets a
+//!   non-zero cache key before its first allocation ([`KvCacheManager::set_cache_key`]): its
+//!   blocks are hashed from its key's chain root and registered under the key, so only requests
+//!   of the same key hit them ([`KvCacheManager::lookup_prefix_keyed`]).
 //! - **Fork.** [`KvCacheManager::fork`] gives a child the parent's fully computed blocks by
 //!   reference (no copy on write is needed because shared blocks are full and never written
 //!   again). The child starts at `num_computed_tokens = shared blocks * block_size`: the tokens of
@@ -34,14 +38,14 @@
 //! Invariants ([`KvCacheManager::check_invariants`]): the pool's own (see `block_pool`); each
 //! block's ref count equals the number of request tables containing it; no table holds a block
 //! twice; a cached block at position `i` of a table is registered under that request's `i`-th
-//! chain hash.
+//! chain hash, and under its key.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use kiln_core::{BlockId, RequestId, TokenId};
 
 use crate::block_pool::{BlockPool, CachedBlockRef};
-use crate::hash::{BlockHash, BlockHashFn, hash_block};
+use crate::hash::{BlockHash, BlockHashFn, chain_root, hash_block};
 
 /// Sizes and switches of one KV cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,8 +109,8 @@ pub struct KvCacheManager {
     extra_keys: Vec<u64>,
     hash_fn: BlockHashFn,
     requests: HashMap<RequestId, RequestBlocks>,
-    /// Requests whose blocks never enter the prefix cache ([`KvCacheManager::keep_private`]).
-    private: HashSet<RequestId>,
+    /// The non-zero cache keys of requests ([`KvCacheManager::set_cache_key`]).
+    keys: HashMap<RequestId, u64>,
     stats: PrefixCacheStats,
 }
 
@@ -123,7 +127,7 @@ impl KvCacheManager {
             extra_keys: config.extra_keys,
             hash_fn,
             requests: HashMap::new(),
-            private: HashSet::new(),
+            keys: HashMap::new(),
             stats: PrefixCacheStats::default(),
         }
     }
@@ -174,14 +178,21 @@ impl KvCacheManager {
         self.requests.get(&req).map_or(0, |r| r.num_cached_blocks)
     }
 
-    fn hash(&self, parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
-        (self.hash_fn)(parent, tokens, &self.extra_keys)
+    /// The hash of a block of `tokens` after the block hashed `parent` (`None`: the first
+    /// block of a chain of cache key `key`).
+    fn hash(&self, parent: Option<BlockHash>, key: u64, tokens: &[TokenId]) -> BlockHash {
+        (self.hash_fn)(parent.or_else(|| chain_root(key)), tokens, &self.extra_keys)
     }
 
     /// The chained hash of a full block holding `tokens` after a block hashed `parent` (`None`:
-    /// the first block), as the prefix cache hashes it.
+    /// the first block), as the prefix cache hashes it for cache key 0.
     pub fn block_hash_of(&self, parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
-        self.hash(parent, tokens)
+        self.hash(parent, 0, tokens)
+    }
+
+    /// `req`'s cache key (0 unless [`KvCacheManager::set_cache_key`] gave it one).
+    pub fn cache_key(&self, req: RequestId) -> u64 {
+        self.keys.get(&req).copied().unwrap_or(0)
     }
 
     /// Whether prefix caching is on.
@@ -218,33 +229,49 @@ impl KvCacheManager {
     }
 
     /// The longest chain of verified cached full blocks that prefixes `tokens`, leaving at least
-    /// one token to compute.
+    /// one token to compute (cache key 0).
     pub fn lookup_prefix(&self, tokens: &[TokenId]) -> PrefixHit {
-        let (blocks, _) = self.find_cached(tokens, usize::MAX);
+        self.lookup_prefix_keyed(tokens, 0)
+    }
+
+    /// [`KvCacheManager::lookup_prefix`] for a request of cache key `key`: only blocks cached
+    /// under that key.
+    pub fn lookup_prefix_keyed(&self, tokens: &[TokenId], key: u64) -> PrefixHit {
+        let (blocks, _) = self.find_cached(tokens, key, usize::MAX);
         PrefixHit { num_cached_tokens: blocks.len() * self.block_size(), blocks }
     }
 
-    /// At most `max_blocks` verified cached blocks prefixing `tokens` (capped as in
+    /// At most `max_blocks` verified cached blocks of key `key` prefixing `tokens` (capped as in
     /// `lookup_prefix`), with their chain hashes.
-    fn find_cached(&self, tokens: &[TokenId], max_blocks: usize) -> (Vec<BlockId>, Vec<BlockHash>) {
+    fn find_cached(
+        &self,
+        tokens: &[TokenId],
+        key: u64,
+        max_blocks: usize,
+    ) -> (Vec<BlockId>, Vec<BlockHash>) {
         let (mut blocks, mut hashes) = (Vec::new(), Vec::new());
         if !self.enable_prefix_caching || tokens.is_empty() {
             return (blocks, hashes);
         }
         for chunk in tokens[..tokens.len() - 1].chunks_exact(self.block_size()).take(max_blocks) {
-            let h = self.hash(hashes.last().copied(), chunk);
-            let Some(id) = self.pool.get_cached(h, blocks.last().copied(), chunk) else { break };
+            let h = self.hash(hashes.last().copied(), key, chunk);
+            let parent = blocks.last().copied();
+            let Some(id) = self.pool.get_cached(h, parent, key, chunk) else { break };
             blocks.push(id);
             hashes.push(h);
         }
         (blocks, hashes)
     }
 
-    /// Keeps `req`'s blocks out of the prefix cache until it is freed: its KV depends on more
-    /// than its tokens (a LoRA adapter's). Such a request must be allocated with no cached
-    /// tokens; call it again after a preemption freed it.
-    pub fn keep_private(&mut self, req: RequestId) {
-        self.private.insert(req);
+    /// Gives `req` the cache key `key` until it is freed (module docs; 0 removes it): call it
+    /// before the request's first allocation, and again after a preemption freed it.
+    pub fn set_cache_key(&mut self, req: RequestId, key: u64) {
+        debug_assert!(!self.requests.contains_key(&req), "{req}: a key set after allocation");
+        if key == 0 {
+            self.keys.remove(&req);
+        } else {
+            self.keys.insert(req, key);
+        }
     }
 
     /// Gives `req` slots for `num_computed_tokens + num_new_tokens + num_lookahead` tokens and
@@ -264,11 +291,7 @@ impl KvCacheManager {
         let num_tokens = tokens.len();
         assert!(num_known <= num_tokens, "{req}: {num_known} tokens scheduled, {num_tokens} known");
         let first = !self.requests.contains_key(&req);
-        let shared = self.enable_prefix_caching && !self.private.contains(&req);
-        debug_assert!(
-            shared || !first || num_computed_tokens == 0 || !self.enable_prefix_caching,
-            "{req}: a private request admitted with cached tokens"
-        );
+        let shared = self.enable_prefix_caching;
         let (hits, hit_hashes) = if first && num_computed_tokens > 0 {
             self.pinned_hit(req, tokens, num_computed_tokens)
         } else {
@@ -317,7 +340,7 @@ impl KvCacheManager {
             "{req}: first allocation with {num_computed_tokens} computed tokens, not whole blocks"
         );
         let n = num_computed_tokens / bs;
-        let hit = self.find_cached(tokens, n);
+        let hit = self.find_cached(tokens, self.cache_key(req), n);
         assert!(
             hit.0.len() == n,
             "{req}: {num_computed_tokens} computed tokens but the prefix cache holds {}",
@@ -330,18 +353,16 @@ impl KvCacheManager {
     fn cache_full_blocks(&mut self, req: RequestId, tokens: &[TokenId], num_tokens: usize) {
         let bs = self.block_size();
         let num_full = num_tokens / bs;
+        let key = self.cache_key(req);
         let Some(entry) = self.requests.get_mut(&req) else { return };
         if entry.num_cached_blocks >= num_full {
             return;
         }
         while entry.block_hashes.len() < num_full {
             let i = entry.block_hashes.len();
-            let parent = i.checked_sub(1).map(|p| entry.block_hashes[p]);
-            entry.block_hashes.push((self.hash_fn)(
-                parent,
-                &tokens[i * bs..(i + 1) * bs],
-                &self.extra_keys,
-            ));
+            let parent = i.checked_sub(1).map(|p| entry.block_hashes[p]).or(chain_root(key));
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            entry.block_hashes.push((self.hash_fn)(parent, chunk, &self.extra_keys));
         }
         let mut parent = entry.last_cached;
         for i in entry.num_cached_blocks..num_full {
@@ -349,7 +370,8 @@ impl KvCacheManager {
                 break; // the chain is broken (a collision, an eviction): nothing after is reachable
             }
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            parent = self.pool.cache_block(entry.blocks[i], entry.block_hashes[i], parent, chunk);
+            let hash = entry.block_hashes[i];
+            parent = self.pool.cache_block(entry.blocks[i], hash, parent, key, chunk);
         }
         entry.last_cached = parent;
         entry.num_cached_blocks = num_full;
@@ -358,7 +380,7 @@ impl KvCacheManager {
     /// Releases the request's blocks (finish, abort, preempt), tail first. Unknown ids are a
     /// no-op.
     pub fn free(&mut self, req: RequestId) {
-        self.private.remove(&req);
+        self.keys.remove(&req);
         if let Some(entry) = self.requests.remove(&req) {
             self.pool.free(entry.blocks.into_iter().rev());
         }
@@ -387,7 +409,7 @@ impl KvCacheManager {
     /// never computed).
     pub fn free_with_computed(&mut self, req: RequestId, num_computed_tokens: usize) {
         let Some(entry) = self.requests.get(&req) else {
-            self.private.remove(&req);
+            self.keys.remove(&req);
             return;
         };
         for &b in entry.blocks.iter().skip(num_computed_tokens / self.block_size()) {
@@ -427,16 +449,20 @@ impl KvCacheManager {
         };
         self.pool.touch(&entry.blocks);
         self.requests.insert(child, entry);
+        if let Some(&key) = self.keys.get(&parent) {
+            self.keys.insert(child, key);
+        }
         n * bs
     }
 
-    /// Every cached block still reachable by a chain of hits, with the position of its parent
-    /// in the returned list (`None`: the first block of a sequence); parents come before their
-    /// children. What a saved prefix cache holds.
+    /// Every cached block of cache key 0 still reachable by a chain of hits, with the position
+    /// of its parent in the returned list (`None`: the first block of a sequence); parents come
+    /// before their children. What a saved prefix cache holds (keys name bindings that do not
+    /// outlive the process).
     pub fn cached_chains(&self) -> Vec<(BlockId, Option<usize>)> {
         // Depth of each reachable cached block (0: no parent); unreachable ones are absent.
         let mut depth: HashMap<BlockId, usize> = HashMap::new();
-        for start in self.pool.cached_blocks() {
+        for start in self.pool.cached_blocks().filter(|&b| self.pool.cached_key(b) == Some(0)) {
             // Walk up to a block of known depth (or a root, or a broken link), then fill in.
             let mut path = vec![start];
             let mut base = None;
@@ -496,8 +522,8 @@ impl KvCacheManager {
             None => None,
         };
         let parent_hash = parent.and_then(|p| self.pool.block_hash(p));
-        let hash = (self.hash_fn)(parent_hash, tokens, &self.extra_keys);
-        if self.pool.get_cached(hash, parent, tokens).is_some() {
+        let hash = self.hash(parent_hash, 0, tokens);
+        if self.pool.get_cached(hash, parent, 0, tokens).is_some() {
             return None;
         }
         // Never evict: only an uncached free block (they sit at the head of the queue) is taken.
@@ -506,7 +532,7 @@ impl KvCacheManager {
             return None;
         }
         let block = self.pool.allocate(1)?[0];
-        match self.pool.cache_block(block, hash, parent_ref, tokens) {
+        match self.pool.cache_block(block, hash, parent_ref, 0, tokens) {
             Some(r) if self.pool.cached_ref(block) == Some(r) => Some(block),
             _ => {
                 self.pool.free([block]);
@@ -551,6 +577,13 @@ impl KvCacheManager {
                     return Err(format!(
                         "{req}: block {i} ({b:?}) is cached under {h:?}, not {mine:?}"
                     ));
+                }
+                let key = self.pool.cached_key(b);
+                if registered.is_some()
+                    && i < e.num_cached_blocks
+                    && key != Some(self.cache_key(*req))
+                {
+                    return Err(format!("{req}: block {i} ({b:?}) is cached under key {key:?}"));
                 }
             }
         }
@@ -721,24 +754,36 @@ mod tests {
     }
 
     #[test]
-    fn private_requests_neither_fill_nor_count_in_the_prefix_cache() {
-        let mut m = manager(8, 2);
+    fn keyed_requests_hit_only_blocks_of_their_own_key() {
+        let mut m = manager(16, 2);
         let a = toks(&[1, 2, 3, 4, 5]);
-        m.keep_private(RequestId(1));
+        m.set_cache_key(RequestId(1), 7);
         m.allocate_slots(RequestId(1), &a, 0, 5, 0).unwrap();
-        assert_eq!(m.num_registered_blocks(RequestId(1)), 0);
+        assert_eq!(m.num_registered_blocks(RequestId(1)), 2);
         m.free(RequestId(1));
+        // The same tokens: no hit for key 0 or another key, a hit for key 7.
         assert_eq!(m.lookup_prefix(&a).num_cached_tokens, 0);
-        assert_eq!(m.prefix_cache_stats().num_requests, 0);
-        // Freed, the id is no longer private: reused, it caches as any request.
-        m.allocate_slots(RequestId(1), &a, 0, 5, 0).unwrap();
-        m.free(RequestId(1));
+        assert_eq!(m.lookup_prefix_keyed(&a, 8).num_cached_tokens, 0);
+        assert_eq!(m.lookup_prefix_keyed(&a, 7).num_cached_tokens, 4);
+        // Key 0 caches the same tokens alongside, under other hashes.
+        m.allocate_slots(RequestId(2), &a, 0, 5, 0).unwrap();
+        assert_eq!(m.num_registered_blocks(RequestId(2)), 2);
+        m.free(RequestId(2));
         assert_eq!(m.lookup_prefix(&a).num_cached_tokens, 4);
-        // Marked private while waiting and aborted before any allocation: forgotten too.
-        m.keep_private(RequestId(2));
-        m.free_with_computed(RequestId(2), 0);
-        m.allocate_slots(RequestId(2), &toks(&[7, 7, 7]), 0, 3, 0).unwrap();
-        assert_eq!(m.num_registered_blocks(RequestId(2)), 1);
+        // A keyed hit pins its blocks; freed, the id loses its key.
+        m.set_cache_key(RequestId(3), 7);
+        let hit = m.lookup_prefix_keyed(&a, 7);
+        m.allocate_slots(RequestId(3), &a, 4, 1, 0).unwrap();
+        assert_eq!(&m.block_table(RequestId(3))[..2], hit.blocks.as_slice());
+        m.check_invariants().unwrap();
+        m.free(RequestId(3));
+        assert_eq!(m.cache_key(RequestId(3)), 0);
+        // A key set while waiting and aborted before any allocation is forgotten too.
+        m.set_cache_key(RequestId(4), 9);
+        m.free_with_computed(RequestId(4), 0);
+        assert_eq!(m.cache_key(RequestId(4)), 0);
+        // A saved prefix cache leaves keyed chains out.
+        assert_eq!(m.cached_chains().len(), 2);
         m.check_invariants().unwrap();
     }
 

@@ -3,10 +3,11 @@
 //! A handful of requests over a vocabulary of 3 tokens and blocks of 1-4 tokens, so prefixes
 //! collide constantly: admit (with or without the prefix hit, whole or partial), prefill in
 //! chunks, decode with lookahead, preempt (after a step, or right after an allocation whose step
-//! never runs) and resume, finish, abort, fork. The shadow `kv` records,
-//! for every slot, the token prefix whose last token's KV was "computed" into it. After every
-//! operation: the manager's invariants hold, every running request's computed positions still map
-//! to slots holding its own prefix, every hit maps to slots holding the querying prefix, only
+//! never runs) and resume, finish, abort, fork. Each prompt gets one of three cache keys (0
+//! shared, 1 and 2 as two LoRA adapters). The shadow `kv` records, for every slot, the key and
+//! the token prefix whose last token's KV was "computed" into it. After every operation: the
+//! manager's invariants hold, every running request's computed positions still map to slots
+//! holding its own key and prefix, every hit maps to slots holding the querying key and prefix, only
 //! unshared blocks are ever written, and allocation takes the free queue's head. At the end,
 //! after freeing everything, every block is free.
 
@@ -50,6 +51,8 @@ const NUM_SLOTS: usize = 5;
 struct Req {
     id: Option<RequestId>,
     tokens: Vec<TokenId>,
+    /// Its cache key (what else its KV depends on).
+    key: u64,
     num_computed: usize,
 }
 
@@ -62,11 +65,14 @@ struct Counters {
     uncomputed_frees: usize,
 }
 
+/// The cache key and the prefix whose last token's KV a slot holds (`None`: never written).
+type SlotKv = Option<(u64, Vec<TokenId>)>;
+
 struct Sim {
     m: KvCacheManager,
     bs: usize,
-    /// `[num_blocks][block_size]`: the prefix whose last token's KV the slot holds.
-    kv: Vec<Vec<Option<Vec<TokenId>>>>,
+    /// `[num_blocks][block_size]`.
+    kv: Vec<Vec<SlotKv>>,
     reqs: Vec<Req>,
     next_id: u64,
     rng: Rng,
@@ -97,15 +103,16 @@ impl Sim {
         (0..len).map(|_| TokenId(self.rng.below(VOCAB as usize) as u32)).collect()
     }
 
-    fn slot(&self, block: BlockId, pos: usize) -> Option<&[TokenId]> {
-        self.kv[block.index()][pos % self.bs].as_deref()
+    fn slot(&self, block: BlockId, pos: usize) -> Option<(u64, &[TokenId])> {
+        self.kv[block.index()][pos % self.bs].as_ref().map(|(k, t)| (*k, t.as_slice()))
     }
 
-    /// The blocks' slots hold exactly the KV of `tokens[..(i + 1) * bs]`, block by block.
-    fn assert_blocks_hold(&self, blocks: &[BlockId], tokens: &[TokenId], num_tokens: usize) {
-        for pos in 0..num_tokens {
+    /// The blocks' slots hold exactly the KV of `tokens[..(i + 1) * bs]` under `key`, block by
+    /// block.
+    fn assert_blocks_hold(&self, blocks: &[BlockId], key: u64, tokens: &[TokenId], n: usize) {
+        for pos in 0..n {
             let held = self.slot(blocks[pos / self.bs], pos);
-            assert_eq!(held, Some(&tokens[..=pos]), "slot of position {pos} holds other KV");
+            assert_eq!(held, Some((key, &tokens[..=pos])), "slot of position {pos} holds other KV");
         }
     }
 
@@ -115,7 +122,8 @@ impl Sim {
         for pos in from..to {
             let block = self.m.block_table(id)[pos / self.bs];
             assert_eq!(self.m.pool().ref_count(block), 1, "write into a shared block");
-            self.kv[block.index()][pos % self.bs] = Some(self.reqs[s].tokens[..=pos].to_vec());
+            let r = &self.reqs[s];
+            self.kv[block.index()][pos % self.bs] = Some((r.key, r.tokens[..=pos].to_vec()));
         }
         self.reqs[s].num_computed = to;
     }
@@ -125,8 +133,12 @@ impl Sim {
         let lookahead = if self.rng.one_in(4) { self.rng.range(1, 3) } else { 0 };
         let before_table = self.m.block_table(id).to_vec();
         let before_free: Vec<BlockId> = self.m.pool().free_blocks().collect();
-        let tokens = &self.reqs[s].tokens;
-        let hit = if self.m.contains(id) { vec![] } else { self.m.lookup_prefix(tokens).blocks };
+        let (tokens, key) = (&self.reqs[s].tokens, self.reqs[s].key);
+        let hit = if self.m.contains(id) {
+            vec![]
+        } else {
+            self.m.lookup_prefix_keyed(tokens, key).blocks
+        };
         let Some(new) = self.m.allocate_slots(id, tokens, num_computed, num_new, lookahead) else {
             self.n.failed_allocations += 1;
             assert_eq!(self.m.block_table(id), before_table.as_slice());
@@ -152,17 +164,20 @@ impl Sim {
             let len = self.rng.range(1, 14);
             t.extend(self.random_tokens(len));
             self.reqs[s].tokens = t;
+            self.reqs[s].key = self.rng.below(3) as u64;
         }
         let id = self.fresh_id();
+        let key = self.reqs[s].key;
+        self.m.set_cache_key(id, key);
         let tokens = &self.reqs[s].tokens;
-        let hit = self.m.lookup_prefix(tokens);
+        let hit = self.m.lookup_prefix_keyed(tokens, key);
         assert!(hit.num_cached_tokens < tokens.len());
         assert_eq!(hit.num_cached_tokens, hit.blocks.len() * self.bs);
         for (i, &b) in hit.blocks.iter().enumerate() {
             let cached = self.m.pool().cached_tokens(b).unwrap();
             assert_eq!(cached, &tokens[i * self.bs..(i + 1) * self.bs]);
         }
-        self.assert_blocks_hold(&hit.blocks, tokens, hit.num_cached_tokens);
+        self.assert_blocks_hold(&hit.blocks, key, tokens, hit.num_cached_tokens);
         let num_blocks_used = if self.rng.one_in(5) {
             let n = hit.blocks.len();
             self.rng.range(0, n)
@@ -175,6 +190,8 @@ impl Sim {
             self.n.hit_tokens += num_cached;
             self.reqs[s].id = Some(id);
             self.compute(s, num_cached, num_cached + num_new);
+        } else {
+            self.m.free(id); // never admitted: forgets its key
         }
     }
 
@@ -236,8 +253,9 @@ impl Sim {
         let num_computed = self.m.fork(pid, cid, self.reqs[parent].num_computed);
         assert_eq!(num_computed, self.reqs[parent].num_computed / self.bs * self.bs);
         self.n.forks += 1;
-        self.reqs[child] =
-            Req { id: Some(cid), tokens: self.reqs[parent].tokens.clone(), num_computed };
+        let (tokens, key) = (self.reqs[parent].tokens.clone(), self.reqs[parent].key);
+        assert_eq!(self.m.cache_key(cid), key);
+        self.reqs[child] = Req { id: Some(cid), tokens, key, num_computed };
     }
 
     fn random_op(&mut self) {
@@ -265,7 +283,8 @@ impl Sim {
         self.m.check_invariants().unwrap();
         for r in &self.reqs {
             if let Some(id) = r.id {
-                self.assert_blocks_hold(self.m.block_table(id), &r.tokens, r.num_computed);
+                assert_eq!(self.m.cache_key(id), r.key);
+                self.assert_blocks_hold(self.m.block_table(id), r.key, &r.tokens, r.num_computed);
             }
         }
     }

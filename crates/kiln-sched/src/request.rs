@@ -50,9 +50,11 @@ pub struct Request {
     eos_token_ids: Vec<TokenId>,
     /// Lower is more urgent (vLLM's convention); used by the priority policy.
     priority: i64,
-    /// The LoRA adapter slot it runs with (0: the base model). A request with an adapter
-    /// neither reads nor fills the prefix cache or the second KV tier.
+    /// The LoRA adapter slot it runs with (0: the base model).
     adapter: u32,
+    /// The prefix-cache key of its KV (`KvCacheManager::set_cache_key`; 0: the base model's,
+    /// shared). A keyed request hits only its key's blocks and skips the second KV tier.
+    cache_key: u64,
     /// Caller-given arrival (a timestamp or counter); `None` = the scheduler's add order.
     arrival: Option<u64>,
     /// Latency objectives (the deadline policy orders by them).
@@ -97,6 +99,7 @@ impl Request {
             eos_token_ids: Vec::new(),
             priority: 0,
             adapter: 0,
+            cache_key: 0,
             arrival: None,
             deadline: None,
             demoted: false,
@@ -121,11 +124,18 @@ impl Request {
         self
     }
 
-    /// Runs it with the LoRA adapter in `slot` (0: none).
+    /// Runs it with the LoRA adapter in `slot` (0: none), whose KV is cached under
+    /// `cache_key` (non-zero, one per binding of an adapter to a slot; with slot 0, 0).
     #[must_use]
-    pub fn with_adapter(mut self, slot: u32) -> Self {
+    pub fn with_adapter(mut self, slot: u32, cache_key: u64) -> Self {
         self.adapter = slot;
+        self.cache_key = cache_key;
         self
+    }
+
+    /// The prefix-cache key of its KV (0: shared).
+    pub fn cache_key(&self) -> u64 {
+        self.cache_key
     }
 
     /// Its LoRA adapter slot (0: the base model).

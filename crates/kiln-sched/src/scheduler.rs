@@ -18,7 +18,9 @@
 //! 2. **Waiting** requests, in policy order, only if nothing was preempted in this pass (so no
 //!    admission can hit blocks whose KV is about to be dropped): prefix lookup, then allocation,
 //!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow. The
-//!    first request that does not fit stops admission (no bypassing, so aging bounds waiting).
+//!    first request that does not fit stops admission (no bypassing, so aging bounds waiting),
+//!    except for a request of a LoRA adapter beyond [`Scheduler::set_max_loras`]: it is
+//!    passed over (as in vLLM) until a running adapter's requests leave.
 //!    A request preempted by swap gets the blocks past its prefix hit copied back in from the
 //!    tier, and computes only what was never computed; any other request's hit continues into
 //!    prefix-cache blocks the tier kept when the KV cache evicted them ([`crate::spill`]).
@@ -64,7 +66,7 @@
 //! manager's work; outside the KV manager, per-token work only for the tokens a step adds
 //! (copied once into the diff, appended once by `update`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem;
 
 use kiln_core::{BlockId, RequestId, TokenId};
@@ -134,6 +136,8 @@ pub struct Scheduler {
     num_demoted: u64,
     /// The second KV tier (`None`: preemption is by recompute only).
     swap: Option<SwapSpace>,
+    /// Most distinct LoRA adapters among running requests (`None`: no limit).
+    max_loras: Option<usize>,
     /// A step planned before the one in flight is updated (`update.rs`).
     ahead: update::Ahead,
 }
@@ -175,8 +179,15 @@ impl Scheduler {
             num_scheduled_tokens: 0,
             num_demoted: 0,
             swap: None,
+            max_loras: None,
             ahead: update::Ahead::default(),
         })
+    }
+
+    /// Runs requests of at most `max` distinct LoRA adapters at once (`None`: any number;
+    /// vLLM's `--max-loras`). Base-model requests are never held back by it.
+    pub fn set_max_loras(&mut self, max: Option<usize>) {
+        self.max_loras = max;
     }
 
     /// The limits in force (the configured ones unless [`Scheduler::set_limits`] lowered them).
@@ -615,27 +626,34 @@ impl Scheduler {
         let mut order = self.waiting.clone();
         order.sort_by_cached_key(|id| waiting_key(&self.config, &self.requests[id], step));
         let mut num_admitted = 0;
+        let mut adapters: HashSet<u32> =
+            self.running.iter().map(|id| self.requests[id].adapter()).filter(|&a| a != 0).collect();
         for id in order {
             if budget == 0 || self.running.len() >= self.limits.max_num_seqs {
                 break;
             }
             let req = &self.requests[&id];
+            let adapter = req.adapter();
+            let new_adapter = adapter != 0 && !adapters.contains(&adapter);
+            if new_adapter && self.max_loras.is_some_and(|max| adapters.len() >= max) {
+                continue;
+            }
             let bs = self.kv.block_size();
             // Prompt logprobs need every prompt position computed: no prefix-cache reads. An
-            // adapter's KV is not the base model's: its blocks stay private.
-            let private = req.adapter() != 0;
-            let (num_cached, tier_slots) =
-                if req.sampling_params().prompt_logprobs.is_some() || private {
-                    (0, Vec::new())
+            // adapter's KV is not the base model's: it hits only its own key's blocks, and
+            // never the second tier.
+            let key = req.cache_key();
+            let (num_cached, tier_slots) = if req.sampling_params().prompt_logprobs.is_some() {
+                (0, Vec::new())
+            } else {
+                let hit = self.kv.lookup_prefix_keyed(req.all_token_ids(), key);
+                let tier = if req.swapped.is_none() && key == 0 {
+                    self.tier_hit(req.all_token_ids(), &hit.blocks)
                 } else {
-                    let hit = self.kv.lookup_prefix(req.all_token_ids());
-                    let tier = if req.swapped.is_none() {
-                        self.tier_hit(req.all_token_ids(), &hit.blocks)
-                    } else {
-                        Vec::new()
-                    };
-                    (hit.num_cached_tokens, tier)
+                    Vec::new()
                 };
+                (hit.num_cached_tokens, tier)
+            };
             // A request preempted by swap: the KV past the hit comes back from its slots (all
             // but the last token, whose logits the next sample needs); any other request gets
             // the spilled blocks that continue its hit.
@@ -649,15 +667,17 @@ impl Scheduler {
             }
             let tokens = req.all_token_ids();
             let num_new = num_computed - num_cached + num_tokens;
-            if private {
-                self.kv.keep_private(id);
-            }
+            self.kv.set_cache_key(id, key);
             if self.kv.allocate_slots(id, tokens, num_cached, num_new, 0).is_none() {
+                self.kv.set_cache_key(id, 0);
                 break;
             }
             num_partial += usize::from(is_partial);
             budget -= num_tokens;
             num_admitted += 1;
+            if adapter != 0 {
+                adapters.insert(adapter);
+            }
             let Some(req) = self.requests.get_mut(&id) else { continue };
             if let (Some(space), false) = (&mut self.swap, tier_slots.is_empty()) {
                 let first = num_cached / bs;
@@ -709,6 +729,11 @@ impl Scheduler {
         }
         if self.running.len() + self.waiting.len() != self.requests.len() {
             return Err("running + waiting != known requests".to_owned());
+        }
+        let adapters: HashSet<u32> =
+            self.running.iter().map(|id| self.requests[id].adapter()).filter(|&a| a != 0).collect();
+        if self.max_loras.is_some_and(|max| adapters.len() > max) {
+            return Err(format!("{} LoRA adapters running > max_loras", adapters.len()));
         }
         let block_size = self.kv.block_size();
         for id in &self.running {

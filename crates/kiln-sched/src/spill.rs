@@ -226,7 +226,7 @@ mod tests {
         let (mut parent, mut parent_hash) = (None, None);
         for (&b, chunk) in blocks.iter().zip(chunks) {
             let hash = weak_hash(parent_hash, chunk);
-            parent = pool.cache_block(b, hash, parent, chunk);
+            parent = pool.cache_block(b, hash, parent, 0, chunk);
             assert!(parent.is_some());
             parent_hash = Some(hash);
         }
@@ -243,7 +243,7 @@ mod tests {
     /// A block of `pool` cached as the first of a sequence, holding `tokens`.
     fn cache_first(pool: &mut BlockPool, tokens: &[TokenId]) -> ChainEnd {
         let b = pool.allocate(1).unwrap()[0];
-        let r = pool.cache_block(b, weak_hash(None, tokens), None, tokens).unwrap();
+        let r = pool.cache_block(b, weak_hash(None, tokens), None, 0, tokens).unwrap();
         ChainEnd { hash: Some(weak_hash(None, tokens)), parent: SpillParent::Device(r) }
     }
 

@@ -53,12 +53,17 @@ pub struct LoraSettings {
     pub modules: Vec<LoraModule>,
     /// `--max-lora-rank`: adapters of a higher rank are refused at load.
     pub max_rank: usize,
+    /// `--max-loras`: most distinct adapters in one step (`None`: no limit).
+    pub max_loras: Option<usize>,
+    /// `--allow-runtime-lora-updating` (or vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): serves
+    /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
+    pub runtime_updates: bool,
 }
 
 impl Default for LoraSettings {
     fn default() -> Self {
         // vLLM's default --max-lora-rank.
-        Self { modules: Vec::new(), max_rank: 16 }
+        Self { modules: Vec::new(), max_rank: 16, max_loras: None, runtime_updates: false }
     }
 }
 

@@ -161,7 +161,7 @@ impl Envelope {
         Self {
             id: state.response_id(prefix),
             created: crate::routes::unix_now(),
-            model: crate::routes::reported_name(state, adapter).to_owned(),
+            model: crate::routes::reported_name(state, adapter),
         }
     }
 

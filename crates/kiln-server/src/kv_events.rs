@@ -12,7 +12,10 @@
 //!   `BlockRemoved` (`block_hashes`, `medium`), `AllBlocksCleared`; no other keys (the router
 //!   rejects a batch with an unknown key). Hashes are kiln's 64-bit block hashes as unsigned
 //!   integers: opaque ids that only have to be stable between a store, its children and its
-//!   removal. `medium` is `"GPU"`, the router's name for an engine's primary KV cache;
+//!   removal. `medium` is `"GPU"`, the router's name for an engine's primary KV cache. A
+//!   block computed under a LoRA adapter carries the binding's cache key as `lora_id` (an id
+//!   that is new at each load) and the adapter's name as `lora_name`; a base-model block has
+//!   `nil` for both;
 //! - with `replay_endpoint`, a ROUTER socket answers `[identity, "", start_seq]` with every
 //!   buffered batch from `start_seq` on as `[identity, "", topic, seq, payload]`, then
 //!   `[identity, "", "", -1, ""]` (the last `buffer_steps` batches are kept).
@@ -151,15 +154,24 @@ impl KvEventsConfig {
     }
 }
 
-/// The MessagePack batch `[ts, events, 0]` of one step's events.
-pub fn encode_batch(ts: f64, events: &[KvCacheEvent], block_size: usize) -> Vec<u8> {
+/// The name of the LoRA adapter bound under a prefix-cache key, while it is loaded.
+pub type LoraNames = std::sync::Arc<dyn Fn(u64) -> Option<String> + Send + Sync>;
+
+/// The MessagePack batch `[ts, events, 0]` of one step's events; `lora_names` names the
+/// adapters of keyed blocks.
+pub fn encode_batch(
+    ts: f64,
+    events: &[KvCacheEvent],
+    block_size: usize,
+    lora_names: &dyn Fn(u64) -> Option<String>,
+) -> Vec<u8> {
     let mut w = Writer::default();
     w.array(3);
     w.f64(ts);
     w.array(events.len());
     for event in events {
         match event {
-            KvCacheEvent::Stored { hash, parent, tokens } => {
+            KvCacheEvent::Stored { hash, parent, tokens, key } => {
                 w.map(8);
                 w.str("type");
                 w.str("BlockStored");
@@ -178,12 +190,19 @@ pub fn encode_batch(ts: f64, events: &[KvCacheEvent], block_size: usize) -> Vec<
                 }
                 w.str("block_size");
                 w.uint(block_size as u64);
+                let name = (*key != 0).then(|| lora_names(*key)).flatten();
                 w.str("lora_id");
-                w.nil();
+                match key {
+                    0 => w.nil(),
+                    k => w.uint(*k),
+                }
                 w.str("medium");
                 w.str("GPU");
                 w.str("lora_name");
-                w.nil();
+                match &name {
+                    Some(name) => w.str(name),
+                    None => w.nil(),
+                }
             }
             KvCacheEvent::Removed { hash } => {
                 w.map(3);
@@ -333,11 +352,12 @@ mod tests {
                 hash: BlockHash(300),
                 parent: None,
                 tokens: vec![TokenId(1), TokenId(2)],
+                key: 0,
             },
             KvCacheEvent::Removed { hash: BlockHash(5) },
             KvCacheEvent::AllCleared,
         ];
-        let bytes = encode_batch(2.0, &events, 2);
+        let bytes = encode_batch(2.0, &events, 2, &|_| None);
         let mut want = vec![0x93, 0xcb];
         want.extend(2.0f64.to_be_bytes());
         want.push(0x93);
@@ -370,5 +390,28 @@ mod tests {
         want.extend(b"\x81\xa4type\xb0AllBlocksCleared");
         want.push(0x00);
         assert_eq!(bytes, want);
+    }
+    #[test]
+    fn an_adapter_s_block_carries_its_key_and_name() {
+        let stored = |key| KvCacheEvent::Stored {
+            hash: BlockHash(1),
+            parent: None,
+            tokens: vec![TokenId(1)],
+            key,
+        };
+        let names = |key: u64| (key == 7).then(|| "sql".to_owned());
+        let find = |bytes: &[u8], field: &str| {
+            let mut tag = vec![0xa0 | field.len() as u8];
+            tag.extend(field.as_bytes());
+            let at = bytes.windows(tag.len()).position(|w| w == tag).unwrap() + tag.len();
+            bytes[at..].to_vec()
+        };
+        let bytes = encode_batch(0.0, &[stored(7)], 1, &names);
+        assert_eq!(find(&bytes, "lora_id")[0], 0x07);
+        assert!(find(&bytes, "lora_name").starts_with(b"\xa3sql"));
+        // A key whose adapter was unloaded since: its id, no name.
+        let bytes = encode_batch(0.0, &[stored(8)], 1, &names);
+        assert_eq!(find(&bytes, "lora_id")[0], 0x08);
+        assert_eq!(find(&bytes, "lora_name")[0], 0xc0);
     }
 }

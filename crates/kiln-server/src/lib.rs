@@ -25,6 +25,7 @@ pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod kv_events;
+pub mod lora;
 pub mod metrics;
 pub mod protocol;
 pub mod reasoning;
@@ -49,7 +50,7 @@ use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use kiln_engine::structured::{GrammarCompiler, PendingCompiler};
-use kiln_engine::{EngineCore, EngineHandle, LoraAdapter};
+use kiln_engine::{EngineCore, EngineHandle};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 pub use config::{ConnectionLimits, LoraModule, LoraSettings, ServerConfig};
@@ -57,6 +58,7 @@ pub use error::ApiError;
 pub use state::{Loaded, ServerState};
 
 use crate::chat_template::{BuiltinTemplate, TemplateOverride};
+use crate::lora::LoraRegistry;
 use crate::metrics::Metrics;
 use crate::validate::Limits;
 
@@ -111,7 +113,7 @@ pub fn load(
         core.set_pending_grammar_compiler(pending.clone());
         pending
     };
-    bind_adapters(&mut core, &config.lora)?;
+    let lora = Arc::new(LoraRegistry::bind_at_load(&config.lora, &mut core)?);
     let block_size = core.scheduler().kv_cache().block_size();
     let kv_events = match &config.kv_events {
         Some(events) => {
@@ -120,7 +122,9 @@ pub fn load(
                             drop --no-enable-prefix-caching"
                     .into());
             }
-            let publisher = kv_events::KvEventPublisher::start(events, block_size)?;
+            let names = Arc::clone(&lora);
+            let lora_names: kv_events::LoraNames = Arc::new(move |key| names.name_of_key(key));
+            let publisher = kv_events::KvEventPublisher::start(events, block_size, lora_names)?;
             tracing::info!("KV cache events published on {}", publisher.endpoint());
             core.set_kv_event_sink(publisher.sink());
             Some(publisher)
@@ -132,10 +136,19 @@ pub fn load(
         Arc::new(Metrics::with_prefix(&config.metrics_prefix, name, limits.max_model_len));
     let observer_metrics = Arc::clone(&metrics);
     let mut last_stats = core.stats();
+    let observer_lora = Arc::clone(&lora);
+    let max_loras = config.lora.max_loras;
+    let mut lora_unreported = !config.lora.modules.is_empty() || config.lora.runtime_updates;
     let engine = EngineHandle::spawn_with_observer(
         core,
         Some(Box::new(move |stats| {
             observer_metrics.on_step(stats);
+            if lora_unreported || stats.adapters != last_stats.adapters {
+                lora_unreported = false;
+                let (running, waiting) = (stats.adapters.running, stats.adapters.waiting);
+                let names = |set| observer_lora.names(set);
+                observer_metrics.on_lora(&names(running), &names(waiting), max_loras);
+            }
             if let Some(line) = metrics::controller_log_line(&last_stats, stats) {
                 tracing::info!("{line}");
             }
@@ -155,32 +168,20 @@ pub fn load(
         block_size,
         kv_events,
         tokenize_gate,
+        lora,
     })
-}
-
-/// Reads every adapter of `--lora-modules` for this model and binds it to its slot.
-fn bind_adapters(core: &mut EngineCore, lora: &config::LoraSettings) -> Result<(), String> {
-    for (i, module) in lora.modules.iter().enumerate() {
-        let config = core.model().config().clone();
-        let adapter = LoraAdapter::load_peft(&module.path, &config, lora.max_rank)
-            .map_err(|e| format!("--lora-modules {}: {e}", module.name))?;
-        core.set_adapter(i as u32 + 1, Some(&adapter))
-            .map_err(|e| format!("--lora-modules {}: {e}", module.name))?;
-        tracing::info!(
-            "LoRA adapter {} (rank {}, {:.1} MiB) from {}",
-            module.name,
-            adapter.max_rank(),
-            adapter.bytes() as f64 / f64::from(1 << 20),
-            module.path.display()
-        );
-    }
-    Ok(())
 }
 
 /// The routes, behind (outermost first) the HTTP request counts, CORS, the API key (before
 /// routing, see [`auth`]) and the checks of a request's head ([`request_limits`]).
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
+    let mut routes = Router::new();
+    if state.config.lora.runtime_updates {
+        routes = routes
+            .route("/v1/load_lora_adapter", post(routes::lora::load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(routes::lora::unload_lora_adapter));
+    }
+    routes
         .route("/v1/completions", post(routes::completions::completions))
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions/render", post(routes::render::render_completion))

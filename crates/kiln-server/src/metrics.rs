@@ -19,6 +19,8 @@
 //!     `kiln:num_preemptions_by_mode_total{mode}` (module `swap`);
 //!   - the structured-output counters `kiln:structured_output_*` (module `structured`);
 //!   - `kiln:engine_busy_seconds_total` and `kiln:engine_forward_seconds_total` (module `busy`);
+//!   - with LoRA adapters, `kiln:lora_requests_info` when the adapters in use change
+//!     ([`Metrics::on_lora`], module `lora`);
 //!   - histogram `kiln:iteration_tokens_total` observes the tokens scheduled in that step, once
 //!     per step (`EngineStats::num_steps` must have advanced) and only if it scheduled any.
 //! - [`Metrics::on_prompt_tokens`], when a request's first token arrives:
@@ -69,6 +71,7 @@
 
 mod busy;
 pub mod http;
+mod lora;
 mod process;
 mod slo;
 mod spec;
@@ -270,6 +273,7 @@ pub struct Metrics {
     swap: swap::SwapMetrics,
     structured: structured::StructuredMetrics,
     busy: busy::BusyMetrics,
+    lora: lora::LoraMetrics,
     request_inference_time: Histogram,
     request_time_per_output_token: Histogram,
     request_params_n: Histogram,
@@ -319,6 +323,7 @@ impl Metrics {
             swap: swap::SwapMetrics::default(),
             structured: structured::StructuredMetrics::default(),
             busy: busy::BusyMetrics::default(),
+            lora: lora::LoraMetrics::default(),
             request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_time_per_output_token: Histogram::new(ITL_BUCKETS),
             request_params_n: Histogram::new(N_BUCKETS),
@@ -431,6 +436,7 @@ impl Metrics {
         self.swap.register(r, &p);
         self.structured.register(r, &p);
         self.busy.register(r, &p);
+        self.lora.register(r, &p);
         self.register_request_metrics();
         self.process_registry.register_collector(Box::new(ProcessCollector));
         self
@@ -526,6 +532,12 @@ impl Metrics {
         if new_step && stats.step_scheduled_tokens > 0 {
             self.iteration_tokens.observe(stats.step_scheduled_tokens as f64);
         }
+    }
+
+    /// The LoRA adapters of running and of waiting requests changed (by name), under a limit of
+    /// `max_lora` adapters per step (`kiln:lora_requests_info`).
+    pub fn on_lora(&self, running: &[String], waiting: &[String], max_lora: Option<usize>) {
+        self.lora.set(running, waiting, max_lora);
     }
 
     /// A request's first token arrived; `n` is its prompt length.

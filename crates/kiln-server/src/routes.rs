@@ -4,12 +4,14 @@ pub mod chat;
 pub mod chat_input;
 pub mod completions;
 pub mod format;
+pub mod lora;
 pub mod misc;
 pub mod render;
 
 use std::sync::Arc;
 
 use kiln_core::TokenId;
+use kiln_engine::AdapterBinding;
 
 use crate::error::ApiError;
 use crate::state::{Loaded, ServerState};
@@ -19,15 +21,16 @@ pub fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiEr
     resolve_model(state, model).map(drop)
 }
 
-/// The LoRA slot `model` asks for: 0 for the base model (one of its served names, or no
-/// `model`), `i + 1` for the `i`-th adapter of `--lora-modules`; 404 for any other name.
-pub fn resolve_model(state: &ServerState, model: Option<&str>) -> Result<u32, ApiError> {
-    let Some(m) = model else { return Ok(0) };
+/// The LoRA adapter `model` asks for: the base model (the default binding) for one of its
+/// served names or no `model`, a serving adapter's binding for its name ([`crate::lora`]);
+/// 404 for any other name.
+pub fn resolve_model(state: &ServerState, model: Option<&str>) -> Result<AdapterBinding, ApiError> {
+    let Some(m) = model else { return Ok(AdapterBinding::default()) };
     if state.config.served_model_names.iter().any(|n| n == m) {
-        return Ok(0);
+        return Ok(AdapterBinding::default());
     }
-    if let Some(i) = state.config.lora.modules.iter().position(|l| l.name == m) {
-        return Ok(i as u32 + 1);
+    if let Some(binding) = state.loaded().and_then(|loaded| loaded.lora.resolve(m)) {
+        return Ok(binding);
     }
     let mut e = ApiError::not_found(format!("The model `{m}` does not exist."));
     e.param = Some("model".into());
@@ -41,11 +44,12 @@ pub fn model_name(state: &ServerState) -> &str {
 
 /// The name reported in the responses of a request run with LoRA slot `adapter`: the
 /// adapter's, or the base model's.
-pub fn reported_name(state: &ServerState, adapter: u32) -> &str {
-    match (adapter as usize).checked_sub(1).and_then(|i| state.config.lora.modules.get(i)) {
-        Some(module) => &module.name,
-        None => model_name(state),
-    }
+pub fn reported_name(state: &ServerState, adapter: u32) -> String {
+    let adapter_name = match adapter {
+        0 => None,
+        slot => state.loaded().and_then(|loaded| loaded.lora.name_of_slot(slot)),
+    };
+    adapter_name.unwrap_or_else(|| model_name(state).to_owned())
 }
 
 /// Tokenizes on a blocking thread (long prompts must not stall the async workers), after

@@ -64,7 +64,7 @@ impl SequenceSpec {
     ) -> Result<Self, ApiError> {
         let params = spec.for_prompt(ids.len(), sample, limits)?;
         let request = PreparedRequest::new(ids.to_vec(), params, limits.vocab_size, compiled)
-            .map(|r| r.with_adapter(spec.adapter))
+            .map(|r| r.with_adapter_binding(spec.adapter))
             .map_err(|e| match e {
                 PrepareError::TokenOutOfVocab { what, token, vocab_size } => ApiError::bad_param(
                     what,

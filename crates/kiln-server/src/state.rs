@@ -39,6 +39,8 @@ pub struct Loaded {
     pub kv_events: Option<crate::kv_events::KvEventPublisher>,
     /// Bounds on tokenizing client text (by bytes, and few large texts at once).
     pub tokenize_gate: crate::tokenize_gate::TokenizeGate,
+    /// The LoRA adapters served by name.
+    pub lora: Arc<crate::lora::LoraRegistry>,
 }
 
 pub struct ServerState {

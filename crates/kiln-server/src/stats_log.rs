@@ -10,11 +10,13 @@
 //! whole run's while the interval had none). As in vLLM, an idle server logs nothing: a line is
 //! written when this interval or the one before had tokens. With speculative decoding, an
 //! interval that verified drafts adds vLLM's "SpecDecoding metrics" line (acceptance over the
-//! interval).
+//! interval). With LoRA adapters loaded, the line ends with them: how many are loaded and which
+//! run (`, LoRA adapters: 3 loaded, running: sql, chat`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::lora::LoraRegistry;
 use crate::metrics::{StatsTotals, spec_decode_log_line};
 use crate::state::ServerState;
 
@@ -43,6 +45,20 @@ pub fn stats_line(before: &StatsTotals, now: &StatsTotals, elapsed: Duration) ->
     )
 }
 
+/// The end of the stats line naming the adapters (empty with none loaded).
+pub fn lora_suffix(num_loaded: usize, running: &[String]) -> String {
+    match (num_loaded, running.is_empty()) {
+        (0, _) => String::new(),
+        (n, true) => format!(", LoRA adapters: {n} loaded, none running"),
+        (n, false) => format!(", LoRA adapters: {n} loaded, running: {}", running.join(", ")),
+    }
+}
+
+/// [`lora_suffix`] of the engine's adapters as of its last step.
+fn adapters_now(lora: &LoraRegistry, adapters: kiln_engine::AdapterStats) -> String {
+    lora_suffix(adapters.loaded.len(), &lora.names(adapters.running))
+}
+
 /// Logs a stats line every `interval` while the server runs (from when the model is loaded).
 ///
 /// The first interval's baseline is the model's zero totals as of the tick before the one that
@@ -63,7 +79,8 @@ pub async fn run(state: Arc<ServerState>, interval: Duration) {
         let busy = now.prompt_tokens != prev.prompt_tokens
             || now.generation_tokens != prev.generation_tokens;
         if busy || was_busy {
-            tracing::info!("{}", stats_line(&prev, &now, at - prev_at));
+            let adapters = adapters_now(&loaded.lora, loaded.engine.stats().adapters);
+            tracing::info!("{}{adapters}", stats_line(&prev, &now, at - prev_at));
         }
         if now.spec_decode.num_drafts > prev.spec_decode.num_drafts {
             tracing::info!("{}", spec_decode_log_line(&prev.spec_decode, &now.spec_decode));
@@ -104,5 +121,13 @@ mod tests {
         // No lookups in the interval: the whole run's rate.
         let idle = StatsTotals { prompt_tokens: 1100, ..now };
         assert!(stats_line(&now, &idle, Duration::from_secs(10)).ends_with("hit rate: 16.7%"));
+    }
+
+    #[test]
+    fn the_adapters_end_the_line_when_loaded() {
+        assert_eq!(lora_suffix(0, &[]), "");
+        assert_eq!(lora_suffix(2, &[]), ", LoRA adapters: 2 loaded, none running");
+        let running = ["sql".to_owned(), "chat".to_owned()];
+        assert_eq!(lora_suffix(3, &running), ", LoRA adapters: 3 loaded, running: sql, chat");
     }
 }

@@ -43,8 +43,8 @@ pub struct GenerationSpec {
     pub usage: UsageReport,
     /// The parameter that asked for `params.structured` (compile errors name it).
     pub structured_param: Option<&'static str>,
-    /// The LoRA slot `model` named (0: the base model).
-    pub adapter: u32,
+    /// The LoRA adapter `model` named (the default: the base model).
+    pub adapter: kiln_engine::AdapterBinding,
 }
 
 /// Where a stream reports usage (`stream_options`).
@@ -212,7 +212,7 @@ pub fn spec(
         stream: f.stream.unwrap_or(false),
         usage: UsageReport { last_chunk: include_usage, every_chunk: continuous_usage },
         structured_param,
-        adapter: 0,
+        adapter: kiln_engine::AdapterBinding::default(),
     })
 }
 

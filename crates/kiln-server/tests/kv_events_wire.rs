@@ -30,7 +30,7 @@ fn publisher() -> (KvEventPublisher, String, String) {
         buffer_steps: 100,
         max_queue_size: 100,
     };
-    let publisher = KvEventPublisher::start(&config, 16).unwrap();
+    let publisher = KvEventPublisher::start(&config, 16, std::sync::Arc::new(|_| None)).unwrap();
     let pub_addr = publisher.endpoint().strip_prefix("tcp://").unwrap().to_owned();
     let sources = publisher.sources_json();
     let replay = sources["0"]["replay_endpoint"].as_str().unwrap();

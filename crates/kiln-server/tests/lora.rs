@@ -2,7 +2,8 @@
 //! adapters (`tests/fixtures/lora`): a request whose `model` names an adapter generates PEFT's
 //! greedy tokens and is answered under that name; `/v1/models` lists the adapters with their
 //! parent; an unknown name is a 404 naming `model`; a broken adapter stops the start with a
-//! message naming it.
+//! message naming it. At run time (when allowed), adapters load and unload while requests run:
+//! no request is lost, a bad adapter is refused and changes nothing.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -34,6 +35,8 @@ fn config() -> ServerConfig {
                 },
             ],
             max_rank: 16,
+            max_loras: None,
+            runtime_updates: true,
         },
         ..default_config()
     }
@@ -116,4 +119,141 @@ fn a_broken_adapter_stops_the_start_naming_it() {
         base_model_name: None,
     });
     TestServer::start_with(config, engine_config());
+}
+
+/// A completion of `max_tokens` greedy tokens under `model`, from a thread.
+fn complete_in_thread(
+    server: &TestServer,
+    model: &str,
+    max_tokens: usize,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let addr = server.addr;
+    let body = json!({"model": model, "prompt": [5, 6, 7, 8], "max_tokens": max_tokens,
+                      "temperature": 0, "ignore_eos": true});
+    std::thread::spawn(move || {
+        let body = body.to_string();
+        let r = common::request(addr, "POST", "/v1/completions", &[], Some(body.as_bytes()));
+        (r.status, r.json())
+    })
+}
+
+#[test]
+fn adapters_load_and_unload_at_run_time_and_lose_no_request() {
+    let long = kiln_engine::EngineConfig {
+        num_kv_blocks: 640,
+        max_model_len: Some(512),
+        ..engine_config()
+    };
+    let server = TestServer::start_with(config(), long);
+    // Requests of `sql` run while another adapter is loaded and `sql` is unloaded.
+    let running: Vec<_> = (0..4).map(|_| complete_in_thread(&server, "sql", 500)).collect();
+    let started = std::time::Instant::now();
+    while server.metric("kiln:num_requests_running") < 1.0 {
+        assert!(started.elapsed().as_secs() < 30, "the requests never started");
+        std::thread::yield_now();
+    }
+    let load = json!({"lora_name": "sql2", "lora_path": lora_dir("llama3-r4-attn")});
+    let r = server.post("/v1/load_lora_adapter", &load);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "Success: LoRA adapter 'sql2' added successfully.");
+    // The new adapter serves at once, with its PEFT tokens.
+    let (prompt, greedy) = reference("llama3-r4-attn");
+    let body = json!({"model": "sql2", "prompt": prompt, "max_tokens": greedy.len(),
+                      "temperature": 0, "ignore_eos": true, "skip_special_tokens": false});
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.json()["choices"][0]["text"], detokenize(&server, &greedy));
+    let busy = server.metric("kiln:num_requests_running");
+    let r = server.post("/v1/unload_lora_adapter", &json!({"lora_name": "sql"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "Success: LoRA adapter 'sql' removed successfully.");
+    // The unload answered only once the adapter's requests had ended.
+    assert_eq!(server.metric("kiln:num_requests_running"), 0.0, "{busy} were running");
+    for handle in running {
+        let (status, v) = handle.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 500, "{v}");
+        assert_eq!(v["model"], "sql");
+    }
+    // Gone: 404 by name, not listed; the name can be loaded again.
+    let r =
+        server.post("/v1/completions", &json!({"model": "sql", "prompt": "hi", "max_tokens": 1}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    let models = server.get("/v1/models").json();
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["tiny", "tiny-alias", "chat", "sql2"]);
+    let r = server.post("/v1/unload_lora_adapter", &json!({"lora_name": "sql"}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    let again = json!({"lora_name": "sql", "lora_path": lora_dir("llama3-r8-all")});
+    assert_eq!(server.post("/v1/load_lora_adapter", &again).status, 200);
+    let (prompt, greedy) = reference("llama3-r8-all");
+    let body = json!({"model": "sql", "prompt": prompt, "max_tokens": greedy.len(),
+                      "temperature": 0, "ignore_eos": true, "skip_special_tokens": false});
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.json()["choices"][0]["text"], detokenize(&server, &greedy));
+    // The metrics name the adapters in use (none now).
+    let metrics = server.get("/metrics").text();
+    assert!(metrics.contains("kiln:lora_requests_info{"), "{metrics}");
+    assert!(metrics.contains("running_lora_adapters=\"\""), "{metrics}");
+}
+
+#[test]
+fn bad_loads_are_refused_and_the_server_keeps_serving() {
+    let server = TestServer::start_with(config(), engine_config());
+    let dir = std::env::temp_dir().join(format!("kiln-lora-server-{}", std::process::id()));
+    let cut = dir.join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    for file in ["adapter_config.json", "adapter_model.safetensors"] {
+        std::fs::copy(lora_dir("llama3-r8-all").join(file), cut.join(file)).unwrap();
+    }
+    let weights = cut.join("adapter_model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    let huge = dir.join("huge");
+    std::fs::create_dir_all(&huge).unwrap();
+    std::fs::copy(weights, huge.join("adapter_model.safetensors")).unwrap();
+    let config_text =
+        std::fs::read_to_string(lora_dir("llama3-r8-all").join("adapter_config.json"));
+    let mut config_json: Value = serde_json::from_str(&config_text.unwrap()).unwrap();
+    config_json["r"] = json!(4096);
+    std::fs::write(huge.join("adapter_config.json"), config_json.to_string()).unwrap();
+    for (body, status, expected) in [
+        (json!({"lora_name": "cut", "lora_path": cut}), 400, "LoRA adapter 'cut'"),
+        (json!({"lora_name": "huge", "lora_path": huge}), 400, "--max-lora-rank"),
+        (json!({"lora_name": "gone", "lora_path": dir.join("missing")}), 400, "'gone'"),
+        (json!({"lora_name": "sql", "lora_path": lora_dir("llama3-r4-attn")}), 400, "already"),
+        (json!({"lora_name": "tiny", "lora_path": lora_dir("llama3-r4-attn")}), 400, "already"),
+        (json!({"lora_name": "", "lora_path": "/x"}), 400, "non-empty"),
+        (json!({"lora_name": "x", "lora_path": "/x", "load_inplace": true}), 400, "load_inplace"),
+        (json!({"lora_name": "x", "lora_path": "/x", "scale": 2}), 400, "scale"),
+    ] {
+        let r = server.post("/v1/load_lora_adapter", &body);
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        assert!(r.text().contains(expected), "{body}: {}", r.text());
+    }
+    let r =
+        server.post("/v1/unload_lora_adapter", &json!({"lora_name": "sql", "lora_int_id": 999}));
+    assert_eq!(r.status, 404, "{}", r.text());
+    // Nothing changed: the adapters and the base model serve as before, the names are free.
+    let (prompt, greedy) = reference("llama3-r8-all");
+    let body = json!({"model": "sql", "prompt": prompt, "max_tokens": greedy.len(),
+                      "temperature": 0, "ignore_eos": true, "skip_special_tokens": false});
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.json()["choices"][0]["text"], detokenize(&server, &greedy));
+    let models = server.get("/v1/models").json();
+    assert_eq!(models["data"].as_array().unwrap().len(), 4);
+    let ok = json!({"lora_name": "cut", "lora_path": lora_dir("llama3-r4-attn")});
+    assert_eq!(server.post("/v1/load_lora_adapter", &ok).status, 200);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn run_time_updates_are_off_unless_allowed() {
+    let mut config = config();
+    config.lora.runtime_updates = false;
+    let server = TestServer::start_with(config, engine_config());
+    let body = json!({"lora_name": "x", "lora_path": lora_dir("llama3-r4-attn")});
+    assert_eq!(server.post("/v1/load_lora_adapter", &body).status, 404);
+    assert_eq!(server.post("/v1/unload_lora_adapter", &json!({"lora_name": "sql"})).status, 404);
+    assert_eq!(server.get("/v1/models").json()["data"].as_array().unwrap().len(), 4);
 }

@@ -1,5 +1,7 @@
-//! `--enable-lora`, `--lora-modules`, `--max-lora-rank` (vLLM's flags): LoRA adapters served
-//! beside the base model, each under its own name.
+//! `--enable-lora`, `--lora-modules`, `--max-lora-rank`, `--max-loras` and
+//! `--allow-runtime-lora-updating` (vLLM's flags; vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`
+//! environment variable sets the last): LoRA adapters served beside the base model, each under
+//! its own name, loaded at start or at run time.
 
 use std::path::PathBuf;
 
@@ -22,6 +24,14 @@ pub struct LoraArgs {
     /// Highest rank of an adapter (a higher one is refused at start).
     #[arg(long, default_value_t = 16)]
     pub max_lora_rank: usize,
+    /// Most distinct adapters in one step; requests of another adapter wait until one of the
+    /// running adapters has no request left (default: no limit).
+    #[arg(long, value_name = "N")]
+    pub max_loras: Option<usize>,
+    /// Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True sets it too). Needs --enable-lora.
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
 }
 
 impl LoraArgs {
@@ -30,6 +40,18 @@ impl LoraArgs {
     pub fn settings(&self, served_names: &[String]) -> anyhow::Result<LoraSettings> {
         if !self.enable_lora && !self.lora_modules.is_empty() {
             anyhow::bail!("--lora-modules needs --enable-lora");
+        }
+        if !self.enable_lora && self.allow_runtime_lora_updating {
+            anyhow::bail!(
+                "runtime LoRA updating (--allow-runtime-lora-updating or \
+                 VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --enable-lora"
+            );
+        }
+        if self.max_loras == Some(0) {
+            anyhow::bail!("--max-loras must be at least 1");
+        }
+        if self.max_loras.is_some() && !self.enable_lora {
+            anyhow::bail!("--max-loras needs --enable-lora");
         }
         anyhow::ensure!(
             (1..=MAX_RANK_LIMIT).contains(&self.max_lora_rank),
@@ -50,10 +72,21 @@ impl LoraArgs {
             }
             modules.push(module);
         }
-        if self.enable_lora && modules.is_empty() {
+        if self.enable_lora && modules.is_empty() && !self.allow_runtime_lora_updating {
             tracing::warn!("--enable-lora without --lora-modules: no adapter is served");
         }
-        Ok(LoraSettings { modules, max_rank: self.max_lora_rank })
+        if self.allow_runtime_lora_updating {
+            tracing::warn!(
+                "runtime LoRA updating is on: any client that passes the API key can load \
+                 adapters from this machine's files (/v1/load_lora_adapter)"
+            );
+        }
+        Ok(LoraSettings {
+            modules,
+            max_rank: self.max_lora_rank,
+            max_loras: self.max_loras,
+            runtime_updates: self.allow_runtime_lora_updating,
+        })
     }
 }
 
@@ -90,6 +123,8 @@ mod tests {
             enable_lora: true,
             lora_modules: modules.iter().map(|m| (*m).to_owned()).collect(),
             max_lora_rank: 16,
+            max_loras: None,
+            allow_runtime_lora_updating: false,
         }
     }
 

@@ -65,7 +65,7 @@ fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
     let env: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k.starts_with(args::env::PREFIX))
+        .filter(|(k, _)| args::env::is_read(k))
         .collect();
     let cli = match parse(&argv, &env) {
         Ok((cli, warnings)) => {

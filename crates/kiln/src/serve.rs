@@ -359,6 +359,8 @@ struct LoadArgs {
     slo: kiln_engine::SloConfig,
     async_scheduling: bool,
     prefix_cache_dir: Option<PathBuf>,
+    /// `--max-loras`.
+    max_loras: Option<usize>,
 }
 
 fn args_for_loading(
@@ -384,6 +386,7 @@ fn args_for_loading(
         slo: args.engine.slo_config()?,
         async_scheduling: args.engine.async_scheduling,
         prefix_cache_dir: args.prefix_cache_dir.clone(),
+        max_loras: args.lora.max_loras,
     })
 }
 
@@ -509,6 +512,7 @@ fn start<B: kiln_models::Backend>(
         slo: args.slo.clone(),
         async_scheduling: args.async_scheduling,
         host_pool,
+        max_loras: args.max_loras,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;

@@ -61,9 +61,10 @@ impl EngineCore {
             let prepared = request.vocab_size();
             return Err(PrepareError::VocabMismatch { prepared, model }.into());
         }
-        if !self.has_adapter(request.adapter()) {
-            let slot = request.adapter();
-            let why = format!("no LoRA adapter is loaded in slot {slot}");
+        let slot = request.adapter();
+        let cache_key = self.admit_adapter(slot).map_err(AddError::InvalidSampling)?;
+        if request.adapter_key().is_some_and(|k| k != cache_key) {
+            let why = format!("the LoRA adapter in slot {slot} was unloaded");
             return Err(AddError::InvalidSampling(why).into());
         }
         let (prompt, params, constraint, adapter) = request.into_parts();
@@ -78,7 +79,7 @@ impl EngineCore {
         let predicted = admitted.and_then(|a| a.predicted);
         let mut request = Request::new(id, prompt, params)
             .with_priority(priority)
-            .with_adapter(adapter)
+            .with_adapter(adapter, cache_key)
             .with_eos_token_ids(self.config.eos_token_ids.clone());
         request = match admitted {
             Some(Admitted { deadline, demoted: false, .. }) => request.with_deadline(deadline),

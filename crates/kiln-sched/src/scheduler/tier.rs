@@ -54,10 +54,13 @@ impl Scheduler {
         }
     }
 
-    /// Copies the cached blocks that allocation evicted since the last call to the tier.
+    /// Copies the cached blocks of cache key 0 that allocation evicted since the last call to
+    /// the tier (a keyed block's binding may not outlive it).
     pub(super) fn spill_evicted(&mut self, swap_out: &mut Vec<BlockCopy>) {
         if let Some(space) = &mut self.swap {
-            space.spill(self.kv.take_evicted(), swap_out);
+            let mut evicted = self.kv.take_evicted();
+            evicted.retain(|e| e.key == 0);
+            space.spill(evicted, swap_out);
         }
     }
 

@@ -109,7 +109,7 @@ async fn handle(state: Arc<ServerState>, req: MessagesRequest) -> Result<Respons
     let mut seqs = start_all(&state, &loaded, vec![seq_spec], 1, max_tokens)?;
     let id = state.response_id("msg").replace('-', "_");
     let reader = reply::Reader::new(&state, output, reasoning);
-    let model = crate::routes::reported_name(&state, spec.adapter).to_owned();
+    let model = crate::routes::reported_name(&state, spec.adapter.slot);
     let head = reply::Head { id, model };
     if spec.stream {
         let seq = seqs.pop().ok_or_else(|| ApiError::internal("no sequence started"))?;

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::pub_socket::PubSocket;
 use super::router_socket::{RouterSender, RouterSocket};
-use super::{KvEventsConfig, encode_batch, now_seconds};
+use super::{KvEventsConfig, LoraNames, encode_batch, now_seconds};
 
 /// Marks the end of a replay (vLLM's `END_SEQ`).
 const END_SEQ: i64 = -1;
@@ -45,7 +45,11 @@ pub struct KvEventPublisher {
 impl KvEventPublisher {
     /// Binds the sockets (an address in use is an error here, at start-up) and starts the
     /// publishing thread.
-    pub fn start(config: &KvEventsConfig, block_size: usize) -> Result<Self, String> {
+    pub fn start(
+        config: &KvEventsConfig,
+        block_size: usize,
+        lora_names: LoraNames,
+    ) -> Result<Self, String> {
         let (queue, batches) = mpsc::channel(config.max_queue_size);
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let thread_config = config.clone();
@@ -60,7 +64,8 @@ impl KvEventPublisher {
                         return;
                     }
                 };
-                runtime.block_on(publish(thread_config, block_size, batches, bound_tx));
+                let encoding = (block_size, lora_names);
+                runtime.block_on(publish(thread_config, encoding, batches, bound_tx));
             })
             .map_err(|e| format!("could not start the KV events thread: {e}"))?;
         let (endpoint, replay_endpoint) = bound_rx
@@ -152,7 +157,7 @@ impl ReplayBuffer {
 
 async fn publish(
     config: KvEventsConfig,
-    block_size: usize,
+    (block_size, lora_names): (usize, LoraNames),
     mut batches: mpsc::Receiver<Vec<KvCacheEvent>>,
     bound: std::sync::mpsc::Sender<Result<(String, Option<String>), String>>,
 ) {
@@ -185,7 +190,7 @@ async fn publish(
         tokio::select! {
             batch = batches.recv() => {
                 let Some(events) = batch else { return };
-                let payload = Bytes::from(encode_batch(now_seconds(), &events, block_size));
+                let payload = Bytes::from(encode_batch(now_seconds(), &events, block_size, &*lora_names));
                 let seq = Bytes::copy_from_slice(&next_seq.to_be_bytes());
                 socket.send(&[topic.clone(), seq, payload.clone()]);
                 lock(&buffer).push(next_seq, payload, config.buffer_steps);

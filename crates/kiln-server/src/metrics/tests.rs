@@ -546,7 +546,8 @@ fn spec_decode_counters_follow_the_engine_totals() {
 /// without LoRA, KV transfer or multimodal caches, leaving out the
 /// names vLLM deprecated and hides (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`,
 /// `time_per_output_token_seconds`). Counters as exposed, with `_total`.
-const VLLM_NAMES: [&str; 28] = [
+const VLLM_NAMES: [&str; 29] = [
+    "vllm:lora_requests_info",
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
@@ -780,4 +781,19 @@ fn structured_output_series_follow_the_engine_totals() {
     assert_eq!(value(&s, "kiln:structured_output_tokens_total", &[]), 50.0);
     assert_eq!(value(&s, "kiln:structured_output_masks_total", &[]), 7.0);
     assert!((value(&s, "kiln:structured_output_mask_seconds_total", &[]) - 0.015).abs() < 1e-9);
+}
+
+#[test]
+fn lora_requests_info_keeps_one_series_of_the_adapters_in_use() {
+    let m = Metrics::new(MODEL, 1024);
+    let names = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    m.on_lora(&names(&["sql", "chat"]), &names(&["law"]), Some(4));
+    m.on_lora(&names(&["sql"]), &[], Some(4));
+    let s = render(&m);
+    let series: Vec<&Sample> = s.iter().filter(|x| x.name == "kiln:lora_requests_info").collect();
+    assert_eq!(series.len(), 1, "{series:?}");
+    let labels =
+        [("running_lora_adapters", "sql"), ("waiting_lora_adapters", ""), ("max_lora", "4")];
+    let value = value(&s, "kiln:lora_requests_info", &labels);
+    assert!(value > 1.7e9, "a Unix time: {value}");
 }

@@ -146,7 +146,7 @@ async fn handle(state: Arc<ServerState>, req: ResponsesRequest) -> Result<Respon
     let head = Head {
         id: format!("resp_{:016x}{:08x}", state.unique(), state.unique() as u32),
         created_at: crate::routes::unix_now(),
-        model: crate::routes::reported_name(&state, spec.adapter).to_owned(),
+        model: crate::routes::reported_name(&state, spec.adapter.slot),
         echo: translated.echo,
     };
     let tokenizer = translated.logprobs.then(|| Arc::clone(&loaded.tokenizer));

@@ -136,7 +136,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let mut usage = Usage::new(&[ids.len()]);
-    let envelope = Envelope::new(&state, "chatcmpl", spec.adapter);
+    let envelope = Envelope::new(&state, "chatcmpl", spec.adapter.slot);
     let parser = settings.parser;
     let mut new_id = || tools::call_id(state.unique(), parser);
     if spec.stream {

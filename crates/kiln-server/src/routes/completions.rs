@@ -183,7 +183,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
-    let envelope = Envelope::new(&state, "cmpl", spec.adapter);
+    let envelope = Envelope::new(&state, "cmpl", spec.adapter.slot);
     if spec.stream {
         let format = CompletionChunks {
             loaded,

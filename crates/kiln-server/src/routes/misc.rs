@@ -26,8 +26,9 @@ pub async fn models(State(state): State<Arc<ServerState>>) -> Response {
         Err(e) => return e.into_response(),
     };
     let names = state.config.served_model_names.iter();
-    let adapters = state.config.lora.modules.iter().map(|m| &m.name);
-    let data: Vec<_> = names.chain(adapters).map(|name| model_card(&state, loaded, name)).collect();
+    let adapters: Vec<String> = loaded.lora.cards().into_iter().map(|card| card.name).collect();
+    let data: Vec<_> =
+        names.chain(&adapters).map(|name| model_card(&state, loaded, name)).collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
@@ -50,11 +51,11 @@ pub async fn model(
 /// A served name's card; a LoRA adapter's (vLLM's shape) has its directory as `root` and the
 /// base model as `parent`.
 fn model_card(state: &ServerState, loaded: &Loaded, name: &str) -> Value {
-    let adapter = state.config.lora.modules.iter().find(|m| m.name == name);
+    let adapter = loaded.lora.cards().into_iter().find(|card| card.name == name);
     let (root, parent) = match adapter {
-        Some(m) => {
-            let parent = m.base_model_name.as_deref().unwrap_or(model_name(state));
-            (json!(m.path.display().to_string()), json!(parent))
+        Some(card) => {
+            let parent = card.base_model_name.as_deref().unwrap_or(model_name(state));
+            (json!(card.path.display().to_string()), json!(parent))
         }
         None => (json!(model_name(state)), Value::Null),
     };

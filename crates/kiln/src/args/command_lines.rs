@@ -98,7 +98,7 @@ const LINES: &[(&str, Expect)] = &[
     ("kiln serve -m model.gguf --lora adapter.gguf",
         Expect::Refused("GGUF LoRA files are not read yet")),
     ("kiln serve meta-llama/Llama-2-7b-hf --enable-lora --max-loras 4 --max-lora-rank 64 --lora-modules a=/x b=/y",
-        Expect::Ok(1, |a| assert!(a.lora.enable_lora && a.lora.max_lora_rank == 64 && a.lora.lora_modules.len() == 2))),
+        Expect::Ok(0, |a| assert!(a.lora.enable_lora && a.lora.max_lora_rank == 64 && a.lora.lora_modules.len() == 2 && a.lora.max_loras == Some(4)))),
     ("kiln serve TheBloke/Llama-2-7b-Chat-AWQ --quantization awq",
         Expect::Ok(0, |a| assert_eq!(a.model.quantization, Some(crate::model_arg::Quantization::Awq)))),
     ("kiln serve Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4 --quantization gptq_marlin",
@@ -229,6 +229,11 @@ fn merged_values_never_swallow_the_positional_model_or_read_as_flags() {
     assert_eq!(a.chat_template.as_deref(), Some("--x y"));
     // The positional model wins over the environment's and the file's, as any flag would.
     let (a, _) = parse("kiln serve cli/model", &[("KILN_ARG_MODEL", "env/model")]).unwrap();
+    let runtime_lora = [("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")];
+    let (b, _) = parse("kiln serve m --enable-lora", &runtime_lora).unwrap();
+    assert!(b.lora.allow_runtime_lora_updating);
+    let (c, _) = parse("kiln serve m --enable-lora", &[]).unwrap();
+    assert!(!c.lora.allow_runtime_lora_updating);
     assert_eq!(model(&a), "cli/model");
     let (a, _) = parse("kiln serve -m cli.gguf", &[("KILN_ARG_MODEL", "env/model")]).unwrap();
     assert_eq!(model(&a), "cli.gguf");

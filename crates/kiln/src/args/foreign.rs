@@ -76,11 +76,8 @@ const TABLE: &[(&[&str], Rule)] = &[
     (&["hf-token"], Rule::Ignore("set HF_TOKEN in the environment instead", One)),
     // ---- vllm serve: refused ----
     (
-        &["max-loras", "max-cpu-loras"],
-        Rule::Ignore(
-            "every adapter of --lora-modules stays loaded and any number of them run in one step",
-            One,
-        ),
+        &["max-cpu-loras"],
+        Rule::Ignore("every loaded LoRA adapter stays in memory until it is unloaded", One),
     ),
     (
         &["limit-mm-per-prompt", "mm-processor-kwargs"],

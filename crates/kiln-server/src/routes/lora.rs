@@ -1,0 +1,165 @@
+//! `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter`, vLLM's run-time adapter
+//! updates, served only with `--allow-runtime-lora-updating` (or
+//! `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): without it the routes do not exist (404), as in
+//! vLLM.
+//!
+//! A load reads the PEFT directory off the async workers, checks it against the base model, and
+//! binds it to a free slot between two engine steps: running requests go on. An unload stops
+//! routing the name at once (new requests get 404) and answers once the adapter's running
+//! requests have finished and its slot is empty: no request is lost. Both finish their
+//! bookkeeping in a task of their own, so a client that hangs up midway leaves nothing half
+//! done. Answers are vLLM's: `200` with a plain-text `Success: ...` line, or a JSON error
+//! (`400` for a taken name or a bad adapter, `404` for an unknown one).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use kiln_engine::LoraAdapter;
+use serde::Deserialize;
+
+use crate::config::LoraModule;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::lora::{RegistryError, log_loaded};
+use crate::state::{Loaded, ServerState};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadLoraRequest {
+    pub lora_name: String,
+    pub lora_path: PathBuf,
+    /// vLLM's in-place reload of a loaded name: refused (unload it first).
+    #[serde(default)]
+    pub load_inplace: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnloadLoraRequest {
+    pub lora_name: String,
+    /// When given, it must be the adapter's id (the `lora_id` of its KV events).
+    #[serde(default)]
+    pub lora_int_id: Option<u64>,
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::NotFound(_) => ApiError::not_found(e.to_string()),
+            RegistryError::NameTaken(_) | RegistryError::Full => {
+                ApiError::bad_request(e.to_string())
+            }
+        }
+    }
+}
+
+pub async fn load_lora_adapter(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<LoadLoraRequest>,
+) -> Response {
+    match load(&state, req).await {
+        Ok(name) => format!("Success: LoRA adapter '{name}' added successfully.").into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn unload_lora_adapter(
+    State(state): State<Arc<ServerState>>,
+    ApiJson(req): ApiJson<UnloadLoraRequest>,
+) -> Response {
+    match unload(&state, req).await {
+        Ok(name) => format!("Success: LoRA adapter '{name}' removed successfully.").into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn load(state: &ServerState, req: LoadLoraRequest) -> Result<String, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    let name = req.lora_name;
+    if name.is_empty() || req.lora_path.as_os_str().is_empty() {
+        return Err(ApiError::bad_request("both `lora_name` and `lora_path` must be non-empty"));
+    }
+    if req.load_inplace {
+        return Err(ApiError::bad_param(
+            "load_inplace",
+            "`load_inplace` is not supported: unload the adapter, then load it again",
+        ));
+    }
+    if state.config.served_model_names.contains(&name) {
+        return Err(RegistryError::NameTaken(name).into());
+    }
+    let module = LoraModule { name: name.clone(), path: req.lora_path, base_model_name: None };
+    let slot = loaded.lora.reserve(module.clone())?;
+    // The rest runs to the end even if the client leaves: the slot is either bound or freed.
+    let task = tokio::spawn(bind(loaded, module, slot));
+    task.await.map_err(|e| ApiError::internal(format!("loading the adapter failed: {e}")))??;
+    Ok(name)
+}
+
+/// Reads the adapter and binds it to the reserved `slot`; frees the slot on any failure.
+async fn bind(loaded: Arc<Loaded>, module: LoraModule, slot: u32) -> Result<(), ApiError> {
+    let registry = Arc::clone(&loaded.lora);
+    let path = module.path.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        LoraAdapter::load_peft(&path, registry.model_config(), registry.max_rank)
+    })
+    .await;
+    let adapter = match read {
+        Ok(Ok(adapter)) => Arc::new(adapter),
+        Ok(Err(e)) => {
+            loaded.lora.load_failed(slot);
+            return Err(ApiError::bad_request(format!("LoRA adapter '{}': {e}", module.name)));
+        }
+        Err(e) => {
+            loaded.lora.load_failed(slot);
+            return Err(ApiError::internal(format!("reading the adapter failed: {e}")));
+        }
+    };
+    let reply = loaded.engine.set_adapter(slot, Some(Arc::clone(&adapter)));
+    match tokio::task::spawn_blocking(move || reply.recv()).await {
+        Ok(Ok(Ok(cache_key))) => {
+            loaded.lora.loaded(slot, cache_key);
+            log_loaded(&module.name, &adapter, &module.path);
+            Ok(())
+        }
+        Ok(Ok(Err(e))) => {
+            loaded.lora.load_failed(slot);
+            Err(ApiError::bad_request(format!("LoRA adapter '{}': {e}", module.name)))
+        }
+        _ => {
+            loaded.lora.load_failed(slot);
+            Err(ApiError::internal("the engine stopped"))
+        }
+    }
+}
+
+async fn unload(state: &ServerState, req: UnloadLoraRequest) -> Result<String, ApiError> {
+    let loaded = Arc::clone(state.ready()?);
+    let name = req.lora_name;
+    if let Some(id) = req.lora_int_id {
+        let binding = loaded.lora.resolve(&name);
+        if binding.is_none_or(|b| b.cache_key != id) {
+            return Err(RegistryError::NotFound(format!("{name}' with lora_int_id '{id}")).into());
+        }
+    }
+    let slot = loaded.lora.start_unload(&name)?;
+    let task = tokio::spawn(async move {
+        let reply = loaded.engine.unbind_adapter_when_drained(slot);
+        let answer = tokio::task::spawn_blocking(move || reply.recv()).await;
+        // Emptied, refused or the engine gone: the entry goes either way (the name takes no
+        // request any more).
+        loaded.lora.unloaded(slot);
+        match answer {
+            Ok(Ok(Ok(()))) => {
+                tracing::info!("LoRA adapter unloaded from slot {slot}");
+                Ok(())
+            }
+            Ok(Ok(Err(e))) => Err(ApiError::internal(format!("unloading the adapter: {e}"))),
+            _ => Err(ApiError::internal("the engine stopped")),
+        }
+    });
+    task.await.map_err(|e| ApiError::internal(format!("unloading the adapter failed: {e}")))??;
+    Ok(name)
+}
