@@ -2,7 +2,8 @@
 # LoRA serving cost: one `kiln serve` of the default model with 4 random rank-16 adapters
 # (scripts/bench/random_lora.py), then `kiln bench serve` at concurrency 16 alternately on the
 # base model and spread over the 4 adapters, ROUNDS times, on the same server. Prefix caching is
-# off: the runs repeat their prompts, and an adapter's requests skip the prefix cache for now.
+# off: the runs repeat their prompts, so later rounds would hit the cache. Extra server flags
+# (e.g. `--lora-dtype float32`) come from $KILN_FLAGS.
 #   scripts/bench/lora.sh KILN_BINARY [ROUNDS] [OUT_DIR]
 # Prints per run: label, output tok/s, p95 TTFT ms; then the medians and their ratio.
 set -euo pipefail
@@ -15,8 +16,10 @@ for i in 1 2 3 4; do
   [ -f "$OUT/a$i/adapter_model.safetensors" ] || python3 "$here/random_lora.py" "$OUT/a$i" --seed "$i" >/dev/null
   modules+=("a$i=$OUT/a$i")
 done
+# shellcheck disable=SC2086 # KILN_FLAGS splits into flags
 "$KILN" serve --threads 2 --port "$PORT" --served-model-name gemma-3-270m --disable-log-requests \
-  --no-enable-prefix-caching --enable-lora --lora-modules "${modules[@]}" 2>"$OUT/server.log" &
+  --no-enable-prefix-caching --enable-lora --lora-modules "${modules[@]}" ${KILN_FLAGS:-} \
+  2>"$OUT/server.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.2; done

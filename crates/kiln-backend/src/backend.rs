@@ -34,6 +34,16 @@ pub struct LinearJob<'a, B: Backend> {
     pub out: B::ViewMut<'a>,
 }
 
+/// The precision LoRA matrices are kept in (vLLM's `--lora-dtype`). The arithmetic is f32
+/// either way; f16 halves an adapter's memory and rounds each value once (on the CPU it was
+/// not faster: widening its rows costs what the smaller reads save).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoraDtype {
+    #[default]
+    F32,
+    F16,
+}
+
 /// One adapter's rows of a [`Backend::lora_add`] call: `out[t] += (x[t] · aᵀ) · b_t` for rows
 /// `t` in `rows`.
 pub struct LoraJob<'a, B: Backend> {
@@ -41,10 +51,10 @@ pub struct LoraJob<'a, B: Backend> {
     pub rows: Range<usize>,
     pub rank: usize,
     /// `[rank, k]` the down projection (PEFT's `lora_A`).
-    pub a: &'a B::Vector,
+    pub a: &'a B::LoraMatrix,
     /// `[rank, n]` the up projection transposed, the adapter's scale folded in (PEFT's
     /// `lora_B`ᵀ · `lora_alpha / r`, or `/ sqrt(r)` with rsLoRA).
-    pub b_t: &'a B::Vector,
+    pub b_t: &'a B::LoraMatrix,
 }
 
 /// One matrix per expert of a [`Backend::linear_experts`] call.
@@ -66,6 +76,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Weight: Send + Sync;
     /// An f32 vector (norm weights, biases).
     type Vector: Send + Sync;
+    /// A LoRA adapter matrix (`a` or `b_t` of a [`LoraJob`]), in the backend's precision.
+    type LoraMatrix: Send + Sync;
     /// Precomputed rotary frequencies of one kind of layer.
     type Rope: Send + Sync;
     /// K and V of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
@@ -96,6 +108,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Bytes one full read of `weight` costs (decode is bound by their sum).
     fn weight_bytes(&self, weight: &Self::Weight) -> usize;
     fn load_vector(&self, values: &[f32]) -> Result<Self::Vector, LoadTensorError>;
+    /// A LoRA matrix of `values`, row-major, kept in `dtype` (a value beyond its range is
+    /// refused). Only called on a backend that [`Backend::supports_lora`].
+    fn load_lora_matrix(
+        &self,
+        values: &[f32],
+        dtype: LoraDtype,
+    ) -> Result<Self::LoraMatrix, LoadTensorError>;
     fn load_rope(&self, config: &RopeConfig) -> Result<Self::Rope, LoadTensorError>;
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<Self::KvStore, ForwardError>;
     fn kv_spec(&self, kv: &Self::KvStore) -> KvCacheSpec;

@@ -29,7 +29,8 @@ mod storage;
 mod tensor;
 
 pub use backend::{
-    Backend, ExpertLinearJob, ExpertRouting, LinearJob, LoraJob, MAX_LINEAR_JOBS, Workspace,
+    Backend, ExpertLinearJob, ExpertRouting, LinearJob, LoraDtype, LoraJob, MAX_LINEAR_JOBS,
+    Workspace,
 };
 pub use batch::{ForwardBatch, LogitsWanted, SeqSpan, TREE_ROOT, TreeKeys, TreeMask};
 pub use error::{ForwardError, LoadTensorError};

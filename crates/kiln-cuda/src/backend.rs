@@ -62,6 +62,8 @@ fn host_values(
 impl Backend for Cuda {
     type Weight = CudaWeight;
     type Vector = CudaVector;
+    /// LoRA adapters do not run on CUDA (`supports_lora` is false).
+    type LoraMatrix = ();
     type Rope = CudaRope;
     type KvStore = CudaKvStore;
     type Buffer = CudaBuffer;
@@ -100,6 +102,14 @@ impl Backend for Cuda {
         self.device.upload(mem.ptr, values);
         self.device.synchronize();
         Ok(CudaVector { mem, len: values.len() })
+    }
+
+    fn load_lora_matrix(
+        &self,
+        _values: &[f32],
+        _dtype: kiln_backend::LoraDtype,
+    ) -> Result<(), LoadTensorError> {
+        Err(LoadTensorError::Unsupported("LoRA adapters on CUDA".into()))
     }
 
     fn load_rope(&self, config: &RopeConfig) -> Result<CudaRope, LoadTensorError> {

@@ -1,7 +1,9 @@
 //! LoRA updates on rows of a linear layer's output (`Backend::lora_add`): for each row,
 //! `rank` dot products of its input with the rows of `a`, then `out += tmp[j] · b_t[j]` for
 //! `j` in order. Rows of one adapter go through in blocks of [`ROW_BLOCK`], sharing each load of
-//! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row).
+//! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row). The matrices
+//! are kept in f32, or in f16 ([`LoraValues`]: half the memory; each row widened to f32,
+//! exactly, once per block); the arithmetic is f32.
 //!
 //! Invariant: a row's result depends on its own input and adapter alone. Every row's arithmetic
 //! is the same whatever block it is in: a dot product is 8 lane sums over the input in index
@@ -11,7 +13,9 @@
 
 use std::ops::Range;
 
-use kiln_backend::{Backend, LoraJob};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use kiln_backend::{Backend, LoraDtype, LoraJob};
 
 use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
@@ -47,15 +51,72 @@ fn dots<const R: usize>(xs: &[&[f32]; R], a_row: &[f32]) -> [f32; R] {
     acc.map(|v| ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])))
 }
 
-/// `out_r += (x_r · aᵀ) · b_t` for `R` rows (`x_r`: `[k]`, `out_r`: `[n]`).
+/// A LoRA matrix on the CPU backends, row-major, in its [`LoraDtype`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoraValues {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl LoraValues {
+    /// `values` kept in `dtype`; `None` if a value is not finite there.
+    pub fn new(values: &[f32], dtype: LoraDtype) -> Option<Self> {
+        let kept = match dtype {
+            LoraDtype::F32 => Self::F32(values.to_vec()),
+            LoraDtype::F16 => {
+                let mut half = vec![f16::ZERO; values.len()];
+                half.convert_from_f32_slice(values);
+                Self::F16(half)
+            }
+        };
+        let finite = match &kept {
+            Self::F32(v) => v.iter().all(|x| x.is_finite()),
+            Self::F16(v) => v.iter().all(|x| x.is_finite()),
+        };
+        finite.then_some(kept)
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F16(v) => v.len(),
+            Self::F32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `j` of width `width` in f32: borrowed, or widened into `buf` (`width` long).
+    #[allow(clippy::inline_always)] // inlined into `block_avx2` with `block`
+    #[inline(always)]
+    fn row<'a>(&'a self, j: usize, width: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Self::F32(v) => &v[j * width..(j + 1) * width],
+            Self::F16(v) => {
+                v[j * width..(j + 1) * width].convert_to_f32_slice(buf);
+                buf
+            }
+        }
+    }
+}
+
+/// Rows of f16 matrices widened, reused across blocks: `a` `[k]`, `b` `[n]`.
+struct Widened {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+/// `out_r += (x_r · aᵀ) · b_t` for `R` rows (`x_r`: `[k]`, `out_r`: `[n]`; `a` `[rank, k]`,
+/// `b_t` `[rank, n]`).
 #[allow(clippy::inline_always)] // inlined into `block_avx2`, compiled with AVX2 there
 #[inline(always)]
 fn block<const R: usize>(
     xs: [&[f32]; R],
-    a: &[f32],
-    b_t: &[f32],
+    (a, b_t): (&LoraValues, &LoraValues),
     rank: usize,
     mut outs: [&mut [f32]; R],
+    wide: &mut Widened,
 ) {
     let k = xs[0].len();
     let n = outs[0].len();
@@ -63,13 +124,13 @@ fn block<const R: usize>(
     for j0 in (0..rank).step_by(RANK_CHUNK) {
         let j1 = (j0 + RANK_CHUNK).min(rank);
         for j in j0..j1 {
-            let d = dots(&xs, &a[j * k..(j + 1) * k]);
+            let d = dots(&xs, a.row(j, k, &mut wide.a));
             for r in 0..R {
                 tmp[r][j - j0] = d[r];
             }
         }
         for j in j0..j1 {
-            let b = &b_t[j * n..(j + 1) * n];
+            let b = b_t.row(j, n, &mut wide.b);
             for (out, t) in outs.iter_mut().zip(&tmp) {
                 let s = t[j - j0];
                 for (o, &bv) in out.iter_mut().zip(b) {
@@ -85,16 +146,16 @@ fn block<const R: usize>(
 #[target_feature(enable = "avx2")]
 fn block_avx2<const R: usize>(
     xs: [&[f32]; R],
-    a: &[f32],
-    b_t: &[f32],
+    ab: (&LoraValues, &LoraValues),
     rank: usize,
     outs: [&mut [f32]; R],
+    wide: &mut Widened,
 ) {
-    block(xs, a, b_t, rank, outs);
+    block(xs, ab, rank, outs, wide);
 }
 
 /// Rows `rows` of one adapter: blocks of [`ROW_BLOCK`], then the rest one by one.
-fn job_rows<B: Backend<Vector = Vec<f32>>>(
+fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
     job: &LoraJob<'_, B>,
     rows: Range<usize>,
     (x, k): (&[f32], usize),
@@ -105,35 +166,38 @@ fn job_rows<B: Backend<Vector = Vec<f32>>>(
     let x_row = |r: usize| &x[r * k..(r + 1) * k];
     // SAFETY: callers give each task disjoint rows of `out`, which holds `[m, n]`.
     let out_row = |r: usize| unsafe { out.slice(r * n, n) };
+    let wide = &mut Widened { a: vec![0.0; k], b: vec![0.0; n] };
     let mut r = rows.start;
     while r + ROW_BLOCK <= rows.end {
         let xs: [&[f32]; ROW_BLOCK] = std::array::from_fn(|i| x_row(r + i));
         let outs: [&mut [f32]; ROW_BLOCK] = std::array::from_fn(|i| out_row(r + i));
-        run(xs, job, outs, avx2);
+        run(xs, job, outs, avx2, wide);
         r += ROW_BLOCK;
     }
     for r in r..rows.end {
-        run([x_row(r)], job, [out_row(r)], avx2);
+        run([x_row(r)], job, [out_row(r)], avx2, wide);
     }
 }
 
-fn run<const R: usize, B: Backend<Vector = Vec<f32>>>(
+fn run<const R: usize, B: Backend<LoraMatrix = LoraValues>>(
     xs: [&[f32]; R],
     job: &LoraJob<'_, B>,
     outs: [&mut [f32]; R],
     avx2: bool,
+    wide: &mut Widened,
 ) {
+    let ab = (job.a, job.b_t);
     #[cfg(target_arch = "x86_64")]
     if avx2 {
         // SAFETY: `avx2` is true only when the CPU has AVX2 (checked by the caller).
-        unsafe { block_avx2(xs, job.a, job.b_t, job.rank, outs) };
+        unsafe { block_avx2(xs, ab, job.rank, outs, wide) };
         return;
     }
     let _ = avx2;
-    block(xs, job.a, job.b_t, job.rank, outs);
+    block(xs, ab, job.rank, outs, wide);
 }
 
-fn check<B: Backend<Vector = Vec<f32>>>(
+fn check<B: Backend<LoraMatrix = LoraValues>>(
     x: &[f32],
     k: usize,
     n: usize,
@@ -162,7 +226,7 @@ fn has_avx2() -> bool {
 const ROWS_PER_TASK: usize = 4 * ROW_BLOCK;
 
 /// Every job's rows, in parallel on `pool` (`x`: `[m, k]`, `out`: `[m, n]`, rows disjoint).
-pub fn lora_add<B: Backend<Vector = Vec<f32>>>(
+pub fn lora_add<B: Backend<LoraMatrix = LoraValues>>(
     pool: &ThreadPool,
     x: &[f32],
     k: usize,
@@ -190,7 +254,7 @@ pub fn lora_add<B: Backend<Vector = Vec<f32>>>(
 }
 
 /// [`lora_add`] on one thread without SIMD (the reference backend's; the same bits).
-pub fn lora_add_scalar<B: Backend<Vector = Vec<f32>>>(
+pub fn lora_add_scalar<B: Backend<LoraMatrix = LoraValues>>(
     x: &[f32],
     k: usize,
     n: usize,
@@ -216,8 +280,22 @@ mod tests {
             .collect()
     }
 
+    /// The values in f16, as an adapter is kept by default.
+    fn half(values: &[f32]) -> LoraValues {
+        LoraValues::new(values, LoraDtype::F16).unwrap()
+    }
+
+    /// The values as f32 (widened from f16 exactly).
+    fn wide(m: &LoraValues) -> Vec<f32> {
+        match m {
+            LoraValues::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            LoraValues::F32(v) => v.clone(),
+        }
+    }
+
     /// f64 `out + (x · aᵀ) · b_t` of one row.
-    fn naive(x: &[f32], a: &[f32], b_t: &[f32], rank: usize, out: &[f32]) -> Vec<f64> {
+    fn naive(x: &[f32], a: &LoraValues, b_t: &LoraValues, rank: usize, out: &[f32]) -> Vec<f64> {
+        let (a, b_t) = (wide(a), wide(b_t));
         let (k, n) = (x.len(), out.len());
         let tmp: Vec<f64> = (0..rank)
             .map(|j| (0..k).map(|i| f64::from(x[i]) * f64::from(a[j * k + i])).sum())
@@ -235,8 +313,8 @@ mod tests {
         let (m, k, n) = (11, 96, 40);
         let x = values(m * k, 1);
         let base = values(m * n, 2);
-        let (a1, b1) = (values(8 * k, 3), values(8 * n, 4));
-        let (a2, b2) = (values(70 * k, 5), values(70 * n, 6));
+        let (a1, b1) = (half(&values(8 * k, 3)), half(&values(8 * n, 4)));
+        let (a2, b2) = (half(&values(70 * k, 5)), half(&values(70 * n, 6)));
         let jobs = [
             LoraJob::<Cpu> { rows: 0..3, rank: 8, a: &a1, b_t: &b1 },
             LoraJob::<Cpu> { rows: 4..11, rank: 70, a: &a2, b_t: &b2 },
@@ -252,6 +330,17 @@ mod tests {
                 }
             }
         }
+        // Out of f16's range: refused; kept in f32, the same values give the same bits.
+        assert!(LoraValues::new(&[1.0, 7e4], LoraDtype::F16).is_none());
+        let f32s = |m: &LoraValues| LoraValues::new(&wide(m), LoraDtype::F32).unwrap();
+        let (a1w, b1w, a2w, b2w) = (f32s(&a1), f32s(&b1), f32s(&a2), f32s(&b2));
+        let wide_jobs = [
+            LoraJob::<Cpu> { rows: 0..3, rank: 8, a: &a1w, b_t: &b1w },
+            LoraJob::<Cpu> { rows: 4..11, rank: 70, a: &a2w, b_t: &b2w },
+        ];
+        let mut kept_f32 = base.clone();
+        lora_add(&pool, &x, k, n, &wide_jobs, &mut kept_f32);
+        assert_eq!(kept_f32, out);
         // Row 3 has no adapter: untouched.
         assert_eq!(out[3 * n..4 * n], base[3 * n..4 * n]);
         // The reference (no SIMD, one thread) gives the same bits.

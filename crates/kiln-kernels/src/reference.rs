@@ -98,6 +98,7 @@ fn activate(act: GateActivation, x: f32) -> f32 {
 impl Backend for Reference {
     type Weight = RefMatrix;
     type Vector = Vec<f32>;
+    type LoraMatrix = crate::lora::LoraValues;
     type Rope = RefRope;
     type KvStore = RefKvStore;
     type Buffer = Vec<f32>;
@@ -139,6 +140,16 @@ impl Backend for Reference {
 
     fn load_vector(&self, values: &[f32]) -> Result<Vec<f32>, LoadTensorError> {
         Ok(values.to_vec())
+    }
+
+    fn load_lora_matrix(
+        &self,
+        values: &[f32],
+        dtype: kiln_backend::LoraDtype,
+    ) -> Result<Self::LoraMatrix, LoadTensorError> {
+        crate::lora::LoraValues::new(values, dtype).ok_or_else(|| {
+            LoadTensorError::Unsupported(format!("a LoRA value beyond {dtype:?}'s range"))
+        })
     }
 
     fn load_rope(&self, config: &RopeConfig) -> Result<RefRope, LoadTensorError> {

@@ -29,7 +29,8 @@ pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{
     Backend, ForwardBatch, ForwardError, HostParallel, HostThreads, KvCacheDtype, KvCacheSpec,
-    KvLayout, Logits, LogitsWanted, SeqSpan, Serial, TREE_ROOT, Workspace, check_block_size,
+    KvLayout, Logits, LogitsWanted, LoraDtype, SeqSpan, Serial, TREE_ROOT, Workspace,
+    check_block_size,
 };
 pub use loader::{LoadOptions, LoadedModel, load_model, load_model_with, load_tokenizer};
 pub use model::{BoundModel, Model, StepModel};

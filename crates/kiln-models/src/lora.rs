@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::{LoadError, ModelConfig};
+use crate::{LoadError, LoraDtype, ModelConfig};
 
 mod peft;
 
@@ -84,6 +84,8 @@ pub struct LoraMatrix {
 #[derive(Clone, Debug)]
 pub struct LoraAdapter {
     layers: Vec<[Option<LoraMatrix>; NUM_LORA_TARGETS]>,
+    /// The precision a backend keeps its matrices in when it is bound.
+    dtype: LoraDtype,
 }
 
 impl LoraAdapter {
@@ -95,7 +97,22 @@ impl LoraAdapter {
     }
 
     fn empty(num_layers: usize) -> Self {
-        Self { layers: (0..num_layers).map(|_| Default::default()).collect() }
+        Self {
+            layers: (0..num_layers).map(|_| Default::default()).collect(),
+            dtype: LoraDtype::default(),
+        }
+    }
+
+    /// Keeps its matrices in `dtype` once bound (default f16; f32 keeps the file's values
+    /// exactly).
+    #[must_use]
+    pub fn with_dtype(mut self, dtype: LoraDtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    pub fn dtype(&self) -> LoraDtype {
+        self.dtype
     }
 
     /// The update of `target` in layer `layer`, if the adapter has one.
@@ -112,10 +129,13 @@ impl LoraAdapter {
         self.layers.iter().flatten().flatten().map(|m| m.rank).max().unwrap_or(0)
     }
 
-    /// Bytes of its matrices (f32).
+    /// Bytes of its matrices once bound (in its dtype).
     pub fn bytes(&self) -> usize {
         let elements: usize =
             self.layers.iter().flatten().flatten().map(|m| m.a.len() + m.b_t.len()).sum();
-        elements * 4
+        match self.dtype {
+            LoraDtype::F16 => elements * 2,
+            LoraDtype::F32 => elements * 4,
+        }
     }
 }

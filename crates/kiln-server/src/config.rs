@@ -55,6 +55,8 @@ pub struct LoraSettings {
     pub max_rank: usize,
     /// `--max-loras`: most distinct adapters in one step (`None`: no limit).
     pub max_loras: Option<usize>,
+    /// `--lora-dtype`: the precision adapters are kept in (f16 by default).
+    pub dtype: kiln_engine::LoraDtype,
     /// `--allow-runtime-lora-updating` (or vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): serves
     /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
     pub runtime_updates: bool,
@@ -63,7 +65,13 @@ pub struct LoraSettings {
 impl Default for LoraSettings {
     fn default() -> Self {
         // vLLM's default --max-lora-rank.
-        Self { modules: Vec::new(), max_rank: 16, max_loras: None, runtime_updates: false }
+        Self {
+            modules: Vec::new(),
+            max_rank: 16,
+            max_loras: None,
+            dtype: kiln_engine::LoraDtype::default(),
+            runtime_updates: false,
+        }
     }
 }
 

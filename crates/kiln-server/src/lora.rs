@@ -79,6 +79,8 @@ pub struct LoraRegistry {
     model_config: ModelConfig,
     /// `--max-lora-rank`.
     pub max_rank: usize,
+    /// `--lora-dtype`.
+    pub dtype: kiln_engine::LoraDtype,
     /// Whether adapters may be loaded and unloaded at run time.
     pub runtime_updates: bool,
 }
@@ -92,7 +94,8 @@ impl LoraRegistry {
         for (i, module) in settings.modules.iter().enumerate() {
             let fail = |e: String| format!("--lora-modules {}: {e}", module.name);
             let adapter = LoraAdapter::load_peft(&module.path, &model_config, settings.max_rank)
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| fail(e.to_string()))?
+                .with_dtype(settings.dtype);
             let slot = i as u32 + 1;
             let cache_key =
                 core.set_adapter(slot, Some(&adapter)).map_err(|e| fail(e.to_string()))?;
@@ -108,6 +111,7 @@ impl LoraRegistry {
             entries: Mutex::new(entries),
             model_config,
             max_rank: settings.max_rank,
+            dtype: settings.dtype,
             runtime_updates: settings.runtime_updates,
         })
     }

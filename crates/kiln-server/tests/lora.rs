@@ -36,6 +36,7 @@ fn config() -> ServerConfig {
             ],
             max_rank: 16,
             max_loras: None,
+            dtype: kiln_engine::LoraDtype::default(),
             runtime_updates: true,
         },
         ..default_config()

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use kiln_engine::LoraDtype;
 use kiln_server::{LoraModule, LoraSettings};
 
 /// Highest `--max-lora-rank` (vLLM's largest choice).
@@ -24,6 +25,10 @@ pub struct LoraArgs {
     /// Highest rank of an adapter (a higher one is refused at start).
     #[arg(long, default_value_t = 16)]
     pub max_lora_rank: usize,
+    /// Precision adapters are kept in: auto (float32: the adapter file's values) or float16
+    /// (half the memory, each value rounded once). The arithmetic is f32 either way.
+    #[arg(long, default_value = "auto", value_name = "DTYPE")]
+    pub lora_dtype: String,
     /// Most distinct adapters in one step; requests of another adapter wait until one of the
     /// running adapters has no request left (default: no limit).
     #[arg(long, value_name = "N")]
@@ -47,6 +52,14 @@ impl LoraArgs {
                  VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --enable-lora"
             );
         }
+        let dtype = match self.lora_dtype.as_str() {
+            "auto" | "float32" | "float" => LoraDtype::F32,
+            "float16" | "half" => LoraDtype::F16,
+            "bfloat16" => anyhow::bail!(
+                "--lora-dtype bfloat16: kiln keeps LoRA matrices in float16 (auto) or float32"
+            ),
+            other => anyhow::bail!("--lora-dtype {other}: expected auto, float16 or float32"),
+        };
         if self.max_loras == Some(0) {
             anyhow::bail!("--max-loras must be at least 1");
         }
@@ -85,6 +98,7 @@ impl LoraArgs {
             modules,
             max_rank: self.max_lora_rank,
             max_loras: self.max_loras,
+            dtype,
             runtime_updates: self.allow_runtime_lora_updating,
         })
     }
@@ -123,6 +137,7 @@ mod tests {
             enable_lora: true,
             lora_modules: modules.iter().map(|m| (*m).to_owned()).collect(),
             max_lora_rank: 16,
+            lora_dtype: "auto".into(),
             max_loras: None,
             allow_runtime_lora_updating: false,
         }
@@ -165,5 +180,27 @@ mod tests {
         let mut rank = args(&[]);
         rank.max_lora_rank = 0;
         assert!(rank.settings(&names).is_err());
+        let mut bf16 = args(&[]);
+        bf16.lora_dtype = "bfloat16".into();
+        assert!(bf16.settings(&names).unwrap_err().to_string().contains("float32"));
+        let mut runtime = args(&[]);
+        runtime.enable_lora = false;
+        runtime.allow_runtime_lora_updating = true;
+        assert!(runtime.settings(&names).unwrap_err().to_string().contains("--enable-lora"));
+        let mut zero = args(&[]);
+        zero.max_loras = Some(0);
+        assert!(zero.settings(&names).is_err());
+    }
+
+    #[test]
+    fn lora_dtype_names_the_precision() {
+        let names = ["base".to_owned()];
+        for (given, dtype) in
+            [("auto", LoraDtype::F32), ("float16", LoraDtype::F16), ("float32", LoraDtype::F32)]
+        {
+            let mut a = args(&[]);
+            a.lora_dtype = given.into();
+            assert_eq!(a.settings(&names).unwrap().dtype, dtype);
+        }
     }
 }

@@ -64,6 +64,7 @@ fn expert_job<'a>(job: &'a mut ExpertLinearJob<'_, Cpu>) -> crate::ExpertJob<'a>
 impl Backend for Cpu {
     type Weight = WeightMatrix;
     type Vector = Vec<f32>;
+    type LoraMatrix = crate::lora::LoraValues;
     type Rope = Rope;
     type KvStore = CpuKvStore;
     type Buffer = Vec<f32>;
@@ -99,6 +100,16 @@ impl Backend for Cpu {
 
     fn load_vector(&self, values: &[f32]) -> Result<Vec<f32>, LoadTensorError> {
         Ok(values.to_vec())
+    }
+
+    fn load_lora_matrix(
+        &self,
+        values: &[f32],
+        dtype: kiln_backend::LoraDtype,
+    ) -> Result<Self::LoraMatrix, LoadTensorError> {
+        crate::lora::LoraValues::new(values, dtype).ok_or_else(|| {
+            LoadTensorError::Unsupported(format!("a LoRA value beyond {dtype:?}'s range"))
+        })
     }
 
     fn load_rope(&self, config: &RopeConfig) -> Result<Rope, LoadTensorError> {

@@ -17,8 +17,8 @@ use crate::lora::{LoraAdapter, LoraTarget, NUM_LORA_TARGETS};
 /// One updated projection on the backend: `a` `[rank, k]`, `b_t` `[rank, n]`.
 struct BoundMatrix<B: Backend> {
     rank: usize,
-    a: B::Vector,
-    b_t: B::Vector,
+    a: B::LoraMatrix,
+    b_t: B::LoraMatrix,
 }
 
 /// An adapter on the backend: per layer, the update of each target.
@@ -30,7 +30,7 @@ impl<B: Backend> BoundAdapter<B> {
     pub(super) fn bind(backend: &B, adapter: &LoraAdapter) -> Result<Self, LoadError> {
         let load = |name: String, values: &[f32]| {
             backend
-                .load_vector(values)
+                .load_lora_matrix(values, adapter.dtype())
                 .map_err(|e| LoadError::Backend { name, message: e.to_string() })
         };
         let mut layers = Vec::with_capacity(adapter.num_layers());

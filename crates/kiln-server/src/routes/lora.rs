@@ -104,6 +104,7 @@ async fn bind(loaded: Arc<Loaded>, module: LoraModule, slot: u32) -> Result<(), 
     let path = module.path.clone();
     let read = tokio::task::spawn_blocking(move || {
         LoraAdapter::load_peft(&path, registry.model_config(), registry.max_rank)
+            .map(|adapter| adapter.with_dtype(registry.dtype))
     })
     .await;
     let adapter = match read {
