@@ -112,8 +112,8 @@ impl EngineCore {
     /// Binds a LoRA adapter (read for this model: [`LoraAdapter::load_peft`]) to `slot`
     /// (`1..=MAX_ADAPTER_SLOT`), or empties the slot (`None`); requests name their slot
     /// ([`crate::PreparedRequest::with_adapter`]). Refused while an unfinished request names
-    /// the slot or a step is in flight ([`EngineCore::finish_in_flight`] ends it); other
-    /// requests keep running. Returns the binding's prefix-cache key (0 when emptied).
+    /// the slot, while a step is in flight ([`EngineCore::finish_in_flight`] ends it), and
+    /// binding over a slot being unloaded; other requests keep running. Returns the binding's prefix-cache key (0 when emptied).
     pub fn set_adapter(
         &mut self,
         slot: u32,
@@ -127,6 +127,11 @@ impl EngineCore {
             return Err(EngineError::Config(
                 "LoRA adapters are bound only between steps (a step is in flight)".into(),
             ));
+        }
+        if adapter.is_some() && self.adapters.bound.get(&slot).is_some_and(|b| b.draining) {
+            return Err(EngineError::Config(format!(
+                "the LoRA adapter in slot {slot} is unloading; bind another slot"
+            )));
         }
         let users = self.adapter_users(slot);
         if users > 0 {
