@@ -341,27 +341,19 @@ fn run_until_shutdown(
             publish(core);
             continue;
         }
-        match core.step() {
-            Ok(outputs) => {
-                publish(core);
-                if core.deliver(outputs) {
-                    publish(core);
-                }
-            }
-            Err(e) => {
-                core.fail_delivery(&e);
-                publish(core);
-            }
-        }
+        let stepped = core.step();
+        report(core, stepped, &mut publish);
     }
 }
 
-/// Reports the step in flight, if any, so that the model is back on the engine thread.
-fn settle(core: &mut EngineCore, publish: &mut dyn FnMut(&mut EngineCore)) {
-    if !core.has_step_in_flight() {
-        return;
-    }
-    match core.finish_in_flight() {
+/// Hands a step's outputs to the sinks (or its error to every request), publishing the
+/// counters before the clients see them and again if delivering aborted a request.
+fn report(
+    core: &mut EngineCore,
+    stepped: Result<Vec<EngineOutput>, EngineError>,
+    publish: &mut dyn FnMut(&mut EngineCore),
+) {
+    match stepped {
         Ok(outputs) => {
             publish(core);
             if core.deliver(outputs) {
@@ -372,6 +364,14 @@ fn settle(core: &mut EngineCore, publish: &mut dyn FnMut(&mut EngineCore)) {
             core.fail_delivery(&e);
             publish(core);
         }
+    }
+}
+
+/// Reports the step in flight, if any, so that the model is back on the engine thread.
+fn settle(core: &mut EngineCore, publish: &mut dyn FnMut(&mut EngineCore)) {
+    if core.has_step_in_flight() {
+        let stepped = core.finish_in_flight();
+        report(core, stepped, publish);
     }
 }
 

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use kiln_backend::{Backend, LoraDtype, LoraJob};
+use kiln_backend::{Backend, LoadTensorError, LoraDtype, LoraJob};
 
 use crate::ThreadPool;
 use crate::thread_pool::SharedMut;
@@ -74,6 +74,13 @@ impl LoraValues {
             Self::F16(v) => v.iter().all(|x| x.is_finite()),
         };
         finite.then_some(kept)
+    }
+
+    /// [`LoraValues::new`] as a backend's `load_lora_matrix`.
+    pub fn load(values: &[f32], dtype: LoraDtype) -> Result<Self, LoadTensorError> {
+        Self::new(values, dtype).ok_or_else(|| {
+            LoadTensorError::Unsupported(format!("a LoRA value beyond {dtype:?}'s range"))
+        })
     }
 
     pub fn len(&self) -> usize {

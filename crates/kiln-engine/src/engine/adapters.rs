@@ -10,7 +10,9 @@
 //! - A draining slot refuses new requests; it is emptied by [`EngineCore::unbind_drained`]
 //!   once no unfinished request names it, so an unload loses no request.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use kiln_sched::RequestStatus;
 
 use kiln_models::lora::LoraAdapter;
 
@@ -207,13 +209,13 @@ impl EngineCore {
         if self.adapters.bound.is_empty() {
             return stats;
         }
-        let running: HashSet<_> = self.scheduler.running_ids().iter().copied().collect();
         for (id, live) in self.requests.iter().filter(|(_, live)| live.adapter != 0) {
-            let unfinished = self.scheduler.request(id).is_some();
-            if running.contains(&id) {
-                stats.running.insert(live.adapter);
-            } else if unfinished {
-                stats.waiting.insert(live.adapter);
+            match self.scheduler.request(id).map(kiln_sched::Request::status) {
+                Some(RequestStatus::Running) => stats.running.insert(live.adapter),
+                Some(RequestStatus::Waiting | RequestStatus::Preempted) => {
+                    stats.waiting.insert(live.adapter);
+                }
+                _ => {}
             }
         }
         stats

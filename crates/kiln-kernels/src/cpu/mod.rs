@@ -107,9 +107,7 @@ impl Backend for Cpu {
         values: &[f32],
         dtype: kiln_backend::LoraDtype,
     ) -> Result<Self::LoraMatrix, LoadTensorError> {
-        crate::lora::LoraValues::new(values, dtype).ok_or_else(|| {
-            LoadTensorError::Unsupported(format!("a LoRA value beyond {dtype:?}'s range"))
-        })
+        crate::lora::LoraValues::load(values, dtype)
     }
 
     fn load_rope(&self, config: &RopeConfig) -> Result<Rope, LoadTensorError> {
