@@ -1,15 +1,21 @@
 //! LoRA adapters: low-rank updates `W + (α / r) · B · A` of a base model's projections, read
-//! from PEFT directories ([`peft`]), checked against the base model's shapes, kept on the host
-//! until a model binds them to its backend.
+//! from PEFT directories ([`peft`]) or llama.cpp's GGUF adapter files ([`gguf`]), checked
+//! against the base model's shapes, kept on the host until a model binds them to its backend.
 //!
 //! Invariants: every matrix of a [`LoraAdapter`] has the shapes of the base model's projection
 //! it updates (`a`: `[rank, k]`, `b_t`: `[rank, n]` for a `[n, k]` matrix) and finite values;
-//! the adapter's scale is folded into `b_t`, so applying it is `out += (x · aᵀ) · b_t`.
+//! the adapter's scale is folded into `b_t`, so applying it is `out += (x · aᵀ) · b_t`. The
+//! output rows of q and k are in the base model's order: a model read from a Llama GGUF keeps
+//! llama.cpp's interleaved-RoPE permutation of them ([`RopeStyle::Interleaved`]), a model read
+//! from `config.json` does not, and either kind of adapter file is reordered to match.
 
 use std::path::Path;
 
+use kiln_backend::RopeStyle;
+
 use crate::{LoadError, LoraDtype, ModelConfig};
 
+mod gguf;
 mod peft;
 
 /// The projections an adapter may update, in a layer's order.
@@ -69,6 +75,46 @@ impl LoraTarget {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// How many heads its output rows hold when RoPE rotates them (q and k), else `None`.
+    fn rotated_heads(self, c: &ModelConfig) -> Option<usize> {
+        match self {
+            Self::Q => Some(c.num_heads),
+            Self::K => Some(c.num_kv_heads),
+            _ => None,
+        }
+    }
+}
+
+/// Reorders the output columns `n` of `b_t` (`[rank, n]`) of `target` from a file whose q/k
+/// rows are llama.cpp's interleaved-RoPE permutation of transformers' (`interleaved`) to the
+/// order of `config`'s model (module docs). Within each head of width `d`, transformers' row
+/// `half · d/2 + j` is the permuted row `2j + half`.
+fn match_rope_order(b_t: &mut [f32], target: LoraTarget, config: &ModelConfig, interleaved: bool) {
+    let Some(heads) = target.rotated_heads(config) else { return };
+    let model_interleaved = config.rope_style == RopeStyle::Interleaved;
+    if interleaved == model_interleaved || b_t.is_empty() {
+        return;
+    }
+    let n = heads * config.head_dim;
+    let d = config.head_dim;
+    let mut row = vec![0f32; n];
+    for out in b_t.chunks_exact_mut(n) {
+        row.copy_from_slice(out);
+        for h in 0..heads {
+            for half in 0..2 {
+                for j in 0..d / 2 {
+                    let hf = h * d + half * d / 2 + j;
+                    let permuted = h * d + 2 * j + half;
+                    if model_interleaved {
+                        out[permuted] = row[hf];
+                    } else {
+                        out[hf] = row[permuted];
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One updated projection: `a` `[rank, k]`, `b_t` `[rank, n]` with the scale folded in.
@@ -96,6 +142,69 @@ impl LoraAdapter {
         peft::load(dir, config, max_rank)
     }
 
+    /// Reads a llama.cpp GGUF LoRA file (`general.type` `adapter`, `adapter.type` `lora`) for
+    /// the model of `config`; refuses it as [`LoraAdapter::load_peft`] does.
+    pub fn load_gguf(
+        path: &Path,
+        config: &ModelConfig,
+        max_rank: usize,
+    ) -> Result<Self, LoadError> {
+        gguf::load(path, config, max_rank)
+    }
+
+    /// Reads the adapter at `path`: a PEFT directory or a GGUF file.
+    pub fn load(path: &Path, config: &ModelConfig, max_rank: usize) -> Result<Self, LoadError> {
+        if path.is_dir() {
+            Self::load_peft(path, config, max_rank)
+        } else {
+            Self::load_gguf(path, config, max_rank)
+        }
+    }
+
+    /// Its update multiplied by `scale` (llama-server's `--lora-scaled FILE:SCALE`); refused
+    /// when the scale or a scaled value is not finite.
+    pub fn scaled(mut self, scale: f32) -> Result<Self, String> {
+        if !scale.is_finite() {
+            return Err(format!("LoRA scale {scale} is not finite"));
+        }
+        for matrix in self.layers.iter_mut().flatten().flatten() {
+            for v in &mut matrix.b_t {
+                *v *= scale;
+            }
+            if matrix.b_t.iter().any(|v| !v.is_finite()) {
+                return Err(format!("LoRA scale {scale} makes the update overflow f32"));
+            }
+        }
+        Ok(self)
+    }
+
+    /// One adapter whose update is the sum of `adapters`' (llama-server applies every `--lora`
+    /// at once): per projection, the ranks are stacked, `a` `[r1 + r2, k]` and `b_t`
+    /// `[r1 + r2, n]`. Refused when `adapters` is empty or they are for different models.
+    pub fn stack(adapters: Vec<Self>) -> Result<Self, String> {
+        let mut adapters = adapters.into_iter();
+        let mut sum = adapters.next().ok_or("no adapter to stack")?;
+        for adapter in adapters {
+            if adapter.num_layers() != sum.num_layers() {
+                return Err("the adapters are for models of different depths".into());
+            }
+            for (to, from) in sum.layers.iter_mut().zip(adapter.layers) {
+                for (to, from) in to.iter_mut().zip(from) {
+                    let Some(from) = from else { continue };
+                    match to {
+                        None => *to = Some(from),
+                        Some(to) => {
+                            to.rank += from.rank;
+                            to.a.extend_from_slice(&from.a);
+                            to.b_t.extend_from_slice(&from.b_t);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(sum)
+    }
+
     fn empty(num_layers: usize) -> Self {
         Self {
             layers: (0..num_layers).map(|_| Default::default()).collect(),
@@ -103,8 +212,8 @@ impl LoraAdapter {
         }
     }
 
-    /// Keeps its matrices in `dtype` once bound (default f16; f32 keeps the file's values
-    /// exactly).
+    /// Keeps its matrices in `dtype` once bound (default f32: the file's values exactly; f16
+    /// halves the memory).
     #[must_use]
     pub fn with_dtype(mut self, dtype: LoraDtype) -> Self {
         self.dtype = dtype;

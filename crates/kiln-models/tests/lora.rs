@@ -10,6 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::lora::{base_of, lora_cases, lora_fixture};
 use common::{Runner, argmax, assert_rows_close};
 use kiln_models::lora::LoraAdapter;
 use kiln_models::{LogitsWanted, LoraDtype};
@@ -18,29 +19,6 @@ use serde_json::{Value, json};
 /// Max |ours - PEFT| on f32 logits (as the base models' bar).
 const LOGIT_TOLERANCE: f32 = 1e-3;
 const MAX_RANK: usize = 64;
-
-fn lora_fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lora").join(name)
-}
-
-/// `(prompt + greedy ids, PEFT's logits rows, prompt length)` of each case of adapter `name`.
-fn lora_cases(name: &str, vocab: usize) -> Vec<(Vec<u32>, Vec<Vec<f32>>, usize)> {
-    common::cases_in(&lora_fixture(name), Some(vocab))
-        .into_iter()
-        .map(|c| {
-            let tokens: Vec<u32> = c.prompt_ids.iter().chain(&c.greedy_ids).copied().collect();
-            (tokens, c.logits, c.prompt_ids.len())
-        })
-        .collect()
-}
-
-fn base_of(name: &str) -> String {
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(lora_fixture(name).join("reference.json")).unwrap(),
-    )
-    .unwrap();
-    reference["base"].as_str().unwrap().to_owned()
-}
 
 /// Fixture `base` with `adapters` bound to slots 1, 2, ..., kept in f32 (PEFT's values).
 fn runner_with(base: &str, adapters: &[&str]) -> Runner {

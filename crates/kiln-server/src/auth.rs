@@ -2,7 +2,7 @@
 //! endpoint that runs model work needs `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
 //! Anthropic's clients send it): all of `/v1/` (checked
 //! before routing, so an unknown `/v1/` path is a 401 too, not a 404 that reveals what exists),
-//! `/tokenize` and `/detokenize`. `/health`, `/metrics` and `/version` stay open for probes and
+//! `/tokenize`, `/detokenize` and `/lora-adapters` (it names files). `/health`, `/metrics` and `/version` stay open for probes and
 //! scrapers. Each key is compared in constant time over its bytes, so timing reveals at most
 //! the keys' lengths.
 
@@ -27,7 +27,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Whether `path` needs the API key (see the module docs).
 pub fn is_protected(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/v1" || path == "/tokenize" || path == "/detokenize"
+    path.starts_with("/v1/")
+        || path == "/v1"
+        || path == "/tokenize"
+        || path == "/detokenize"
+        || path == "/lora-adapters"
 }
 
 pub async fn require_api_key(
@@ -77,7 +81,9 @@ mod tests {
 
     #[test]
     fn model_work_is_protected_probes_are_not() {
-        for p in ["/v1/completions", "/v1/nope", "/v1", "/tokenize", "/detokenize"] {
+        for p in
+            ["/v1/completions", "/v1/nope", "/v1", "/tokenize", "/detokenize", "/lora-adapters"]
+        {
             assert!(is_protected(p), "{p}");
         }
         for p in ["/health", "/metrics", "/version", "/v10/x", "/tokenize2"] {

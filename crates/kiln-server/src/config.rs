@@ -55,11 +55,22 @@ pub struct LoraSettings {
     pub max_rank: usize,
     /// `--max-loras`: most distinct adapters in one step (`None`: no limit).
     pub max_loras: Option<usize>,
-    /// `--lora-dtype`: the precision adapters are kept in (f16 by default).
+    /// `--lora-dtype`: the precision adapters are kept in (f32 by default).
     pub dtype: kiln_engine::LoraDtype,
     /// `--allow-runtime-lora-updating` (or vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): serves
     /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
     pub runtime_updates: bool,
+    /// llama-server's `--lora` and `--lora-scaled`: adapters applied, summed, to every request
+    /// of the base model (bound to the slot after `modules`').
+    pub base_adapters: Vec<BaseAdapter>,
+}
+
+/// One adapter of llama-server's `--lora FILE` (scale 1) or `--lora-scaled FILE:SCALE`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BaseAdapter {
+    /// A GGUF LoRA file (or a PEFT adapter directory).
+    pub path: std::path::PathBuf,
+    pub scale: f32,
 }
 
 impl Default for LoraSettings {
@@ -71,6 +82,7 @@ impl Default for LoraSettings {
             max_loras: None,
             dtype: kiln_engine::LoraDtype::default(),
             runtime_updates: false,
+            base_adapters: Vec::new(),
         }
     }
 }
@@ -80,7 +92,7 @@ impl Default for LoraSettings {
 pub struct LoraModule {
     /// What clients send as `model`.
     pub name: String,
-    /// The PEFT adapter directory.
+    /// The PEFT adapter directory or GGUF LoRA file.
     pub path: std::path::PathBuf,
     /// The base model it was trained on, as `/v1/models` reports its `parent` (default: the
     /// first served model name).

@@ -53,7 +53,7 @@ use kiln_engine::structured::{GrammarCompiler, PendingCompiler};
 use kiln_engine::{EngineCore, EngineHandle};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
-pub use config::{ConnectionLimits, LoraModule, LoraSettings, ServerConfig};
+pub use config::{BaseAdapter, ConnectionLimits, LoraModule, LoraSettings, ServerConfig};
 pub use error::ApiError;
 pub use state::{Loaded, ServerState};
 
@@ -191,6 +191,10 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route(
+            "/lora-adapters",
+            get(routes::lora::list_base_adapters).post(routes::lora::set_base_adapters),
+        )
         .route("/v1/models", get(routes::misc::models))
         .route("/v1/models/{id}", get(routes::misc::model))
         .route("/health", get(routes::misc::health))

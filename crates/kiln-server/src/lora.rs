@@ -1,7 +1,9 @@
 //! The LoRA adapters a server serves by name: those of `--lora-modules`, bound at load, and
 //! those loaded and unloaded at run time (`POST /v1/load_lora_adapter` and
 //! `/v1/unload_lora_adapter`, allowed by `--allow-runtime-lora-updating` or vLLM's
-//! `VLLM_ALLOW_RUNTIME_LORA_UPDATING`; `routes/lora.rs`).
+//! `VLLM_ALLOW_RUNTIME_LORA_UPDATING`; `routes/lora.rs`). And llama-server's `--lora` /
+//! `--lora-scaled` adapters, which every request of the base model runs with: stacked into one
+//! adapter ([`LoraAdapter::stack`]) bound at load to the slot after the modules', for good.
 //!
 //! Invariants:
 //! - A name names at most one entry, a slot holds at most one entry, and no adapter takes a
@@ -20,7 +22,10 @@ use kiln_engine::{
     AdapterBinding, AdapterSet, EngineCore, LoraAdapter, MAX_ADAPTER_SLOT, ModelConfig,
 };
 
-use crate::config::{LoraModule, LoraSettings};
+use crate::config::{BaseAdapter, LoraModule, LoraSettings};
+
+/// Highest rank of a `--lora` file (llama-server has no `--max-lora-rank`; kiln's highest).
+const BASE_ADAPTER_MAX_RANK: usize = 512;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EntryState {
@@ -75,6 +80,11 @@ impl std::fmt::Display for RegistryError {
 #[derive(Debug)]
 pub struct LoraRegistry {
     entries: Mutex<Vec<Entry>>,
+    /// The binding requests of the base model run with: llama-server's `--lora` adapters,
+    /// stacked (the default binding without them).
+    base: AdapterBinding,
+    /// The files of `base`, for `GET /lora-adapters`.
+    pub base_adapters: Vec<BaseAdapter>,
     /// The base model's, to read adapters for it.
     model_config: ModelConfig,
     /// `--max-lora-rank`.
@@ -87,13 +97,13 @@ pub struct LoraRegistry {
 
 impl LoraRegistry {
     /// Reads every adapter of `settings.modules` for the engine's model and binds the `i`-th
-    /// to slot `i + 1`.
+    /// to slot `i + 1`; then the stack of `settings.base_adapters` to the next slot.
     pub fn bind_at_load(settings: &LoraSettings, core: &mut EngineCore) -> Result<Self, String> {
         let model_config = core.model().config().clone();
         let mut entries = Vec::new();
         for (i, module) in settings.modules.iter().enumerate() {
             let fail = |e: String| format!("--lora-modules {}: {e}", module.name);
-            let adapter = LoraAdapter::load_peft(&module.path, &model_config, settings.max_rank)
+            let adapter = LoraAdapter::load(&module.path, &model_config, settings.max_rank)
                 .map_err(|e| fail(e.to_string()))?
                 .with_dtype(settings.dtype);
             let slot = i as u32 + 1;
@@ -107,8 +117,12 @@ impl LoraRegistry {
                 state: EntryState::Serving,
             });
         }
+        let base_slot = settings.modules.len() as u32 + 1;
+        let base = bind_base(settings, &model_config, base_slot, core)?;
         Ok(Self {
             entries: Mutex::new(entries),
+            base,
+            base_adapters: settings.base_adapters.clone(),
             model_config,
             max_rank: settings.max_rank,
             dtype: settings.dtype,
@@ -123,6 +137,11 @@ impl LoraRegistry {
     /// The base model's configuration (what adapters are read for).
     pub fn model_config(&self) -> &ModelConfig {
         &self.model_config
+    }
+
+    /// The binding requests of the base model run with (module docs).
+    pub fn base_binding(&self) -> AdapterBinding {
+        self.base
     }
 
     /// The binding of the serving adapter `name`.
@@ -174,7 +193,7 @@ impl LoraRegistry {
             return Err(RegistryError::NameTaken(module.name));
         }
         let slot = (1..=MAX_ADAPTER_SLOT)
-            .find(|s| entries.iter().all(|e| e.slot != *s))
+            .find(|s| *s != self.base.slot && entries.iter().all(|e| e.slot != *s))
             .ok_or(RegistryError::Full)?;
         entries.push(Entry { module, slot, cache_key: 0, state: EntryState::Loading });
         Ok(slot)
@@ -209,6 +228,36 @@ impl LoraRegistry {
     pub fn unloaded(&self, slot: u32) {
         self.entries().retain(|e| e.slot != slot);
     }
+}
+
+/// Reads, scales and stacks `settings.base_adapters` and binds them to `slot`; the default
+/// binding when there are none.
+fn bind_base(
+    settings: &LoraSettings,
+    config: &ModelConfig,
+    slot: u32,
+    core: &mut EngineCore,
+) -> Result<AdapterBinding, String> {
+    if settings.base_adapters.is_empty() {
+        return Ok(AdapterBinding::default());
+    }
+    let mut adapters = Vec::new();
+    for BaseAdapter { path, scale } in &settings.base_adapters {
+        let fail = |e: String| format!("--lora {}: {e}", path.display());
+        let adapter = LoraAdapter::load(path, config, BASE_ADAPTER_MAX_RANK)
+            .map_err(|e| fail(e.to_string()))?
+            .scaled(*scale)
+            .map_err(fail)?;
+        tracing::info!(
+            "LoRA adapter {} (rank {}) at scale {scale} for every request",
+            path.display(),
+            adapter.max_rank()
+        );
+        adapters.push(adapter);
+    }
+    let adapter = LoraAdapter::stack(adapters)?.with_dtype(settings.dtype);
+    let cache_key = core.set_adapter(slot, Some(&adapter)).map_err(|e| format!("--lora: {e}"))?;
+    Ok(AdapterBinding { slot, cache_key })
 }
 
 /// Logs an adapter that starts serving.

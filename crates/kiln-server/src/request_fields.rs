@@ -58,6 +58,12 @@ const REFUSED: &[(&str, &str)] = &[
     ("dynatemp_range", "dynamic temperature is not supported (0 turns it off)"),
     ("top_n_sigma", "top-n-sigma sampling is not supported (-1 turns it off)"),
     ("n_probs", "`n_probs` is not supported (use `logprobs`)"),
+    (
+        "lora",
+        "per-request LoRA scales are not supported: the --lora adapters apply to every request \
+         of the base model; serve an adapter by name (--enable-lora --lora-modules NAME=PATH) \
+         and send that name as `model`",
+    ),
     ("samplers", "a custom sampler order is not supported"),
 ];
 

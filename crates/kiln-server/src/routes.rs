@@ -21,13 +21,14 @@ pub fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiEr
     resolve_model(state, model).map(drop)
 }
 
-/// The LoRA adapter `model` asks for: the base model (the default binding) for one of its
-/// served names or no `model`, a serving adapter's binding for its name ([`crate::lora`]);
+/// The LoRA adapter `model` asks for: the base model's binding (the default one unless
+/// llama-server's `--lora` gave it adapters) for one of its served names or no `model`, a serving adapter's binding for its name ([`crate::lora`]);
 /// 404 for any other name.
 pub fn resolve_model(state: &ServerState, model: Option<&str>) -> Result<AdapterBinding, ApiError> {
-    let Some(m) = model else { return Ok(AdapterBinding::default()) };
+    let base = || state.loaded().map(|loaded| loaded.lora.base_binding()).unwrap_or_default();
+    let Some(m) = model else { return Ok(base()) };
     if state.config.served_model_names.iter().any(|n| n == m) {
-        return Ok(AdapterBinding::default());
+        return Ok(base());
     }
     if let Some(binding) = state.loaded().and_then(|loaded| loaded.lora.resolve(m)) {
         return Ok(binding);

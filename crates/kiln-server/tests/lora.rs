@@ -12,7 +12,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{TestServer, default_config, engine_config};
-use kiln_server::{LoraModule, LoraSettings, ServerConfig};
+use kiln_server::{BaseAdapter, LoraModule, LoraSettings, ServerConfig};
 use serde_json::{Value, json};
 
 fn lora_dir(name: &str) -> PathBuf {
@@ -38,6 +38,7 @@ fn config() -> ServerConfig {
             max_loras: None,
             dtype: kiln_engine::LoraDtype::default(),
             runtime_updates: true,
+            base_adapters: Vec::new(),
         },
         ..default_config()
     }
@@ -90,6 +91,49 @@ fn a_request_naming_an_adapter_generates_peft_s_tokens() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["model"], "chat");
+}
+
+/// llama-server's `--lora FILE` / `--lora-scaled FILE:SCALE`: llama.cpp's GGUF conversion of
+/// `sql`, given twice at scale 0.5, applies to every request of the base model and gives PEFT's
+/// tokens; the same file serves by name too; `GET /lora-adapters` lists the files; a
+/// per-request `lora` field and `POST /lora-adapters` are refused.
+#[test]
+fn llama_server_lora_files_apply_to_every_base_model_request() {
+    let file = lora_dir("llama3-r8-all").join("adapter-f32.gguf");
+    let mut config = config();
+    config.lora.runtime_updates = false;
+    config.lora.modules =
+        vec![LoraModule { name: "sql-gguf".into(), path: file.clone(), base_model_name: None }];
+    config.lora.base_adapters = vec![
+        BaseAdapter { path: file.clone(), scale: 0.5 },
+        BaseAdapter { path: file.clone(), scale: 0.5 },
+    ];
+    let server = TestServer::start_with(config, engine_config());
+    let (prompt, greedy) = reference("llama3-r8-all");
+    let want = detokenize(&server, &greedy);
+    for model in [Some("tiny"), None, Some("sql-gguf")] {
+        let mut body = json!({"prompt": prompt, "max_tokens": greedy.len(), "temperature": 0,
+                              "ignore_eos": true, "skip_special_tokens": false});
+        if let Some(model) = model {
+            body["model"] = json!(model);
+        }
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["model"], model.unwrap_or("tiny"));
+        assert_eq!(r.json()["choices"][0]["text"], want, "{model:?}");
+    }
+    let listed = server.get("/lora-adapters").json();
+    let path = file.display().to_string();
+    assert_eq!(
+        listed,
+        json!([{"id": 0, "path": path, "scale": 0.5}, {"id": 1, "path": path, "scale": 0.5}])
+    );
+    let r = server.post("/lora-adapters", &json!([{"id": 0, "scale": 1.0}]));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let body = json!({"prompt": "hi", "max_tokens": 1, "lora": [{"id": 0, "scale": 1.0}]});
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("per-request LoRA scales"), "{}", r.text());
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! `--enable-lora`, `--lora-modules`, `--max-lora-rank`, `--max-loras` and
 //! `--allow-runtime-lora-updating` (vLLM's flags; vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`
 //! environment variable sets the last): LoRA adapters served beside the base model, each under
-//! its own name, loaded at start or at run time.
+//! its own name, loaded at start or at run time. And llama-server's `--lora FILE[,FILE]` and
+//! `--lora-scaled FILE:SCALE[,FILE:SCALE]`: adapters every request of the base model runs with.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use kiln_engine::LoraDtype;
-use kiln_server::{LoraModule, LoraSettings};
+use kiln_server::{BaseAdapter, LoraModule, LoraSettings};
 
 /// Highest `--max-lora-rank` (vLLM's largest choice).
 const MAX_RANK_LIMIT: usize = 512;
@@ -37,6 +38,13 @@ pub struct LoraArgs {
     /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True sets it too). Needs --enable-lora.
     #[arg(long)]
     pub allow_runtime_lora_updating: bool,
+    /// llama-server's: LoRA adapters (GGUF files, or PEFT directories) that every request of
+    /// the base model runs with, at scale 1; comma-separated or repeated, summed.
+    #[arg(long = "lora", value_name = "FILE[,FILE]")]
+    pub lora: Vec<String>,
+    /// llama-server's: as --lora, each at its own scale.
+    #[arg(long = "lora-scaled", value_name = "FILE:SCALE[,FILE:SCALE]")]
+    pub lora_scaled: Vec<String>,
 }
 
 impl LoraArgs {
@@ -95,12 +103,40 @@ impl LoraArgs {
             );
         }
         Ok(LoraSettings {
+            base_adapters: self.base_adapters()?,
             modules,
             max_rank: self.max_lora_rank,
             max_loras: self.max_loras,
             dtype,
             runtime_updates: self.allow_runtime_lora_updating,
         })
+    }
+}
+
+impl LoraArgs {
+    /// `--lora` (scale 1) and `--lora-scaled` adapters, in the order given.
+    fn base_adapters(&self) -> anyhow::Result<Vec<BaseAdapter>> {
+        let mut adapters = Vec::new();
+        for arg in &self.lora {
+            for path in arg.split(',') {
+                anyhow::ensure!(!path.is_empty(), "--lora {arg}: an empty file name");
+                adapters.push(BaseAdapter { path: path.into(), scale: 1.0 });
+            }
+        }
+        for arg in &self.lora_scaled {
+            for item in arg.split(',') {
+                let (path, scale) = item
+                    .rsplit_once(':')
+                    .with_context(|| format!("--lora-scaled {arg}: expected FILE:SCALE"))?;
+                let scale: f32 =
+                    scale.parse().ok().filter(|s: &f32| s.is_finite()).with_context(|| {
+                        format!("--lora-scaled {arg}: `{scale}` is not a number")
+                    })?;
+                anyhow::ensure!(!path.is_empty(), "--lora-scaled {arg}: an empty file name");
+                adapters.push(BaseAdapter { path: path.into(), scale });
+            }
+        }
+        Ok(adapters)
     }
 }
 
@@ -140,6 +176,8 @@ mod tests {
             lora_dtype: "auto".into(),
             max_loras: None,
             allow_runtime_lora_updating: false,
+            lora: Vec::new(),
+            lora_scaled: Vec::new(),
         }
     }
 
@@ -190,6 +228,38 @@ mod tests {
         let mut zero = args(&[]);
         zero.max_loras = Some(0);
         assert!(zero.settings(&names).is_err());
+    }
+
+    #[test]
+    fn llama_server_adapters_keep_their_order_and_scales() {
+        let names = ["base".to_owned()];
+        let mut a = args(&[]);
+        a.enable_lora = false;
+        a.lora = vec!["a.gguf,b.gguf".into(), "c.gguf".into()];
+        a.lora_scaled = vec!["/x/d.gguf:0.5,e.gguf:-1".into()];
+        let got: Vec<(String, f32)> = a
+            .settings(&names)
+            .unwrap()
+            .base_adapters
+            .into_iter()
+            .map(|b| (b.path.display().to_string(), b.scale))
+            .collect();
+        let want = [("a.gguf", 1.0), ("b.gguf", 1.0), ("c.gguf", 1.0), ("/x/d.gguf", 0.5)];
+        assert_eq!(got[..4], want.map(|(p, s)| (p.to_owned(), s)));
+        assert_eq!(got[4], ("e.gguf".to_owned(), -1.0));
+        for (lora, scaled, why) in [
+            (None, Some("d.gguf"), "FILE:SCALE"),
+            (None, Some("d.gguf:x"), "not a number"),
+            (None, Some("d.gguf:inf"), "not a number"),
+            (None, Some(":1"), "empty file name"),
+            (Some("a.gguf,,b.gguf"), None, "empty file name"),
+        ] {
+            let mut a = args(&[]);
+            a.lora = lora.into_iter().map(str::to_owned).collect();
+            a.lora_scaled = scaled.into_iter().map(str::to_owned).collect();
+            let err = a.settings(&names).unwrap_err().to_string();
+            assert!(err.contains(why), "{lora:?} {scaled:?}: {err}");
+        }
     }
 
     #[test]

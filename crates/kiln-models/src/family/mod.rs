@@ -86,6 +86,20 @@ impl Architecture {
         })
     }
 
+    /// The `general.architecture` llama.cpp's converter writes for it (Mistral and Mixtral
+    /// are `llama`).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Self::Llama | Self::Mistral | Self::Mixtral => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Qwen2Moe => "qwen2moe",
+            Self::Qwen3Moe => "qwen3moe",
+            Self::Gemma3 => "gemma3",
+            Self::Phi3 => "phi3",
+        }
+    }
+
     /// Sets the family's switches from `config.json` on `c` (which holds the shared shape).
     pub(crate) fn apply_hf(
         self,

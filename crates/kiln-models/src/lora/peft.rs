@@ -51,7 +51,8 @@ pub(super) fn load(
             continue; // read with its A
         }
         let b_name = format!("{}lora_B.weight", &name[..name.len() - "lora_A.weight".len()]);
-        let matrix = read_pair(&store, &path, (name, &b_name), target.dims(config), &settings)?;
+        let mut matrix = read_pair(&store, &path, (name, &b_name), target.dims(config), &settings)?;
+        super::match_rope_order(&mut matrix.b_t, target, config, false);
         adapter.layers[layer][target.index()] = Some(matrix);
     }
     // Every B needs its A.

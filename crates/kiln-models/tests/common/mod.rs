@@ -4,6 +4,9 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::PathBuf;
+
+pub mod gguf;
+pub mod lora;
 use std::sync::Arc;
 
 use kiln_kernels::Cpu;

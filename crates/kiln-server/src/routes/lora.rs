@@ -103,7 +103,7 @@ async fn bind(loaded: Arc<Loaded>, module: LoraModule, slot: u32) -> Result<(), 
     let registry = Arc::clone(&loaded.lora);
     let path = module.path.clone();
     let read = tokio::task::spawn_blocking(move || {
-        LoraAdapter::load_peft(&path, registry.model_config(), registry.max_rank)
+        LoraAdapter::load(&path, registry.model_config(), registry.max_rank)
             .map(|adapter| adapter.with_dtype(registry.dtype))
     })
     .await;
@@ -163,4 +163,27 @@ async fn unload(state: &ServerState, req: UnloadLoraRequest) -> Result<String, A
     });
     task.await.map_err(|e| ApiError::internal(format!("unloading the adapter failed: {e}")))??;
     Ok(name)
+}
+
+/// `GET /lora-adapters` (llama-server's): the `--lora` adapters every request of the base model
+/// runs with, as `[{"id", "path", "scale"}]`.
+pub async fn list_base_adapters(State(state): State<Arc<ServerState>>) -> Response {
+    let adapters = state.loaded().map(|l| l.lora.base_adapters.clone()).unwrap_or_default();
+    let list: Vec<serde_json::Value> = adapters
+        .iter()
+        .enumerate()
+        .map(|(id, a)| serde_json::json!({"id": id, "path": a.path.display().to_string(), "scale": a.scale}))
+        .collect();
+    axum::Json(list).into_response()
+}
+
+/// `POST /lora-adapters` (llama-server's change of the global scales): refused, the scales are
+/// those given at start.
+pub async fn set_base_adapters() -> Response {
+    ApiError::bad_request(
+        "the --lora adapters keep the scales given at start: changing them at run time is not \
+         supported (to choose an adapter per request, serve it by name with --enable-lora \
+         --lora-modules NAME=PATH and send that name as `model`)",
+    )
+    .into_response()
 }

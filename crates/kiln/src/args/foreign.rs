@@ -131,11 +131,12 @@ const TABLE: &[(&[&str], Rule)] = &[
     ),
     // ---- llama-server: refused ----
     (
-        &["lora", "lora-scaled"],
+        &["lora-init-without-apply"],
         Rule::Refuse(
-            "llama.cpp's GGUF LoRA files are not read yet; serve the PEFT adapter directory \
-         with --enable-lora --lora-modules NAME=PATH",
-            One,
+            "kiln applies the --lora adapters at the scales given at start and cannot change \
+         them later (POST /lora-adapters); leave out the adapter, or serve it by name with \
+         --enable-lora --lora-modules NAME=PATH",
+            NoValue,
         ),
     ),
     (
