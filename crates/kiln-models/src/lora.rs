@@ -86,6 +86,68 @@ impl LoraTarget {
     }
 }
 
+/// A projection as an adapter file names it: one [`LoraTarget`], or a fused matrix whose rows
+/// are the outputs of several in order (Phi-3's `qkv_proj` `[q; k; v]` and `gate_up_proj`
+/// `[gate; up]`), whose update shares one `A` and splits `B` by rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LoraModule {
+    One(LoraTarget),
+    Fused(&'static [LoraTarget]),
+}
+
+impl LoraModule {
+    const QKV: Self = Self::Fused(&[LoraTarget::Q, LoraTarget::K, LoraTarget::V]);
+    const GATE_UP: Self = Self::Fused(&[LoraTarget::Gate, LoraTarget::Up]);
+
+    fn targets(&self) -> &[LoraTarget] {
+        match self {
+            Self::One(target) => std::slice::from_ref(target),
+            Self::Fused(targets) => targets,
+        }
+    }
+
+    fn is_mlp(self) -> bool {
+        self.targets()[0].is_mlp()
+    }
+
+    /// `(k, n)` of the (fused) matrix in `config`'s layers.
+    fn dims(self, c: &ModelConfig) -> (usize, usize) {
+        let k = self.targets()[0].dims(c).0;
+        (k, self.targets().iter().map(|t| t.dims(c).1).sum())
+    }
+
+    /// Splits the update of the (fused) matrix (`b_t` `[rank, n]`, scale folded in) into
+    /// one matrix per target, each in the base model's q/k row order, into `layer`.
+    fn store(
+        self,
+        matrix: LoraMatrix,
+        config: &ModelConfig,
+        interleaved: bool,
+        layer: &mut [Option<LoraMatrix>; NUM_LORA_TARGETS],
+    ) {
+        if let Self::One(target) = self {
+            let mut matrix = matrix;
+            match_rope_order(&mut matrix.b_t, target, config, interleaved);
+            layer[target.index()] = Some(matrix);
+            return;
+        }
+        let n_total = matrix.b_t.len() / matrix.rank;
+        let mut start = 0;
+        for &target in self.targets() {
+            let n = target.dims(config).1;
+            let mut b_t: Vec<f32> = matrix
+                .b_t
+                .chunks_exact(n_total)
+                .flat_map(|row| row[start..start + n].iter().copied())
+                .collect();
+            match_rope_order(&mut b_t, target, config, interleaved);
+            layer[target.index()] =
+                Some(LoraMatrix { rank: matrix.rank, a: matrix.a.clone(), b_t });
+            start += n;
+        }
+    }
+}
+
 /// Reorders the output columns `n` of `b_t` (`[rank, n]`) of `target` from a file whose q/k
 /// rows are llama.cpp's interleaved-RoPE permutation of transformers' (`interleaved`) to the
 /// order of `config`'s model (module docs). Within each head of width `d`, transformers' row

@@ -21,9 +21,11 @@ use kiln_models::{LogitsWanted, LoraDtype, load_model};
 const MAX_RANK: usize = 64;
 
 /// `(PEFT fixture, its llama.cpp conversion, tolerance relative to the largest logit)`.
-const CONVERTED: [(&str, &str, f32); 2] = [
+const CONVERTED: [(&str, &str, f32); 3] = [
     // f32 holds PEFT's values: the bar of a PEFT directory.
     ("llama3-r8-all", "adapter-f32.gguf", 2e-5),
+    // Phi-3's fused `attn_qkv` and `ffn_up` ([gate; up]).
+    ("phi3-r4-fused", "adapter-f32.gguf", 2e-5),
     // f16 rounds each value once, as `--lora-dtype float16` does.
     ("gemma3-r4-mlp", "adapter-f16.gguf", 5e-3),
 ];
@@ -44,7 +46,10 @@ fn runner(base: &str, gguf_dir: Option<&Path>, adapter: &LoraAdapterSource<'_>) 
     let mut runner = match gguf_dir {
         None => Runner::new(base),
         Some(dir) => {
-            let arch = if base == "gemma3" { "gemma3" } else { "llama" };
+            let arch = match base {
+                "gemma3" | "phi3" => base,
+                _ => "llama",
+            };
             let path = common::gguf::convert(base, arch, dir);
             Runner::with(load_model(&path, &cpu()).unwrap())
         }

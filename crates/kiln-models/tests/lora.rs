@@ -1,6 +1,7 @@
 //! LoRA adapters against PEFT: tiny PEFT adapters over the HF fixtures
 //! (`tests/fixtures/lora`, made by `scripts/fixtures/make_lora_fixtures.py`: rank 8 on every
-//! projection, rank 4 on attention, rsLoRA on q/v of Qwen3, the MLP of Gemma 3) give PEFT's
+//! projection, rank 4 on attention, rsLoRA on q/v of Qwen3, the MLP of Gemma 3, Phi-3's fused `qkv_proj` and
+//! `gate_up_proj`) give PEFT's
 //! logits; a sequence's logits are bitwise the same alone and in a batch with other adapters
 //! and the base model; hostile adapter files are refused naming what is wrong.
 
@@ -53,7 +54,9 @@ fn one_shot(runner: &mut Runner, tokens: &[u32], slot: u32) -> Vec<Vec<f32>> {
 /// as the base model's) and the greedy tokens stay PEFT's.
 #[test]
 fn adapters_match_peft() {
-    for name in ["llama3-r8-all", "llama3-r4-attn", "qwen3-r4-qv-rslora", "gemma3-r4-mlp"] {
+    for name in
+        ["llama3-r8-all", "llama3-r4-attn", "qwen3-r4-qv-rslora", "gemma3-r4-mlp", "phi3-r4-fused"]
+    {
         // Tolerances relative to the largest logit (60-76 on these fixtures).
         for (dtype, tolerance) in [(LoraDtype::F32, 2e-5), (LoraDtype::F16, 5e-3)] {
             adapter_matches_peft(name, dtype, tolerance);
@@ -283,11 +286,11 @@ fn hostile_adapters_are_refused_naming_the_problem() {
             "module",
             json!({}),
             Some(vec![(
-                "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",
+                "base_model.model.model.layers.0.self_attn.qk_proj.lora_A.weight",
                 vec![2, 64],
                 vec![0.0; 128],
             )]),
-            "module `qkv_proj` cannot be adapted",
+            "module `qk_proj` cannot be adapted",
         ),
     ];
     for (name, cfg, tensors, expected) in cases {

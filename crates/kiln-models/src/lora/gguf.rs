@@ -7,15 +7,16 @@
 //! `alpha / r` with `r` each pair's own rank, or 1 when alpha is 0 (llama-server's
 //! `--lora-scaled` multiplies it: [`LoraAdapter::scaled`]).
 //! A Llama adapter's q/k `lora_b` rows carry the converter's interleaved-RoPE permutation.
-//! A tensor kiln cannot apply (the embedding, the output head, fused or expert projections,
-//! activated-LoRA metadata) is refused by name.
+//! Phi-3's fused `attn_qkv` and `ffn_up` (`[gate; up]`) are split into their parts. A tensor
+//! kiln cannot apply (the embedding, the output head, expert projections, activated-LoRA
+//! metadata) is refused by name.
 
 use std::path::Path;
 
 use kiln_backend::GgmlType;
 use kiln_backend::quant::dequantize_row;
 
-use super::{LoraAdapter, LoraMatrix, LoraTarget};
+use super::{LoraAdapter, LoraMatrix, LoraModule, LoraTarget};
 use crate::gguf::{GgufFile, GgufTensorInfo};
 use crate::{LoadError, ModelConfig};
 
@@ -30,7 +31,7 @@ pub(super) fn load(
     let mut names: Vec<&str> = file.tensors().iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     for name in &names {
-        let (layer, target, half) = parse_name(name, config)
+        let (layer, module, half) = parse_name(name, config)
             .map_err(|why| LoadError::format(path, format!("tensor `{name}`: {why}")))?;
         let base = &name[..name.len() - ".lora_a".len()];
         let other = match half {
@@ -44,7 +45,7 @@ pub(super) fn load(
             continue; // read with its lora_a
         }
         let Some(a_info) = file.tensor(name) else { unreachable!("listed above") };
-        let mut matrix = read_pair(&file, (a_info, other_info), target.dims(config), max_rank)?;
+        let mut matrix = read_pair(&file, (a_info, other_info), module.dims(config), max_rank)?;
         let scale = if alpha == 0.0 { 1.0 } else { alpha / matrix.rank as f32 };
         for v in &mut matrix.b_t {
             *v *= scale;
@@ -54,8 +55,7 @@ pub(super) fn load(
             return Err(LoadError::format(path, message));
         }
         let permuted = config.architecture.gguf_name() == "llama";
-        super::match_rope_order(&mut matrix.b_t, target, config, permuted);
-        adapter.layers[layer][target.index()] = Some(matrix);
+        module.store(matrix, config, permuted, &mut adapter.layers[layer]);
     }
     if adapter.max_rank() == 0 {
         return Err(LoadError::format(path, "the adapter holds no LoRA matrices"));
@@ -106,8 +106,8 @@ enum Half {
     B,
 }
 
-/// `(layer, target, lora_a or lora_b)` of a tensor name, or why kiln cannot apply it.
-fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraTarget, Half), String> {
+/// `(layer, module, lora_a or lora_b)` of a tensor name, or why kiln cannot apply it.
+fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraModule, Half), String> {
     let (base, half) = if let Some(base) = name.strip_suffix(".lora_a") {
         (base, Half::A)
     } else if let Some(base) = name.strip_suffix(".lora_b") {
@@ -126,18 +126,22 @@ fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraTarget, Ha
     if layer >= config.num_layers {
         return Err(format!("layer {layer}, but the model has {} layers", config.num_layers));
     }
+    // Phi-3's GGUF keeps its fused matrices: `attn_qkv`, and `ffn_up` holding [gate; up].
+    let phi3 = config.architecture.gguf_name() == "phi3";
     let target = match module {
-        "attn_q" => LoraTarget::Q,
-        "attn_k" => LoraTarget::K,
-        "attn_v" => LoraTarget::V,
-        "attn_output" => LoraTarget::O,
-        "ffn_gate" => LoraTarget::Gate,
-        "ffn_up" => LoraTarget::Up,
-        "ffn_down" => LoraTarget::Down,
+        "attn_q" => LoraModule::One(LoraTarget::Q),
+        "attn_k" => LoraModule::One(LoraTarget::K),
+        "attn_v" => LoraModule::One(LoraTarget::V),
+        "attn_qkv" if phi3 => LoraModule::QKV,
+        "attn_output" => LoraModule::One(LoraTarget::O),
+        "ffn_gate" => LoraModule::One(LoraTarget::Gate),
+        "ffn_up" if phi3 => LoraModule::GATE_UP,
+        "ffn_up" => LoraModule::One(LoraTarget::Up),
+        "ffn_down" => LoraModule::One(LoraTarget::Down),
         other => {
             return Err(format!(
                 "`{other}` cannot be adapted (supported: attn_q, attn_k, attn_v, attn_output, \
-                 ffn_gate, ffn_up, ffn_down)"
+                 ffn_gate, ffn_up, ffn_down, and Phi-3's attn_qkv)"
             ));
         }
     };
@@ -146,9 +150,6 @@ fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraTarget, Ha
             "layer {layer}'s MLP is a mixture of experts: adapters of expert projections are \
              not supported"
         ));
-    }
-    if config.architecture.gguf_name() == "phi3" && matches!(target, LoraTarget::Up) {
-        return Err("Phi-3's fused gate/up projection cannot be adapted".into());
     }
     Ok((layer, target, half))
 }

@@ -2,7 +2,8 @@
 //! and `adapter_model.safetensors`, whose tensors are named
 //! `base_model.model.model.layers.{l}.{self_attn|mlp}.{module}.lora_{A|B}.weight` with `A`
 //! `[r, k]` and `B` `[n, r]`. The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with
-//! rsLoRA. The tensors, not `target_modules`, say what is adapted; a tensor kiln cannot apply
+//! rsLoRA. Phi-3's fused `qkv_proj` and `gate_up_proj` are split into their parts ([`LoraModule`]).
+//! The tensors, not `target_modules`, say what is adapted; a tensor kiln cannot apply
 //! (an embedding or head adapter, a bias, DoRA magnitudes) is refused by name, as is any
 //! setting that changes the arithmetic (DoRA, `modules_to_save`, per-module ranks or alphas,
 //! trained biases, layer replication).
@@ -11,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{LoraAdapter, LoraMatrix, LoraTarget};
+use super::{LoraAdapter, LoraMatrix, LoraModule, LoraTarget};
 use crate::{LoadError, ModelConfig, WeightStore};
 
 const CONFIG: &str = "adapter_config.json";
@@ -45,15 +46,14 @@ pub(super) fn load(
     let mut names: Vec<String> = store.tensor_sizes().map(|(n, _, _)| n.to_owned()).collect();
     names.sort();
     for name in &names {
-        let (layer, target, half) = parse_name(name, config)
+        let (layer, module, half) = parse_name(name, config)
             .map_err(|why| LoadError::format(&path, format!("tensor `{name}`: {why}")))?;
         if half == Half::B {
             continue; // read with its A
         }
         let b_name = format!("{}lora_B.weight", &name[..name.len() - "lora_A.weight".len()]);
-        let mut matrix = read_pair(&store, &path, (name, &b_name), target.dims(config), &settings)?;
-        super::match_rope_order(&mut matrix.b_t, target, config, false);
-        adapter.layers[layer][target.index()] = Some(matrix);
+        let matrix = read_pair(&store, &path, (name, &b_name), module.dims(config), &settings)?;
+        module.store(matrix, config, false, &mut adapter.layers[layer]);
     }
     // Every B needs its A.
     for name in names.iter().filter(|n| n.ends_with("lora_B.weight")) {
@@ -74,8 +74,8 @@ enum Half {
     B,
 }
 
-/// `(layer, target, A or B)` of a tensor name, or why kiln cannot apply it.
-fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraTarget, Half), String> {
+/// `(layer, module, A or B)` of a tensor name, or why kiln cannot apply it.
+fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraModule, Half), String> {
     let parts: Vec<&str> = name.split('.').collect();
     let at = parts.iter().position(|p| *p == "layers").ok_or("not a LoRA matrix of a layer")?;
     let [layer, block, module, half, "weight"] = parts[at + 1..] else {
@@ -90,10 +90,15 @@ fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraTarget, Ha
     if layer >= config.num_layers {
         return Err(format!("layer {layer}, but the model has {} layers", config.num_layers));
     }
-    let target = LoraTarget::from_module(module).ok_or_else(|| {
+    let target = match module {
+        "qkv_proj" => Some(LoraModule::QKV),
+        "gate_up_proj" => Some(LoraModule::GATE_UP),
+        _ => LoraTarget::from_module(module).map(LoraModule::One),
+    };
+    let target = target.ok_or_else(|| {
         format!(
             "module `{module}` cannot be adapted (supported: q_proj, k_proj, v_proj, o_proj, \
-             gate_proj, up_proj, down_proj)"
+             gate_proj, up_proj, down_proj, and Phi-3's qkv_proj and gate_up_proj)"
         )
     })?;
     let expected_block = if target.is_mlp() { "mlp" } else { "self_attn" };
