@@ -55,6 +55,10 @@ pub struct LoraSettings {
     pub max_rank: usize,
     /// `--max-loras`: most distinct adapters in one step (`None`: no limit).
     pub max_loras: Option<usize>,
+    /// `--max-cpu-loras`: most adapters loaded (bound to slots) at once; the others are parked
+    /// and loaded again, in place of the least recently used, when a request asks for them
+    /// (`None`: every adapter stays loaded).
+    pub max_loaded: Option<usize>,
     /// `--lora-dtype`: the precision adapters are kept in (f32 by default).
     pub dtype: kiln_engine::LoraDtype,
     /// `--allow-runtime-lora-updating` (or vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): serves
@@ -80,6 +84,7 @@ impl Default for LoraSettings {
             modules: Vec::new(),
             max_rank: 16,
             max_loras: None,
+            max_loaded: None,
             dtype: kiln_engine::LoraDtype::default(),
             runtime_updates: false,
             base_adapters: Vec::new(),

@@ -14,28 +14,56 @@ use kiln_core::TokenId;
 use kiln_engine::AdapterBinding;
 
 use crate::error::ApiError;
+use crate::lora::AdapterLease;
 use crate::state::{Loaded, ServerState};
 
 /// 404 unless `model` (when given) is one of the served names or LoRA adapters.
 pub fn check_model(state: &ServerState, model: Option<&str>) -> Result<(), ApiError> {
-    resolve_model(state, model).map(drop)
+    match model {
+        Some(m) if !state.config.served_model_names.iter().any(|n| n == m) => {
+            let known = state.loaded().is_some_and(|loaded| loaded.lora.knows(m));
+            if known { Ok(()) } else { Err(unknown_model(m)) }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn unknown_model(m: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!("The model `{m}` does not exist."));
+    e.param = Some("model".into());
+    e
+}
+
+/// The LoRA binding a request runs with, and its hold on the adapter.
+#[derive(Debug, Default)]
+pub struct ResolvedAdapter {
+    pub binding: AdapterBinding,
+    /// Keeps a named adapter from being evicted until the request is done with it.
+    pub lease: Option<Arc<AdapterLease>>,
 }
 
 /// The LoRA adapter `model` asks for: the base model's binding (the default one unless
-/// llama-server's `--lora` gave it adapters) for one of its served names or no `model`, a serving adapter's binding for its name ([`crate::lora`]);
-/// 404 for any other name.
-pub fn resolve_model(state: &ServerState, model: Option<&str>) -> Result<AdapterBinding, ApiError> {
-    let base = || state.loaded().map(|loaded| loaded.lora.base_binding()).unwrap_or_default();
+/// llama-server's `--lora` gave it adapters) for one of its served names or no `model`, a
+/// served adapter's binding for its name (loaded into a slot first when it was parked by
+/// `--max-cpu-loras`: [`crate::lora::acquire`]); 404 for any other name.
+pub async fn resolve_model(
+    state: &ServerState,
+    model: Option<&str>,
+) -> Result<ResolvedAdapter, ApiError> {
+    let loaded = state.loaded();
+    let base = || ResolvedAdapter {
+        binding: loaded.map(|loaded| loaded.lora.base_binding()).unwrap_or_default(),
+        lease: None,
+    };
     let Some(m) = model else { return Ok(base()) };
     if state.config.served_model_names.iter().any(|n| n == m) {
         return Ok(base());
     }
-    if let Some(binding) = state.loaded().and_then(|loaded| loaded.lora.resolve(m)) {
-        return Ok(binding);
+    let Some(loaded) = loaded else { return Err(unknown_model(m)) };
+    match crate::lora::acquire(loaded, m).await? {
+        Some(lease) => Ok(ResolvedAdapter { binding: lease.binding, lease: Some(Arc::new(lease)) }),
+        None => Err(unknown_model(m)),
     }
-    let mut e = ApiError::not_found(format!("The model `{m}` does not exist."));
-    e.param = Some("model".into());
-    Err(e)
 }
 
 /// The name reported in responses.

@@ -45,6 +45,9 @@ pub struct GenerationSpec {
     pub structured_param: Option<&'static str>,
     /// The LoRA adapter `model` named (the default: the base model).
     pub adapter: kiln_engine::AdapterBinding,
+    /// The request's hold on that adapter (`routes::ResolvedAdapter`), kept while the spec
+    /// lives.
+    pub adapter_lease: Option<std::sync::Arc<crate::lora::AdapterLease>>,
 }
 
 /// Where a stream reports usage (`stream_options`).
@@ -213,6 +216,7 @@ pub fn spec(
         usage: UsageReport { last_chunk: include_usage, every_chunk: continuous_usage },
         structured_param,
         adapter: kiln_engine::AdapterBinding::default(),
+        adapter_lease: None,
     })
 }
 

@@ -36,6 +36,7 @@ fn config() -> ServerConfig {
             ],
             max_rank: 16,
             max_loras: None,
+            max_loaded: None,
             dtype: kiln_engine::LoraDtype::default(),
             runtime_updates: true,
             base_adapters: Vec::new(),
@@ -134,6 +135,74 @@ fn llama_server_lora_files_apply_to_every_base_model_request() {
     let r = server.post("/v1/completions", &body);
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("per-request LoRA scales"), "{}", r.text());
+}
+
+/// `--max-cpu-loras 1`: of three adapters (two PEFT directories and a GGUF file) one is loaded
+/// at a time, the others parked; requests of each, one after another and then all at once,
+/// get their adapter's PEFT tokens while the engine never holds more than one adapter; a
+/// parked adapter is listed and unloads at once.
+#[test]
+fn max_cpu_loras_keeps_one_adapter_loaded_and_swaps_them_on_demand() {
+    let mut config = config();
+    config.lora.max_loaded = Some(1);
+    let gguf = lora_dir("llama3-r8-all").join("adapter-f32.gguf");
+    config.lora.modules.push(LoraModule {
+        name: "sql-gguf".into(),
+        path: gguf,
+        base_model_name: None,
+    });
+    let server = TestServer::start_with(config, engine_config());
+    let ids: Vec<String> = server.get("/v1/models").json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["tiny", "tiny-alias", "sql", "chat", "sql-gguf"]);
+    let loaded = server.state.loaded().unwrap();
+    let cases =
+        [("sql", "llama3-r8-all"), ("chat", "llama3-r4-attn"), ("sql-gguf", "llama3-r8-all")];
+    let wanted: Vec<(&str, Vec<u64>, String)> = cases
+        .iter()
+        .map(|&(model, fixture)| {
+            let (prompt, greedy) = reference(fixture);
+            (model, prompt, detokenize(&server, &greedy))
+        })
+        .collect();
+    let generate = |model: &str, prompt: &[u64]| {
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                          "ignore_eos": true, "skip_special_tokens": false});
+        let r = server.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        r.json()["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    for _ in 0..2 {
+        for (model, prompt, want) in &wanted {
+            assert_eq!(&generate(model, prompt), want, "{model} alone");
+            assert!(loaded.engine.stats().adapters.loaded.len() <= 1);
+        }
+    }
+    std::thread::scope(|scope| {
+        for i in 0..6 {
+            let (model, prompt, want) = &wanted[i % wanted.len()];
+            let generate = &generate;
+            scope.spawn(move || assert_eq!(&generate(model, prompt), want, "{model} at once"));
+        }
+        for _ in 0..50 {
+            assert!(loaded.engine.stats().adapters.loaded.len() <= 1);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    });
+    // A parked adapter unloads at once and is gone.
+    let parked = ["sql", "chat", "sql-gguf"]
+        .into_iter()
+        .find(|name| loaded.lora.resolve(name).is_none())
+        .unwrap();
+    let r = server.post("/v1/unload_lora_adapter", &json!({"lora_name": parked}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r =
+        server.post("/v1/completions", &json!({"model": parked, "prompt": "hi", "max_tokens": 1}));
+    assert_eq!(r.status, 404);
 }
 
 #[test]

@@ -34,6 +34,12 @@ pub struct LoraArgs {
     /// running adapters has no request left (default: no limit).
     #[arg(long, value_name = "N")]
     pub max_loras: Option<usize>,
+    /// Most adapters kept loaded at once (vLLM's CPU cache of adapters); the others are
+    /// checked at start, then loaded again when a request asks for them, in place of the least
+    /// recently used one no request holds (default: every adapter stays loaded). At least
+    /// --max-loras.
+    #[arg(long, value_name = "N")]
+    pub max_cpu_loras: Option<usize>,
     /// Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
     /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True sets it too). Needs --enable-lora.
     #[arg(long)]
@@ -74,6 +80,16 @@ impl LoraArgs {
         if self.max_loras.is_some() && !self.enable_lora {
             anyhow::bail!("--max-loras needs --enable-lora");
         }
+        if let Some(cpu) = self.max_cpu_loras {
+            anyhow::ensure!(self.enable_lora, "--max-cpu-loras needs --enable-lora");
+            anyhow::ensure!(cpu >= 1, "--max-cpu-loras must be at least 1");
+            if let Some(step) = self.max_loras {
+                anyhow::ensure!(
+                    cpu >= step,
+                    "--max-cpu-loras ({cpu}) must be at least --max-loras ({step})"
+                );
+            }
+        }
         anyhow::ensure!(
             (1..=MAX_RANK_LIMIT).contains(&self.max_lora_rank),
             "--max-lora-rank must be 1 to {MAX_RANK_LIMIT}, got {}",
@@ -107,6 +123,7 @@ impl LoraArgs {
             modules,
             max_rank: self.max_lora_rank,
             max_loras: self.max_loras,
+            max_loaded: self.max_cpu_loras,
             dtype,
             runtime_updates: self.allow_runtime_lora_updating,
         })
@@ -175,6 +192,7 @@ mod tests {
             max_lora_rank: 16,
             lora_dtype: "auto".into(),
             max_loras: None,
+            max_cpu_loras: None,
             allow_runtime_lora_updating: false,
             lora: Vec::new(),
             lora_scaled: Vec::new(),
@@ -228,6 +246,15 @@ mod tests {
         let mut zero = args(&[]);
         zero.max_loras = Some(0);
         assert!(zero.settings(&names).is_err());
+        let mut cpu = args(&[]);
+        (cpu.max_loras, cpu.max_cpu_loras) = (Some(4), Some(2));
+        assert!(cpu.settings(&names).unwrap_err().to_string().contains("at least --max-loras"));
+        cpu.max_cpu_loras = Some(0);
+        assert!(cpu.settings(&names).is_err());
+        (cpu.max_loras, cpu.max_cpu_loras) = (Some(2), Some(2));
+        assert_eq!(cpu.settings(&names).unwrap().max_loaded, Some(2));
+        cpu.enable_lora = false;
+        assert!(cpu.settings(&names).unwrap_err().to_string().contains("--enable-lora"));
     }
 
     #[test]

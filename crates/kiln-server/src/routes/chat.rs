@@ -53,7 +53,7 @@ pub(crate) async fn prepare(
     loaded: &Arc<Loaded>,
     req: ChatRequest,
 ) -> Result<Prepared, ApiError> {
-    let adapter = resolve_model(state, req.model.as_deref())?;
+    let adapter = resolve_model(state, req.model.as_deref()).await?;
     let limits = loaded.limits;
     let top = req.top_logprobs.map(|k| {
         usize::try_from(k).map_err(|_| {
@@ -79,7 +79,7 @@ pub(crate) async fn prepare(
         None => req.sampling.max_tokens_given()?,
     };
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
-    spec.adapter = adapter;
+    (spec.adapter, spec.adapter_lease) = (adapter.binding, adapter.lease);
     let settings = state.config.tools;
     let fields = (req.tools, req.tool_choice, req.parallel_tool_calls);
     let plan = plan_tools(fields, settings, &mut spec)?;

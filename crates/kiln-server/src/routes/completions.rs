@@ -142,7 +142,7 @@ pub(crate) async fn prepare(
     loaded: &Arc<Loaded>,
     req: CompletionRequest,
 ) -> Result<Prepared, ApiError> {
-    let adapter = resolve_model(state, req.model.as_deref())?;
+    let adapter = resolve_model(state, req.model.as_deref()).await?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_param("suffix", "`suffix` is not supported"));
     }
@@ -158,7 +158,7 @@ pub(crate) async fn prepare(
     let echo = req.echo.unwrap_or(false);
     let max_tokens = req.sampling.max_tokens_given()?;
     let mut spec = validate::spec(req.sampling, max_tokens, logprobs, &limits, &loaded.defaults)?;
-    spec.adapter = adapter;
+    (spec.adapter, spec.adapter_lease) = (adapter.binding, adapter.lease);
     let compiled = crate::structured_fields::compile(loaded, &spec).await?;
     if let (true, Some(k)) = (echo, logprobs) {
         // Echoed prompt tokens carry their log-probabilities too.

@@ -48,7 +48,7 @@ impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::NotFound(_) => ApiError::not_found(e.to_string()),
-            RegistryError::NameTaken(_) | RegistryError::Full => {
+            RegistryError::NameTaken(_) | RegistryError::Full | RegistryError::Busy(_) => {
                 ApiError::bad_request(e.to_string())
             }
         }
@@ -91,48 +91,50 @@ async fn load(state: &ServerState, req: LoadLoraRequest) -> Result<String, ApiEr
         return Err(RegistryError::NameTaken(name).into());
     }
     let module = LoraModule { name: name.clone(), path: req.lora_path, base_model_name: None };
-    let slot = loaded.lora.reserve(module.clone())?;
-    // The rest runs to the end even if the client leaves: the slot is either bound or freed.
-    let task = tokio::spawn(bind(loaded, module, slot));
+    loaded.lora.reserve(module.clone())?;
+    // The rest runs to the end even if the client leaves: the name is bound, parked or freed.
+    let task = tokio::spawn(bind(loaded, module));
     task.await.map_err(|e| ApiError::internal(format!("loading the adapter failed: {e}")))??;
     Ok(name)
 }
 
-/// Reads the adapter and binds it to the reserved `slot`; frees the slot on any failure.
-async fn bind(loaded: Arc<Loaded>, module: LoraModule, slot: u32) -> Result<(), ApiError> {
+/// Reads the adapter and binds it to a free slot, or parks it when `--max-cpu-loras` adapters
+/// hold slots; frees the name on any failure.
+async fn bind(loaded: Arc<Loaded>, module: LoraModule) -> Result<(), ApiError> {
     let registry = Arc::clone(&loaded.lora);
+    let name = module.name.clone();
+    let fail = |e: ApiError| {
+        registry.load_failed(&name);
+        e
+    };
+    let reader = Arc::clone(&registry);
     let path = module.path.clone();
     let read = tokio::task::spawn_blocking(move || {
-        LoraAdapter::load(&path, registry.model_config(), registry.max_rank)
-            .map(|adapter| adapter.with_dtype(registry.dtype))
+        LoraAdapter::load(&path, reader.model_config(), reader.max_rank)
+            .map(|adapter| adapter.with_dtype(reader.dtype))
     })
     .await;
     let adapter = match read {
         Ok(Ok(adapter)) => Arc::new(adapter),
         Ok(Err(e)) => {
-            loaded.lora.load_failed(slot);
-            return Err(ApiError::bad_request(format!("LoRA adapter '{}': {e}", module.name)));
+            return Err(fail(ApiError::bad_request(format!("LoRA adapter '{name}': {e}"))));
         }
-        Err(e) => {
-            loaded.lora.load_failed(slot);
-            return Err(ApiError::internal(format!("reading the adapter failed: {e}")));
-        }
+        Err(e) => return Err(fail(ApiError::internal(format!("reading the adapter failed: {e}")))),
+    };
+    let Some(slot) = registry.free_slot(&name).map_err(|e| fail(e.into()))? else {
+        tracing::info!("LoRA adapter {name} checked and parked until a request asks for it");
+        registry.parked(&name);
+        return Ok(());
     };
     let reply = loaded.engine.set_adapter(slot, Some(Arc::clone(&adapter)));
     match tokio::task::spawn_blocking(move || reply.recv()).await {
         Ok(Ok(Ok(cache_key))) => {
-            loaded.lora.loaded(slot, cache_key);
-            log_loaded(&module.name, &adapter, &module.path);
+            registry.loaded(slot, cache_key);
+            log_loaded(&name, &adapter, &module.path);
             Ok(())
         }
-        Ok(Ok(Err(e))) => {
-            loaded.lora.load_failed(slot);
-            Err(ApiError::bad_request(format!("LoRA adapter '{}': {e}", module.name)))
-        }
-        _ => {
-            loaded.lora.load_failed(slot);
-            Err(ApiError::internal("the engine stopped"))
-        }
+        Ok(Ok(Err(e))) => Err(fail(ApiError::bad_request(format!("LoRA adapter '{name}': {e}")))),
+        _ => Err(fail(ApiError::internal("the engine stopped"))),
     }
 }
 
@@ -145,7 +147,9 @@ async fn unload(state: &ServerState, req: UnloadLoraRequest) -> Result<String, A
             return Err(RegistryError::NotFound(format!("{name}' with lora_int_id '{id}")).into());
         }
     }
-    let slot = loaded.lora.start_unload(&name)?;
+    let Some(slot) = loaded.lora.start_unload(&name)? else {
+        return Ok(name); // it was parked: gone at once
+    };
     let task = tokio::spawn(async move {
         let reply = loaded.engine.unbind_adapter_when_drained(slot);
         let answer = tokio::task::spawn_blocking(move || reply.recv()).await;

@@ -97,6 +97,8 @@ const LINES: &[(&str, Expect)] = &[
         Expect::Ok(0, |a| assert_eq!(a.lora.lora_modules, ["sql-lora=/adapters/sql"]))),
     ("kiln serve -m model.gguf --lora adapter.gguf --lora-scaled b.gguf:0.5,c.gguf:2",
         Expect::Ok(0, |a| assert!(a.lora.lora == ["adapter.gguf"] && a.lora.lora_scaled == ["b.gguf:0.5,c.gguf:2"]))),
+    ("kiln serve meta-llama/Llama-2-7b-hf --enable-lora --max-cpu-loras 2 --lora-modules a=/x",
+        Expect::Ok(0, |a| assert_eq!(a.lora.max_cpu_loras, Some(2)))),
     ("kiln serve meta-llama/Llama-2-7b-hf --enable-lora --max-loras 4 --max-lora-rank 64 --lora-modules a=/x b=/y",
         Expect::Ok(0, |a| assert!(a.lora.enable_lora && a.lora.max_lora_rank == 64 && a.lora.lora_modules.len() == 2 && a.lora.max_loras == Some(4)))),
     ("kiln serve TheBloke/Llama-2-7b-Chat-AWQ --quantization awq",

@@ -76,10 +76,6 @@ const TABLE: &[(&[&str], Rule)] = &[
     (&["hf-token"], Rule::Ignore("set HF_TOKEN in the environment instead", One)),
     // ---- vllm serve: refused ----
     (
-        &["max-cpu-loras"],
-        Rule::Ignore("every loaded LoRA adapter stays in memory until it is unloaded", One),
-    ),
-    (
         &["limit-mm-per-prompt", "mm-processor-kwargs"],
         Rule::Refuse("multimodal inputs are not supported; serve a text-only model", One),
     ),
