@@ -1,15 +1,18 @@
 //! LoRA updates on rows of a linear layer's output (`Backend::lora_add`): for each row,
 //! `rank` dot products of its input with the rows of `a`, then `out += tmp[j] · b_t[j]` for
 //! `j` in order. Rows of one adapter go through in blocks of [`ROW_BLOCK`], sharing each load of
-//! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row). The matrices
-//! are kept in f32, or in f16 ([`LoraValues`]: half the memory; each row widened to f32,
-//! exactly, once per block); the arithmetic is f32.
+//! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row); the update
+//! runs [`OUT_CHUNK`] outputs at a time, held in registers over all the ranks of a pass (one
+//! load and store of `out` per pass, not per rank). The matrices are kept in f32, or in f16
+//! ([`LoraValues`]: half the memory; each row widened to f32, exactly, once per block); the
+//! arithmetic is f32.
 //!
 //! Invariant: a row's result depends on its own input and adapter alone. Every row's arithmetic
 //! is the same whatever block it is in: a dot product is 8 lane sums over the input in index
-//! order (multiply, then add; never fused), reduced by one fixed tree, and the update adds
-//! `tmp[j] · b_t[j, o]` for `j` in order. So batching, the other adapters of a step, the block a
-//! row falls in and the thread count never change a bit of it.
+//! order, reduced by one fixed tree, and the update adds `tmp[j] · b_t[j, o]` for `j` in order;
+//! every multiply-add is fused (one rounding: FMA instructions on the AVX2 path, `f32::mul_add`
+//! on the others, the same bits). So batching, the other adapters of a step, the block a row
+//! falls in, the thread count and the ISA path never change a bit of it.
 
 use std::ops::Range;
 
@@ -18,6 +21,7 @@ use half::slice::HalfFloatSliceExt;
 use kiln_backend::{Backend, LoadTensorError, LoraDtype, LoraJob};
 
 use crate::ThreadPool;
+use crate::simd::SimdLevel;
 use crate::thread_pool::SharedMut;
 
 /// Rows done together.
@@ -26,8 +30,12 @@ const ROW_BLOCK: usize = 4;
 const RANK_CHUNK: usize = 32;
 /// Lanes of a dot product's partial sums.
 const LANES: usize = 8;
+/// Outputs of a row updated together over a pass's ranks (8 AVX2 registers: 8 independent
+/// chains of fused multiply-adds, enough to fill both FMA pipes).
+const OUT_CHUNK: usize = 64;
 
-/// `x · a_row` as 8 lane sums in index order reduced by a fixed tree, for each of `R` rows.
+/// `x · a_row` as 8 lane sums (fused multiply-adds) in index order reduced by a fixed tree,
+/// for each of `R` rows.
 #[allow(clippy::inline_always)] // inlined into the AVX2 copy of `block`, compiled with it
 #[inline(always)]
 fn dots<const R: usize>(xs: &[&[f32]; R], a_row: &[f32]) -> [f32; R] {
@@ -39,13 +47,13 @@ fn dots<const R: usize>(xs: &[&[f32]; R], a_row: &[f32]) -> [f32; R] {
         for (acc, x) in acc.iter_mut().zip(xs) {
             let x = &x[c..c + LANES];
             for l in 0..LANES {
-                acc[l] += x[l] * a[l];
+                acc[l] = x[l].mul_add(a[l], acc[l]);
             }
         }
     }
     for (acc, x) in acc.iter_mut().zip(xs) {
         for i in full..k {
-            acc[i - full] += x[i] * a_row[i];
+            acc[i - full] = x[i].mul_add(a_row[i], acc[i - full]);
         }
     }
     acc.map(|v| ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])))
@@ -94,21 +102,51 @@ impl LoraValues {
         self.len() == 0
     }
 
-    /// Row `j` of width `width` in f32: borrowed, or widened into `buf` (`width` long).
+    /// Rows `rows` of width `width` in f32: borrowed, or widened into `buf` (at least
+    /// `rows.len() * width` long).
     #[allow(clippy::inline_always)] // inlined into `block_avx2` with `block`
     #[inline(always)]
-    fn row<'a>(&'a self, j: usize, width: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    fn rows<'a>(&'a self, rows: Range<usize>, width: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        let (start, end) = (rows.start * width, rows.end * width);
         match self {
-            Self::F32(v) => &v[j * width..(j + 1) * width],
+            Self::F32(v) => &v[start..end],
             Self::F16(v) => {
-                v[j * width..(j + 1) * width].convert_to_f32_slice(buf);
+                let buf = &mut buf[..end - start];
+                v[start..end].convert_to_f32_slice(buf);
                 buf
             }
         }
     }
 }
 
-/// Rows of f16 matrices widened, reused across blocks: `a` `[k]`, `b` `[n]`.
+/// `out[o] += Σ_j scales[j] · slab[j, o]`, the terms fused-multiply-added in `j` order (`slab`:
+/// `[scales.len(), out.len()]`), [`OUT_CHUNK`] outputs at a time in registers.
+#[allow(clippy::inline_always)] // inlined into `block_avx2` with `block`
+#[inline(always)]
+fn update(out: &mut [f32], scales: &[f32], slab: &[f32]) {
+    let n = out.len();
+    let full = n / OUT_CHUNK * OUT_CHUNK;
+    for o0 in (0..full).step_by(OUT_CHUNK) {
+        let mut acc = [0f32; OUT_CHUNK];
+        acc.copy_from_slice(&out[o0..o0 + OUT_CHUNK]);
+        for (j, &s) in scales.iter().enumerate() {
+            let b = &slab[j * n + o0..j * n + o0 + OUT_CHUNK];
+            for (a, &bv) in acc.iter_mut().zip(b) {
+                *a = s.mul_add(bv, *a);
+            }
+        }
+        out[o0..o0 + OUT_CHUNK].copy_from_slice(&acc);
+    }
+    for o in full..n {
+        let mut acc = out[o];
+        for (j, &s) in scales.iter().enumerate() {
+            acc = s.mul_add(slab[j * n + o], acc);
+        }
+        out[o] = acc;
+    }
+}
+
+/// Rows of f16 matrices widened, reused across blocks: `a` `[k]`, `b` `[RANK_CHUNK, n]`.
 struct Widened {
     a: Vec<f32>,
     b: Vec<f32>,
@@ -131,26 +169,21 @@ fn block<const R: usize>(
     for j0 in (0..rank).step_by(RANK_CHUNK) {
         let j1 = (j0 + RANK_CHUNK).min(rank);
         for j in j0..j1 {
-            let d = dots(&xs, a.row(j, k, &mut wide.a));
+            let d = dots(&xs, a.rows(j..j + 1, k, &mut wide.a));
             for r in 0..R {
                 tmp[r][j - j0] = d[r];
             }
         }
-        for j in j0..j1 {
-            let b = b_t.row(j, n, &mut wide.b);
-            for (out, t) in outs.iter_mut().zip(&tmp) {
-                let s = t[j - j0];
-                for (o, &bv) in out.iter_mut().zip(b) {
-                    *o += s * bv;
-                }
-            }
+        let slab = b_t.rows(j0..j1, n, &mut wide.b);
+        for (out, t) in outs.iter_mut().zip(&tmp) {
+            update(out, &t[..j1 - j0], slab);
         }
     }
 }
 
-/// [`block`] compiled for AVX2 (the same arithmetic: no fused multiply-adds, so the same bits).
+/// [`block`] compiled for AVX2 and FMA (the same arithmetic, in hardware: the same bits).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn block_avx2<const R: usize>(
     xs: [&[f32]; R],
     ab: (&LoraValues, &LoraValues),
@@ -168,21 +201,26 @@ fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
     (x, k): (&[f32], usize),
     n: usize,
     out: SharedMut<f32>,
-    avx2: bool,
+    isa: SimdLevel,
 ) {
     let x_row = |r: usize| &x[r * k..(r + 1) * k];
     // SAFETY: callers give each task disjoint rows of `out`, which holds `[m, n]`.
     let out_row = |r: usize| unsafe { out.slice(r * n, n) };
-    let wide = &mut Widened { a: vec![0.0; k], b: vec![0.0; n] };
+    // Buffers only where a matrix is kept in f16.
+    let buffer = |m: &LoraValues, len: usize| match m {
+        LoraValues::F16(_) => vec![0.0; len],
+        LoraValues::F32(_) => Vec::new(),
+    };
+    let wide = &mut Widened { a: buffer(job.a, k), b: buffer(job.b_t, RANK_CHUNK * n) };
     let mut r = rows.start;
     while r + ROW_BLOCK <= rows.end {
         let xs: [&[f32]; ROW_BLOCK] = std::array::from_fn(|i| x_row(r + i));
         let outs: [&mut [f32]; ROW_BLOCK] = std::array::from_fn(|i| out_row(r + i));
-        run(xs, job, outs, avx2, wide);
+        run(xs, job, outs, isa, wide);
         r += ROW_BLOCK;
     }
     for r in r..rows.end {
-        run([x_row(r)], job, [out_row(r)], avx2, wide);
+        run([x_row(r)], job, [out_row(r)], isa, wide);
     }
 }
 
@@ -190,18 +228,17 @@ fn run<const R: usize, B: Backend<LoraMatrix = LoraValues>>(
     xs: [&[f32]; R],
     job: &LoraJob<'_, B>,
     outs: [&mut [f32]; R],
-    avx2: bool,
+    isa: SimdLevel,
     wide: &mut Widened,
 ) {
     let ab = (job.a, job.b_t);
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is true only when the CPU has AVX2 (checked by the caller).
-        unsafe { block_avx2(xs, ab, job.rank, outs, wide) };
-        return;
+    match isa {
+        // SAFETY: `isa` is the selected level, which the CPU has (`SimdLevel::detect`); both
+        // levels include AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 | SimdLevel::Avx2 => unsafe { block_avx2(xs, ab, job.rank, outs, wide) },
+        _ => block(xs, ab, job.rank, outs, wide),
     }
-    let _ = avx2;
-    block(xs, ab, job.rank, outs, wide);
 }
 
 fn check<B: Backend<LoraMatrix = LoraValues>>(
@@ -218,17 +255,6 @@ fn check<B: Backend<LoraMatrix = LoraValues>>(
     }
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Rows per parallel task (whole blocks).
 const ROWS_PER_TASK: usize = 4 * ROW_BLOCK;
 
@@ -242,7 +268,7 @@ pub fn lora_add<B: Backend<LoraMatrix = LoraValues>>(
     out: &mut [f32],
 ) {
     check(x, k, n, jobs, out);
-    let avx2 = has_avx2();
+    let isa = SimdLevel::detect();
     let tasks_of = |job: &LoraJob<'_, B>| job.rows.len().div_ceil(ROWS_PER_TASK);
     let num_tasks = jobs.iter().map(tasks_of).sum();
     let out_ptr = SharedMut::new(out);
@@ -252,7 +278,7 @@ pub fn lora_add<B: Backend<LoraMatrix = LoraValues>>(
             if task < tasks_of(job) {
                 let r0 = job.rows.start + task * ROWS_PER_TASK;
                 let rows = r0..(r0 + ROWS_PER_TASK).min(job.rows.end);
-                job_rows(job, rows, (x, k), n, out_ptr, avx2);
+                job_rows(job, rows, (x, k), n, out_ptr, isa);
                 return;
             }
             task -= tasks_of(job);
@@ -271,7 +297,7 @@ pub fn lora_add_scalar<B: Backend<LoraMatrix = LoraValues>>(
     check(x, k, n, jobs, out);
     let out_ptr = SharedMut::new(out);
     for job in jobs {
-        job_rows(job, job.rows.clone(), (x, k), n, out_ptr, false);
+        job_rows(job, job.rows.clone(), (x, k), n, out_ptr, SimdLevel::Scalar);
     }
 }
 
@@ -313,6 +339,23 @@ mod tests {
                     + (0..rank).map(|j| tmp[j] * f64::from(b_t[j * n + o])).sum::<f64>()
             })
             .collect()
+    }
+
+    /// The update, a chunk of outputs at a time, adds the same terms in the same order as one
+    /// pass over `out` per rank: the same bits.
+    #[test]
+    fn the_update_adds_the_ranks_in_order() {
+        let (n, rank) = (2 * OUT_CHUNK + 13, 5);
+        let (slab, scales, base) = (values(rank * n, 7), values(rank, 8), values(n, 9));
+        let mut got = base.clone();
+        update(&mut got, &scales, &slab);
+        let mut want = base;
+        for (j, s) in scales.iter().enumerate() {
+            for (o, w) in want.iter_mut().enumerate() {
+                *w = s.mul_add(slab[j * n + o], *w);
+            }
+        }
+        assert_eq!(got, want);
     }
 
     #[test]

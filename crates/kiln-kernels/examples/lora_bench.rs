@@ -1,0 +1,74 @@
+//! LoRA update throughput (`Backend::lora_add`) on one layer of the default model's shape
+//! (Gemma 3 270M: hidden 640, q 1024, kv 256, intermediate 2048), rank 16:
+//! `cargo run --release -p kiln-kernels --example lora_bench -- [threads]`. Cases: a decode
+//! step of 16 rows over 4 adapters (4 rows each) and a prefill chunk of 220 rows of one
+//! adapter, adapters kept in f32 and in f16. Prints µs per layer (all seven projections) and
+//! the adapters' bytes read per second.
+
+use std::time::Instant;
+
+use kiln_backend::{Backend, LoraDtype, LoraJob};
+use kiln_kernels::Cpu;
+use kiln_kernels::lora::LoraValues;
+
+const RANK: usize = 16;
+/// `(k, n)` of q, k, v, o, gate, up, down.
+const PROJECTIONS: [(usize, usize); 7] =
+    [(640, 1024), (640, 256), (640, 256), (1024, 640), (640, 2048), (640, 2048), (2048, 640)];
+
+/// One adapter's `(a, b_t)` per projection.
+type Adapter = Vec<(LoraValues, LoraValues)>;
+
+fn adapter(seed: usize, dtype: LoraDtype) -> Adapter {
+    let value = |i: usize| ((i * 7 + seed * 13) % 29) as f32 * 0.01 - 0.14;
+    PROJECTIONS
+        .iter()
+        .map(|&(k, n)| {
+            let a: Vec<f32> = (0..RANK * k).map(value).collect();
+            let b: Vec<f32> = (0..RANK * n).map(|i| value(i + 5)).collect();
+            let load = |v: &[f32]| LoraValues::new(v, dtype).expect("finite");
+            (load(&a), load(&b))
+        })
+        .collect()
+}
+
+fn main() {
+    let threads = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let cpu = Cpu::new(threads);
+    for dtype in [LoraDtype::F32, LoraDtype::F16] {
+        let adapters: Vec<Adapter> = (0..4).map(|s| adapter(s, dtype)).collect();
+        let bytes_per = if dtype == LoraDtype::F16 { 2 } else { 4 };
+        for (label, rows, used) in
+            [("decode 4x4 rows", 16usize, 4usize), ("prefill 220 rows", 220, 1)]
+        {
+            let per = rows / used;
+            let layer = |outs: &mut [Vec<f32>], xs: &[Vec<f32>]| {
+                for (p, &(k, n)) in PROJECTIONS.iter().enumerate() {
+                    let jobs: Vec<LoraJob<'_, Cpu>> = (0..used)
+                        .map(|i| LoraJob {
+                            rows: i * per..(i + 1) * per,
+                            rank: RANK,
+                            a: &adapters[i][p].0,
+                            b_t: &adapters[i][p].1,
+                        })
+                        .collect();
+                    cpu.lora_add(&xs[p], k, n, &jobs, &mut outs[p]);
+                }
+            };
+            let xs: Vec<Vec<f32>> =
+                PROJECTIONS.iter().map(|&(k, _)| vec![0.25; rows * k]).collect();
+            let mut outs: Vec<Vec<f32>> =
+                PROJECTIONS.iter().map(|&(_, n)| vec![0.0; rows * n]).collect();
+            layer(&mut outs, &xs);
+            let reps: u32 = if rows > 16 { 200 } else { 2000 };
+            let start = Instant::now();
+            for _ in 0..reps {
+                layer(&mut outs, &xs);
+            }
+            let secs = start.elapsed().as_secs_f64() / f64::from(reps);
+            let elements: usize = PROJECTIONS.iter().map(|&(k, n)| RANK * (k + n)).sum();
+            let gbs = (elements * bytes_per * used) as f64 / secs / 1e9;
+            println!("{dtype:?} {label:18} {:8.1} us/layer {gbs:6.1} GB/s of adapters", secs * 1e6);
+        }
+    }
+}
