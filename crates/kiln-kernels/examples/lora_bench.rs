@@ -38,18 +38,22 @@ fn main() {
     for dtype in [LoraDtype::F32, LoraDtype::F16] {
         let adapters: Vec<Adapter> = (0..4).map(|s| adapter(s, dtype)).collect();
         let bytes_per = if dtype == LoraDtype::F16 { 2 } else { 4 };
-        for (label, rows, used) in
-            [("decode 4x4 rows", 16usize, 4usize), ("prefill 220 rows", 220, 1)]
-        {
-            let per = rows / used;
+        // (label, rows, adapters, runs): each run is `rows / runs` consecutive rows of adapter
+        // `run % adapters` (16 runs of one row: a decode batch whose sequences alternate).
+        for (label, rows, used, runs) in [
+            ("decode 4x4 rows", 16usize, 4usize, 4usize),
+            ("decode alternating", 16, 4, 16),
+            ("prefill 220 rows", 220, 1, 1),
+        ] {
+            let per = rows / runs;
             let layer = |outs: &mut [Vec<f32>], xs: &[Vec<f32>]| {
                 for (p, &(k, n)) in PROJECTIONS.iter().enumerate() {
-                    let jobs: Vec<LoraJob<'_, Cpu>> = (0..used)
+                    let jobs: Vec<LoraJob<'_, Cpu>> = (0..runs)
                         .map(|i| LoraJob {
                             rows: i * per..(i + 1) * per,
                             rank: RANK,
-                            a: &adapters[i][p].0,
-                            b_t: &adapters[i][p].1,
+                            a: &adapters[i % used][p].0,
+                            b_t: &adapters[i % used][p].1,
                         })
                         .collect();
                     cpu.lora_add(&xs[p], k, n, &jobs, &mut outs[p]);

@@ -1,6 +1,7 @@
 //! LoRA updates on rows of a linear layer's output (`Backend::lora_add`): for each row,
 //! `rank` dot products of its input with the rows of `a`, then `out += tmp[j] · b_t[j]` for
-//! `j` in order. Rows of one adapter go through in blocks of [`ROW_BLOCK`], sharing each load of
+//! `j` in order. Rows of one adapter, gathered from all its jobs (a decode step's sequences of
+//! different adapters alternate), go through in blocks of [`ROW_BLOCK`], sharing each load of
 //! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row); the update
 //! runs [`OUT_CHUNK`] outputs at a time, held in registers over all the ranks of a pass (one
 //! load and store of `out` per pass, not per rank). The matrices are kept in f32, or in f16
@@ -197,7 +198,7 @@ fn block_avx2<const R: usize>(
 /// Rows `rows` of one adapter: blocks of [`ROW_BLOCK`], then the rest one by one.
 fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
     job: &LoraJob<'_, B>,
-    rows: Range<usize>,
+    rows: &[usize],
     (x, k): (&[f32], usize),
     n: usize,
     out: SharedMut<f32>,
@@ -212,16 +213,38 @@ fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
         LoraValues::F32(_) => Vec::new(),
     };
     let wide = &mut Widened { a: buffer(job.a, k), b: buffer(job.b_t, RANK_CHUNK * n) };
-    let mut r = rows.start;
-    while r + ROW_BLOCK <= rows.end {
-        let xs: [&[f32]; ROW_BLOCK] = std::array::from_fn(|i| x_row(r + i));
-        let outs: [&mut [f32]; ROW_BLOCK] = std::array::from_fn(|i| out_row(r + i));
+    let blocks = rows.chunks_exact(ROW_BLOCK);
+    let rest = blocks.remainder();
+    for block in blocks {
+        let xs: [&[f32]; ROW_BLOCK] = std::array::from_fn(|i| x_row(block[i]));
+        let outs: [&mut [f32]; ROW_BLOCK] = std::array::from_fn(|i| out_row(block[i]));
         run(xs, job, outs, isa, wide);
-        r += ROW_BLOCK;
     }
-    for r in r..rows.end {
+    for &r in rest {
         run([x_row(r)], job, [out_row(r)], isa, wide);
     }
+}
+
+/// The jobs of one adapter (the same matrices) gathered: their rows, in order.
+struct Group<'j, 'a, B: Backend> {
+    job: &'j LoraJob<'a, B>,
+    rows: Vec<usize>,
+}
+
+fn gather<'j, 'a, B: Backend<LoraMatrix = LoraValues>>(
+    jobs: &'j [LoraJob<'a, B>],
+) -> Vec<Group<'j, 'a, B>> {
+    let mut groups: Vec<Group<'j, 'a, B>> = Vec::new();
+    for job in jobs {
+        let same = groups
+            .iter_mut()
+            .find(|g| std::ptr::eq(g.job.a, job.a) && std::ptr::eq(g.job.b_t, job.b_t));
+        match same {
+            Some(group) => group.rows.extend(job.rows.clone()),
+            None => groups.push(Group { job, rows: job.rows.clone().collect() }),
+        }
+    }
+    groups
 }
 
 fn run<const R: usize, B: Backend<LoraMatrix = LoraValues>>(
@@ -269,19 +292,20 @@ pub fn lora_add<B: Backend<LoraMatrix = LoraValues>>(
 ) {
     check(x, k, n, jobs, out);
     let isa = SimdLevel::detect();
-    let tasks_of = |job: &LoraJob<'_, B>| job.rows.len().div_ceil(ROWS_PER_TASK);
-    let num_tasks = jobs.iter().map(tasks_of).sum();
+    let groups = gather(jobs);
+    let tasks_of = |group: &Group<'_, '_, B>| group.rows.len().div_ceil(ROWS_PER_TASK);
+    let num_tasks = groups.iter().map(tasks_of).sum();
     let out_ptr = SharedMut::new(out);
     pool.run(num_tasks, |mut task| {
-        // The job holding this task (a step has a few adapters: a scan, no table).
-        for job in jobs {
-            if task < tasks_of(job) {
-                let r0 = job.rows.start + task * ROWS_PER_TASK;
-                let rows = r0..(r0 + ROWS_PER_TASK).min(job.rows.end);
-                job_rows(job, rows, (x, k), n, out_ptr, isa);
+        // The group holding this task (a step has a few adapters: a scan, no table).
+        for group in &groups {
+            if task < tasks_of(group) {
+                let r0 = task * ROWS_PER_TASK;
+                let rows = &group.rows[r0..(r0 + ROWS_PER_TASK).min(group.rows.len())];
+                job_rows(group.job, rows, (x, k), n, out_ptr, isa);
                 return;
             }
-            task -= tasks_of(job);
+            task -= tasks_of(group);
         }
     });
 }
@@ -296,8 +320,8 @@ pub fn lora_add_scalar<B: Backend<LoraMatrix = LoraValues>>(
 ) {
     check(x, k, n, jobs, out);
     let out_ptr = SharedMut::new(out);
-    for job in jobs {
-        job_rows(job, job.rows.clone(), (x, k), n, out_ptr, SimdLevel::Scalar);
+    for group in gather(jobs) {
+        job_rows(group.job, &group.rows, (x, k), n, out_ptr, SimdLevel::Scalar);
     }
 }
 
@@ -391,6 +415,18 @@ mod tests {
         let mut kept_f32 = base.clone();
         lora_add(&pool, &x, k, n, &wide_jobs, &mut kept_f32);
         assert_eq!(kept_f32, out);
+        // The same rows as single-row jobs that alternate between the adapters (gathered into
+        // blocks per adapter): the same bits.
+        let mut alternating = base.clone();
+        let singles: Vec<LoraJob<'_, Cpu>> = [4, 0, 5, 1, 6, 2, 7, 8, 9, 10]
+            .into_iter()
+            .map(|r| match r {
+                0..3 => LoraJob { rows: r..r + 1, rank: 8, a: &a1, b_t: &b1 },
+                _ => LoraJob { rows: r..r + 1, rank: 70, a: &a2, b_t: &b2 },
+            })
+            .collect();
+        lora_add(&pool, &x, k, n, &singles, &mut alternating);
+        assert_eq!(alternating, out);
         // Row 3 has no adapter: untouched.
         assert_eq!(out[3 * n..4 * n], base[3 * n..4 * n]);
         // The reference (no SIMD, one thread) gives the same bits.

@@ -3,13 +3,17 @@
 //! `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): without it the routes do not exist (404), as in
 //! vLLM.
 //!
-//! A load reads the PEFT directory off the async workers, checks it against the base model, and
-//! binds it to a free slot between two engine steps: running requests go on. An unload stops
-//! routing the name at once (new requests get 404) and answers once the adapter's running
-//! requests have finished and its slot is empty: no request is lost. Both finish their
-//! bookkeeping in a task of their own, so a client that hangs up midway leaves nothing half
-//! done. Answers are vLLM's: `200` with a plain-text `Success: ...` line, or a JSON error
-//! (`400` for a taken name or a bad adapter, `404` for an unknown one).
+//! A load reads the PEFT directory or GGUF file off the async workers, checks it against the
+//! base model, and binds it to a free slot between two engine steps: running requests go on
+//! (with `--max-cpu-loras` adapters already loaded, it is parked instead, and the first request
+//! for it loads it). An unload stops routing the name at once (new requests get 404) and
+//! answers once the adapter's running requests have finished and its slot is empty: no request
+//! is lost; a parked adapter is gone at once. Both finish their bookkeeping in a task of their
+//! own, so a client that hangs up midway leaves nothing half done. Answers are vLLM's: `200`
+//! with a plain-text `Success: ...` line, or a JSON error (`400` for a taken name, a bad
+//! adapter or one on its way in or out, `404` for an unknown one).
+//!
+//! Also llama-server's `GET /lora-adapters` (the `--lora` files), always served.
 
 use std::path::PathBuf;
 use std::sync::Arc;
