@@ -1,6 +1,7 @@
-//! LoRA update throughput (`Backend::lora_add`) on one layer of the default model's shape
-//! (Gemma 3 270M: hidden 640, q 1024, kv 256, intermediate 2048), rank 16:
-//! `cargo run --release -p kiln-kernels --example lora_bench -- [threads]`. Cases: a decode
+//! LoRA update throughput (`Backend::lora_add`) on one layer, rank 16, of the default model's
+//! shape (Gemma 3 270M: hidden 640, q 1024, kv 256, intermediate 2048) or Llama-3.2-1B's
+//! (`llama-1b`: hidden 2048, q 2048, kv 512, intermediate 8192):
+//! `cargo run --release -p kiln-kernels --example lora_bench -- [threads] [gemma-270m|llama-1b]`. Cases: a decode
 //! step of 16 rows over 4 adapters (4 rows each) and a prefill chunk of 220 rows of one
 //! adapter, adapters kept in f32 and in f16. Prints µs per layer (all seven projections) and
 //! the adapters' bytes read per second.
@@ -12,16 +13,17 @@ use kiln_kernels::Cpu;
 use kiln_kernels::lora::LoraValues;
 
 const RANK: usize = 16;
-/// `(k, n)` of q, k, v, o, gate, up, down.
-const PROJECTIONS: [(usize, usize); 7] =
-    [(640, 1024), (640, 256), (640, 256), (1024, 640), (640, 2048), (640, 2048), (2048, 640)];
+/// `(k, n)` of q, k, v, o, gate, up, down, from `(hidden, q, kv, intermediate)`.
+fn projections((h, q, kv, i): (usize, usize, usize, usize)) -> [(usize, usize); 7] {
+    [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+}
 
 /// One adapter's `(a, b_t)` per projection.
 type Adapter = Vec<(LoraValues, LoraValues)>;
 
-fn adapter(seed: usize, dtype: LoraDtype) -> Adapter {
+fn adapter(seed: usize, dtype: LoraDtype, shape: &[(usize, usize); 7]) -> Adapter {
     let value = |i: usize| ((i * 7 + seed * 13) % 29) as f32 * 0.01 - 0.14;
-    PROJECTIONS
+    shape
         .iter()
         .map(|&(k, n)| {
             let a: Vec<f32> = (0..RANK * k).map(value).collect();
@@ -34,9 +36,15 @@ fn adapter(seed: usize, dtype: LoraDtype) -> Adapter {
 
 fn main() {
     let threads = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let dims = match std::env::args().nth(2).as_deref() {
+        None | Some("gemma-270m") => (640, 1024, 256, 2048),
+        Some("llama-1b") => (2048, 2048, 512, 8192),
+        Some(other) => panic!("unknown shape {other}: gemma-270m or llama-1b"),
+    };
+    let shape = projections(dims);
     let cpu = Cpu::new(threads);
     for dtype in [LoraDtype::F32, LoraDtype::F16] {
-        let adapters: Vec<Adapter> = (0..4).map(|s| adapter(s, dtype)).collect();
+        let adapters: Vec<Adapter> = (0..4).map(|s| adapter(s, dtype, &shape)).collect();
         let bytes_per = if dtype == LoraDtype::F16 { 2 } else { 4 };
         // (label, rows, adapters, runs): each run is `rows / runs` consecutive rows of adapter
         // `run % adapters` (16 runs of one row: a decode batch whose sequences alternate).
@@ -47,7 +55,7 @@ fn main() {
         ] {
             let per = rows / runs;
             let layer = |outs: &mut [Vec<f32>], xs: &[Vec<f32>]| {
-                for (p, &(k, n)) in PROJECTIONS.iter().enumerate() {
+                for (p, &(k, n)) in shape.iter().enumerate() {
                     let jobs: Vec<LoraJob<'_, Cpu>> = (0..runs)
                         .map(|i| LoraJob {
                             rows: i * per..(i + 1) * per,
@@ -59,10 +67,8 @@ fn main() {
                     cpu.lora_add(&xs[p], k, n, &jobs, &mut outs[p]);
                 }
             };
-            let xs: Vec<Vec<f32>> =
-                PROJECTIONS.iter().map(|&(k, _)| vec![0.25; rows * k]).collect();
-            let mut outs: Vec<Vec<f32>> =
-                PROJECTIONS.iter().map(|&(_, n)| vec![0.0; rows * n]).collect();
+            let xs: Vec<Vec<f32>> = shape.iter().map(|&(k, _)| vec![0.25; rows * k]).collect();
+            let mut outs: Vec<Vec<f32>> = shape.iter().map(|&(_, n)| vec![0.0; rows * n]).collect();
             layer(&mut outs, &xs);
             let reps: u32 = if rows > 16 { 200 } else { 2000 };
             let start = Instant::now();
@@ -70,7 +76,7 @@ fn main() {
                 layer(&mut outs, &xs);
             }
             let secs = start.elapsed().as_secs_f64() / f64::from(reps);
-            let elements: usize = PROJECTIONS.iter().map(|&(k, n)| RANK * (k + n)).sum();
+            let elements: usize = shape.iter().map(|&(k, n)| RANK * (k + n)).sum();
             let gbs = (elements * bytes_per * used) as f64 / secs / 1e9;
             println!("{dtype:?} {label:18} {:8.1} us/layer {gbs:6.1} GB/s of adapters", secs * 1e6);
         }

@@ -110,6 +110,17 @@ impl LoraModule {
         self.targets()[0].is_mlp()
     }
 
+    /// Refuses it in `layer` of `config` when that layer's MLP is a mixture of experts.
+    fn check_layer(self, layer: usize, config: &ModelConfig) -> Result<(), String> {
+        if self.is_mlp() && config.layer_experts(layer).is_some() {
+            return Err(format!(
+                "layer {layer}'s MLP is a mixture of experts: adapters of expert projections \
+                 are not supported"
+            ));
+        }
+        Ok(())
+    }
+
     /// `(k, n)` of the (fused) matrix in `config`'s layers.
     fn dims(self, c: &ModelConfig) -> (usize, usize) {
         let k = self.targets()[0].dims(c).0;

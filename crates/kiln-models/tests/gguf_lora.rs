@@ -11,12 +11,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::lora::{base_of, lora_cases, lora_fixture};
+use common::lora::{base_of, lora_cases, lora_fixture, one_shot};
 use common::{Runner, argmax, assert_rows_close, cpu};
 use kiln_models::gguf::writer::GgufWriter;
 use kiln_models::gguf::{GgufFile, GgufValue};
 use kiln_models::lora::{LoraAdapter, LoraTarget};
-use kiln_models::{LogitsWanted, LoraDtype, load_model};
+use kiln_models::{LoraDtype, load_model};
 
 const MAX_RANK: usize = 64;
 
@@ -66,14 +66,6 @@ fn runner(base: &str, gguf_dir: Option<&Path>, adapter: &LoraAdapterSource<'_>) 
 enum LoraAdapterSource<'a> {
     Path(PathBuf),
     Built(&'a dyn Fn(&kiln_models::ModelConfig) -> LoraAdapter),
-}
-
-fn one_shot(runner: &mut Runner, tokens: &[u32], slot: u32) -> Vec<Vec<f32>> {
-    let table = runner.blocks(tokens.len());
-    runner.batch.clear();
-    runner.batch.push_seq(tokens, 0, &table, LogitsWanted::All).unwrap();
-    runner.batch.set_last_adapter(slot);
-    runner.run()
 }
 
 /// Runs every PEFT case of `name` and checks the logits within `tolerance` of the largest and

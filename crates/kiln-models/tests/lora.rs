@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::lora::{base_of, lora_cases, lora_fixture};
+use common::lora::{base_of, lora_cases, lora_fixture, one_shot};
 use common::{Runner, argmax, assert_rows_close};
 use kiln_models::lora::LoraAdapter;
 use kiln_models::{LogitsWanted, LoraDtype};
@@ -37,15 +37,6 @@ fn runner_in(base: &str, adapters: &[&str], dtype: LoraDtype) -> Runner {
         runner.loaded.model.set_adapter(i as u32 + 1, Some(&adapter)).unwrap();
     }
     runner
-}
-
-/// Logits of every position of `tokens` with the adapter of `slot`, in one pass.
-fn one_shot(runner: &mut Runner, tokens: &[u32], slot: u32) -> Vec<Vec<f32>> {
-    let table = runner.blocks(tokens.len());
-    runner.batch.clear();
-    runner.batch.push_seq(tokens, 0, &table, LogitsWanted::All).unwrap();
-    runner.batch.set_last_adapter(slot);
-    runner.run()
 }
 
 /// Kept in f32, an adapter gives PEFT's logits (within 2e-5 of the largest logit, 1e-3 in

@@ -145,12 +145,7 @@ fn parse_name(name: &str, config: &ModelConfig) -> Result<(usize, LoraModule, Ha
             ));
         }
     };
-    if target.is_mlp() && config.layer_experts(layer).is_some() {
-        return Err(format!(
-            "layer {layer}'s MLP is a mixture of experts: adapters of expert projections are \
-             not supported"
-        ));
-    }
+    target.check_layer(layer, config)?;
     Ok((layer, target, half))
 }
 

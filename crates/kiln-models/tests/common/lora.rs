@@ -3,7 +3,11 @@
 
 use std::path::PathBuf;
 
+use kiln_models::LogitsWanted;
+
 use serde_json::Value;
+
+use super::Runner;
 
 /// The directory of adapter fixture `name`.
 pub fn lora_fixture(name: &str) -> PathBuf {
@@ -28,4 +32,13 @@ pub fn base_of(name: &str) -> String {
     )
     .unwrap();
     reference["base"].as_str().unwrap().to_owned()
+}
+
+/// Logits of every position of `tokens` with the adapter of `slot`, in one pass.
+pub fn one_shot(runner: &mut Runner, tokens: &[u32], slot: u32) -> Vec<Vec<f32>> {
+    let table = runner.blocks(tokens.len());
+    runner.batch.clear();
+    runner.batch.push_seq(tokens, 0, &table, LogitsWanted::All).unwrap();
+    runner.batch.set_last_adapter(slot);
+    runner.run()
 }
