@@ -35,8 +35,8 @@ pub struct LinearJob<'a, B: Backend> {
 }
 
 /// The precision LoRA matrices are kept in (vLLM's `--lora-dtype`). The arithmetic is f32
-/// either way; f16 halves an adapter's memory and rounds each value once (on the CPU it was
-/// not faster: widening its rows costs what the smaller reads save).
+/// either way; f16 halves an adapter's memory and rounds each value once (on the CPU it is
+/// also faster: the kernels widen each vector as they load it, and read half the bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LoraDtype {
     #[default]

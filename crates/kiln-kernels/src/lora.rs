@@ -1,17 +1,18 @@
 //! LoRA updates on rows of a linear layer's output (`Backend::lora_add`): for each row,
 //! `rank` dot products of its input with the rows of `a`, then `out += tmp[j] · b_t[j]` for
 //! `j` in order. Rows of one adapter, gathered from all its jobs (a decode step's sequences of
-//! different adapters alternate), go through in blocks of [`ROW_BLOCK`], sharing each load of
-//! `a` and `b_t` (prefill chunks run as a small matrix product, not row by row); the update
-//! runs [`OUT_CHUNK`] outputs at a time, held in registers over all the ranks of a pass (one
-//! load and store of `out` per pass, not per rank). The matrices are kept in f32, or in f16
-//! ([`LoraValues`]: half the memory; each row widened to f32, exactly, once per block); the
-//! arithmetic is f32.
+//! different adapters alternate), go through in blocks of up to [`ROW_BLOCK`], sharing each
+//! load of `a` and `b_t` (prefill chunks run as a small matrix product, not row by row). The
+//! matrices are kept in f32, or in f16 ([`LoraValues`]: half the memory, widened to f32
+//! exactly as they are loaded); the arithmetic is f32. This file holds the scalar reference
+//! (the update [`OUT_CHUNK`] outputs at a time over a pass's ranks); `x86` the AVX2 and
+//! AVX-512 kernels (several ranks and output vectors per pass, for enough independent
+//! multiply-adds).
 //!
 //! Invariant: a row's result depends on its own input and adapter alone. Every row's arithmetic
-//! is the same whatever block it is in: a dot product is 8 lane sums over the input in index
+//! is the same whatever block it is in: a dot product is 16 lane sums over the input in index
 //! order, reduced by one fixed tree, and the update adds `tmp[j] · b_t[j, o]` for `j` in order;
-//! every multiply-add is fused (one rounding: FMA instructions on the AVX2 path, `f32::mul_add`
+//! every multiply-add is fused (one rounding: FMA instructions on the x86 paths, `f32::mul_add`
 //! on the others, the same bits). So batching, the other adapters of a step, the block a row
 //! falls in, the thread count and the ISA path never change a bit of it.
 
@@ -25,20 +26,20 @@ use crate::ThreadPool;
 use crate::simd::SimdLevel;
 use crate::thread_pool::SharedMut;
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 /// Rows done together.
 const ROW_BLOCK: usize = 4;
 /// Ranks done per pass over a block (their dot products kept on the stack).
 const RANK_CHUNK: usize = 32;
 /// Lanes of a dot product's partial sums.
-const LANES: usize = 8;
-/// Outputs of a row updated together over a pass's ranks (8 AVX2 registers: 8 independent
-/// chains of fused multiply-adds, enough to fill both FMA pipes).
+const LANES: usize = 16;
+/// Outputs of a row the scalar reference updates together over a pass's ranks.
 const OUT_CHUNK: usize = 64;
 
-/// `x · a_row` as 8 lane sums (fused multiply-adds) in index order reduced by a fixed tree,
+/// `x · a_row` as 16 lane sums (fused multiply-adds) in index order reduced by a fixed tree,
 /// for each of `R` rows.
-#[allow(clippy::inline_always)] // inlined into the AVX2 copy of `block`, compiled with it
-#[inline(always)]
 fn dots<const R: usize>(xs: &[&[f32]; R], a_row: &[f32]) -> [f32; R] {
     let k = a_row.len();
     let mut acc = [[0f32; LANES]; R];
@@ -57,7 +58,16 @@ fn dots<const R: usize>(xs: &[&[f32]; R], a_row: &[f32]) -> [f32; R] {
             acc[i - full] = x[i].mul_add(a_row[i], acc[i - full]);
         }
     }
-    acc.map(|v| ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])))
+    acc.map(tree)
+}
+
+/// The sum of a dot product's 16 lane sums, by one fixed tree (`l + 8`, `+ 4`, then pairs).
+#[allow(clippy::inline_always)] // inlined into the x86 kernels, compiled with them
+#[inline(always)]
+fn tree(v: [f32; LANES]) -> f32 {
+    let h: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
+    let q: [f32; 4] = std::array::from_fn(|i| h[i] + h[i + 4]);
+    (q[0] + q[2]) + (q[1] + q[3])
 }
 
 /// A LoRA matrix on the CPU backends, row-major, in its [`LoraDtype`].
@@ -105,8 +115,6 @@ impl LoraValues {
 
     /// Rows `rows` of width `width` in f32: borrowed, or widened into `buf` (at least
     /// `rows.len() * width` long).
-    #[allow(clippy::inline_always)] // inlined into `block_avx2` with `block`
-    #[inline(always)]
     fn rows<'a>(&'a self, rows: Range<usize>, width: usize, buf: &'a mut [f32]) -> &'a [f32] {
         let (start, end) = (rows.start * width, rows.end * width);
         match self {
@@ -122,8 +130,6 @@ impl LoraValues {
 
 /// `out[o] += Σ_j scales[j] · slab[j, o]`, the terms fused-multiply-added in `j` order (`slab`:
 /// `[scales.len(), out.len()]`), [`OUT_CHUNK`] outputs at a time in registers.
-#[allow(clippy::inline_always)] // inlined into `block_avx2` with `block`
-#[inline(always)]
 fn update(out: &mut [f32], scales: &[f32], slab: &[f32]) {
     let n = out.len();
     let full = n / OUT_CHUNK * OUT_CHUNK;
@@ -155,8 +161,6 @@ struct Widened {
 
 /// `out_r += (x_r · aᵀ) · b_t` for `R` rows (`x_r`: `[k]`, `out_r`: `[n]`; `a` `[rank, k]`,
 /// `b_t` `[rank, n]`).
-#[allow(clippy::inline_always)] // inlined into `block_avx2`, compiled with AVX2 there
-#[inline(always)]
 fn block<const R: usize>(
     xs: [&[f32]; R],
     (a, b_t): (&LoraValues, &LoraValues),
@@ -182,20 +186,7 @@ fn block<const R: usize>(
     }
 }
 
-/// [`block`] compiled for AVX2 and FMA (the same arithmetic, in hardware: the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn block_avx2<const R: usize>(
-    xs: [&[f32]; R],
-    ab: (&LoraValues, &LoraValues),
-    rank: usize,
-    outs: [&mut [f32]; R],
-    wide: &mut Widened,
-) {
-    block(xs, ab, rank, outs, wide);
-}
-
-/// Rows `rows` of one adapter: blocks of [`ROW_BLOCK`], then the rest one by one.
+/// Rows `rows` of one adapter: blocks of [`ROW_BLOCK`], then one block of the rest.
 fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
     job: &LoraJob<'_, B>,
     rows: &[usize],
@@ -204,24 +195,59 @@ fn job_rows<B: Backend<LoraMatrix = LoraValues>>(
     out: SharedMut<f32>,
     isa: SimdLevel,
 ) {
-    let x_row = |r: usize| &x[r * k..(r + 1) * k];
-    // SAFETY: callers give each task disjoint rows of `out`, which holds `[m, n]`.
-    let out_row = |r: usize| unsafe { out.slice(r * n, n) };
-    // Buffers only where a matrix is kept in f16.
+    // Buffers only where the scalar code widens a matrix kept in f16.
+    let scalar = !cfg!(target_arch = "x86_64") || isa == SimdLevel::Scalar;
     let buffer = |m: &LoraValues, len: usize| match m {
-        LoraValues::F16(_) => vec![0.0; len],
-        LoraValues::F32(_) => Vec::new(),
+        LoraValues::F16(_) if scalar => vec![0.0; len],
+        _ => Vec::new(),
     };
     let wide = &mut Widened { a: buffer(job.a, k), b: buffer(job.b_t, RANK_CHUNK * n) };
+    let rows_of = RowsOf { x, k, out, n };
     let blocks = rows.chunks_exact(ROW_BLOCK);
     let rest = blocks.remainder();
     for block in blocks {
-        let xs: [&[f32]; ROW_BLOCK] = std::array::from_fn(|i| x_row(block[i]));
-        let outs: [&mut [f32]; ROW_BLOCK] = std::array::from_fn(|i| out_row(block[i]));
-        run(xs, job, outs, isa, wide);
+        rows_of.run::<ROW_BLOCK, B>(block, job, isa, wide);
     }
-    for &r in rest {
-        run([x_row(r)], job, [out_row(r)], isa, wide);
+    match rest.len() {
+        1 => rows_of.run::<1, B>(rest, job, isa, wide),
+        2 => rows_of.run::<2, B>(rest, job, isa, wide),
+        3 => rows_of.run::<3, B>(rest, job, isa, wide),
+        _ => {}
+    }
+}
+
+/// The input and output rows of one call (`x`: `[m, k]`, `out`: `[m, n]`).
+struct RowsOf<'x> {
+    x: &'x [f32],
+    k: usize,
+    out: SharedMut<f32>,
+    n: usize,
+}
+
+impl RowsOf<'_> {
+    /// The block of the `R` rows `rows` (callers give each task disjoint rows).
+    fn run<const R: usize, B: Backend<LoraMatrix = LoraValues>>(
+        &self,
+        rows: &[usize],
+        job: &LoraJob<'_, B>,
+        isa: SimdLevel,
+        wide: &mut Widened,
+    ) {
+        let (k, n) = (self.k, self.n);
+        let xs: [&[f32]; R] = std::array::from_fn(|i| &self.x[rows[i] * k..(rows[i] + 1) * k]);
+        // SAFETY: callers give each task disjoint rows of `out`, which holds `[m, n]`.
+        let outs: [&mut [f32]; R] =
+            std::array::from_fn(|i| unsafe { self.out.slice(rows[i] * n, n) });
+        let ab = (job.a, job.b_t);
+        match isa {
+            // SAFETY: `isa` is the selected level, which the CPU has (`SimdLevel::detect`).
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => unsafe { x86::block_avx512(xs, ab, job.rank, outs) },
+            // SAFETY: as above; the level includes AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => unsafe { x86::block_avx2(xs, ab, job.rank, outs) },
+            _ => block(xs, ab, job.rank, outs, wide),
+        }
     }
 }
 
@@ -245,23 +271,6 @@ fn gather<'j, 'a, B: Backend<LoraMatrix = LoraValues>>(
         }
     }
     groups
-}
-
-fn run<const R: usize, B: Backend<LoraMatrix = LoraValues>>(
-    xs: [&[f32]; R],
-    job: &LoraJob<'_, B>,
-    outs: [&mut [f32]; R],
-    isa: SimdLevel,
-    wide: &mut Widened,
-) {
-    let ab = (job.a, job.b_t);
-    match isa {
-        // SAFETY: `isa` is the selected level, which the CPU has (`SimdLevel::detect`); both
-        // levels include AVX2, FMA and F16C.
-        #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 | SimdLevel::Avx2 => unsafe { block_avx2(xs, ab, job.rank, outs, wide) },
-        _ => block(xs, ab, job.rank, outs, wide),
-    }
 }
 
 fn check<B: Backend<LoraMatrix = LoraValues>>(
@@ -290,8 +299,19 @@ pub fn lora_add<B: Backend<LoraMatrix = LoraValues>>(
     jobs: &[LoraJob<'_, B>],
     out: &mut [f32],
 ) {
+    lora_add_at(SimdLevel::detect(), pool, x, (k, n), jobs, out);
+}
+
+/// [`lora_add`] at the vector width `isa` (which the CPU must have).
+fn lora_add_at<B: Backend<LoraMatrix = LoraValues>>(
+    isa: SimdLevel,
+    pool: &ThreadPool,
+    x: &[f32],
+    (k, n): (usize, usize),
+    jobs: &[LoraJob<'_, B>],
+    out: &mut [f32],
+) {
     check(x, k, n, jobs, out);
-    let isa = SimdLevel::detect();
     let groups = gather(jobs);
     let tasks_of = |group: &Group<'_, '_, B>| group.rows.len().div_ceil(ROWS_PER_TASK);
     let num_tasks = groups.iter().map(tasks_of).sum();
@@ -380,6 +400,50 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    /// Shapes off every vector width (k, n, rank not multiples of 16, blocks of 1 to 4 rows)
+    /// and every pair of kept types: every vector width gives the scalar reference's bits.
+    #[test]
+    fn odd_shapes_match_the_scalar_reference() {
+        let (k, n, rank) = (37, 45, 7);
+        let lengths = [1, 2, 3, 4, 5, 6, 7];
+        let m: usize = lengths.iter().sum();
+        let x = values(m * k, 11);
+        let base = values(m * n, 12);
+        // One adapter per job (jobs of one adapter would be gathered into whole blocks).
+        let raw: Vec<_> = (0..lengths.len() as u32)
+            .map(|i| (values(rank * k, 13 + 2 * i), values(rank * n, 14 + 2 * i)))
+            .collect();
+        let pool = ThreadPool::new(2);
+        for (da, db) in [
+            (LoraDtype::F16, LoraDtype::F16),
+            (LoraDtype::F32, LoraDtype::F32),
+            (LoraDtype::F16, LoraDtype::F32),
+            (LoraDtype::F32, LoraDtype::F16),
+        ] {
+            let kept: Vec<_> = raw
+                .iter()
+                .map(|(a, b)| (LoraValues::new(a, da).unwrap(), LoraValues::new(b, db).unwrap()))
+                .collect();
+            let mut start = 0;
+            let jobs: Vec<LoraJob<'_, Cpu>> = lengths
+                .iter()
+                .zip(&kept)
+                .map(|(&len, (a, b))| {
+                    start += len;
+                    LoraJob { rows: start - len..start, rank, a, b_t: b }
+                })
+                .collect();
+            let mut scalar = base.clone();
+            lora_add_scalar(&x, k, n, &jobs, &mut scalar);
+            assert_ne!(scalar, base);
+            for isa in SimdLevel::available() {
+                let mut fast = base.clone();
+                lora_add_at(isa, &pool, &x, (k, n), &jobs, &mut fast);
+                assert_eq!(fast, scalar, "{isa:?} {da:?} {db:?}");
+            }
+        }
     }
 
     #[test]
