@@ -22,7 +22,12 @@ done
   2>"$OUT/server.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
-for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.2; done
+# Up to 20 minutes for the model to load (a float file quantized as it loads takes minutes).
+for _ in $(seq 6000); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+  kill -0 "$pid" 2>/dev/null || { echo "the server exited; see $OUT/server.log" >&2; exit 1; }
+  sleep 0.2
+done
 run() { # label extra-flags
   # shellcheck disable=SC2086
   "$KILN" bench serve --base-url "http://127.0.0.1:$PORT" --model gemma-3-270m --num-prompts 64 \
