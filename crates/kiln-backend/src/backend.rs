@@ -315,6 +315,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         out: &mut Logits,
     );
 
+    /// Whether [`Backend::rows_to_host`] works (a pooling model, which hands back hidden
+    /// states instead of logits, is refused at load on a backend without it).
+    fn supports_pooling(&self) -> bool {
+        false
+    }
+    /// Copies `m` rows of `width` of `x` into host memory (`out` reset to `[m, width]`): the
+    /// final hidden states of a pooling step. Only called on a backend that
+    /// [`Backend::supports_pooling`].
+    fn rows_to_host(&self, x: Self::View<'_>, m: usize, width: usize, out: &mut Logits) {
+        let _ = (x, m, width, out);
+        unreachable!("{} does not hand hidden states back", self.name());
+    }
+
     /// Runs one forward step: `forward` issues the step's ops for `batch` and fills `logits`.
     /// The default runs it once. A backend may call `forward` more than once in modes of its
     /// own (to record the step, or to check it against a recording) and replay a recording

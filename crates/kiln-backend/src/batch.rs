@@ -85,6 +85,9 @@ pub struct ForwardBatch {
     tree_slots: Vec<u32>,
     /// `[num_seqs]` the LoRA adapter slot of each sequence (0: the base model alone).
     adapters: Vec<u32>,
+    /// The wanted rows come back as final hidden states (after the final norm, `[rows,
+    /// hidden]`) instead of logits: a pooling model's step.
+    hidden_output: bool,
 }
 
 impl ForwardBatch {
@@ -100,6 +103,7 @@ impl ForwardBatch {
             tree_rows: Vec::new(),
             tree_slots: Vec::new(),
             adapters: Vec::new(),
+            hidden_output: false,
         }
     }
 
@@ -113,6 +117,18 @@ impl ForwardBatch {
         self.tree_rows.clear();
         self.tree_slots.clear();
         self.adapters.clear();
+        self.hidden_output = false;
+    }
+
+    /// Whether the wanted rows come back as final hidden states instead of logits.
+    pub fn hidden_output(&self) -> bool {
+        self.hidden_output
+    }
+
+    /// Asks for the wanted rows' final hidden states (after the final norm) instead of their
+    /// logits (until the next [`ForwardBatch::clear`]).
+    pub fn set_hidden_output(&mut self, hidden: bool) {
+        self.hidden_output = hidden;
     }
 
     pub fn block_size(&self) -> usize {

@@ -74,6 +74,9 @@ pub struct ModelConfig {
     /// AWQ / GPTQ / compressed-tensors packed linear layers (`quantization_config`); `None`
     /// for float checkpoints and GGUF files.
     pub packed: Option<PackedQuant>,
+    /// The checkpoint is a base model without an LM head (`architectures: ["Qwen3Model"]`, as
+    /// sentence-transformers saves an embedding model): it serves pooling only.
+    pub headless: bool,
 }
 
 /// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
@@ -239,8 +242,13 @@ impl ModelConfig {
             })?;
             return Ok(Self { packed, ..Self::from_json(&text, path)? });
         }
+        // A base model (`Qwen3Model`) is its causal LM's decoder without the head.
+        let (family_name, headless) = match Architecture::base_model_of(arch_name) {
+            Some(causal) => (causal, true),
+            None => (arch_name, false),
+        };
         let architecture =
-            Architecture::from_hf(arch_name).ok_or_else(|| LoadError::UnsupportedArchitecture {
+            Architecture::from_hf(family_name).ok_or_else(|| LoadError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
                 name: arch_name.to_string(),
                 supported: Architecture::SUPPORTED,
@@ -310,6 +318,7 @@ impl ModelConfig {
             qk_norm: false,
             moe: None,
             packed,
+            headless,
         };
         let ctx = HfContext { window, keyed_local_theta, longrope };
         architecture.apply_hf(&f, &ctx, &mut config)?;

@@ -70,8 +70,11 @@ pub struct DecoderModel<B: Backend> {
     embed_tokens: B::Weight,
     layers: Vec<Layer<B>>,
     final_norm: B::Vector,
-    /// `None` when tied to `embed_tokens`.
+    /// `None` when tied to `embed_tokens` or not loaded.
     lm_head: Option<B::Weight>,
+    /// Whether logits can be computed: `false` for a model loaded for pooling (its steps hand
+    /// back final hidden states; no LM head is read).
+    has_head: bool,
     rope: B::Rope,
     /// RoPE of sliding-window layers when their base differs (Gemma 3).
     local_rope: Option<B::Rope>,
@@ -119,8 +122,15 @@ impl<B: Backend> DecoderModel<B> {
         config: ModelConfig,
         w: &Weights<'_, B>,
         backend: Arc<B>,
+        with_head: bool,
     ) -> Result<Self, LoadError> {
         let c = &config;
+        if !with_head && !backend.supports_pooling() {
+            return Err(LoadError::Backend {
+                name: "pooling".into(),
+                message: format!("the {} backend does not hand hidden states back", backend.name()),
+            });
+        }
         let h = c.hidden_size;
         let q_dim = c.num_heads * c.head_dim;
         let kv_dim = c.num_kv_heads * c.head_dim;
@@ -178,7 +188,7 @@ impl<B: Backend> DecoderModel<B> {
             });
         }
         let embed_tokens = w.matrix(Tensor::Embed, c.vocab_size, h)?;
-        let lm_head = if c.tie_word_embeddings && !w.contains(Tensor::LmHead) {
+        let lm_head = if !with_head || (c.tie_word_embeddings && !w.contains(Tensor::LmHead)) {
             None
         } else {
             Some(w.matrix(Tensor::LmHead, c.vocab_size, h)?)
@@ -196,6 +206,7 @@ impl<B: Backend> DecoderModel<B> {
             layers,
             final_norm: norm(Tensor::FinalNorm, h)?,
             lm_head,
+            has_head: with_head,
             rope,
             local_rope,
             config,
@@ -248,6 +259,11 @@ impl<B: Backend> DecoderModel<B> {
             )));
         }
         batch.validate(c.vocab_size, spec.num_blocks)?;
+        if !batch.hidden_output() && !self.has_head {
+            return Err(ForwardError::Batch(
+                "the model was loaded for pooling (no LM head): its steps give hidden states".into(),
+            ));
+        }
         if batch.tree_mask().is_some() && !self.backend.supports_token_trees() {
             return Err(ForwardError::Batch(format!(
                 "the {} backend does not run token trees",
@@ -380,13 +396,14 @@ impl<B: Backend> DecoderModel<B> {
     }
 
     /// The logits of the rows that need them: rows `gather` of `hidden`, or (`None`) its first
-    /// `num_rows` rows, already compacted. Final norm, LM head, final soft cap.
+    /// `num_rows` rows, already compacted. Final norm, LM head, final soft cap; with `hidden`,
+    /// the normed rows themselves (a pooling step).
     fn logits(
         &self,
         b: &mut StepBuffers<'_, B>,
-        t: usize,
+        (t, num_rows): (usize, usize),
         gather: Option<&[usize]>,
-        num_rows: usize,
+        hidden: bool,
         logits: &mut Logits,
     ) {
         let c = &self.config;
@@ -411,6 +428,10 @@ impl<B: Backend> DecoderModel<B> {
             c.rms_norm_eps,
             B::view_mut(b.rows_normed, rows.clone()),
         );
+        if hidden {
+            be.rows_to_host(B::view(b.rows_normed, rows), num_rows, h, logits);
+            return;
+        }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         be.logits(B::view(b.rows_normed, rows), num_rows, head, c.final_logit_softcap, logits);
     }
@@ -540,7 +561,7 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
             self.layer(l, batch, kv, &mut b, pruned, &runs);
         }
         let gather = (!prune).then_some(batch.logits_rows());
-        self.logits(&mut b, t, gather, num_rows, logits);
+        self.logits(&mut b, (t, num_rows), gather, batch.hidden_output(), logits);
         let routing = std::mem::take(&mut b.routing);
         workspace.routing = routing;
         workspace.row_seqs = row_seqs;
@@ -562,7 +583,7 @@ impl<B: Backend> DecoderModel<B> {
             })
             .sum();
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        layer_bytes + be.weight_bytes(head)
+        layer_bytes + if self.has_head { be.weight_bytes(head) } else { 0 }
     }
 
     /// The step's buffers, grown to its token count.

@@ -21,6 +21,7 @@ pub mod lora;
 mod model;
 mod names;
 mod packed;
+mod pooling;
 mod safetensors_store;
 mod weights;
 
@@ -37,4 +38,5 @@ pub use model::{BoundModel, Model, StepModel};
 pub use packed::{
     PackedMethod, PackedQuant, check_method as check_packed_method, repack_growth_bytes,
 };
+pub use pooling::{PoolAccumulator, PoolerConfig, PoolingType};
 pub use safetensors_store::WeightStore;

@@ -30,6 +30,9 @@ pub struct LoadOptions {
     /// every matrix to it, dequantizing GGUF tensors. Rows that are not a whole number of
     /// K-quant blocks (256) fall back to `q5_0` / `q8_0` as llama.cpp does.
     pub quantization: Option<GgmlType>,
+    /// Load for pooling (embeddings): no LM head is read and steps hand back final hidden
+    /// states. A base model without a head (`Qwen3Model`) loads only this way.
+    pub pooling: bool,
 }
 
 /// Loads the model at `path` (an HF model directory or a `.gguf` file) onto `backend`.
@@ -53,6 +56,13 @@ pub fn load_model_with<B: Backend>(
         ));
     }
     let config = ModelConfig::from_file(&path.join("config.json"))?;
+    if config.headless && !options.pooling {
+        return Err(LoadError::format(
+            path,
+            "the checkpoint is a base model without an LM head (an embedding model): it \
+             serves pooling only (--runner pooling)",
+        ));
+    }
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
     let naming = Naming::Hf(config.architecture);
@@ -80,7 +90,7 @@ pub fn load_model_with<B: Backend>(
         source = f;
     }
     let weights = Weights { source, naming, backend: &**backend, quantize: options.quantization };
-    let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
+    let model = DecoderModel::load(config, &weights, Arc::clone(backend), !options.pooling)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
 }
 
@@ -127,7 +137,7 @@ fn load_gguf<B: Backend>(
         backend: &**backend,
         quantize: options.quantization,
     };
-    let model = DecoderModel::load(config, &weights, Arc::clone(backend))?;
+    let model = DecoderModel::load(config, &weights, Arc::clone(backend), !options.pooling)?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer,

@@ -37,8 +37,9 @@ pub(crate) trait WeightSource {
     fn contains(&self, name: &str) -> bool;
 }
 
-/// The text model of a multimodal checkpoint: its tensors under a prefix (`model.X` is read as
-/// `{model}X`) and its head under another name.
+/// The text model of a multimodal checkpoint, or a base model saved without the `model.`
+/// prefix: its tensors under a prefix (`model.X` is read as `{model}X`) and its head under
+/// another name.
 pub(crate) struct TextModelOf<'a> {
     pub inner: &'a dyn WeightSource,
     pub model: &'static str,
@@ -46,12 +47,16 @@ pub(crate) struct TextModelOf<'a> {
 }
 
 impl TextModelOf<'_> {
-    /// Where a multimodal checkpoint keeps its text model: transformers 5's layout, then the
-    /// Hub's (`Gemma3ForConditionalGeneration`); `None` when `source` has neither.
+    /// Where a checkpoint keeps its text model under another prefix than `model.`: a
+    /// multimodal checkpoint's, transformers 5's layout, then the Hub's
+    /// (`Gemma3ForConditionalGeneration`); a bare base model's, at the top; `None` when
+    /// `source` has none of them.
     pub(crate) fn layout(source: &dyn WeightSource) -> Option<(&'static str, &'static str)> {
         [
             ("model.language_model.", "lm_head.weight"),
             ("language_model.model.", "language_model.lm_head.weight"),
+            // A base model saved alone (`Qwen3Model`: an embedding model's tensors, no head).
+            ("", "lm_head.weight"),
         ]
         .into_iter()
         .find(|(model, _)| source.contains(&format!("{model}embed_tokens.weight")))

@@ -295,7 +295,7 @@ fn mean_gap(a: &[Vec<Vec<(u32, f32)>>], b: &[Vec<Vec<(u32, f32)>>]) -> f64 {
 /// what transformers computes on the same weights.
 #[test]
 fn dequantized_forward_matches_transformers() {
-    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let options = LoadOptions { quantization: Some(GgmlType::F32), ..LoadOptions::default() };
     let loaded = load_model_with(model_path(), &options, cpu()).unwrap();
     let cases = cases();
     let ours = teacher_forced_logprobs(&loaded, &cases);
@@ -383,7 +383,7 @@ fn eight_bit_kv_cache_stays_close_to_f16_teacher_forced() {
         "as shipped (int8 activations): f32 cache vs f16 cache: top-1 {:.2}%, mean {mean:.4} nat",
         agreement * 100.0
     );
-    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let options = LoadOptions { quantization: Some(GgmlType::F32), ..LoadOptions::default() };
     let loaded = load_model_with(model_path(), &options, cpu()).unwrap();
     let f16 = one_shot_logprobs(&loaded, KvCacheDtype::F16, &tokens);
     // (dtype, min top-1 agreement, max mean |dlogprob| over the f16 top 5)

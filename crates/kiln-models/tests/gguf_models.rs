@@ -61,7 +61,7 @@ fn converted_fixtures_match_transformers() {
 /// Max |Δ logit| against transformers and the share of positions whose argmax agrees, over
 /// every reference case of `name` loaded with `ty` quantize-on-load.
 fn quantized_error(name: &str, ty: GgmlType) -> (f32, f64) {
-    let options = LoadOptions { quantization: Some(ty) };
+    let options = LoadOptions { quantization: Some(ty), ..LoadOptions::default() };
     let mut runner = Runner::with(load_model_with(&fixture(name), &options, &cpu()).unwrap());
     let (mut worst, mut agree, mut total) = (0.0f32, 0usize, 0usize);
     for case in cases(name, Some(runner.vocab())) {

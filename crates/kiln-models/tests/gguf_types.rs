@@ -118,7 +118,7 @@ fn each_file_holds_its_types() {
 
 #[test]
 fn int8_kernels_match_the_file_dequantized_to_f32() {
-    let f32_options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let f32_options = LoadOptions { quantization: Some(GgmlType::F32), ..LoadOptions::default() };
     for (file, _) in FILES {
         let path = dir().join(file);
         let mut quantized = Runner::with(load_model(&path, &cpu()).unwrap());

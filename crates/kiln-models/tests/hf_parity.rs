@@ -104,7 +104,7 @@ fn step_of_1200_tokens_equals_each_sequence_alone() {
 #[test]
 fn quantized_experts_batched_equal_alone() {
     for ty in [GgmlType::Q8_0, GgmlType::Q4K] {
-        let options = LoadOptions { quantization: Some(ty) };
+        let options = LoadOptions { quantization: Some(ty), ..LoadOptions::default() };
         let loaded = load_model_with(&fixture("qwen3moe"), &options, &cpu()).unwrap();
         let mut runner = Runner::with(loaded);
         let vocab = runner.vocab() as u32;

@@ -45,7 +45,7 @@ const FIXTURES: [&str; 11] = [
 const DEQUANTIZED_TOLERANCE: f32 = 1e-3;
 
 fn dequantized(name: &str) -> Runner {
-    let options = LoadOptions { quantization: Some(GgmlType::F32) };
+    let options = LoadOptions { quantization: Some(GgmlType::F32), ..LoadOptions::default() };
     Runner::with(load_model_with(&fixture(name), &options, &cpu()).unwrap())
 }
 

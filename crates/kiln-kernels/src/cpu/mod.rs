@@ -290,6 +290,15 @@ impl Backend for Cpu {
         true
     }
 
+    fn supports_pooling(&self) -> bool {
+        true
+    }
+
+    fn rows_to_host(&self, x: &[f32], m: usize, width: usize, out: &mut Logits) {
+        out.reset(m, width);
+        out.as_mut_slice().copy_from_slice(&x[..m * width]);
+    }
+
     fn lora_add(&self, x: &[f32], k: usize, n: usize, jobs: &[LoraJob<'_, Self>], out: &mut [f32]) {
         crate::lora::lora_add(&self.pool, x, k, n, jobs, out);
     }

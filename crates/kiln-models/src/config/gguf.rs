@@ -275,6 +275,7 @@ impl ModelConfig {
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             moe: None,
             packed: None,
+            headless: false,
         };
         architecture.apply_gguf(&keys, &mut config)?;
         Ok(config)

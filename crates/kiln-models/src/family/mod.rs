@@ -50,7 +50,8 @@ pub(crate) struct HfContext {
 impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
-         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model), Phi3ForCausalLM";
+         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model), Phi3ForCausalLM; for pooling also the \
+         base models LlamaModel, MistralModel, Qwen2Model, Qwen3Model";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
@@ -68,6 +69,18 @@ impl Architecture {
             "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Self::Gemma3,
             "Phi3ForCausalLM" => Self::Phi3,
+            _ => return None,
+        })
+    }
+
+    /// The causal LM whose decoder a base-model `architectures` entry names (`Qwen3Model` →
+    /// `Qwen3ForCausalLM`): the layout sentence-transformers saves embedding models in.
+    pub(crate) fn base_model_of(name: &str) -> Option<&'static str> {
+        Some(match name {
+            "LlamaModel" => "LlamaForCausalLM",
+            "MistralModel" => "MistralForCausalLM",
+            "Qwen2Model" => "Qwen2ForCausalLM",
+            "Qwen3Model" => "Qwen3ForCausalLM",
             _ => return None,
         })
     }
