@@ -91,7 +91,12 @@ struct Runner<B: Backend> {
 
 impl<B: Backend> Runner<B> {
     fn new(path: &Path, backend: &Arc<B>, quant: Option<GgmlType>, dtype: KvCacheDtype) -> Self {
-        let loaded = load_model_with(path, &LoadOptions { quantization: quant, ..LoadOptions::default() }, backend).unwrap();
+        let loaded = load_model_with(
+            path,
+            &LoadOptions { quantization: quant, ..LoadOptions::default() },
+            backend,
+        )
+        .unwrap();
         let num_blocks = 512;
         let spec =
             KvCacheSpec { layout: loaded.model.kv_layout(), dtype, num_blocks, block_size: BLOCK };

@@ -243,16 +243,15 @@ impl ModelConfig {
             return Ok(Self { packed, ..Self::from_json(&text, path)? });
         }
         // A base model (`Qwen3Model`) is its causal LM's decoder without the head.
-        let (family_name, headless) = match Architecture::base_model_of(arch_name) {
-            Some(causal) => (causal, true),
-            None => (arch_name, false),
-        };
-        let architecture =
-            Architecture::from_hf(family_name).ok_or_else(|| LoadError::UnsupportedArchitecture {
+        let (family_name, headless) =
+            Architecture::base_model_of(arch_name).map_or((arch_name, false), |c| (c, true));
+        let architecture = Architecture::from_hf(family_name).ok_or_else(|| {
+            LoadError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
                 name: arch_name.to_string(),
                 supported: Architecture::SUPPORTED,
-            })?;
+            }
+        })?;
         let hidden_size = f.dim("hidden_size")?;
         let num_heads = f.dim("num_attention_heads")?;
         let num_kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);

@@ -261,7 +261,8 @@ impl<B: Backend> DecoderModel<B> {
         batch.validate(c.vocab_size, spec.num_blocks)?;
         if !batch.hidden_output() && !self.has_head {
             return Err(ForwardError::Batch(
-                "the model was loaded for pooling (no LM head): its steps give hidden states".into(),
+                "the model was loaded for pooling (no LM head): its steps give hidden states"
+                    .into(),
             ));
         }
         if batch.tree_mask().is_some() && !self.backend.supports_token_trees() {

@@ -220,7 +220,9 @@ impl PoolAccumulator {
         let mut out: Vec<f32> = self.acc[..len].iter().map(|a| a * scale).collect();
         if normalize {
             let norm = out.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            out.iter_mut().for_each(|x| *x /= norm);
+            for x in &mut out {
+                *x /= norm;
+            }
         }
         Some(out)
     }
@@ -255,7 +257,10 @@ fn pooling_module(path: &Path, config: &Value) -> Result<PoolingType, LoadError>
             err(format!("pooling mode `{mode}` is not supported (cls, mean, lasttoken are)"))
         }),
         [] => Err(err("no pooling mode set".into())),
-        _ => Err(err(format!("several pooling modes at once ({}) are not supported", modes.join(", ")))),
+        _ => Err(err(format!(
+            "several pooling modes at once ({}) are not supported",
+            modes.join(", ")
+        ))),
     }
 }
 
@@ -306,7 +311,11 @@ mod tests {
             assert!(e.contains(needle), "{e}");
         };
         refused(MODULES, r#"{"pooling_mode": "max"}"#, "`max`");
-        refused(MODULES, r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#, "several");
+        refused(
+            MODULES,
+            r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#,
+            "several",
+        );
         refused(MODULES, r#"{"pooling_mode": "mean", "include_prompt": false}"#, "include_prompt");
         let dense = MODULES.replace("models.Normalize", "models.Dense");
         refused(&dense, r#"{"pooling_mode": "mean"}"#, "models.Dense");

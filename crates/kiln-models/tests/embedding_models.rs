@@ -50,9 +50,15 @@ fn pooling_runner(name: &str) -> Runner {
 
 /// The sequences' pooled vectors from one step holding all of them, each prefilled from
 /// position `start` (earlier positions were written by a step before: `chunk` tokens each).
-fn embed(runner: &mut Runner, config: PoolerConfig, seqs: &[Vec<u32>], chunk: usize) -> Vec<Vec<f32>> {
+fn embed(
+    runner: &mut Runner,
+    config: PoolerConfig,
+    seqs: &[Vec<u32>],
+    chunk: usize,
+) -> Vec<Vec<f32>> {
     let width = runner.loaded.model.config().hidden_size;
-    let mut pools: Vec<_> = seqs.iter().map(|_| PoolAccumulator::new(config.pooling, width)).collect();
+    let mut pools: Vec<_> =
+        seqs.iter().map(|_| PoolAccumulator::new(config.pooling, width)).collect();
     let tables: Vec<_> = seqs.iter().map(|s| runner.blocks(s.len())).collect();
     let mut start = 0;
     while seqs.iter().any(|s| start < s.len()) {
@@ -92,7 +98,8 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: width");
     let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
-    let norms = got.iter().map(|x| x * x).sum::<f32>().sqrt() * want.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let norms = got.iter().map(|x| x * x).sum::<f32>().sqrt()
+        * want.iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!(diff <= TOLERANCE, "{what}: max |diff| {diff}");
     assert!(dot / norms >= 0.99999, "{what}: cosine {}", dot / norms);
 }
@@ -126,7 +133,8 @@ fn embeddings_match_sentence_transformers() {
         }
         // `dimensions`: the first values, normalised again where the model normalises.
         for (i, ids) in want.prompt_ids.iter().enumerate() {
-            let mut pool = PoolAccumulator::new(config.pooling, runner.loaded.model.config().hidden_size);
+            let mut pool =
+                PoolAccumulator::new(config.pooling, runner.loaded.model.config().hidden_size);
             let rows = embed_rows(&mut runner, ids);
             pool.add(0, &rows).unwrap();
             let short = pool.finish(config.normalize, Some(want.dimensions)).unwrap();
@@ -156,7 +164,11 @@ fn an_embedding_is_the_same_alone_batched_and_chunked() {
             assert_eq!(alone[0], batched[i], "{name} text {i} alone");
         }
         for chunk in [1, 3, 7] {
-            assert_eq!(embed(&mut runner, config, &seqs, chunk), batched, "{name} chunks of {chunk}");
+            assert_eq!(
+                embed(&mut runner, config, &seqs, chunk),
+                batched,
+                "{name} chunks of {chunk}"
+            );
         }
     }
 }
@@ -168,7 +180,8 @@ fn a_base_model_without_its_head_loads_only_for_pooling() {
     // A generative checkpoint loads for pooling too (its head is not read), and a step
     // asking it for logits is refused.
     let options = LoadOptions { pooling: true, ..LoadOptions::default() };
-    let mut runner = Runner::with(load_model_with(&common::fixture("qwen3"), &options, &cpu()).unwrap());
+    let mut runner =
+        Runner::with(load_model_with(&common::fixture("qwen3"), &options, &cpu()).unwrap());
     let table = runner.blocks(3);
     runner.batch.clear();
     runner.batch.push_seq(&[1, 2, 3], 0, &table, LogitsWanted::Last).unwrap();

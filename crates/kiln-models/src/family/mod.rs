@@ -50,8 +50,9 @@ pub(crate) struct HfContext {
 impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
-         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text model), Phi3ForCausalLM; for pooling also the \
-         base models LlamaModel, MistralModel, Qwen2Model, Qwen3Model";
+         Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text \
+         model), Phi3ForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
+         Qwen2Model, Qwen3Model";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
