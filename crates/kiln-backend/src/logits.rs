@@ -46,6 +46,11 @@ impl Logits {
     }
 
     /// All rows, `[num_rows, vocab_size]`.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data[self.start..][..self.num_rows * self.vocab_size]
+    }
+
+    /// All rows, `[num_rows, vocab_size]`, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
         &mut self.data[self.start..][..self.num_rows * self.vocab_size]
     }

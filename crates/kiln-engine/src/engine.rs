@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{
-    Backend, BoundModel, ForwardError, KvCacheDtype, Model, StepModel, check_block_size,
+    Backend, BoundModel, ForwardError, KvCacheDtype, Model, PoolerConfig, PoolingType, StepModel,
+    check_block_size,
 };
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, ModelRunnerOutput,
@@ -85,6 +86,11 @@ pub struct EngineConfig {
     /// Most distinct LoRA adapters in one step (vLLM's `--max-loras`; `None`: no limit): a
     /// request of another adapter waits until a running adapter's requests leave.
     pub max_loras: Option<usize>,
+    /// A pooling model's pooler (`None`: a generative engine). With one, every request must
+    /// be a pooling request (`PreparedRequest::with_pooling`) and gets its vector instead of
+    /// tokens (`pooling.rs`); speculative decoding is refused, and so is the prefix cache
+    /// with mean or CLS pooling (they read every row).
+    pub pooling: Option<PoolerConfig>,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +110,7 @@ impl Default for EngineConfig {
             async_scheduling: false,
             host_pool: HostPool::serial(),
             max_loras: None,
+            pooling: None,
         }
     }
 }
@@ -253,7 +260,9 @@ impl EngineCore {
             None => model_max.min(capacity),
         };
         config.max_model_len = Some(max_model_len);
-        config.scheduler.max_model_len = max_model_len;
+        // A pooling request's one output token is never computed (`pooling.rs`): its prompt
+        // may fill the whole context.
+        config.scheduler.max_model_len = max_model_len + usize::from(config.pooling.is_some());
         let kv_config = KvCacheConfig {
             block_size,
             num_blocks: config.num_kv_blocks,
@@ -283,9 +292,11 @@ impl EngineCore {
                 Some(TierHook::new(tier))
             }
         };
+        check_pooling(&config)?;
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids)
-            .with_host_pool(config.host_pool.clone());
+            .with_host_pool(config.host_pool.clone())
+            .with_pooling(config.pooling);
         let speculator = speculator_for(&config, &runner, draft_model)?;
         let executor = executor_for(&config, speculator.is_some())?;
         let slo = &config.slo;
@@ -345,7 +356,12 @@ impl EngineCore {
 
     /// The resolved maximum of prompt plus output tokens.
     pub fn max_model_len(&self) -> usize {
-        self.scheduler.config().max_model_len
+        self.config.max_model_len.unwrap_or_else(|| self.scheduler.config().max_model_len)
+    }
+
+    /// A pooling model's pooler (`None`: a generative engine).
+    pub fn pooling(&self) -> Option<PoolerConfig> {
+        self.config.pooling
     }
 
     /// The model, bound to the engine's KV cache on its backend. Panics while an asynchronous
@@ -513,4 +529,20 @@ impl EngineCore {
         // With a step in flight, the steps reported so far (its own is counted when reported).
         self.stats.num_steps = num_steps - u64::from(self.step_in_flight);
     }
+}
+
+/// A pooling engine's settings that cannot work together (module docs of `pooling.rs`).
+fn check_pooling(config: &EngineConfig) -> Result<(), EngineError> {
+    let Some(pooler) = config.pooling else { return Ok(()) };
+    if config.speculative.is_some() {
+        return Err(EngineError::Config("a pooling model runs no speculative decoding".into()));
+    }
+    if pooler.pooling != PoolingType::Last && config.scheduler.enable_prefix_caching {
+        return Err(EngineError::Config(format!(
+            "{} pooling reads every token's hidden state, which a prefix-cache hit skips: turn \
+             the prefix cache off (--no-enable-prefix-caching)",
+            pooler.pooling.as_str()
+        )));
+    }
+    Ok(())
 }

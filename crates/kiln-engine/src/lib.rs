@@ -27,6 +27,7 @@ mod host_pool;
 pub mod kv_tier;
 mod logprobs;
 mod output;
+mod pooling;
 pub mod prefix_store;
 mod prepared;
 mod requests;
@@ -47,6 +48,7 @@ pub use kiln_kv::PrefixCacheStats;
 pub use kiln_kv::{BlockHash, KvCacheEvent};
 pub use kiln_models::lora::LoraAdapter;
 pub use kiln_models::{KvCacheDtype, LoraDtype, ModelConfig};
+pub use kiln_models::{PoolerConfig, PoolingType};
 pub use kiln_sched::{
     AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,
     StepLimits, SwapStats,
@@ -54,6 +56,7 @@ pub use kiln_sched::{
 pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};
+pub use pooling::{POOLED_TOKEN, PoolingParams};
 pub use prepared::{CompiledOutput, PrepareError, PreparedRequest};
 pub use requests::RequestTable;
 pub use runner::{ModelRunner, PromptLogprobs, SampleExtras, StepTiming};

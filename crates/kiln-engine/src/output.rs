@@ -20,6 +20,9 @@ pub struct EngineOutput {
     pub prompt_logprobs: Option<PromptLogprobs>,
     /// First token only: what happened before it.
     pub first: Option<FirstTokenInfo>,
+    /// A pooling request's vector, on its one output (whose token is
+    /// [`POOLED_TOKEN`](crate::POOLED_TOKEN), not to be shown).
+    pub pooled: Option<Vec<f32>>,
 }
 
 /// Facts known when a request produces its first token.

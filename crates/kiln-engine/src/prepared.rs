@@ -15,6 +15,7 @@ use kiln_sched::AddError;
 
 use crate::AdapterBinding;
 use crate::EngineError;
+use crate::PoolingParams;
 use crate::structured::{Constraint, GrammarError, PendingCompiler};
 
 /// Why a request could not be prepared. Every variant is the caller's fault except
@@ -93,6 +94,8 @@ pub struct PreparedRequest {
     adapter: u32,
     /// The binding of that slot it was resolved against (`None`: whatever the slot holds).
     adapter_key: Option<u64>,
+    /// A pooling request's parameters (`None`: a generation request).
+    pooling: Option<PoolingParams>,
 }
 
 impl PreparedRequest {
@@ -109,7 +112,15 @@ impl PreparedRequest {
             None => None,
             Some(output) => Some(CompiledOutput::compile(output, grammar)?.constraint),
         };
-        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0, adapter_key: None })
+        Ok(Self {
+            prompt,
+            params,
+            constraint,
+            vocab_size,
+            adapter: 0,
+            adapter_key: None,
+            pooling: None,
+        })
     }
 
     /// Checks the ids and starts from a copy of `compiled`, which must be the compile of the
@@ -128,7 +139,15 @@ impl PreparedRequest {
             }
             _ => return Err(PrepareError::OutputMismatch),
         };
-        Ok(Self { prompt, params, constraint, vocab_size, adapter: 0, adapter_key: None })
+        Ok(Self {
+            prompt,
+            params,
+            constraint,
+            vocab_size,
+            adapter: 0,
+            adapter_key: None,
+            pooling: None,
+        })
     }
 
     /// Runs it with the LoRA adapter in `slot` (0: none); the engine refuses a slot it has
@@ -154,6 +173,18 @@ impl PreparedRequest {
     }
 
     /// The binding its slot was resolved against, if given.
+    /// Makes it a pooling request (an engine of a pooling model takes only these): its
+    /// prompt's vector instead of tokens. `params` must ask for one output token.
+    #[must_use]
+    pub fn with_pooling(mut self, pooling: PoolingParams) -> Self {
+        self.pooling = Some(pooling);
+        self
+    }
+
+    pub fn pooling(&self) -> Option<PoolingParams> {
+        self.pooling
+    }
+
     pub fn adapter_key(&self) -> Option<u64> {
         self.adapter_key
     }

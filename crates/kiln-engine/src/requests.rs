@@ -24,6 +24,7 @@ use kiln_core::RequestId;
 
 use crate::handle::OutputSink;
 use crate::hooks::slo::{Arrival, Decoding};
+use crate::pooling::PoolState;
 use crate::runner::{PromptLogprobs, SampleExtras};
 use crate::spec::SpecState;
 use crate::structured::Constraint;
@@ -76,6 +77,8 @@ pub(crate) struct LiveRequest {
     pub(crate) sink: Option<OutputSink>,
     /// The LoRA adapter slot it runs with (0: the base model alone).
     pub(crate) adapter: u32,
+    /// A pooling request's vector being gathered, then finished until reported.
+    pub(crate) pool: Option<PoolState>,
 }
 
 impl std::fmt::Debug for LiveRequest {

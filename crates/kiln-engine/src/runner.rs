@@ -49,7 +49,9 @@ use std::mem;
 use std::time::{Duration, Instant};
 
 use kiln_core::{RequestId, TokenId};
-use kiln_models::{ForwardBatch, ForwardError, Logits, LogitsWanted, StepModel, TREE_ROOT};
+use kiln_models::{
+    ForwardBatch, ForwardError, Logits, LogitsWanted, PoolerConfig, StepModel, TREE_ROOT,
+};
 use kiln_sched::{CachedRequestData, ModelRunnerOutput, SchedulerOutput};
 
 use crate::forward_thread::{ForwardJob, ForwardThread};
@@ -58,6 +60,7 @@ use crate::structured::ConstraintStats;
 use crate::{HostPool, Logprobs, Sampler};
 
 mod ahead;
+mod pool;
 mod sample;
 
 /// The model is with the forward thread between `launch` and `complete`.
@@ -82,6 +85,8 @@ struct StepRow {
     start: usize,
     /// Logit rows this request produced (0, 1, every new token, or one per draft plus one).
     num_rows: usize,
+    /// Tokens it brought to the batch (its rows are the last `num_rows` of them).
+    num_tokens: usize,
     /// Whether the last row is sampled.
     samples: bool,
     /// The request's drafts in `ModelRunner::step_drafts` (empty without).
@@ -94,8 +99,12 @@ pub struct ModelRunner {
     /// The model bound to its KV cache and workspace on its backend (`None` while an
     /// asynchronous step's forward has it, with `batch` and `logits`).
     model: Option<Box<dyn StepModel>>,
-    /// The model's vocabulary size (known while the model is away).
+    /// The model's vocabulary size and hidden size (known while the model is away).
     vocab_size: usize,
+    hidden_size: usize,
+    /// A pooling model's pooler: steps hand back hidden states, which are pooled
+    /// (`runner/pool.rs`) instead of sampled.
+    pooling: Option<PoolerConfig>,
     /// When the last collected asynchronous forward ended, and whether the forward thread
     /// failed for good (see `ModelRunner::forward_broken`).
     forward_finished_at: Option<Instant>,
@@ -143,6 +152,8 @@ impl ModelRunner {
         let block_size = model.kv_spec().block_size;
         Self {
             vocab_size: model.config().vocab_size,
+            hidden_size: model.config().hidden_size,
+            pooling: None,
             forward_finished_at: None,
             forward_broken: false,
             model: Some(model),
@@ -176,6 +187,18 @@ impl ModelRunner {
     pub fn with_host_pool(mut self, host: HostPool) -> Self {
         self.host = host;
         self
+    }
+
+    /// Runs a pooling model's steps: hidden states pooled into each request's vector.
+    #[must_use]
+    pub fn with_pooling(mut self, pooling: Option<PoolerConfig>) -> Self {
+        self.pooling = pooling;
+        self
+    }
+
+    /// The model's hidden size (also while an asynchronous step has the model).
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
     }
 
     pub fn model(&self) -> &dyn StepModel {
@@ -238,7 +261,16 @@ impl ModelRunner {
         let model = self.model.as_deref_mut().expect(MODEL_IN_FLIGHT);
         model.forward(&self.batch, &mut self.logits)?;
         self.timing.forward = forward_start.elapsed();
-        self.sample(table, out)
+        self.collect(table, out)
+    }
+
+    /// The rows of the forward that just ran: sampled, or pooled on a pooling model.
+    fn collect(
+        &mut self,
+        table: &mut RequestTable,
+        out: &mut ModelRunnerOutput,
+    ) -> Result<(), ForwardError> {
+        if self.pooling.is_some() { self.pool(table, out) } else { self.sample(table, out) }
     }
 
     /// [`ModelRunner::execute`]'s forward started on `thread`: builds the batch and hands it,
@@ -291,7 +323,7 @@ impl ModelRunner {
         for row in &mut self.step_rows {
             row.samples &= table.get(row.id).is_some_and(|r| r.sampler.is_some());
         }
-        self.sample(table, out)
+        self.collect(table, out)
     }
 
     /// When the forward `complete` collected ended on its thread (`None`: no forward ran).
@@ -336,6 +368,7 @@ impl ModelRunner {
     ) -> Result<bool, ForwardError> {
         Self::drop_gone(sched_out, table);
         self.batch.clear();
+        self.batch.set_hidden_output(self.pooling.is_some());
         self.step_rows.clear();
         self.step_drafts.clear();
         self.step_parents.clear();
@@ -423,6 +456,7 @@ impl ModelRunner {
             id,
             start: num_computed,
             num_rows,
+            num_tokens: num_scheduled,
             samples,
             drafts: 0..0,
             tree: false,
@@ -473,6 +507,7 @@ impl ModelRunner {
             id,
             start: num_computed,
             num_rows: scratch.len(),
+            num_tokens: scratch.len(),
             samples: true,
             drafts: start..drafts.len(),
             tree,
@@ -481,9 +516,11 @@ impl ModelRunner {
     }
 }
 
-/// Whether `live` still gathers prompt log-probabilities from position `num_computed` on.
+/// Whether `live` still gathers prompt log-probabilities from position `num_computed` on, or
+/// pools every row of a chunk from there (mean pooling; CLS from position 0).
 fn wants_all_logits(live: &LiveRequest, num_computed: usize) -> bool {
     live.prompt_logprobs
         .as_ref()
         .is_some_and(|s| s.entries.is_some() && num_computed + 1 < s.prompt.len())
+        || live.pool.as_ref().is_some_and(|p| p.acc.wants_all_rows(num_computed))
 }

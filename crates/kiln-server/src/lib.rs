@@ -115,6 +115,7 @@ pub fn load(
     };
     let lora = Arc::new(LoraRegistry::bind_at_load(&config.lora, &mut core)?);
     let block_size = core.scheduler().kv_cache().block_size();
+    let (pooling, hidden_size) = (core.pooling(), core.model().config().hidden_size);
     let kv_events = match &config.kv_events {
         Some(events) => {
             if !core.scheduler().kv_cache().prefix_caching() {
@@ -169,6 +170,8 @@ pub fn load(
         kv_events,
         tokenize_gate,
         lora,
+        pooling,
+        hidden_size,
     })
 }
 
@@ -189,6 +192,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/embeddings", post(routes::embeddings::embeddings))
+        .route("/pooling", post(routes::embeddings::pooling))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route(

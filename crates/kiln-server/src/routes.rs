@@ -1,8 +1,10 @@
-//! HTTP handlers: `/v1/completions`, `/v1/chat/completions` and the small endpoints.
+//! HTTP handlers: `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings` and the small
+//! endpoints.
 
 pub mod chat;
 pub mod chat_input;
 pub mod completions;
+pub mod embeddings;
 pub mod format;
 pub mod lora;
 pub mod misc;

@@ -40,6 +40,8 @@ pub struct Delta {
     pub prompt_logprobs: Option<PromptLogprobs>,
     /// First delta only: prompt tokens served from the prefix cache.
     pub num_cached_tokens: Option<usize>,
+    /// A pooling sequence's one delta: its vector (its token is not shown).
+    pub pooled: Option<Vec<f32>>,
 }
 
 /// How to run one sequence: its request prepared for the engine (ids checked against the
@@ -103,6 +105,8 @@ pub struct Sequence {
     _in_flight: InFlight,
     log_requests: bool,
     finished: bool,
+    /// A pooling request: one output, a vector, no text or generated token.
+    pooling: bool,
 }
 
 impl Sequence {
@@ -116,6 +120,7 @@ impl Sequence {
         let (tx, rx) = mpsc::unbounded_channel();
         let num_prompt_tokens = spec.request.prompt().len();
         let min_tokens = spec.request.params().min_tokens;
+        let pooling = spec.request.pooling().is_some();
         let submitted = Instant::now();
         let sink = Box::new(move |item| tx.send(item).is_ok());
         let id = loaded
@@ -140,6 +145,7 @@ impl Sequence {
             _in_flight: state.enter(),
             log_requests: !state.config.disable_log_requests,
             finished: false,
+            pooling,
         })
     }
 
@@ -180,6 +186,9 @@ impl Sequence {
         if let Some(first) = out.first {
             self.first_scheduled = Some(first.scheduled_at);
             self.num_cached_tokens = first.num_cached_tokens;
+        }
+        if self.pooling {
+            return Some(self.pooled(out, now));
         }
         if self.first_token.is_none() {
             self.first_token = Some(now);
@@ -229,7 +238,28 @@ impl Sequence {
             stop_string: if stopped { self.stop.matched().map(str::to_owned) } else { None },
             prompt_logprobs: out.prompt_logprobs,
             num_cached_tokens: out.first.map(|f| f.num_cached_tokens),
+            pooled: None,
         }))
+    }
+
+    /// A pooling request's one output: its vector, the request finished ("stop").
+    fn pooled(&mut self, out: kiln_engine::EngineOutput, now: Instant) -> Result<Delta, ApiError> {
+        self.first_token = Some(now);
+        self.last_token = Some(now);
+        self.loaded.metrics.on_prompt_tokens(self.num_prompt_tokens);
+        self.finish("stop");
+        let Some(pooled) = out.pooled else {
+            return Err(ApiError::internal(
+                "the engine finished a pooling request without its vector",
+            ));
+        };
+        Ok(Delta {
+            token: out.new_token,
+            finish_reason: Some("stop"),
+            num_cached_tokens: out.first.map(|f| f.num_cached_tokens),
+            pooled: Some(pooled),
+            ..Delta::default()
+        })
     }
 
     fn finish(&mut self, reason: &'static str) {

@@ -41,6 +41,11 @@ pub struct Loaded {
     pub tokenize_gate: crate::tokenize_gate::TokenizeGate,
     /// The LoRA adapters served by name.
     pub lora: Arc<crate::lora::LoraRegistry>,
+    /// A pooling model's pooler: the server answers /v1/embeddings and /pooling, not
+    /// generation (`None`: a generative model).
+    pub pooling: Option<kiln_engine::PoolerConfig>,
+    /// The model's hidden size (a pooling model's embedding size).
+    pub hidden_size: usize,
 }
 
 pub struct ServerState {

@@ -12,6 +12,7 @@ mod lora_args;
 mod memory_fit;
 mod model_arg;
 mod plan;
+mod pooling_args;
 mod prefix_persist;
 mod serve;
 mod tune;

@@ -136,6 +136,10 @@ pub struct ModelArgs {
     /// without the flag too).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
+    /// Load for pooling (no LM head; steps give hidden states): set by `kiln serve` when it
+    /// serves the model for embeddings, never a flag of its own.
+    #[arg(skip)]
+    pub pooling: bool,
 }
 
 impl ModelArgs {
@@ -240,8 +244,10 @@ impl ModelArgs {
             }
             kiln_models::check_packed_method(path, method)?;
         }
-        let options =
-            LoadOptions { quantization: self.quantization.and_then(Quantization::ggml_type) };
+        let options = LoadOptions {
+            quantization: self.quantization.and_then(Quantization::ggml_type),
+            pooling: self.pooling,
+        };
         load_model_with(path, &options, backend)
             .with_context(|| format!("loading model from {}", path.display()))
     }

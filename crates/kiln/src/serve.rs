@@ -21,6 +21,7 @@ use crate::device::{Device, DeviceArgs};
 use crate::engine_args::EngineArgs;
 use crate::kv_args::{Bytes, HumanCount, KvCacheArgs, available_memory};
 use crate::model_arg::{DraftModel, ModelArgs};
+use crate::pooling_args::PoolingArgs;
 
 #[cfg(test)]
 #[path = "args/command_lines.rs"]
@@ -140,6 +141,8 @@ pub struct ServeArgs {
     kv: KvCacheArgs,
     #[command(flatten)]
     lora: crate::lora_args::LoraArgs,
+    #[command(flatten)]
+    pooling: PoolingArgs,
     #[command(flatten)]
     vllm: VllmServeArgs,
 }
@@ -361,6 +364,8 @@ struct LoadArgs {
     prefix_cache_dir: Option<PathBuf>,
     /// `--max-loras`.
     max_loras: Option<usize>,
+    /// `--runner` and the pooler flags.
+    pooling: PoolingArgs,
 }
 
 fn args_for_loading(
@@ -387,6 +392,7 @@ fn args_for_loading(
         async_scheduling: args.engine.async_scheduling,
         prefix_cache_dir: args.prefix_cache_dir.clone(),
         max_loras: args.lora.max_loras,
+        pooling: args.pooling.clone(),
     })
 }
 
@@ -394,6 +400,8 @@ fn args_for_loading(
 /// makes the server ready.
 fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
     let model_path = args.model.resolve()?;
+    let pooler = args.pooling.resolve(&model_path)?;
+    let model_args = ModelArgs { pooling: pooler.is_some(), ..args.model.clone() };
     match args.device.device {
         Device::Cpu => {
             args.device.gpu_utilization()?; // a bad value is an error everywhere
@@ -407,7 +415,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 crate::memory_fit::check_fits(needed, available_memory(), &model_path)?;
             }
             let backend = crate::model_arg::cpu_backend(args.threads);
-            let loaded = args.model.load_path_on(&model_path, &backend)?;
+            let loaded = model_args.load_path_on(&model_path, &backend)?;
             let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend, &loaded)?;
             let weight_bytes = (loaded.model.weight_bytes()
                 + draft.as_ref().map_or(0, |d| d.weight_bytes()))
@@ -416,7 +424,8 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
             let default_bytes = free
                 .map_or(DEFAULT_KV_CACHE_CAP_BYTES, |f| (f / 2).min(DEFAULT_KV_CACHE_CAP_BYTES));
             let host_pool = crate::model_arg::cpu_host_pool(&*loaded.model);
-            start(state, args, &model_path, (loaded, draft), host_pool, free, default_bytes)
+            let model = (model_path.as_path(), pooler);
+            start(state, args, model, (loaded, draft), host_pool, free, default_bytes)
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
@@ -432,6 +441,9 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                      --device cuda use method \"ngram\""
                 );
             }
+            if pooler.is_some() {
+                anyhow::bail!("pooling models (embeddings) run on the CPU only for now");
+            }
             let utilization = args.device.gpu_utilization()?;
             let (loaded, kv_bytes) = crate::device::cuda::load(
                 &args.model,
@@ -442,7 +454,8 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 &shape,
             )?;
             let host_pool = crate::device::cuda::host_pool(args.threads);
-            start(state, args, &model_path, (loaded, None), host_pool, Some(kv_bytes), kv_bytes)
+            let model = (model_path.as_path(), None);
+            start(state, args, model, (loaded, None), host_pool, Some(kv_bytes), kv_bytes)
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => anyhow::bail!(
@@ -452,13 +465,14 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
     }
 }
 
-/// Starts the engine on `loaded` (and its draft model): `free` is the memory the KV cache may
-/// take (for `--memory-utilization`), `default_bytes` its size when no flag says. A draft
-/// model's cache has as many blocks as the target's, so a block costs both.
+/// Starts the engine on `loaded` (and its draft model), from `model_path`, with a pooling
+/// model's pooler: `free` is the memory the KV cache may take (for `--memory-utilization`),
+/// `default_bytes` its size when no flag says. A draft model's cache has as many blocks as
+/// the target's, so a block costs both.
 fn start<B: kiln_models::Backend>(
     state: &ServerState,
     args: &LoadArgs,
-    model_path: &std::path::Path,
+    (model_path, pooler): (&std::path::Path, Option<kiln_engine::PoolerConfig>),
     (loaded, draft): (LoadedModel<B>, Option<DraftModel<B>>),
     host_pool: kiln_engine::HostPool,
     free: Option<u64>,
@@ -500,11 +514,12 @@ fn start<B: kiln_models::Backend>(
             .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
     }
     let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
+    let scheduler = scheduler_for_pooling(args, pooler)?;
     let mut engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
         max_model_len: Some(max_model_len),
-        scheduler: args.scheduler.clone(),
+        scheduler: scheduler.clone(),
         seed: args.seed,
         eos_token_ids: tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect(),
         kv_cache_dtype: args.kv_cache_dtype,
@@ -513,6 +528,7 @@ fn start<B: kiln_models::Backend>(
         async_scheduling: args.async_scheduling,
         host_pool,
         max_loras: args.max_loras,
+        pooling: pooler,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;
@@ -551,11 +567,41 @@ fn start<B: kiln_models::Backend>(
     ready.metrics.set_cache_config(&CacheConfigInfo {
         block_size,
         cache_dtype: args.kv_cache_dtype.name().to_owned(),
-        enable_prefix_caching: args.scheduler.enable_prefix_caching,
+        enable_prefix_caching: scheduler.enable_prefix_caching,
         num_blocks: sizing.num_blocks,
     });
     ready.metrics.set_model_config(&model_info);
     Ok(ready)
+}
+
+/// The scheduler's settings for the model: a pooling model with mean or CLS pooling reads
+/// every token's hidden state, so it keeps no prefix cache (a hit would skip rows).
+fn scheduler_for_pooling(
+    args: &LoadArgs,
+    pooler: Option<kiln_engine::PoolerConfig>,
+) -> anyhow::Result<SchedulerConfig> {
+    let mut scheduler = args.scheduler.clone();
+    let Some(pooler) = pooler else { return Ok(scheduler) };
+    let normalized = if pooler.normalize { "normalised" } else { "not normalised" };
+    tracing::info!(
+        "pooling model: {} pooling, {normalized}; serving /v1/embeddings and /pooling",
+        pooler.pooling.as_str()
+    );
+    if pooler.pooling != kiln_engine::PoolingType::Last && scheduler.enable_prefix_caching {
+        if args.prefix_cache_dir.is_some() || args.kv.enable_prefix_caching {
+            anyhow::bail!(
+                "{} pooling reads every token's hidden state, which the prefix cache would \
+                 skip: drop --enable-prefix-caching / --prefix-cache-dir",
+                pooler.pooling.as_str()
+            );
+        }
+        tracing::info!(
+            "prefix caching is off: {} pooling reads every token",
+            pooler.pooling.as_str()
+        );
+        scheduler.enable_prefix_caching = false;
+    }
+    Ok(scheduler)
 }
 
 /// The chat template kiln ships for a model family, for models that carry none.

@@ -10,8 +10,10 @@ use kiln_core::{RequestId, SamplingParams, TokenId};
 use kiln_sched::{AddError, Deadline, QueueAhead, Request, SchedulingPolicy};
 
 use super::{EngineCore, EngineError};
+use crate::PoolingParams;
 use crate::hooks::SloControl;
 use crate::hooks::slo::Arrival;
+use crate::pooling::PoolState;
 use crate::prepared::{PrepareError, PreparedRequest};
 use crate::requests::LiveRequest;
 use crate::slo::{AdmissionDecision, Admitted, Prediction, decide};
@@ -67,6 +69,7 @@ impl EngineCore {
             let why = format!("the LoRA adapter in slot {slot} was unloaded");
             return Err(AddError::InvalidSampling(why).into());
         }
+        let pool = self.admit_pooling(request.pooling(), request.params())?;
         let (prompt, params, constraint, adapter) = request.into_parts();
         let num_prompt_tokens = prompt.len();
         let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
@@ -91,7 +94,7 @@ impl EngineCore {
         let demoted = request.is_demoted();
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
-        let mut live = LiveRequest { constraint, adapter, ..LiveRequest::default() };
+        let mut live = LiveRequest { constraint, adapter, pool, ..LiveRequest::default() };
         let now = Instant::now();
         if self.hooks.get::<SloControl>().is_some() {
             live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });
@@ -101,6 +104,33 @@ impl EngineCore {
         self.next_id = self.next_id.max(id.0 + 1);
         self.refresh_stats();
         Ok(())
+    }
+
+    /// A request's pooling state: a pooling engine takes pooling requests only (of one
+    /// output token), a generative one none.
+    fn admit_pooling(
+        &self,
+        pooling: Option<PoolingParams>,
+        params: &SamplingParams,
+    ) -> Result<Option<PoolState>, AddError> {
+        match (self.config.pooling, pooling) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(AddError::InvalidSampling(
+                "the model is not a pooling model: it serves generation, not embeddings".into(),
+            )),
+            (Some(_), None) => Err(AddError::InvalidSampling(
+                "the model is a pooling model: it serves embeddings, not generation".into(),
+            )),
+            (Some(config), Some(pooling)) => {
+                if params.max_tokens != 1 {
+                    let why = "a pooling request asks for exactly one output token";
+                    return Err(AddError::InvalidSampling(why.into()));
+                }
+                let hidden = self.runner.hidden_size();
+                pooling.check(hidden).map_err(AddError::InvalidSampling)?;
+                Ok(Some(PoolState::new(config, pooling, hidden)))
+            }
+        }
     }
 
     /// Milliseconds on the engine's clock.

@@ -94,10 +94,11 @@ impl EngineCore {
             .into_iter()
             .map(|out| {
                 let live = self.requests.get_mut(out.id);
-                let (extras, first) = match live {
+                let (extras, first, pooled) = match live {
                     Some(live) => {
                         live.first_reported = true;
-                        (live.extras.pop_front().unwrap_or_default(), live.first.take())
+                        let pooled = live.pool.as_mut().and_then(|p| p.output.take());
+                        (live.extras.pop_front().unwrap_or_default(), live.first.take(), pooled)
                     }
                     None => Default::default(),
                 };
@@ -108,6 +109,7 @@ impl EngineCore {
                     logprobs: extras.logprobs,
                     prompt_logprobs: extras.prompt_logprobs,
                     first,
+                    pooled,
                 }
             })
             .collect();

@@ -416,6 +416,7 @@ mod tests {
             stop_string: None,
             prompt_logprobs: None,
             num_cached_tokens: None,
+            pooled: None,
         }
     }
 

@@ -15,12 +15,17 @@ use std::time::{Duration, Instant};
 use kiln_core::TokenId;
 use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig};
 use kiln_kernels::Cpu;
-use kiln_models::{LoadedModel, load_model};
+use kiln_models::{LoadOptions, LoadedModel, load_model, load_model_with};
 use kiln_server::{ServedModel, ServerConfig, ServerState};
 use serde_json::Value;
 
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+}
+
+/// An embedding fixture (`tests/fixtures/embedding`).
+pub fn embedding_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/embedding").join(name)
 }
 
 pub struct TestServer {
@@ -71,12 +76,31 @@ impl TestServer {
     pub fn start_model(
         name: &str,
         config: ServerConfig,
+        engine: EngineConfig,
+        template: Option<&kiln_server::chat_template::TemplateOverride>,
+    ) -> Self {
+        let loaded = load_model(&fixture(name), &Arc::new(Cpu::new(1))).unwrap();
+        Self::start_loaded(loaded, config, engine, template)
+    }
+
+    /// A server of the embedding fixture `name` (`tests/fixtures/embedding`), loaded for
+    /// pooling with the pooler its checkpoint declares.
+    pub fn start_pooling(name: &str, config: ServerConfig, mut engine: EngineConfig) -> Self {
+        let dir = embedding_fixture(name);
+        let options = LoadOptions { pooling: true, ..LoadOptions::default() };
+        let loaded = load_model_with(&dir, &options, &Arc::new(Cpu::new(1))).unwrap();
+        engine.pooling = kiln_engine::PoolerConfig::of_model(&dir).unwrap();
+        Self::start_loaded(loaded, config, engine, None)
+    }
+
+    fn start_loaded(
+        loaded: LoadedModel<Cpu>,
+        config: ServerConfig,
         mut engine: EngineConfig,
         template: Option<&kiln_server::chat_template::TemplateOverride>,
     ) -> Self {
         let state = ServerState::new(config);
-        let LoadedModel { model, tokenizer, generation_defaults } =
-            load_model(&fixture(name), &Arc::new(Cpu::new(1))).unwrap();
+        let LoadedModel { model, tokenizer, generation_defaults } = loaded;
         engine.eos_token_ids = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
         let served = ServedModel {
             core: EngineCore::new(model, engine).unwrap(),

@@ -79,10 +79,8 @@ const TABLE: &[(&[&str], Rule)] = &[
         &["limit-mm-per-prompt", "mm-processor-kwargs"],
         Rule::Refuse("multimodal inputs are not supported; serve a text-only model", One),
     ),
-    (
-        &["task", "runner", "convert"],
-        Rule::Refuse("kiln serves text generation only (no embeddings or scoring)", One),
-    ),
+    // `--task embed`: `--runner`'s parser takes its values (`--convert` is kiln's own).
+    (&["task"], Rule::Rename("runner")),
     // ---- llama-server: the same meaning under kiln's name ----
     (&["-m", "hf-repo", "-hf", "-hfr"], Rule::Rename("model")),
     (&["-t"], Rule::Rename("threads")),
@@ -171,8 +169,8 @@ const TABLE: &[(&[&str], Rule)] = &[
         Rule::Refuse("give the keys with --api-key KEY [KEY...] or KILN_ARG_API_KEY", One),
     ),
     (
-        &["embedding", "embeddings", "reranking", "rerank"],
-        Rule::Refuse("kiln serves text generation only (no embeddings or reranking)", NoValue),
+        &["reranking", "rerank"],
+        Rule::Refuse("reranking is not supported yet (embeddings are: --embedding)", NoValue),
     ),
     (
         &["rope-scaling", "rope-freq-base", "rope-freq-scale"],

@@ -1,0 +1,187 @@
+//! `/v1/embeddings` and `/pooling` on the embedding fixtures (`tests/fixtures/embedding`):
+//! sentence-transformers' vectors through HTTP (text, token ids, base64, `dimensions`,
+//! `normalize`, truncation), each input's vector the same alone as among others, and every
+//! malformed or hostile request a 400 naming what is wrong, which changes nothing; a
+//! generative server answers vLLM's 400 to both endpoints, a pooling server refuses
+//! generation.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use base64::Engine as _;
+use common::{TestServer, default_config, engine_config};
+use kiln_engine::{EngineConfig, SchedulerConfig};
+use serde_json::{Value, json};
+
+fn reference(name: &str) -> Value {
+    let dir = common::embedding_fixture(name);
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn server(name: &str) -> TestServer {
+    let engine = EngineConfig {
+        kv_cache_dtype: kiln_engine::KvCacheDtype::F32,
+        max_model_len: Some(64),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            enable_prefix_caching: false,
+            ..SchedulerConfig::default()
+        },
+        ..engine_config()
+    };
+    TestServer::start_pooling(name, default_config(), engine)
+}
+
+fn vectors(r: &Value, key: &str) -> Vec<Vec<f32>> {
+    r["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            d[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        })
+        .collect()
+}
+
+fn embed(s: &TestServer, body: &Value) -> Value {
+    let r = s.post("/v1/embeddings", body);
+    assert_eq!(r.status, 200, "{body}: {}", r.text());
+    r.json()
+}
+
+fn assert_close(got: &[Vec<f32>], want: &Value, what: &str) {
+    let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what} {i}");
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(diff <= 1e-4, "{what} {i}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn embeddings_are_sentence_transformers_vectors_in_every_form() {
+    for name in ["qwen3-embed", "llama3-mean"] {
+        let s = server(name);
+        let reference = reference(name);
+        let texts = &reference["texts"];
+        let r = embed(&s, &json!({"model": "tiny", "input": texts}));
+        assert_eq!((r["object"].as_str(), r["model"].as_str()), (Some("list"), Some("tiny")));
+        assert!(r["id"].as_str().unwrap().starts_with("embd-"));
+        assert_eq!(r["data"][0]["object"], "embedding");
+        let tokens: usize = reference["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_array().unwrap().len())
+            .sum();
+        assert_eq!(
+            r["usage"],
+            json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0})
+        );
+        let got = vectors(&r, "embedding");
+        assert_close(&got, &reference["embeddings"], name);
+        // Token ids give the same vectors; so does each input alone, bit for bit.
+        let by_ids = vectors(&embed(&s, &json!({"input": reference["prompt_ids"]})), "embedding");
+        assert_eq!(by_ids, got, "{name}: token ids");
+        for (i, text) in texts.as_array().unwrap().iter().enumerate() {
+            let alone = vectors(&embed(&s, &json!({"input": text})), "embedding");
+            assert_eq!(alone[0], got[i], "{name}: input {i} alone");
+        }
+        // base64: the little-endian f32 bytes of the same vectors.
+        let b64 = embed(&s, &json!({"input": texts, "encoding_format": "base64"}));
+        for (i, d) in b64["data"].as_array().unwrap().iter().enumerate() {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(d["embedding"].as_str().unwrap())
+                .unwrap();
+            let floats: Vec<f32> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(floats, got[i], "{name}: base64 {i}");
+        }
+        // `dimensions`: sentence-transformers' `truncate_dim` (normalised again where the
+        // model normalises).
+        let short = embed(&s, &json!({"input": texts, "dimensions": 16}));
+        assert_close(&vectors(&short, "embedding"), &reference["embeddings_16"], name);
+        // /pooling: vLLM's shape, the same vectors.
+        let r = s.post("/pooling", &json!({"input": texts}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let pooled = r.json();
+        assert!(pooled["id"].as_str().unwrap().starts_with("pool-"));
+        assert_eq!(pooled["data"][0]["object"], "pooling");
+        assert_eq!(vectors(&pooled, "data"), got, "{name}: /pooling");
+    }
+}
+
+#[test]
+fn normalize_and_truncation() {
+    let s = server("llama3-mean");
+    let reference = reference("llama3-mean");
+    let text = &reference["texts"][3];
+    let raw = vectors(&embed(&s, &json!({"input": text})), "embedding").remove(0);
+    let unit =
+        vectors(&embed(&s, &json!({"input": text, "normalize": true})), "embedding").remove(0);
+    let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!(raw.iter().zip(&unit).all(|(r, u)| (r / norm - u).abs() < 1e-6));
+    // `truncate_prompt_tokens`: the input's last tokens, as their token ids give.
+    let ids: Vec<u64> = serde_json::from_value(reference["prompt_ids"][3].clone()).unwrap();
+    let tail = &ids[ids.len() - 10..];
+    let truncated = embed(&s, &json!({"input": text, "truncate_prompt_tokens": 10}));
+    assert_eq!(truncated["usage"]["prompt_tokens"], 10);
+    let by_tail = embed(&s, &json!({"input": tail}));
+    assert_eq!(vectors(&truncated, "embedding"), vectors(&by_tail, "embedding"));
+    // The 56-token text is within the context of 64; 100 copies of it are not, unless cut.
+    let long = text.as_str().unwrap().repeat(3);
+    let r = s.post("/v1/embeddings", &json!({"input": long}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("maximum context length is 64"), "{}", r.text());
+    let cut = embed(&s, &json!({"input": long, "truncate_prompt_tokens": -1}));
+    assert_eq!(cut["usage"]["prompt_tokens"], 64);
+}
+
+#[test]
+fn bad_requests_are_refused_by_name_and_change_nothing() {
+    let s = server("qwen3-embed");
+    let many: Vec<&str> = vec!["a"; 2049];
+    for (body, needle) in [
+        (json!({"input": ""}), "input 0 is empty"),
+        (json!({"input": ["ok", ""]}), "input 1 is empty"),
+        (json!({"input": []}), "`input` is empty"),
+        (json!({}), "`input` is required"),
+        (json!({"input": many}), "at most 2048"),
+        (json!({"input": 7}), "`input` must be"),
+        (json!({"input": [1, "a"]}), "`input` must be"),
+        (json!({"input": [[1, 2], [100_000]]}), "outside the vocabulary"),
+        (json!({"input": "x", "dimensions": 0}), "`dimensions` must be 1 to 64"),
+        (json!({"input": "x", "dimensions": 65}), "`dimensions` must be 1 to 64"),
+        (json!({"input": "x", "encoding_format": "int8"}), "`encoding_format`"),
+        (json!({"input": "x", "truncate_prompt_tokens": 0}), "truncate_prompt_tokens"),
+        (json!({"input": "x", "truncate_prompt_tokens": 65}), "truncate_prompt_tokens"),
+        (json!({"input": "x", "messages": []}), "unknown field `messages`"),
+        (json!({"input": "x", "model": "other"}), "does not exist"),
+    ] {
+        let r = s.post("/v1/embeddings", &body);
+        assert!(r.status == 400 || r.status == 404, "{body}: {} {}", r.status, r.text());
+        assert!(r.text().contains(needle), "{body}: {}", r.text());
+    }
+    let r =
+        s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("pooling model"), "{}", r.text());
+    // Nothing was left behind: every refused request is gone, and the server still answers.
+    let r = embed(&s, &json!({"input": "still here"}));
+    assert_eq!(r["data"].as_array().unwrap().len(), 1);
+    assert_eq!(s.state.loaded().unwrap().engine.stats().num_running, 0);
+}
+
+#[test]
+fn a_generative_server_answers_vllm_s_error() {
+    let s = TestServer::start(default_config());
+    for path in ["/v1/embeddings", "/pooling"] {
+        let r = s.post(path, &json!({"input": "hello"}));
+        assert_eq!(r.status, 400, "{path}");
+        assert!(r.text().contains("does not support"), "{path}: {}", r.text());
+    }
+}
