@@ -11,6 +11,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{Runner, cpu};
+use kiln_models::gguf::GgufValue;
 use kiln_models::{
     LoadOptions, LogitsWanted, PoolAccumulator, PoolerConfig, PoolingType, load_model,
     load_model_with,
@@ -192,4 +193,33 @@ fn a_base_model_without_its_head_loads_only_for_pooling() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("loaded for pooling"), "{e}");
+}
+
+/// A GGUF embedding model (llama.cpp's converter writes `{arch}.pooling_type`; 3 is last):
+/// the qwen3 fixture's weights, which `qwen3-embed` holds too, as a GGUF file. Read as a
+/// pooler, loaded for pooling, it gives sentence-transformers' vectors.
+#[test]
+fn a_gguf_with_a_pooling_type_gives_the_same_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let pooling = [("qwen3.pooling_type", GgufValue::U32(3))];
+    let path = common::gguf::convert_with("qwen3", "qwen3", dir.path(), &pooling);
+    let config = PoolerConfig::of_model(&path).unwrap().unwrap();
+    assert_eq!(config, PoolerConfig { pooling: PoolingType::Last, normalize: true });
+    let options = LoadOptions { pooling: true, ..LoadOptions::default() };
+    let mut runner = Runner::with(load_model_with(&path, &options, &cpu()).unwrap());
+    let want = reference("qwen3-embed");
+    let got = embed(&mut runner, config, &want.prompt_ids, usize::MAX);
+    for (i, (g, w)) in got.iter().zip(&want.embeddings).enumerate() {
+        assert_close(g, w, &format!("GGUF text {i}"));
+    }
+    // Mean and CLS by number; rank (4) is refused by name; none (0) declares no pooler.
+    for (value, want) in [(1, Some(PoolingType::Mean)), (2, Some(PoolingType::Cls)), (0, None)] {
+        let pooling = [("qwen3.pooling_type", GgufValue::U32(value))];
+        let path = common::gguf::convert_with("qwen3", "qwen3", dir.path(), &pooling);
+        assert_eq!(PoolerConfig::of_model(&path).unwrap().map(|c| c.pooling), want);
+    }
+    let rank = [("qwen3.pooling_type", GgufValue::U32(4))];
+    let path = common::gguf::convert_with("qwen3", "qwen3", dir.path(), &rank);
+    let e = PoolerConfig::of_model(&path).unwrap_err().to_string();
+    assert!(e.contains("rank"), "{e}");
 }

@@ -190,6 +190,11 @@ pub fn num_experts(cfg: &Value) -> u64 {
 
 /// Writes `fixture`'s weights and config as a GGUF of architecture `arch`.
 pub fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
+    convert_with(name, arch, dir, &[])
+}
+
+/// [`convert`] with more metadata (`{arch}.pooling_type` of an embedding model).
+pub fn convert_with(name: &str, arch: &str, dir: &Path, extra: &[(&str, GgufValue)]) -> PathBuf {
     let src = fixture(name);
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
@@ -201,6 +206,9 @@ pub fn convert(name: &str, arch: &str, dir: &Path) -> PathBuf {
     let num_experts = num_experts(&cfg);
     let mut w = GgufWriter::new();
     write_config(&mut w, arch, &cfg);
+    for (key, value) in extra {
+        w.metadata(key, value.clone());
+    }
     write_vocab(&mut w, &src, num("vocab_size") as usize);
     let store = WeightStore::open_dir(&src).unwrap();
     for l in 0..layers {
