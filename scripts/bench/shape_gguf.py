@@ -4,9 +4,11 @@ read one file with both kiln and llama.cpp (quantize it with `llama-quantize` fi
 
     python3 scripts/bench/shape_gguf.py SHAPE TOKENIZER_GGUF OUT.gguf
 
-SHAPE is `llama-3.2-1b`, `llama-3.1-8b` or `qwen3-30b-a3b-12l` (Qwen3-30B-A3B's tensors with 12
+SHAPE is `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-30b-a3b-12l` (Qwen3-30B-A3B's tensors with 12
 of its 48 layers: 128 experts of FFN 768 per layer, 8 per token, stacked in one
-`ffn_*_exps` tensor per layer as llama.cpp writes them); `tiny-256` and `tiny-moe-256` are the
+`ffn_*_exps` tensor per layer as llama.cpp writes them) or `qwen3-embedding-0.6b`
+(Qwen3-Embedding-0.6B: a Qwen3 decoder with q/k norms and head dim 128, `qwen3.pooling_type`
+3, last-token pooling, as llama.cpp's converter writes an embedding model); `tiny-256` and `tiny-moe-256` are the
 small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (rows of 256, the K-quants'
 block, and weights of std 0.08 so that the logits spread). The tokenizer (vocabulary, scores, token types,
 special ids) is copied from TOKENIZER_GGUF (the default model's file is fine) and cut or padded
@@ -18,7 +20,7 @@ Needs the `gguf` and `numpy` packages.
 import sys
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, PoolingType
 from gguf.constants import TokenType
 
 SHAPES = {
@@ -26,9 +28,13 @@ SHAPES = {
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
     "qwen3-30b-a3b-12l": (2048, 6144, 12, 32, 4, 151936, False, 1000000.0),
+    "qwen3-embedding-0.6b": (1024, 3072, 28, 16, 8, 151669, True, 1000000.0),
     "tiny-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
     "tiny-moe-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
 }
+# Dense shapes of another architecture than llama: architecture, head dim (with q/k norms),
+# llama.cpp's pooling type (0: none).
+DENSE = {"qwen3-embedding-0.6b": ("qwen3", 128, 3)}
 # Weight std by shape (default 0.02).
 STD = {"tiny-256": 0.08, "tiny-moe-256": 0.08}
 # The mixture-of-experts shapes: architecture, head dim, experts, experts per token, expert FFN.
@@ -66,10 +72,10 @@ def tokenizer(path, vocab):
     return model, tokens, scores, types, specials
 
 
-def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None):
+def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None, qk_head_dim=None):
     """(name, numpy shape in row-major order, is a norm) for every tensor: float32 for norms
-    and the router, f16 for the rest."""
-    head_dim = experts[1] if experts else hidden // heads
+    and the router, f16 for the rest. `qk_head_dim`: a dense Qwen3's head dim (q/k norms)."""
+    head_dim = experts[1] if experts else qk_head_dim or hidden // heads
     yield "token_embd.weight", (vocab, hidden), False
     for i in range(layers):
         b = f"blk.{i}."
@@ -78,7 +84,7 @@ def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None):
         yield b + "attn_k.weight", (kv_heads * head_dim, hidden), False
         yield b + "attn_v.weight", (kv_heads * head_dim, hidden), False
         yield b + "attn_output.weight", (hidden, heads * head_dim), False
-        if experts:
+        if experts or qk_head_dim:
             yield b + "attn_q_norm.weight", (head_dim,), True
             yield b + "attn_k_norm.weight", (head_dim,), True
         yield b + "ffn_norm.weight", (hidden,), True
@@ -105,8 +111,9 @@ def main():
     model, tokens, scores, types, specials = tokenizer(tok_path, vocab)
 
     experts = EXPERTS.get(name)
-    arch = experts[0] if experts else "llama"
-    head_dim = experts[1] if experts else hidden // heads
+    dense_arch, qk_head_dim, pooling = DENSE.get(name, ("llama", None, 0))
+    arch = experts[0] if experts else dense_arch
+    head_dim = experts[1] if experts else qk_head_dim or hidden // heads
     w = GGUFWriter(out, arch)
     w.add_name(f"random-weight {name} shape")
     w.add_context_length(8192)
@@ -117,7 +124,12 @@ def main():
     w.add_head_count_kv(kv_heads)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(theta)
-    w.add_layer_norm_rms_eps(1e-6 if experts else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if experts or qk_head_dim else 1e-5)
+    if qk_head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if pooling:
+        w.add_pooling_type(PoolingType(pooling))
     if experts:
         _, _, n, k, width = experts
         w.add_key_length(head_dim)
@@ -135,7 +147,7 @@ def main():
         getattr(w, {"unknown": "add_unk_token_id", "padding": "add_pad_token_id"}.get(
             key, f"add_{key}_token_id"))(value)
 
-    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts))
+    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts, qk_head_dim))
     for tname, shape, norm in specs:
         dtype = np.float32 if norm else np.float16
         w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,

@@ -1,6 +1,7 @@
 //! The HTTP side of `kiln bench serve`: one streaming request to an OpenAI-compatible
 //! `/v1/completions` or `/v1/chat/completions` endpoint (kiln, vLLM, llama.cpp's llama-server),
-//! timed chunk by chunk. `http://` or `https://` (rustls, the webpki root certificates); one
+//! timed chunk by chunk, or one `/v1/embeddings` request (whole: its TTFT is its latency, as
+//! in vLLM's `openai-embeddings` client). `http://` or `https://` (rustls, the webpki root certificates); one
 //! connection per request.
 //!
 //! Timing: TTFT is the time to the first chunk that carries text; every later text chunk adds
@@ -29,6 +30,7 @@ const MAX_ERROR_BODY: usize = 64 << 10;
 pub enum EndpointKind {
     Completions,
     Chat,
+    Embeddings,
 }
 
 impl EndpointKind {
@@ -37,7 +39,11 @@ impl EndpointKind {
         match path.trim_end_matches('/') {
             p if p.ends_with("/chat/completions") => Ok(Self::Chat),
             p if p.ends_with("/completions") => Ok(Self::Completions),
-            p => bail!("--endpoint must be /v1/completions or /v1/chat/completions, got `{p}`"),
+            p if p.ends_with("/embeddings") => Ok(Self::Embeddings),
+            p => bail!(
+                "--endpoint must be /v1/completions, /v1/chat/completions or /v1/embeddings, \
+                 got `{p}`"
+            ),
         }
     }
 }
@@ -155,8 +161,13 @@ impl ApiClient {
             EndpointKind::Chat => {
                 json!({ "messages": [{ "role": "user", "content": req.prompt }] })
             }
+            EndpointKind::Embeddings => json!({ "input": req.prompt }),
         };
         body["model"] = json!(req.model.as_deref().unwrap_or(&self.target.model));
+        if self.kind == EndpointKind::Embeddings {
+            self.extend(&mut body, req);
+            return body;
+        }
         body["max_tokens"] = json!(req.output_len);
         body["temperature"] = json!(self.target.temperature.unwrap_or(0.0));
         body["stream"] = json!(true);
@@ -164,6 +175,12 @@ impl ApiClient {
         if self.target.ignore_eos {
             body["ignore_eos"] = json!(true);
         }
+        self.extend(&mut body, req);
+        body
+    }
+
+    /// A request's priority and `--extra-body`'s fields on `body`.
+    fn extend(&self, body: &mut Value, req: &BenchRequest) {
         if let Some(priority) = req.priority {
             body["priority"] = json!(priority);
         }
@@ -172,7 +189,6 @@ impl ApiClient {
                 body[k.as_str()] = v.clone();
             }
         }
-        body
     }
 
     /// Sends one request and times its stream; failures are in the outcome, never an `Err`.
@@ -217,6 +233,10 @@ impl ApiClient {
             }
             bail!("HTTP {status}: {}", error_message(&String::from_utf8_lossy(&text)));
         }
+        if self.kind == EndpointKind::Embeddings {
+            let whole = body.collect().await.context("reading the response")?.to_bytes();
+            return Self::embeddings(&whole, start, out);
+        }
         let mut parser = SseParser::default();
         let mut last_chunk: Option<Instant> = None;
         let mut done = false;
@@ -232,6 +252,24 @@ impl ApiClient {
         if !done {
             bail!("the stream ended without `data: [DONE]`");
         }
+        out.success = true;
+        Ok(())
+    }
+
+    /// A whole `/v1/embeddings` response: its vectors counted, its usage read; the first (and
+    /// only) output is the response itself.
+    fn embeddings(body: &[u8], start: Instant, out: &mut Outcome) -> anyhow::Result<()> {
+        let v: Value = serde_json::from_slice(body).context("the response is not JSON")?;
+        let Some(data) = v.get("data").and_then(Value::as_array).filter(|d| !d.is_empty()) else {
+            bail!("the response has no `data`: {}", error_message(&String::from_utf8_lossy(body)));
+        };
+        if data.iter().any(|d| d.get("embedding").is_none()) {
+            bail!("an item of `data` has no `embedding`");
+        }
+        out.ttft = start.elapsed().as_secs_f64();
+        let prompt = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64);
+        out.usage_prompt_tokens = prompt.map(|p| p as usize);
+        out.usage_output_tokens = Some(0);
         out.success = true;
         Ok(())
     }
@@ -262,6 +300,7 @@ impl ApiClient {
         let text = match self.kind {
             EndpointKind::Completions => choice.get("text"),
             EndpointKind::Chat => delta.and_then(|d| d.get("content")),
+            EndpointKind::Embeddings => None,
         };
         let text = text.and_then(Value::as_str).unwrap_or_default();
         // A chunk carries output when it has text, tool calls or the finish: tokens that
@@ -311,7 +350,8 @@ mod tests {
     fn endpoint_kinds() {
         assert_eq!(EndpointKind::of_path("/v1/completions").unwrap(), EndpointKind::Completions);
         assert_eq!(EndpointKind::of_path("/v1/chat/completions/").unwrap(), EndpointKind::Chat);
-        assert!(EndpointKind::of_path("/v1/embeddings").is_err());
+        assert_eq!(EndpointKind::of_path("/v1/embeddings").unwrap(), EndpointKind::Embeddings);
+        assert!(EndpointKind::of_path("/v1/rerank").is_err());
     }
 
     #[test]
@@ -383,6 +423,29 @@ mod tests {
             ],
         );
         assert!(out.ttft >= 0.05 && out.itl.len() == 1 && out.text == "x", "{out:?}");
+    }
+
+    #[test]
+    fn embeddings_bodies_and_responses() {
+        let c = ApiClient::new(target("/v1/embeddings")).unwrap();
+        let req = BenchRequest {
+            prompt: "hi".into(),
+            prompt_len: 1,
+            output_len: 7,
+            priority: Some(2),
+            model: None,
+        };
+        let b = c.body(&req);
+        assert_eq!(b, json!({"input": "hi", "model": "m", "priority": 2}));
+        let start = Instant::now().checked_sub(Duration::from_millis(50)).unwrap();
+        let mut out = Outcome::default();
+        let ok = br#"{"data":[{"embedding":[0.5]}],"usage":{"prompt_tokens":3}}"#;
+        ApiClient::embeddings(ok, start, &mut out).unwrap();
+        assert!(out.success && out.ttft >= 0.05, "{out:?}");
+        assert_eq!((out.usage_prompt_tokens, out.usage_output_tokens), (Some(3), Some(0)));
+        for bad in [&br#"{"data":[]}"#[..], br#"{"data":[{"index":0}]}"#, b"not json"] {
+            assert!(ApiClient::embeddings(bad, start, &mut Outcome::default()).is_err());
+        }
     }
 
     #[test]

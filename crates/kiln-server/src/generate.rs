@@ -34,8 +34,14 @@ pub fn start_all(
     max_tokens_param: Option<usize>,
 ) -> Result<Vec<Sequence>, ApiError> {
     let slots = state.reserve(specs.len())?;
-    let max_tokens: Vec<usize> =
-        specs.iter().step_by(n.max(1)).map(|s| s.request.params().max_tokens).collect();
+    // A pooling request has no sampling parameters to record (vLLM records none).
+    let pooling = specs.iter().any(|s| s.request.pooling().is_some());
+    let max_tokens: Vec<usize> = specs
+        .iter()
+        .step_by(n.max(1))
+        .filter(|_| !pooling)
+        .map(|s| s.request.params().max_tokens)
+        .collect();
     let seqs = specs
         .into_iter()
         .zip(slots)

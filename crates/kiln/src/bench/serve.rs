@@ -23,6 +23,8 @@ pub enum Backend {
     Openai,
     /// `/v1/chat/completions`.
     OpenaiChat,
+    /// `/v1/embeddings`: each prompt one input; a request's TTFT is its latency.
+    OpenaiEmbeddings,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -47,7 +49,8 @@ pub struct ServeBenchArgs {
     /// id or `gemma-3-270m`; default: --model when it names one, else the default model.
     #[arg(long)]
     pub tokenizer: Option<String>,
-    /// `openai` (/v1/completions; `vllm` is the same) or `openai-chat` (/v1/chat/completions).
+    /// `openai` (/v1/completions; `vllm` is the same), `openai-chat` (/v1/chat/completions)
+    /// or `openai-embeddings` (/v1/embeddings).
     #[arg(long, value_enum, default_value = "openai")]
     pub backend: Backend,
     /// The endpoint; default: the --backend's.
@@ -139,6 +142,7 @@ impl ServeBenchArgs {
             match self.backend {
                 Backend::Openai => "/v1/completions",
                 Backend::OpenaiChat => "/v1/chat/completions",
+                Backend::OpenaiEmbeddings => "/v1/embeddings",
             }
             .into()
         })
@@ -173,6 +177,7 @@ fn backend_name(b: Backend) -> &'static str {
     match b {
         Backend::Openai => "openai",
         Backend::OpenaiChat => "openai-chat",
+        Backend::OpenaiEmbeddings => "openai-embeddings",
     }
 }
 
