@@ -9,6 +9,7 @@
 //! dequantizes to the same bits).
 
 mod dequant;
+mod fit;
 pub mod formats;
 pub mod iq;
 mod iq_grids;

@@ -7,6 +7,7 @@
 
 use half::{bf16, f16};
 
+use super::fit::{fit_scale_min_8, round_half_away};
 use super::formats::{GgmlType, QK, QK_K};
 
 /// Quantizes one row: `src` (`[cols]`, a multiple of `ty.block_elems()`) into `dst`
@@ -77,62 +78,10 @@ fn quantize_qx_0(x: &[f32], b: &mut [u8], five_bits: bool) {
     }
 }
 
-/// Best `(scale, min)` with `x ≈ scale·q − min`, `q in 0..=nmax`, `min >= 0`, by least squares
-/// over a few candidate scales.
-fn fit_scale_min(x: &[f32], nmax: u8) -> (f32, f32) {
-    let lo = x.iter().fold(0.0f32, |a, v| a.min(*v));
-    let hi = x.iter().fold(f32::MIN, |a, v| a.max(*v));
-    if hi <= lo {
-        return (0.0, -lo);
-    }
-    let nmax_f = f32::from(nmax);
-    let mut best = (f32::INFINITY, (hi - lo) / nmax_f, -lo);
-    for step in 0..=20 {
-        let iscale = (nmax_f - 1.0 + 0.1 * step as f32) / (hi - lo);
-        let (mut sl, mut sl2, mut sx, mut sxl) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
-        for v in x {
-            let l = ((v - lo) * iscale).round().clamp(0.0, nmax_f);
-            sl += l;
-            sl2 += l * l;
-            sx += v;
-            sxl += v * l;
-        }
-        let n = x.len() as f32;
-        let det = n * sl2 - sl * sl;
-        if det <= 0.0 {
-            continue;
-        }
-        let mut a = (n * sxl - sl * sx) / det;
-        let mut b = (sl2 * sx - sl * sxl) / det;
-        if b > 0.0 {
-            b = 0.0;
-            a = sxl / sl2;
-        }
-        if a <= 0.0 {
-            continue;
-        }
-        let err: f32 = x
-            .iter()
-            .map(|v| {
-                let l = ((v - b) / a).round().clamp(0.0, nmax_f);
-                (a * l + b - v).powi(2)
-            })
-            .sum();
-        if err < best.0 {
-            best = (err, a, -b);
-        }
-    }
-    (best.1, best.2)
-}
-
 /// Q4_K (`five_bits == false`) and Q5_K.
 fn quantize_k45(x: &[f32], b: &mut [u8], five_bits: bool) {
     let nmax = if five_bits { 31 } else { 15 };
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
-    for s in 0..8 {
-        (scales[s], mins[s]) = fit_scale_min(&x[s * QK..(s + 1) * QK], nmax);
-    }
+    let (scales, mins) = fit_scale_min_8(x, nmax);
     let max_scale = scales.iter().fold(0.0f32, |a, v| a.max(*v));
     let max_min = mins.iter().fold(0.0f32, |a, v| a.max(*v));
     let d = put_f16(&mut b[0..2], max_scale / 63.0);
@@ -152,7 +101,7 @@ fn quantize_k45(x: &[f32], b: &mut [u8], five_bits: bool) {
         for l in 0..QK {
             let v = x[s * QK + l];
             levels[s * QK + l] = if dl > 0.0 {
-                ((v + ml) / dl).round().clamp(0.0, f32::from(nmax)) as u8
+                round_half_away((v + ml) / dl).clamp(0.0, f32::from(nmax)) as u8
             } else {
                 0
             };
