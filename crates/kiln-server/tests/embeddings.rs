@@ -176,6 +176,29 @@ fn bad_requests_are_refused_by_name_and_change_nothing() {
     assert_eq!(s.state.loaded().unwrap().engine.stats().num_running, 0);
 }
 
+/// Pooling requests count in vLLM's request metrics: one success each (finished "stop"), their
+/// prompt tokens, no generated token, no sampling parameters.
+#[test]
+fn pooling_requests_are_counted_in_the_metrics() {
+    let s = server("qwen3-embed");
+    let r = embed(&s, &json!({"input": ["one", "two words", "and three words"]}));
+    let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    let text = s.get("/metrics").text();
+    // The sample of `name` whose labels contain `label`.
+    let value = |name: &str, label: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} {label} missing:\n{text}"))
+    };
+    assert_eq!(value("kiln:request_success_total{", "finished_reason=\"stop\""), 3.0);
+    assert_eq!(value("kiln:prompt_tokens_total{", ""), prompt_tokens as f64);
+    assert_eq!(value("kiln:generation_tokens_total{", ""), 0.0);
+    assert_eq!(value("kiln:e2e_request_latency_seconds_count{", ""), 3.0);
+    assert_eq!(value("kiln:request_params_max_tokens_count{", ""), 0.0);
+}
+
 #[test]
 fn a_generative_server_answers_vllm_s_error() {
     let s = TestServer::start(default_config());
