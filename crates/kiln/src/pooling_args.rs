@@ -85,10 +85,13 @@ impl PoolingArgs {
             Runner::Auto if asked => Runner::Pooling,
             runner => runner,
         };
+        if runner == Runner::Generate {
+            return Ok(None);
+        }
         let declared = PoolerConfig::of_model(path)
             .with_context(|| format!("reading the pooler of {}", path.display()))?;
         let pooling = match runner {
-            Runner::Generate => return Ok(None),
+            Runner::Generate => false,
             Runner::Pooling => true,
             Runner::Auto => declared.is_some() || is_base_model(path)?,
         };
