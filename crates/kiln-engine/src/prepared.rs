@@ -172,7 +172,6 @@ impl PreparedRequest {
         self.adapter
     }
 
-    /// The binding its slot was resolved against, if given.
     /// Makes it a pooling request (an engine of a pooling model takes only these): its
     /// prompt's vector instead of tokens. `params` must ask for one output token.
     #[must_use]
@@ -181,10 +180,12 @@ impl PreparedRequest {
         self
     }
 
+    /// A pooling request's parameters (`None`: a generation request).
     pub fn pooling(&self) -> Option<PoolingParams> {
         self.pooling
     }
 
+    /// The binding its slot was resolved against, if given.
     pub fn adapter_key(&self) -> Option<u64> {
         self.adapter_key
     }

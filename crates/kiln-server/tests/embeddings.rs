@@ -166,6 +166,11 @@ fn bad_requests_are_refused_by_name_and_change_nothing() {
         assert!(r.status == 400 || r.status == 404, "{body}: {} {}", r.status, r.text());
         assert!(r.text().contains(needle), "{body}: {}", r.text());
     }
+    // More inputs than the queue holds (the default test config queues 1024).
+    let queued: Vec<&str> = vec!["a"; 1025];
+    let r = s.post("/v1/embeddings", &json!({"input": queued}));
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("--max-queued-requests"), "{}", r.text());
     let r =
         s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!(r.status, 400);

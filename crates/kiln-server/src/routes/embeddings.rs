@@ -265,6 +265,14 @@ async fn handle(
     let adapter = resolve_model(&state, req.model.as_deref()).await?;
     let (params, base64) = pooling_params(&req, &loaded)?;
     let inputs = input_ids(&loaded, &req).await?;
+    let queue = state.config.max_queued_requests;
+    if inputs.len() > queue {
+        return Err(bad_input(format!(
+            "`input` has {} items, more than the server queues at once ({queue}, \
+             --max-queued-requests); send fewer per request",
+            inputs.len()
+        )));
+    }
     let vocab = loaded.limits.vocab_size;
     let specs = inputs
         .iter()
