@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{
-    Backend, BoundModel, ForwardError, KvCacheDtype, Model, PoolerConfig, PoolingType, StepModel,
-    check_block_size,
+    Backend, BoundModel, Classifier, ForwardError, KvCacheDtype, Model, PoolerConfig, PoolingType,
+    StepModel, check_block_size,
 };
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, ModelRunnerOutput,
@@ -91,6 +91,10 @@ pub struct EngineConfig {
     /// tokens (`pooling.rs`); speculative decoding is refused, and so is the prefix cache
     /// with mean or CLS pooling (they read every row).
     pub pooling: Option<PoolerConfig>,
+    /// A sequence classifier's head on the pooled last token (a cross-encoder reranker): each
+    /// request's output is its scores, not its hidden state. Needs `pooling` with last-token
+    /// pooling, unnormalised.
+    pub classifier: Option<Arc<Classifier>>,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +115,7 @@ impl Default for EngineConfig {
             host_pool: HostPool::serial(),
             max_loras: None,
             pooling: None,
+            classifier: None,
         }
     }
 }
@@ -292,7 +297,7 @@ impl EngineCore {
                 Some(TierHook::new(tier))
             }
         };
-        check_pooling(&config)?;
+        check_pooling(&config, bound.config().hidden_size)?;
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids)
             .with_host_pool(config.host_pool.clone())
@@ -362,6 +367,11 @@ impl EngineCore {
     /// A pooling model's pooler (`None`: a generative engine).
     pub fn pooling(&self) -> Option<PoolerConfig> {
         self.config.pooling
+    }
+
+    /// Whether requests get a classifier's scores (a cross-encoder) instead of hidden states.
+    pub fn has_classifier(&self) -> bool {
+        self.config.classifier.is_some()
     }
 
     /// The model, bound to the engine's KV cache on its backend. Panics while an asynchronous
@@ -532,8 +542,26 @@ impl EngineCore {
 }
 
 /// A pooling engine's settings that cannot work together (module docs of `pooling.rs`).
-fn check_pooling(config: &EngineConfig) -> Result<(), EngineError> {
-    let Some(pooler) = config.pooling else { return Ok(()) };
+fn check_pooling(config: &EngineConfig, hidden_size: usize) -> Result<(), EngineError> {
+    let Some(pooler) = config.pooling else {
+        if config.classifier.is_some() {
+            return Err(EngineError::Config("a classifier needs a pooling engine".into()));
+        }
+        return Ok(());
+    };
+    if let Some(classifier) = &config.classifier {
+        if pooler.pooling != PoolingType::Last || pooler.normalize {
+            return Err(EngineError::Config(
+                "a sequence classifier reads the last token's hidden state, unnormalised".into(),
+            ));
+        }
+        if classifier.width() != hidden_size {
+            return Err(EngineError::Config(format!(
+                "the classifier's rows have {} values; the model's hidden size is {hidden_size}",
+                classifier.width()
+            )));
+        }
+    }
     if config.speculative.is_some() {
         return Err(EngineError::Config("a pooling model runs no speculative decoding".into()));
     }

@@ -47,8 +47,8 @@ pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
 pub use kiln_kv::{BlockHash, KvCacheEvent};
 pub use kiln_models::lora::LoraAdapter;
+pub use kiln_models::{Classifier, PoolerConfig, PoolingType};
 pub use kiln_models::{KvCacheDtype, LoraDtype, ModelConfig};
-pub use kiln_models::{PoolerConfig, PoolingType};
 pub use kiln_sched::{
     AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,
     StepLimits, SwapStats,

@@ -14,8 +14,10 @@
 //! change no bit); mean and CLS pooling read every row, so a pooling engine with them keeps
 //! no prefix cache (`EngineCore::new` refuses one).
 
+use std::sync::Arc;
+
 use kiln_core::TokenId;
-use kiln_models::{PoolAccumulator, PoolerConfig};
+use kiln_models::{Classifier, PoolAccumulator, PoolerConfig};
 
 /// The token a pooling request "generates" when its vector is ready (never shown: the API
 /// layer reads the vector).
@@ -49,24 +51,37 @@ pub(crate) struct PoolState {
     pub(crate) acc: PoolAccumulator,
     normalize: bool,
     dimensions: Option<usize>,
+    /// A classifier's head: the output is its scores of the pooled state.
+    classifier: Option<Arc<Classifier>>,
     /// The finished vector, until it is reported.
     pub(crate) output: Option<Vec<f32>>,
 }
 
 impl PoolState {
-    pub(crate) fn new(config: PoolerConfig, params: PoolingParams, hidden_size: usize) -> Self {
+    pub(crate) fn new(
+        config: PoolerConfig,
+        params: PoolingParams,
+        hidden_size: usize,
+        classifier: Option<Arc<Classifier>>,
+    ) -> Self {
         Self {
             acc: PoolAccumulator::new(config.pooling, hidden_size),
             normalize: params.normalize.unwrap_or(config.normalize),
             dimensions: params.dimensions,
+            classifier,
             output: None,
         }
     }
 
-    /// Finishes the vector once the prompt's last row was added.
+    /// Finishes the vector once the prompt's last row was added (a classifier's scores of
+    /// it, with one).
     pub(crate) fn finish(&mut self) -> Result<(), String> {
         let vector = self.acc.finish(self.normalize, self.dimensions);
-        self.output = Some(vector.ok_or("no hidden row reached the pool")?);
+        let vector = vector.ok_or("no hidden row reached the pool")?;
+        self.output = Some(match &self.classifier {
+            Some(classifier) => classifier.scores(&vector),
+            None => vector,
+        });
         Ok(())
     }
 }

@@ -74,9 +74,22 @@ pub struct ModelConfig {
     /// AWQ / GPTQ / compressed-tensors packed linear layers (`quantization_config`); `None`
     /// for float checkpoints and GGUF files.
     pub packed: Option<PackedQuant>,
-    /// The checkpoint is a base model without an LM head (`architectures: ["Qwen3Model"]`, as
-    /// sentence-transformers saves an embedding model): it serves pooling only.
-    pub headless: bool,
+    /// What sits on the last hidden state: an LM head, none (a base model saved alone, as
+    /// sentence-transformers saves an embedding model), or a sequence classifier.
+    pub head: OutputHead,
+}
+
+/// What sits on the decoder's last hidden state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputHead {
+    /// A language-model head (`*ForCausalLM`): logits over the vocabulary.
+    Lm,
+    /// None (`architectures: ["Qwen3Model"]`): the model serves pooling only.
+    None,
+    /// A sequence classifier (`*ForSequenceClassification`: `score.weight`, `num_labels`
+    /// rows), applied to the last token's hidden state: the model serves scores only (a
+    /// cross-encoder reranker).
+    Classifier { num_labels: usize },
 }
 
 /// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
@@ -242,9 +255,7 @@ impl ModelConfig {
             })?;
             return Ok(Self { packed, ..Self::from_json(&text, path)? });
         }
-        // A base model (`Qwen3Model`) is its causal LM's decoder without the head.
-        let (family_name, headless) =
-            Architecture::base_model_of(arch_name).map_or((arch_name, false), |c| (c, true));
+        let (family_name, head) = output_head(&f, arch_name)?;
         let architecture = Architecture::from_hf(family_name).ok_or_else(|| {
             LoadError::UnsupportedArchitecture {
                 path: path.to_path_buf(),
@@ -317,7 +328,7 @@ impl ModelConfig {
             qk_norm: false,
             moe: None,
             packed,
-            headless,
+            head,
         };
         let ctx = HfContext { window, keyed_local_theta, longrope };
         architecture.apply_hf(&f, &ctx, &mut config)?;
@@ -402,3 +413,29 @@ fn long_rope_settings(f: &Fields<'_>) -> Option<Value> {
 pub(crate) mod gguf;
 #[cfg(test)]
 mod tests;
+
+/// The causal LM an `architectures` entry's decoder is, and the head on it: a base model
+/// (`Qwen3Model`) is its causal LM's decoder without the head, a sequence classifier the same
+/// decoder with a `score` head.
+fn output_head<'a>(f: &Fields<'_>, arch_name: &'a str) -> Result<(&'a str, OutputHead), LoadError> {
+    Ok(if let Some(causal) = Architecture::base_model_of(arch_name) {
+        (causal, OutputHead::None)
+    } else if let Some(causal) = Architecture::classifier_of(arch_name) {
+        (causal, OutputHead::Classifier { num_labels: num_labels(f)? })
+    } else {
+        (arch_name, OutputHead::Lm)
+    })
+}
+
+/// A classifier's labels: `num_labels`, else the size of `id2label`, else transformers'
+/// default of 2.
+fn num_labels(f: &Fields<'_>) -> Result<usize, LoadError> {
+    let n = match f.opt_usize("num_labels")? {
+        Some(n) => n,
+        None => f.json.get("id2label").and_then(Value::as_object).map_or(2, serde_json::Map::len),
+    };
+    if n == 0 || n > 1 << 16 {
+        return Err(f.err(format!("num_labels = {n}: expected 1 to 65536")));
+    }
+    Ok(n)
+}

@@ -25,7 +25,7 @@ mod pooling;
 mod safetensors_store;
 mod weights;
 
-pub use config::{Architecture, ModelConfig, MoeConfig};
+pub use config::{Architecture, ModelConfig, MoeConfig, OutputHead};
 pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{
@@ -38,5 +38,5 @@ pub use model::{BoundModel, Model, StepModel};
 pub use packed::{
     PackedMethod, PackedQuant, check_method as check_packed_method, repack_growth_bytes,
 };
-pub use pooling::{PoolAccumulator, PoolerConfig, PoolingType};
+pub use pooling::{Classifier, PoolAccumulator, PoolerConfig, PoolingType};
 pub use safetensors_store::WeightStore;

@@ -7,19 +7,22 @@ use std::sync::Arc;
 use kiln_backend::{Backend, GgmlType};
 use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
+use crate::config::OutputHead;
 use crate::decoder::DecoderModel;
 use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
 use crate::packed::PackedWeights;
 use crate::weights::{FusedParts, TextModelOf, WeightSource, Weights};
-use crate::{LoadError, Model, ModelConfig, WeightStore};
+use crate::{Classifier, LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
 pub struct LoadedModel<B: Backend> {
     pub model: Box<dyn Model<B>>,
     pub tokenizer: Tokenizer,
     pub generation_defaults: GenerationDefaults,
+    /// A sequence classifier's head (`*ForSequenceClassification`), read to the host.
+    pub classifier: Option<Classifier>,
 }
 
 /// How to load a model.
@@ -56,12 +59,22 @@ pub fn load_model_with<B: Backend>(
         ));
     }
     let config = ModelConfig::from_file(&path.join("config.json"))?;
-    if config.headless && !options.pooling {
-        return Err(LoadError::format(
-            path,
-            "the checkpoint is a base model without an LM head (an embedding model): it \
-             serves pooling only (--runner pooling)",
-        ));
+    match config.head {
+        OutputHead::None if !options.pooling => {
+            return Err(LoadError::format(
+                path,
+                "the checkpoint is a base model without an LM head (an embedding model): it \
+                 serves pooling only (--runner pooling)",
+            ));
+        }
+        OutputHead::Classifier { .. } if !options.pooling => {
+            return Err(LoadError::format(
+                path,
+                "the checkpoint is a sequence classifier (a cross-encoder): it serves scores \
+                 only (--runner pooling)",
+            ));
+        }
+        _ => {}
     }
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
@@ -90,8 +103,19 @@ pub fn load_model_with<B: Backend>(
         source = f;
     }
     let weights = Weights { source, naming, backend: &**backend, quantize: options.quantization };
+    let classifier = match config.head {
+        OutputHead::Classifier { num_labels } => {
+            let (name, h) = ("score.weight", config.hidden_size);
+            let weight = source
+                .matrix(name, num_labels, h)?
+                .to_f32_vec()
+                .ok_or_else(|| LoadError::format(path, format!("{name}: not a float tensor")))?;
+            Classifier::new(num_labels, weight)
+        }
+        _ => None,
+    };
     let model = DecoderModel::load(config, &weights, Arc::clone(backend), !options.pooling)?;
-    Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults })
+    Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults, classifier })
 }
 
 /// Loads only the tokenizer of the model at `path` (an HF directory or a `.gguf` file),
@@ -142,5 +166,6 @@ fn load_gguf<B: Backend>(
         model: Box::new(model),
         tokenizer,
         generation_defaults: GenerationDefaults::default(),
+        classifier: None,
     })
 }

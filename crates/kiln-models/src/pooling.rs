@@ -134,6 +134,51 @@ impl PoolerConfig {
     }
 }
 
+/// A sequence classifier's head (a cross-encoder's `score`), applied on the host to a pooled
+/// last-token hidden state: `num_labels` logits, then the sigmoid of the one logit (a
+/// relevance score, as vLLM's `/score` gives it) or the softmax over several labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Classifier {
+    num_labels: usize,
+    /// `[num_labels, hidden]`
+    weight: Vec<f32>,
+}
+
+impl Classifier {
+    /// `weight` is `[num_labels, hidden]`; `None` when its length is not a multiple.
+    pub fn new(num_labels: usize, weight: Vec<f32>) -> Option<Self> {
+        (num_labels > 0 && weight.len().is_multiple_of(num_labels) && !weight.is_empty())
+            .then_some(Self { num_labels, weight })
+    }
+
+    pub fn num_labels(&self) -> usize {
+        self.num_labels
+    }
+
+    /// The hidden size its rows take.
+    pub fn width(&self) -> usize {
+        self.weight.len() / self.num_labels
+    }
+
+    /// The scores of `hidden` (`[hidden]`): each label's logit, a dot product summed in
+    /// element order, then the activation.
+    pub fn scores(&self, hidden: &[f32]) -> Vec<f32> {
+        let width = self.weight.len() / self.num_labels;
+        let logits: Vec<f32> = self
+            .weight
+            .chunks_exact(width)
+            .map(|row| row.iter().zip(hidden).map(|(w, h)| w * h).sum())
+            .collect();
+        if let [logit] = logits[..] {
+            return vec![1.0 / (1.0 + (-logit).exp())];
+        }
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+        let sum: f32 = exp.iter().sum();
+        exp.iter().map(|e| e / sum).collect()
+    }
+}
+
 /// One sequence's pooled vector being gathered from its final hidden rows, chunk by chunk.
 ///
 /// Rows come in position order; a chunk starting at position 0 starts again (a request
@@ -346,6 +391,20 @@ mod tests {
         let short = mean.finish(true, Some(2)).unwrap();
         assert_eq!(short.len(), 2);
         assert!((short[0].hypot(short[1]) - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn classifier_scores_are_a_sigmoid_or_a_softmax() {
+        let one = Classifier::new(1, vec![1.0, -2.0]).unwrap();
+        let got = one.scores(&[0.5, 0.25])[0];
+        assert!((got - 0.5).abs() < 1e-7, "the sigmoid of 0 is 0.5, got {got}");
+        let three = Classifier::new(3, vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]).unwrap();
+        let p = three.scores(&[2.0, -1.0]);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(p[0] > p[2] && p[2] > p[1], "{p:?}");
+        assert_eq!(three.width(), 2);
+        assert!(Classifier::new(3, vec![1.0; 4]).is_none());
+        assert!(Classifier::new(0, vec![]).is_none());
     }
 
     #[test]

@@ -223,3 +223,35 @@ fn a_gguf_with_a_pooling_type_gives_the_same_vectors() {
     let e = PoolerConfig::of_model(&path).unwrap_err().to_string();
     assert!(e.contains("rank"), "{e}");
 }
+
+/// A cross-encoder (`Qwen3ForSequenceClassification`, one label) loads for pooling only, with
+/// its score head on the host; its tokenizer encodes pairs as transformers does, and the
+/// classifier on the last token's hidden state gives sentence-transformers' `CrossEncoder`
+/// scores.
+#[test]
+fn a_cross_encoder_gives_cross_encoder_scores() {
+    let dir = fixture("qwen3-rerank");
+    let config = kiln_models::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    assert_eq!(config.head, kiln_models::OutputHead::Classifier { num_labels: 1 });
+    let e = load_model(&dir, &cpu()).err().unwrap().to_string();
+    assert!(e.contains("sequence classifier"), "{e}");
+    let options = LoadOptions { pooling: true, ..LoadOptions::default() };
+    let loaded = load_model_with(&dir, &options, &cpu()).unwrap();
+    let classifier = loaded.classifier.clone().unwrap();
+    assert_eq!(classifier.num_labels(), 1);
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let pair_ids: Vec<Vec<u32>> = serde_json::from_value(v["pair_ids"].clone()).unwrap();
+    let scores: Vec<f32> = serde_json::from_value(v["scores"].clone()).unwrap();
+    let query = v["query"].as_str().unwrap();
+    for (doc, ids) in v["documents"].as_array().unwrap().iter().zip(&pair_ids) {
+        assert_eq!(&loaded.tokenizer.encode_pair(query, doc.as_str().unwrap(), true).unwrap(), ids);
+    }
+    let mut runner = Runner::with(loaded);
+    let last = PoolerConfig { pooling: PoolingType::Last, normalize: false };
+    let hidden = embed(&mut runner, last, &pair_ids, usize::MAX);
+    for (i, (h, want)) in hidden.iter().zip(&scores).enumerate() {
+        let got = classifier.scores(h);
+        assert!((got[0] - want).abs() < 1e-4, "pair {i}: {} vs {want}", got[0]);
+    }
+}

@@ -2,7 +2,9 @@
 //! endpoint that runs model work needs `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
 //! Anthropic's clients send it): all of `/v1/` (checked
 //! before routing, so an unknown `/v1/` path is a 401 too, not a 404 that reveals what exists),
-//! `/tokenize`, `/detokenize` and `/lora-adapters` (it names files). `/health`, `/metrics` and `/version` stay open for probes and
+//! `/tokenize`, `/detokenize`, `/lora-adapters` (it names files) and vLLM's pooling routes
+//! outside `/v1/` (`/pooling`, `/score`, `/rerank`, `/v2/rerank`). `/health`, `/metrics` and
+//! `/version` stay open for probes and
 //! scrapers. Each key is compared in constant time over its bytes, so timing reveals at most
 //! the keys' lengths.
 
@@ -32,6 +34,8 @@ pub fn is_protected(path: &str) -> bool {
         || path == "/tokenize"
         || path == "/detokenize"
         || path == "/lora-adapters"
+        || path.starts_with("/v2/")
+        || ["/pooling", "/score", "/rerank"].contains(&path)
 }
 
 pub async fn require_api_key(
@@ -83,6 +87,8 @@ mod tests {
     fn model_work_is_protected_probes_are_not() {
         for p in
             ["/v1/completions", "/v1/nope", "/v1", "/tokenize", "/detokenize", "/lora-adapters"]
+                .into_iter()
+                .chain(["/pooling", "/score", "/rerank", "/v2/rerank"])
         {
             assert!(is_protected(p), "{p}");
         }

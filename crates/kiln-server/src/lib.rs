@@ -116,6 +116,7 @@ pub fn load(
     let lora = Arc::new(LoraRegistry::bind_at_load(&config.lora, &mut core)?);
     let block_size = core.scheduler().kv_cache().block_size();
     let (pooling, hidden_size) = (core.pooling(), core.model().config().hidden_size);
+    let cross_encoder = core.has_classifier();
     let kv_events = match &config.kv_events {
         Some(events) => {
             if !core.scheduler().kv_cache().prefix_caching() {
@@ -172,6 +173,7 @@ pub fn load(
         lora,
         pooling,
         hidden_size,
+        cross_encoder,
     })
 }
 
@@ -194,6 +196,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/embeddings", post(routes::embeddings::embeddings))
         .route("/pooling", post(routes::embeddings::pooling))
+        .route("/score", post(routes::score::score))
+        .route("/v1/score", post(routes::score::score))
+        .route("/rerank", post(routes::score::rerank))
+        .route("/v1/rerank", post(routes::score::rerank))
+        .route("/v2/rerank", post(routes::score::rerank))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route(

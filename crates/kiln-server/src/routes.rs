@@ -9,6 +9,7 @@ pub mod format;
 pub mod lora;
 pub mod misc;
 pub mod render;
+pub mod score;
 
 use std::sync::Arc;
 

@@ -46,6 +46,9 @@ pub struct Loaded {
     pub pooling: Option<kiln_engine::PoolerConfig>,
     /// The model's hidden size (a pooling model's embedding size).
     pub hidden_size: usize,
+    /// A cross-encoder: pooling requests give a classifier's score of a text pair (`/score`,
+    /// `/rerank`), not an embedding.
+    pub cross_encoder: bool,
 }
 
 pub struct ServerState {

@@ -256,6 +256,29 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of the pair `(first, second)` as transformers' `tokenizer(first, second)`
+    /// encodes it (a cross-encoder's input): the HF post-processor's pair template with
+    /// `add_special_tokens`, else the two encodings back to back. Only Hugging Face tokenizers
+    /// define a pair encoding; a GGUF file's tokenizer is refused.
+    pub fn encode_pair(
+        &self,
+        first: &str,
+        second: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, String> {
+        let Backend::Hf(t) = &self.backend else {
+            return Err("encoding a text pair needs the model's Hugging Face tokenizer \
+                        (tokenizer.json); a GGUF file's tokenizer defines no pair encoding"
+                .into());
+        };
+        let encoding = t.encode((first, second), add_special_tokens).map_err(|e| e.to_string())?;
+        let mut ids = encoding.get_ids().to_vec();
+        if add_special_tokens {
+            self.add_bos_eos(&mut ids);
+        }
+        Ok(ids)
+    }
+
     /// Prepends BOS when `add_bos_token` asks for one that is not there yet; appends a GGUF
     /// `add_eos_token` EOS.
     fn add_bos_eos(&self, ids: &mut Vec<u32>) {

@@ -5,12 +5,13 @@
 //!
 //! `auto` serves a checkpoint for pooling when it is an embedding model: a base model saved
 //! without its head (`Qwen3Model`), a sentence-transformers directory (`modules.json`), or a
-//! GGUF file with a pooling type; any other model is served for generation.
+//! GGUF file with a pooling type; or a cross-encoder (`*ForSequenceClassification`, scored on
+//! its last token, unnormalised); any other model is served for generation.
 
 use std::path::Path;
 
 use anyhow::Context;
-use kiln_models::{ModelConfig, PoolerConfig, PoolingType};
+use kiln_models::{ModelConfig, OutputHead, PoolerConfig, PoolingType};
 use serde_json::Value;
 
 /// What the model serves.
@@ -90,15 +91,23 @@ impl PoolingArgs {
         }
         let declared = PoolerConfig::of_model(path)
             .with_context(|| format!("reading the pooler of {}", path.display()))?;
+        let head = checkpoint_head(path)?;
         let pooling = match runner {
             Runner::Generate => false,
             Runner::Pooling => true,
-            Runner::Auto => declared.is_some() || is_base_model(path)?,
+            Runner::Auto => declared.is_some() || head != OutputHead::Lm,
         };
         if !pooling {
             return Ok(None);
         }
-        let mut config = declared.unwrap_or(PoolerConfig::DECODER_DEFAULT);
+        // A sequence classifier reads the last token unnormalised (transformers' rule).
+        let default = match head {
+            OutputHead::Classifier { .. } => {
+                PoolerConfig { pooling: PoolingType::Last, normalize: false }
+            }
+            _ => PoolerConfig::DECODER_DEFAULT,
+        };
+        let mut config = declared.unwrap_or(default);
         if let Some((pooling, normalize)) = overrides {
             config.pooling = pooling.unwrap_or(config.pooling);
             config.normalize = normalize.unwrap_or(config.normalize);
@@ -148,13 +157,13 @@ impl PoolingArgs {
     }
 }
 
-/// Whether `path` is a Hugging Face directory of a base model without its head.
-fn is_base_model(path: &Path) -> anyhow::Result<bool> {
+/// The head of a Hugging Face directory's model (a GGUF file's is an LM head).
+fn checkpoint_head(path: &Path) -> anyhow::Result<OutputHead> {
     let config = path.join("config.json");
     if !config.is_file() {
-        return Ok(false);
+        return Ok(OutputHead::Lm);
     }
-    Ok(ModelConfig::from_file(&config)?.headless)
+    Ok(ModelConfig::from_file(&config)?.head)
 }
 
 #[cfg(test)]
@@ -179,6 +188,8 @@ mod tests {
         // A generative checkpoint served for pooling: vLLM's default.
         let forced = args(Runner::Pooling).resolve(&fixture("models", "llama3")).unwrap();
         assert_eq!(forced, Some(PoolerConfig::DECODER_DEFAULT));
+        let reranker = args(Runner::Auto).resolve(&fixture("embedding", "qwen3-rerank")).unwrap();
+        assert_eq!(reranker, Some(PoolerConfig { pooling: PoolingType::Last, normalize: false }));
     }
 
     #[test]

@@ -507,14 +507,15 @@ fn start<B: kiln_models::Backend>(
         num_experts_per_tok: experts.map_or(0, |m| m.experts_per_token),
         num_sparse_layers: experts.map_or(0, MoeConfig::num_sparse_layers),
     };
-    let LoadedModel { model, mut tokenizer, generation_defaults } = loaded;
+    let LoadedModel { model, mut tokenizer, generation_defaults, classifier } = loaded;
+    let classifier = served_classifier(classifier)?;
     if let Some(spec) = &args.tokenizer {
         let path = spec.resolve()?;
         tokenizer = load_tokenizer(&path)
             .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
     }
     let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
-    let scheduler = scheduler_for_pooling(args, pooler)?;
+    let scheduler = scheduler_for_pooling(args, pooler, classifier.is_some())?;
     let mut engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
@@ -529,6 +530,7 @@ fn start<B: kiln_models::Backend>(
         host_pool,
         max_loras: args.max_loras,
         pooling: pooler,
+        classifier,
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;
@@ -574,19 +576,43 @@ fn start<B: kiln_models::Backend>(
     Ok(ready)
 }
 
-/// The scheduler's settings for the model: a pooling model with mean or CLS pooling reads
-/// every token's hidden state, so it keeps no prefix cache (a hit would skip rows).
+/// A sequence classifier's head as served: one label (a cross-encoder's score for `/score`
+/// and `/rerank`); classification over several labels is refused.
+fn served_classifier(
+    classifier: Option<kiln_engine::Classifier>,
+) -> anyhow::Result<Option<Arc<kiln_engine::Classifier>>> {
+    if let Some(c) = &classifier
+        && c.num_labels() != 1
+    {
+        anyhow::bail!(
+            "the classifier has {} labels: kiln serves one-label cross-encoders (scores for \
+             /score and /rerank), not classification yet",
+            c.num_labels()
+        );
+    }
+    Ok(classifier.map(Arc::new))
+}
+
+/// The scheduler's settings for the model (and what it serves, logged): a pooling model with
+/// mean or CLS pooling reads every token's hidden state, so it keeps no prefix cache (a hit
+/// would skip rows).
 fn scheduler_for_pooling(
     args: &LoadArgs,
     pooler: Option<kiln_engine::PoolerConfig>,
+    cross_encoder: bool,
 ) -> anyhow::Result<SchedulerConfig> {
     let mut scheduler = args.scheduler.clone();
     let Some(pooler) = pooler else { return Ok(scheduler) };
-    let normalized = if pooler.normalize { "normalised" } else { "not normalised" };
-    tracing::info!(
-        "pooling model: {} pooling, {normalized}; serving /v1/embeddings and /pooling",
-        pooler.pooling.as_str()
-    );
+    if cross_encoder {
+        tracing::info!("cross-encoder: scores of text pairs on /score and /rerank");
+    } else {
+        let normalized = if pooler.normalize { "normalised" } else { "not normalised" };
+        tracing::info!(
+            "pooling model: {} pooling, {normalized}; serving /v1/embeddings, /pooling, \
+             /score and /rerank (cosine)",
+            pooler.pooling.as_str()
+        );
+    }
     if pooler.pooling != kiln_engine::PoolingType::Last && scheduler.enable_prefix_caching {
         if args.prefix_cache_dir.is_some() || args.kv.enable_prefix_caching {
             anyhow::bail!(

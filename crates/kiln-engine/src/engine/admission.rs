@@ -127,8 +127,13 @@ impl EngineCore {
                     return Err(AddError::InvalidSampling(why.into()));
                 }
                 let hidden = self.runner.hidden_size();
+                let classifier = self.config.classifier.clone();
+                if classifier.is_some() && pooling != PoolingParams::default() {
+                    let why = "a classifier's scores take no `dimensions` or `normalize`";
+                    return Err(AddError::InvalidSampling(why.into()));
+                }
                 pooling.check(hidden).map_err(AddError::InvalidSampling)?;
-                Ok(Some(PoolState::new(config, pooling, hidden)))
+                Ok(Some(PoolState::new(config, pooling, hidden, classifier)))
             }
         }
     }

@@ -275,7 +275,7 @@ impl ModelConfig {
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             moe: None,
             packed: None,
-            headless: false,
+            head: crate::config::OutputHead::Lm,
         };
         architecture.apply_gguf(&keys, &mut config)?;
         Ok(config)

@@ -52,7 +52,9 @@ impl Architecture {
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
          Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text \
          model), Phi3ForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
-         Qwen2Model, Qwen3Model";
+         Qwen2Model, Qwen3Model and the sequence classifiers LlamaForSequenceClassification, \
+         MistralForSequenceClassification, Qwen2ForSequenceClassification, \
+         Qwen3ForSequenceClassification";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
@@ -82,6 +84,18 @@ impl Architecture {
             "MistralModel" => "MistralForCausalLM",
             "Qwen2Model" => "Qwen2ForCausalLM",
             "Qwen3Model" => "Qwen3ForCausalLM",
+            _ => return None,
+        })
+    }
+
+    /// The causal LM whose decoder a sequence-classification `architectures` entry names
+    /// (`Qwen3ForSequenceClassification` → `Qwen3ForCausalLM`): a cross-encoder reranker.
+    pub(crate) fn classifier_of(name: &str) -> Option<&'static str> {
+        Some(match name {
+            "LlamaForSequenceClassification" => "LlamaForCausalLM",
+            "MistralForSequenceClassification" => "MistralForCausalLM",
+            "Qwen2ForSequenceClassification" => "Qwen2ForCausalLM",
+            "Qwen3ForSequenceClassification" => "Qwen3ForCausalLM",
             _ => return None,
         })
     }

@@ -262,35 +262,18 @@ async fn handle(
              model with --runner pooling)"
         )));
     }
+    if loaded.cross_encoder && matches!(endpoint, Endpoint::Embeddings) {
+        return Err(ApiError::bad_request(
+            "The model does not support Embeddings API: it is a cross-encoder (use /score or \
+             /rerank)",
+        ));
+    }
     let adapter = resolve_model(&state, req.model.as_deref()).await?;
     let (params, base64) = pooling_params(&req, &loaded)?;
     let inputs = input_ids(&loaded, &req).await?;
-    let queue = state.config.max_queued_requests;
-    if inputs.len() > queue {
-        return Err(bad_input(format!(
-            "`input` has {} items, more than the server queues at once ({queue}, \
-             --max-queued-requests); send fewer per request",
-            inputs.len()
-        )));
-    }
-    let vocab = loaded.limits.vocab_size;
-    let specs = inputs
-        .iter()
-        .map(|ids| {
-            let request = PreparedRequest::new(ids.clone(), SamplingParams::greedy(1), vocab, None)
-                .map_err(|e| bad_input(e.to_string()))?
-                .with_adapter_binding(adapter.binding)
-                .with_pooling(params);
-            Ok(SequenceSpec {
-                request,
-                priority: req.priority.unwrap_or(0),
-                stop: Vec::new(),
-                skip_special_tokens: true,
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let seqs = start_all(&state, &loaded, specs, 1, None)?;
-    let vectors = collect_vectors(seqs, state.aborted()).await?;
+    let priority = req.priority.unwrap_or(0);
+    let job = PoolJob { adapter: adapter.binding, params, priority, param: "input" };
+    let vectors = pool_all(&state, &loaded, &job, &inputs).await?;
     let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
     let (prefix, object) = match endpoint {
         Endpoint::Embeddings => ("embd", "embedding"),
@@ -320,6 +303,55 @@ async fn handle(
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0},
     }))
     .into_response())
+}
+
+/// How [`pool_all`] runs its inputs.
+pub(crate) struct PoolJob {
+    pub adapter: kiln_engine::AdapterBinding,
+    pub params: PoolingParams,
+    pub priority: i64,
+    /// The request parameter the inputs came from (named in refusals).
+    pub param: &'static str,
+}
+
+/// The pooled vector of each of `inputs` (token ids, checked against the context by the
+/// caller), one engine request each, in order.
+pub(crate) async fn pool_all(
+    state: &Arc<ServerState>,
+    loaded: &Arc<Loaded>,
+    job: &PoolJob,
+    inputs: &[Vec<TokenId>],
+) -> Result<Vec<Vec<f32>>, ApiError> {
+    let queue = state.config.max_queued_requests;
+    if inputs.len() > queue {
+        return Err(ApiError::bad_param(
+            job.param,
+            format!(
+                "`{}` has {} items, more than the server queues at once ({queue}, \
+                 --max-queued-requests); send fewer per request",
+                job.param,
+                inputs.len()
+            ),
+        ));
+    }
+    let vocab = loaded.limits.vocab_size;
+    let specs = inputs
+        .iter()
+        .map(|ids| {
+            let request = PreparedRequest::new(ids.clone(), SamplingParams::greedy(1), vocab, None)
+                .map_err(|e| ApiError::bad_param(job.param, e.to_string()))?
+                .with_adapter_binding(job.adapter)
+                .with_pooling(job.params);
+            Ok(SequenceSpec {
+                request,
+                priority: job.priority,
+                stop: Vec::new(),
+                skip_special_tokens: true,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let seqs = start_all(state, loaded, specs, 1, None)?;
+    collect_vectors(seqs, state.aborted()).await
 }
 
 /// Each sequence's vector, in order; a 503 when `aborted` (the shutdown deadline) comes first.

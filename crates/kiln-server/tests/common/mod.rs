@@ -89,7 +89,17 @@ impl TestServer {
         let dir = embedding_fixture(name);
         let options = LoadOptions { pooling: true, ..LoadOptions::default() };
         let loaded = load_model_with(&dir, &options, &Arc::new(Cpu::new(1))).unwrap();
-        engine.pooling = kiln_engine::PoolerConfig::of_model(&dir).unwrap();
+        // A cross-encoder scores its last token unnormalised; an embedding model takes its
+        // checkpoint's pooler, else vLLM's default.
+        let default = match loaded.classifier {
+            Some(_) => kiln_engine::PoolerConfig {
+                pooling: kiln_engine::PoolingType::Last,
+                normalize: false,
+            },
+            None => kiln_engine::PoolerConfig::DECODER_DEFAULT,
+        };
+        engine.pooling =
+            Some(kiln_engine::PoolerConfig::of_model(&dir).unwrap().unwrap_or(default));
         Self::start_loaded(loaded, config, engine, None)
     }
 
@@ -100,7 +110,8 @@ impl TestServer {
         template: Option<&kiln_server::chat_template::TemplateOverride>,
     ) -> Self {
         let state = ServerState::new(config);
-        let LoadedModel { model, tokenizer, generation_defaults } = loaded;
+        let LoadedModel { model, tokenizer, generation_defaults, classifier } = loaded;
+        engine.classifier = classifier.map(Arc::new);
         engine.eos_token_ids = tokenizer.eos_token_ids().iter().map(|&t| TokenId(t)).collect();
         let served = ServedModel {
             core: EngineCore::new(model, engine).unwrap(),
