@@ -64,14 +64,14 @@ pub fn load_model_with<B: Backend>(
             return Err(LoadError::format(
                 path,
                 "the checkpoint is a base model without an LM head (an embedding model): it \
-                 serves pooling only (--runner pooling)",
+                 serves pooling only (`kiln serve --runner pooling`)",
             ));
         }
         OutputHead::Classifier { .. } if !options.pooling => {
             return Err(LoadError::format(
                 path,
                 "the checkpoint is a sequence classifier (a cross-encoder): it serves scores \
-                 only (--runner pooling)",
+                 only (`kiln serve --runner pooling`)",
             ));
         }
         _ => {}
