@@ -115,6 +115,34 @@ fn embeddings_are_sentence_transformers_vectors_in_every_form() {
     }
 }
 
+/// vLLM's chat form: `messages` rendered by the chat template without the assistant's
+/// opening, embedded as one input: the vector of the same ids given as tokens.
+#[test]
+fn messages_are_rendered_by_the_chat_template() {
+    let s = server("qwen3-embed");
+    let messages = json!([{"role": "user", "content": "What is a paged KV cache?"}]);
+    let render = s.post(
+        "/v1/chat/completions/render",
+        &json!({"messages": messages, "add_generation_prompt": false}),
+    );
+    assert_eq!(render.status, 200, "{}", render.text());
+    let ids = render.json()["token_ids"].clone();
+    let by_messages = embed(&s, &json!({"messages": messages}));
+    let by_ids = embed(&s, &json!({"input": ids}));
+    assert_eq!(vectors(&by_messages, "embedding"), vectors(&by_ids, "embedding"));
+    assert_eq!(by_messages["usage"]["prompt_tokens"], ids.as_array().unwrap().len());
+    let opened = embed(&s, &json!({"messages": messages, "add_generation_prompt": true}));
+    assert_ne!(vectors(&opened, "embedding"), vectors(&by_ids, "embedding"));
+    for (body, needle) in [
+        (json!({"messages": messages, "input": "x"}), "not both"),
+        (json!({"messages": []}), "must not be empty"),
+    ] {
+        let r = s.post("/v1/embeddings", &body);
+        assert_eq!(r.status, 400, "{body}");
+        assert!(r.text().contains(needle), "{body}: {}", r.text());
+    }
+}
+
 #[test]
 fn normalize_and_truncation() {
     let s = server("llama3-mean");
@@ -159,7 +187,8 @@ fn bad_requests_are_refused_by_name_and_change_nothing() {
         (json!({"input": "x", "encoding_format": "int8"}), "`encoding_format`"),
         (json!({"input": "x", "truncate_prompt_tokens": 0}), "truncate_prompt_tokens"),
         (json!({"input": "x", "truncate_prompt_tokens": 65}), "truncate_prompt_tokens"),
-        (json!({"input": "x", "messages": []}), "unknown field `messages`"),
+        (json!({"input": "x", "messages": []}), "not both"),
+        (json!({"input": "x", "prompt": "y"}), "unknown field `prompt`"),
         (json!({"input": "x", "model": "other"}), "does not exist"),
     ] {
         let r = s.post("/v1/embeddings", &body);

@@ -3,7 +3,9 @@
 //!
 //! Inputs are a string, a list of strings, a list of token ids or a list of such lists (at
 //! most [`MAX_INPUTS`]); text is tokenized with special tokens unless `add_special_tokens` is
-//! false. Each input is one engine request of its own, batched with every other request by the
+//! false. vLLM's chat form, `messages` instead of `input`, is one input rendered by the chat
+//! template (`add_generation_prompt` and `add_special_tokens` default false, as in vLLM;
+//! `chat_template_kwargs` reach the template). Each input is one engine request of its own, batched with every other request by the
 //! scheduler. `truncate_prompt_tokens` keeps an input's last tokens (vLLM's rule; -1: the
 //! context length); an input longer than the context without it is refused, as is an empty
 //! one. `encoding_format` `base64` gives each vector's little-endian f32 bytes in base64, as
@@ -22,10 +24,13 @@ use kiln_engine::{PoolingParams, PreparedRequest};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::chat_input::{render_tokens, template_kwargs, template_messages};
 use super::{resolve_model, tokenize};
+use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::generate::start_all;
+use crate::protocol::ChatMessageIn;
 use crate::sequence::{Sequence, SequenceSpec};
 use crate::state::{Loaded, ServerState};
 use crate::validate;
@@ -41,6 +46,15 @@ pub struct EmbeddingRequest {
     model: Option<String>,
     #[serde(default)]
     input: Value,
+    /// vLLM's chat form: one input, the messages rendered by the chat template (without the
+    /// assistant's opening unless `add_generation_prompt`; special tokens only from the
+    /// template unless `add_special_tokens`).
+    #[serde(default)]
+    messages: Option<Vec<ChatMessageIn>>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
     /// `float` (default) or `base64`.
     #[serde(default)]
     encoding_format: Option<String>,
@@ -133,9 +147,15 @@ fn parse_inputs(input: &Value, loaded: &Loaded) -> Result<Vec<InputIn>, ApiError
 /// The request's inputs as token ids, truncated and checked against the context.
 async fn input_ids(
     loaded: &Arc<Loaded>,
-    req: &EmbeddingRequest,
+    req: &mut EmbeddingRequest,
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let inputs = parse_inputs(&req.input, loaded)?;
+    let inputs = match req.messages.take() {
+        Some(_) if !req.input.is_null() => {
+            return Err(bad_input("give `input` or `messages`, not both"));
+        }
+        Some(messages) => vec![InputIn::Tokens(chat_ids(loaded, req, messages).await?)],
+        None => parse_inputs(&req.input, loaded)?,
+    };
     let max_len = loaded.limits.max_model_len;
     let keep = match req.truncate_prompt_tokens {
         None => None,
@@ -187,6 +207,21 @@ async fn input_ids(
         ids.push(tokens);
     }
     Ok(ids)
+}
+
+/// The ids of `messages` rendered by the chat template (vLLM's chat embedding request).
+async fn chat_ids(
+    loaded: &Arc<Loaded>,
+    req: &mut EmbeddingRequest,
+    messages: Vec<ChatMessageIn>,
+) -> Result<Vec<TokenId>, ApiError> {
+    let options = RenderOptions {
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(false),
+        tools: None,
+        kwargs: template_kwargs(req.chat_template_kwargs.take())?,
+    };
+    let messages = template_messages(messages)?;
+    render_tokens(loaded, messages, options, req.add_special_tokens.unwrap_or(false)).await
 }
 
 /// Tokenizes texts that are truncated afterwards (no bound on their length in bytes beyond
@@ -248,7 +283,7 @@ fn pooling_params(
 
 async fn handle(
     state: Arc<ServerState>,
-    req: EmbeddingRequest,
+    mut req: EmbeddingRequest,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
     let loaded = Arc::clone(state.ready()?);
@@ -270,7 +305,7 @@ async fn handle(
     }
     let adapter = resolve_model(&state, req.model.as_deref()).await?;
     let (params, base64) = pooling_params(&req, &loaded)?;
-    let inputs = input_ids(&loaded, &req).await?;
+    let inputs = input_ids(&loaded, &mut req).await?;
     let priority = req.priority.unwrap_or(0);
     let job = PoolJob { adapter: adapter.binding, params, priority, param: "input" };
     let vectors = pool_all(&state, &loaded, &job, &inputs).await?;
