@@ -112,15 +112,7 @@ impl PreparedRequest {
             None => None,
             Some(output) => Some(CompiledOutput::compile(output, grammar)?.constraint),
         };
-        Ok(Self {
-            prompt,
-            params,
-            constraint,
-            vocab_size,
-            adapter: 0,
-            adapter_key: None,
-            pooling: None,
-        })
+        Ok(Self::unbound(prompt, params, constraint, vocab_size))
     }
 
     /// Checks the ids and starts from a copy of `compiled`, which must be the compile of the
@@ -139,7 +131,17 @@ impl PreparedRequest {
             }
             _ => return Err(PrepareError::OutputMismatch),
         };
-        Ok(Self {
+        Ok(Self::unbound(prompt, params, constraint, vocab_size))
+    }
+
+    /// A checked request with its constraint: the base model, a generation request.
+    fn unbound(
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        constraint: Option<Constraint>,
+        vocab_size: usize,
+    ) -> Self {
+        Self {
             prompt,
             params,
             constraint,
@@ -147,7 +149,7 @@ impl PreparedRequest {
             adapter: 0,
             adapter_key: None,
             pooling: None,
-        })
+        }
     }
 
     /// Runs it with the LoRA adapter in `slot` (0: none); the engine refuses a slot it has

@@ -92,20 +92,35 @@ pub async fn tokenize(
     texts: Vec<String>,
     add_special_tokens: bool,
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let gate = &loaded.tokenize_gate;
     for text in &texts {
-        gate.check_fits(text.len(), loaded.limits.max_model_len)?;
+        loaded.tokenize_gate.check_fits(text.len(), loaded.limits.max_model_len)?;
     }
-    let _permit = gate.admit(texts.iter().map(String::len).sum()).await?;
+    let bytes = texts.iter().map(String::len).sum();
+    tokenize_admitted(loaded, texts, bytes, "prompt", move |t, text: &String| {
+        t.encode(text, add_special_tokens)
+    })
+    .await
+}
+
+/// Runs `encode` over `items` (`bytes` of client text in all) on a blocking thread, under the
+/// tokenize gate's permit for that many bytes; a failure is a 400 on `param`. The caller
+/// bounds the texts' lengths first, or cuts their tokens after.
+pub async fn tokenize_admitted<T: Send + 'static>(
+    loaded: &Arc<Loaded>,
+    items: Vec<T>,
+    bytes: usize,
+    param: &'static str,
+    encode: impl Fn(&kiln_tokenizer::Tokenizer, &T) -> Result<Vec<u32>, String> + Send + 'static,
+) -> Result<Vec<Vec<TokenId>>, ApiError> {
+    let _permit = loaded.tokenize_gate.admit(bytes).await?;
     let tokenizer = Arc::clone(&loaded.tokenizer);
     tokio::task::spawn_blocking(move || {
-        texts
+        items
             .iter()
-            .map(|t| {
-                tokenizer
-                    .encode(t, add_special_tokens)
+            .map(|item| {
+                encode(&tokenizer, item)
                     .map(|ids| ids.into_iter().map(TokenId).collect())
-                    .map_err(|e| ApiError::bad_param("prompt", format!("could not tokenize: {e}")))
+                    .map_err(|e| ApiError::bad_param(param, format!("could not tokenize: {e}")))
             })
             .collect()
     })

@@ -8,23 +8,15 @@
 
 mod common;
 
-use common::{TestServer, default_config, engine_config};
-use kiln_engine::{EngineConfig, SchedulerConfig};
+use common::{TestServer, default_config};
 use serde_json::{Value, json};
 
 fn reference(name: &str) -> Value {
-    let dir = common::embedding_fixture(name);
-    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+    common::embedding_reference(name)
 }
 
 fn server(name: &str) -> TestServer {
-    let engine = EngineConfig {
-        kv_cache_dtype: kiln_engine::KvCacheDtype::F32,
-        max_model_len: Some(96),
-        scheduler: SchedulerConfig { max_num_batched_tokens: 64, ..SchedulerConfig::default() },
-        ..engine_config()
-    };
-    TestServer::start_pooling(name, default_config(), engine)
+    common::pooling_server(name, 96)
 }
 
 fn ok(s: &TestServer, path: &str, body: &Value) -> Value {

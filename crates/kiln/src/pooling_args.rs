@@ -92,11 +92,8 @@ impl PoolingArgs {
         let declared = PoolerConfig::of_model(path)
             .with_context(|| format!("reading the pooler of {}", path.display()))?;
         let head = checkpoint_head(path)?;
-        let pooling = match runner {
-            Runner::Generate => false,
-            Runner::Pooling => true,
-            Runner::Auto => declared.is_some() || head != OutputHead::Lm,
-        };
+        // `auto`: an embedding model or a cross-encoder (generation returned above).
+        let pooling = runner == Runner::Pooling || declared.is_some() || head != OutputHead::Lm;
         if !pooling {
             return Ok(None);
         }

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::chat_input::{render_tokens, template_kwargs, template_messages};
-use super::{resolve_model, tokenize};
+use super::{resolve_model, tokenize, tokenize_admitted};
 use crate::chat_template::RenderOptions;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -177,11 +177,17 @@ async fn input_ids(
             InputIn::Tokens(_) => None,
         })
         .collect();
-    // Text is bounded by bytes before tokenizing unless truncation will cut it anyway.
+    // Text is bounded by bytes before tokenizing unless truncation will cut it anyway (the
+    // body's limit bounds it then).
+    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let mut encoded = if keep.is_some() {
-        tokenize_unbounded(loaded, texts, req.add_special_tokens.unwrap_or(true)).await?
+        let bytes = texts.iter().map(String::len).sum();
+        tokenize_admitted(loaded, texts, bytes, "input", move |t, text: &String| {
+            t.encode(text, add_special_tokens)
+        })
+        .await?
     } else {
-        tokenize(loaded, texts, req.add_special_tokens.unwrap_or(true)).await?
+        tokenize(loaded, texts, add_special_tokens).await?
     }
     .into_iter();
     let mut ids = Vec::with_capacity(inputs.len());
@@ -222,30 +228,6 @@ async fn chat_ids(
     };
     let messages = template_messages(messages)?;
     render_tokens(loaded, messages, options, req.add_special_tokens.unwrap_or(false)).await
-}
-
-/// Tokenizes texts that are truncated afterwards (no bound on their length in bytes beyond
-/// the body's), a few at a time as [`tokenize`] does.
-async fn tokenize_unbounded(
-    loaded: &Arc<Loaded>,
-    texts: Vec<String>,
-    add_special_tokens: bool,
-) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let _permit = loaded.tokenize_gate.admit(texts.iter().map(String::len).sum()).await?;
-    let tokenizer = Arc::clone(&loaded.tokenizer);
-    tokio::task::spawn_blocking(move || {
-        texts
-            .iter()
-            .map(|t| {
-                tokenizer
-                    .encode(t, add_special_tokens)
-                    .map(|ids| ids.into_iter().map(TokenId).collect())
-                    .map_err(|e| bad_input(format!("could not tokenize: {e}")))
-            })
-            .collect()
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }
 
 /// `dimensions`, `normalize` and `encoding_format` checked.

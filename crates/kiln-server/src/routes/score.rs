@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::embeddings::{MAX_INPUTS, PoolJob, pool_all};
-use super::{resolve_model, tokenize};
+use super::{resolve_model, tokenize, tokenize_admitted};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::{Loaded, ServerState};
@@ -174,27 +174,16 @@ async fn encode_pairs(
     loaded: &Arc<Loaded>,
     pairs: &[(&str, &str)],
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    let gate = &loaded.tokenize_gate;
     for (a, b) in pairs {
-        gate.check_fits(a.len() + b.len(), loaded.limits.max_model_len)?;
+        loaded.tokenize_gate.check_fits(a.len() + b.len(), loaded.limits.max_model_len)?;
     }
+    let bytes = pairs.iter().map(|(a, b)| a.len() + b.len()).sum();
     let owned: Vec<(String, String)> =
         pairs.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect();
-    let _permit = gate.admit(owned.iter().map(|(a, b)| a.len() + b.len()).sum()).await?;
-    let tokenizer = Arc::clone(&loaded.tokenizer);
-    tokio::task::spawn_blocking(move || {
-        owned
-            .iter()
-            .map(|(a, b)| {
-                tokenizer
-                    .encode_pair(a, b, true)
-                    .map(|ids| ids.into_iter().map(TokenId).collect())
-                    .map_err(|e| ApiError::bad_param("text_2", format!("could not tokenize: {e}")))
-            })
-            .collect()
+    tokenize_admitted(loaded, owned, bytes, "text_2", |t, (a, b): &(String, String)| {
+        t.encode_pair(a, b, true)
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }
 
 /// Cosine similarity, summed in element order.

@@ -28,6 +28,28 @@ pub fn embedding_fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/embedding").join(name)
 }
 
+/// An embedding fixture's `reference.json`.
+pub fn embedding_reference(name: &str) -> Value {
+    let path = embedding_fixture(name).join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A server of the embedding fixture `name` with an f32 KV cache (the references are f32), a
+/// context of `max_model_len` and the prefix cache off (mean pooling reads every row).
+pub fn pooling_server(name: &str, max_model_len: usize) -> TestServer {
+    let engine = EngineConfig {
+        kv_cache_dtype: kiln_engine::KvCacheDtype::F32,
+        max_model_len: Some(max_model_len),
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            enable_prefix_caching: false,
+            ..SchedulerConfig::default()
+        },
+        ..engine_config()
+    };
+    TestServer::start_pooling(name, default_config(), engine)
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub state: Arc<ServerState>,
