@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use crate::{
     AttentionShape, ForwardBatch, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheSpec,
-    LoadTensorError, Logits, RopeConfig, SeqSpan, TreeKeys, TreeMask,
+    LoadTensorError, Logits, RopeConfig, SeqSpan, Strides, TreeKeys, TreeMask,
 };
 
 /// One matrix of a [`Backend::linear`] call: `out[m, n] = x[m, k] · weightᵀ + bias`.
@@ -293,6 +293,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn permute_cols(&self, x: Self::View<'_>, m: usize, order: &[usize], out: Self::ViewMut<'_>) {
         let _ = (x, m, order, out);
         unreachable!("{} does not permute inputs", self.name());
+    }
+    /// Whether [`Backend::copy_strided`] works and caches whose values are read from their
+    /// keys are stored ([`crate::KvLayout::values_from_keys`]): latent attention (DeepSeek)
+    /// needs both; such a model is refused at load on a backend without them.
+    fn supports_latent_attention(&self) -> bool {
+        false
+    }
+    /// Segment copies: `dst[d.at(i, j)..][..len] = src[s.at(i, j)..][..len]` for every `i <
+    /// outer`, `j < inner` (the destinations disjoint): the moves between token-major and
+    /// head-major layouts, and in and out of a row's column range, that latent attention
+    /// makes. Only called on a backend that [`Backend::supports_latent_attention`].
+    fn copy_strided(
+        &self,
+        src: Self::View<'_>,
+        s: Strides,
+        dst: Self::ViewMut<'_>,
+        d: Strides,
+        (outer, inner, len): (usize, usize, usize),
+    ) {
+        let _ = (src, s, dst, d, outer, inner, len);
+        unreachable!("{} does not run latent attention", self.name());
     }
     /// Moves rows `rows[i]` (ascending) of `buf` (`[_, width]`) to rows `i`.
     fn compact_rows(&self, buf: Self::ViewMut<'_>, width: usize, rows: &[usize]);

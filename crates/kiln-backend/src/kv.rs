@@ -3,7 +3,8 @@
 //!
 //! Every backend stores, per layer, K and V as `[num_blocks, block_size, num_kv_heads,
 //! head_dim]` in the cache's element type; slot `s = block * block_size + offset` is row `s` of
-//! `[num_blocks * block_size, num_kv_heads * head_dim]`. Which blocks belong to which sequence
+//! `[num_blocks * block_size, num_kv_heads * head_dim]`. A layout whose values are read from the keys
+//! ([`KvLayout::values_from_keys`], latent attention) stores K alone: no V buffer, no V scales. Which blocks belong to which sequence
 //! is the engine's business. An f16 cache halves the memory and the bytes attention reads;
 //! values are rounded to f16 (nearest even) when written and widened exactly when read, so
 //! results depend on the dtype but never on batching, chunking or caching.
@@ -30,13 +31,28 @@ pub struct KvLayout {
     pub num_layers: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Whether attention reads each key row as its value row too, so the cache stores K alone
+    /// (multi-head latent attention: a token's compressed latent and RoPE key are one row, and
+    /// the latent is also what the values are made of). Attention's output rows are then
+    /// `head_dim` wide, and their leading elements are the values' part.
+    pub values_from_keys: bool,
 }
 
 impl KvLayout {
+    /// Keys and values in separate caches: the layout of every attention but latent.
+    pub fn new(num_layers: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        Self { num_layers, num_kv_heads, head_dim, values_from_keys: false }
+    }
+
+    /// How many caches a layer keeps: 2 (K and V), or 1 when values are read from the keys.
+    pub fn caches(&self) -> usize {
+        if self.values_from_keys { 1 } else { 2 }
+    }
+
     /// Bytes of K and V for one token across all layers (8-bit dtypes: with their scales).
     pub fn bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
         let row = self.head_dim * dtype.bytes() + 4 * dtype.scales_per_row(self.head_dim);
-        2 * self.num_layers * self.num_kv_heads * row
+        self.caches() * self.num_layers * self.num_kv_heads * row
     }
 }
 
@@ -140,6 +156,12 @@ impl KvCacheSpec {
         self.layout.bytes_per_token(self.dtype) * self.block_size
     }
 
+    /// Elements of one layer's V buffer: [`KvCacheSpec::layer_elems`], or none when values are
+    /// read from the keys.
+    pub fn value_elems(&self) -> usize {
+        if self.layout.values_from_keys { 0 } else { self.layer_elems() }
+    }
+
     /// Elements of one layer's K (or V) buffer.
     pub fn layer_elems(&self) -> usize {
         self.layer_rows() * self.layout.head_dim
@@ -179,8 +201,10 @@ mod tests {
         }
         assert_eq!("fp8".parse::<KvCacheDtype>(), Ok(KvCacheDtype::Fp8E4M3));
         assert!("fp4".parse::<KvCacheDtype>().is_err());
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 3, head_dim: 256 };
+        let layout = KvLayout::new(2, 3, 256);
         assert_eq!(layout.bytes_per_token(KvCacheDtype::F16), 2 * 2 * 3 * 512);
+        let latent = KvLayout { values_from_keys: true, ..layout };
+        assert_eq!(latent.bytes_per_token(KvCacheDtype::F16), 2 * 3 * 512);
         assert_eq!(layout.bytes_per_token(KvCacheDtype::Int8), 2 * 2 * 3 * (256 + 4 * 4));
         assert_eq!(layout.bytes_per_token(KvCacheDtype::Fp8E4M3), 2 * 2 * 3 * (256 + 4));
         assert_eq!(KvCacheDtype::Int8.scales_per_row(40), 1);

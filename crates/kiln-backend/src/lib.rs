@@ -38,6 +38,6 @@ pub use ggml_type::GgmlType;
 pub use host::{HostParallel, HostThreads, Serial};
 pub use kv::{KvCacheDtype, KvCacheSpec, KvLayout, MAX_BLOCK_SIZE, check_block_size};
 pub use logits::Logits;
-pub use ops::{AttentionShape, GateActivation, RopeConfig, RopeScaling, RopeStyle};
+pub use ops::{AttentionShape, GateActivation, RopeConfig, RopeScaling, RopeStyle, Strides};
 pub use storage::{MappedFile, Pod, Storage};
 pub use tensor::HostTensor;

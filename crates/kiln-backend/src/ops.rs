@@ -3,8 +3,25 @@
 
 use crate::MAX_BLOCK_SIZE;
 
-/// Upper bound of query heads per KV head (a tile's per-row state lives on the stack).
-pub const MAX_GROUP: usize = 64;
+/// Upper bound of query heads per KV head (a tile's per-row state lives on the stack): 128,
+/// the query heads DeepSeek V2/V3 share their one latent KV head among.
+pub const MAX_GROUP: usize = 128;
+
+/// Where the segments of a [`crate::Backend::copy_strided`] call lie in a buffer: segment
+/// `(i, j)` starts at element `offset + i * outer + j * inner`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub offset: usize,
+    pub outer: usize,
+    pub inner: usize,
+}
+
+impl Strides {
+    /// Where segment `(i, j)` starts.
+    pub fn at(&self, i: usize, j: usize) -> usize {
+        self.offset + i * self.outer + j * self.inner
+    }
+}
 
 /// Static shape of one attention layer.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +85,17 @@ pub enum RopeScaling {
         low_freq_factor: f32,
         high_freq_factor: f32,
         original_max_position: f32,
+    },
+    /// YaRN: frequencies that turn fewer than `beta_slow` times over the original context are
+    /// divided by `factor`, those that turn more than `beta_fast` times kept, with a linear
+    /// ramp over the pair indices between (bounds floored and ceiled when `truncate`), as
+    /// transformers computes it. Its attention factor is the table's [`RopeConfig::mscale`].
+    Yarn {
+        factor: f32,
+        original_max_position: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        truncate: bool,
     },
 }
 
@@ -138,8 +166,46 @@ pub fn rope_inv_freq(base: f32, rotary_dim: usize, scaling: RopeScaling) -> Vec<
                 }
             }
         }
+        RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow, truncate } => {
+            // The pair index at which a frequency turns `rotations` times over the original
+            // context, computed in f64 as Python does.
+            let dim = rotary_dim as f64;
+            let correction = |rotations: f32| {
+                let turns = f64::from(original_max_position)
+                    / (f64::from(rotations) * 2.0 * std::f64::consts::PI);
+                dim * turns.ln() / (2.0 * f64::from(base).ln())
+            };
+            let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
+            if low == high {
+                high += 0.001;
+            }
+            for (i, f) in inv_freq.iter_mut().enumerate() {
+                // `pos_freq = base^(2i / dim)`: the extrapolated frequency is its inverse,
+                // the interpolated one that of `factor · pos_freq`.
+                let pos_freq = base.powf((2 * i) as f32 / rotary_dim as f32);
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                *f = (1.0 / (factor * pos_freq)) * (1.0 - extrapolation)
+                    + (1.0 / pos_freq) * extrapolation;
+            }
+        }
     }
     inv_freq
+}
+
+/// YaRN's attention factor (the cos/sin multiplier) as transformers infers it when a config
+/// gives none: `m(factor, mscale) / m(factor, mscale_all_dim)` with both, else `m(factor, 1)`,
+/// where `m(s, k) = 0.1 · k · ln(s) + 1` (1 for `s <= 1`).
+pub fn yarn_attention_factor(factor: f32, mscale: Option<f32>, mscale_all_dim: Option<f32>) -> f32 {
+    let m = |k: f32| if factor <= 1.0 { 1.0 } else { 0.1 * k * factor.ln() + 1.0 };
+    match (mscale, mscale_all_dim) {
+        (Some(a), Some(b)) if a != 0.0 && b != 0.0 => m(a) / m(b),
+        _ => m(1.0),
+    }
 }
 
 /// The gate nonlinearity of a gated MLP: `gate = act(gate) * up`.

@@ -131,6 +131,13 @@ impl Backend for Cuda {
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<CudaKvStore, ForwardError> {
         kiln_backend::check_block_size(spec.block_size)
             .map_err(|e| ForwardError::KvLayout(format!("block size {e}")))?;
+        if spec.layout.values_from_keys {
+            return Err(ForwardError::KvLayout(
+                "the CUDA backend does not run latent attention (a cache whose values are its \
+                 keys)"
+                    .into(),
+            ));
+        }
         if !matches!(spec.dtype, KvCacheDtype::F16 | KvCacheDtype::F32) {
             return Err(ForwardError::KvLayout(format!(
                 "the CUDA backend stores the KV cache as f16 or f32, not {}",

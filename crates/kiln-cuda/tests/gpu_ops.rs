@@ -164,7 +164,7 @@ fn attention_case<B: HostIo>(
 ) -> Vec<f32> {
     let mut rng = Rng::new(7);
     let (kvh, nh, bs) = (2, 8, 16);
-    let layout = KvLayout { num_layers: 2, num_kv_heads: kvh, head_dim: hd };
+    let layout = KvLayout::new(2, kvh, hd);
     // Blocks are handed out as (i * 37) mod num_blocks: distinct while 37 does not divide it.
     let needed: usize = contexts.iter().map(|&(ctx, _)| ctx.div_ceil(bs)).sum();
     let num_blocks = if (needed + 1).is_multiple_of(37) { needed + 2 } else { needed + 1 };
@@ -337,7 +337,7 @@ fn every_operation_matches_the_reference() {
 #[ignore = "needs an NVIDIA GPU (scripts/gpu/check.sh)"]
 fn kv_blocks_round_trip_and_touch_nothing_else() {
     let gpu = cuda();
-    let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 64 };
+    let layout = KvLayout::new(2, 2, 64);
     let spec = KvCacheSpec { layout, dtype: KvCacheDtype::F16, num_blocks: 3, block_size: 4 };
     let mut kv = gpu.alloc_kv(spec).unwrap();
     let n = gpu.kv_block_bytes(&kv);

@@ -102,7 +102,8 @@ pub use kiln_backend::TreeMask;
 pub use kiln_backend::ops::{AttentionShape, MAX_GROUP};
 
 /// Writes this step's `k, v` (`[num_tokens, num_kv_heads, head_dim]`) into the cache slots
-/// `slot_mapping[t] = block * block_size + offset`.
+/// `slot_mapping[t] = block * block_size + offset`. An empty `v_cache` is a cache whose values
+/// are read from its keys: `v` is not stored.
 pub fn write_kv<E: KvElem>(
     k: &[f32],
     v: &[f32],
@@ -115,11 +116,14 @@ pub fn write_kv<E: KvElem>(
         return;
     }
     let row = k.len() / num_tokens;
-    assert!(k.len() == v.len() && k.len() == num_tokens * row);
+    let with_values = !v_cache.is_empty();
+    assert!(k.len() == num_tokens * row && (!with_values || k.len() == v.len()));
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let dst = slot as usize * row;
         E::slice_from_f32(&mut k_cache[dst..dst + row], &k[t * row..(t + 1) * row]);
-        E::slice_from_f32(&mut v_cache[dst..dst + row], &v[t * row..(t + 1) * row]);
+        if with_values {
+            E::slice_from_f32(&mut v_cache[dst..dst + row], &v[t * row..(t + 1) * row]);
+        }
     }
 }
 
@@ -133,7 +137,8 @@ pub struct QuantKv<'a> {
 }
 
 /// [`write_kv`] into an 8-bit cache: each (token, KV head) row of `head_dim` elements of `k`
-/// and `v` (`[num_tokens, num_kv_heads, head_dim]`) encoded alone into its slot.
+/// and `v` (`[num_tokens, num_kv_heads, head_dim]`) encoded alone into its slot (`v` only when
+/// the cache has V codes).
 pub fn write_kv_quant(
     codec: RowCodec,
     k: &[f32],
@@ -148,10 +153,13 @@ pub fn write_kv_quant(
     }
     let (hd, spr) = (codec.head_dim, codec.scales_per_row());
     let row = k.len() / num_tokens;
-    assert!(k.len() == v.len() && k.len() == num_tokens * row && row.is_multiple_of(hd));
+    let with_values = !v_cache.0.is_empty();
+    assert!(k.len() == num_tokens * row && row.is_multiple_of(hd));
+    assert!(!with_values || k.len() == v.len());
     let heads = row / hd;
     let mut tmp = Vec::new();
-    for (src, (codes, scales)) in [(k, k_cache), (v, v_cache)] {
+    let caches = if with_values { 2 } else { 1 };
+    for (src, (codes, scales)) in [(k, k_cache), (v, v_cache)].into_iter().take(caches) {
         for (t, &slot) in slot_mapping.iter().enumerate() {
             for h in 0..heads {
                 let r = slot as usize * heads + h;
@@ -375,7 +383,7 @@ impl KvSource for QuantKv<'_> {
     /// Dequantizing a block costs about what 16 rows' scores and sums on it cost, so up to 64
     /// rows share each (an 8,000-token prefill of the default model gained 5-15 %, see
     /// docs/BENCHMARKS.md).
-    const TILE_ROWS: usize = MAX_GROUP;
+    const TILE_ROWS: usize = 64;
 
     fn rotated(&self) -> bool {
         self.codec.rotate

@@ -1,7 +1,9 @@
 //! Row moves on host `f32` buffers (`[rows, width]`), shared by the CPU and reference backends:
 //! the last layer's compaction of the logits rows, the gather before the LM head and the
 //! gather and weighted combine around a mixture-of-experts layer's expert matmuls, and the
-//! column permutation of an act-order matrix's input.
+//! column permutation of an act-order matrix's input, and latent attention's segment copies.
+
+use kiln_backend::Strides;
 
 /// Grows `buf` to at least `len` elements (new elements are zero).
 pub(crate) fn reserve(buf: &mut Vec<f32>, len: usize) {
@@ -15,6 +17,22 @@ pub(crate) fn compact_rows(buf: &mut [f32], width: usize, rows: &[usize]) {
     for (i, &r) in rows.iter().enumerate() {
         debug_assert!(r >= i && (i == 0 || r > rows[i - 1]), "rows ascend");
         buf.copy_within(r * width..(r + 1) * width, i * width);
+    }
+}
+
+/// `dst[d.at(i, j)..][..len] = src[s.at(i, j)..][..len]` for `i < outer`, `j < inner`.
+pub(crate) fn copy_strided(
+    src: &[f32],
+    s: Strides,
+    dst: &mut [f32],
+    d: Strides,
+    (outer, inner, len): (usize, usize, usize),
+) {
+    for i in 0..outer {
+        for j in 0..inner {
+            let from = s.at(i, j);
+            dst[d.at(i, j)..][..len].copy_from_slice(&src[from..from + len]);
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use half::f16;
 use kiln_backend::{
     AttentionShape, Backend, ForwardError, GateActivation, GgmlType, HostTensor, KvCacheDtype,
     KvCacheSpec, LinearJob, LoadTensorError, Logits, LoraJob, RopeConfig, RopeStyle, SeqSpan,
-    TreeMask,
+    Strides, TreeMask,
 };
 
 use crate::le_bytes::{get_all, put_all};
@@ -162,12 +162,12 @@ impl Backend for Reference {
     fn alloc_kv(&self, spec: KvCacheSpec) -> Result<RefKvStore, ForwardError> {
         kiln_backend::check_block_size(spec.block_size)
             .map_err(|e| ForwardError::KvLayout(format!("block size {e}")))?;
-        let layer = || vec![0.0; spec.layer_elems()];
+        // V buffers are empty when values are read from the keys.
         let n = spec.layout.num_layers;
         Ok(RefKvStore {
             spec,
-            k: (0..n).map(|_| layer()).collect(),
-            v: (0..n).map(|_| layer()).collect(),
+            k: (0..n).map(|_| vec![0.0; spec.layer_elems()]).collect(),
+            v: (0..n).map(|_| vec![0.0; spec.value_elems()]).collect(),
         })
     }
 
@@ -175,17 +175,20 @@ impl Backend for Reference {
         kv.spec
     }
 
-    /// The reference cache holds f32 values whatever the dtype: per layer, K's then V's block.
+    /// The reference cache holds f32 values whatever the dtype: per layer, K's then V's block
+    /// (K's alone when values are read from the keys).
     fn kv_block_bytes(&self, kv: &RefKvStore) -> usize {
         let s = kv.spec;
-        2 * s.layout.num_layers * s.block_size * s.layout.num_kv_heads * s.layout.head_dim * 4
+        let caches = s.layout.caches();
+        caches * s.layout.num_layers * s.block_size * s.layout.num_kv_heads * s.layout.head_dim * 4
     }
 
     fn read_kv_block(&self, kv: &RefKvStore, block: usize, out: &mut [u8]) {
         assert_eq!(out.len(), self.kv_block_bytes(kv), "block buffer size");
         let n = kv.spec.layer_elems() / kv.spec.num_blocks;
         let mut out = out;
-        for buf in kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]) {
+        let bufs = kv.k.iter().zip(&kv.v).flat_map(|(k, v)| [k, v]);
+        for buf in bufs.filter(|b| !b.is_empty()) {
             out = put_all(&buf[block * n..][..n], out);
         }
     }
@@ -194,7 +197,8 @@ impl Backend for Reference {
         assert_eq!(data.len(), self.kv_block_bytes(kv), "block buffer size");
         let n = kv.spec.layer_elems() / kv.spec.num_blocks;
         let mut data = data;
-        for buf in kv.k.iter_mut().zip(kv.v.iter_mut()).flat_map(|(k, v)| [k, v]) {
+        let bufs = kv.k.iter_mut().zip(kv.v.iter_mut()).flat_map(|(k, v)| [k, v]);
+        for buf in bufs.filter(|b| !b.is_empty()) {
             data = get_all(&mut buf[block * n..][..n], data);
         }
     }
@@ -340,7 +344,9 @@ impl Backend for Reference {
             let dst = slot as usize * row;
             for i in (0..row).step_by(hd) {
                 store(&k[t * row + i..][..hd], &mut kv.k[layer][dst + i..][..hd]);
-                store(&v[t * row + i..][..hd], &mut kv.v[layer][dst + i..][..hd]);
+                if !kv.spec.layout.values_from_keys {
+                    store(&v[t * row + i..][..hd], &mut kv.v[layer][dst + i..][..hd]);
+                }
             }
         }
     }
@@ -359,7 +365,8 @@ impl Backend for Reference {
         let (hd, bs) = (shape.head_dim, shape.block_size);
         let kv_row = shape.num_kv_heads * hd;
         let q_row = shape.num_heads * hd;
-        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        let kc = &kv.k[layer];
+        let vc = if kv.spec.layout.values_from_keys { kc } else { &kv.v[layer] };
         for seq in seqs {
             let table = &block_tables[seq.block_table_start..];
             for i in 0..seq.query_len {
@@ -419,10 +426,25 @@ impl Backend for Reference {
         let row = kv.spec.layout.num_kv_heads * kv.spec.layout.head_dim;
         for &(src, dst) in pairs {
             let (src, dst) = (src as usize * row, dst as usize * row);
-            for buf in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            for buf in kv.k.iter_mut().chain(kv.v.iter_mut()).filter(|b| !b.is_empty()) {
                 buf.copy_within(src..src + row, dst);
             }
         }
+    }
+
+    fn supports_latent_attention(&self) -> bool {
+        true
+    }
+
+    fn copy_strided(
+        &self,
+        src: &[f32],
+        s: Strides,
+        dst: &mut [f32],
+        d: Strides,
+        counts: (usize, usize, usize),
+    ) {
+        host_rows::copy_strided(src, s, dst, d, counts);
     }
 
     fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {
@@ -502,7 +524,7 @@ mod tests {
 
     #[test]
     fn a_block_read_out_and_written_back_is_the_same_block() {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 8 };
+        let layout = KvLayout::new(2, 2, 8);
         let spec = KvCacheSpec { layout, dtype: KvCacheDtype::F16, num_blocks: 3, block_size: 4 };
         let mut kv = Reference.alloc_kv(spec).unwrap();
         let n = Reference.kv_block_bytes(&kv);

@@ -71,6 +71,10 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The experts of a mixture-of-experts model (`None`: every layer's MLP is dense).
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (DeepSeek V2/V3) in place of q/k/v projections. With it,
+    /// `num_kv_heads` is 1 and `head_dim` is the cache row (`kv_lora_rank + qk_rope_head_dim`),
+    /// `rotary_dim` the RoPE part of each head.
+    pub mla: Option<MlaConfig>,
     /// AWQ / GPTQ / compressed-tensors packed linear layers (`quantization_config`); `None`
     /// for float checkpoints and GGUF files.
     pub packed: Option<PackedQuant>,
@@ -92,11 +96,51 @@ pub enum OutputHead {
     Classifier { num_labels: usize },
 }
 
+/// Multi-head latent attention (DeepSeek V2/V3): each token's keys and values come from one
+/// compressed latent (`kv_a_proj_with_mqa` → RMSNorm → `kv_lora_rank` wide) and one RoPE key
+/// shared by every head; queries are per head, a part without RoPE (`qk_nope_head_dim`) and a
+/// rotated part (`qk_rope_head_dim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    /// Width of the compressed query (`q_a_proj` → RMSNorm → `q_b_proj`); `None`: one
+    /// `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaConfig {
+    /// Each head's query (and key) width: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// How a router turns its logits into each token's picks and their weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// The `k` best by softmax probability, weighted by it (Qwen, Mixtral, DeepSeek-V2's
+    /// `greedy`).
+    Softmax,
+    /// DeepSeek-V2's `group_limited_greedy`: softmax probabilities; the experts split into
+    /// `groups` equal groups, each ranked by its best probability; the `k` best among the
+    /// experts of the `topk_groups` best groups.
+    SoftmaxGroupLimited { groups: usize, topk_groups: usize },
+    /// DeepSeek-V3's `noaux_tc`: sigmoid scores; the choice adds each expert's correction bias
+    /// (the `e_score_correction_bias` vector); groups ranked by the sum of their two best
+    /// choice scores; the `k` best choices among the `topk_groups` best groups, weighted by
+    /// their sigmoid scores (without the bias).
+    SigmoidBiased { groups: usize, topk_groups: usize },
+}
+
 /// The mixture-of-experts MLP of the sparse layers: a float router scores every expert, each
-/// token goes to its `experts_per_token` best by softmax probability (ties to the lower index)
-/// with those probabilities as weights, renormalised to sum to one when `norm_topk_prob`.
-/// A shared expert (Qwen2-MoE), when there is one, sees every token and is added to the picks'
-/// sum scaled by the sigmoid of its own one-row gate.
+/// token goes to its `experts_per_token` best ([`Routing`]; ties to the lower index) with
+/// their scores as weights, renormalised to sum to one when `norm_topk_prob`, then times
+/// `routed_scaling_factor`. A shared expert, when there is one, sees every token and is added
+/// to the picks' sum: scaled by the sigmoid of its own one-row gate (Qwen2-MoE), or whole
+/// (DeepSeek).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
     pub num_experts: usize,
@@ -106,6 +150,11 @@ pub struct MoeConfig {
     pub norm_topk_prob: bool,
     /// The FFN width of the shared expert (`None`: no shared expert).
     pub shared_expert_intermediate_size: Option<usize>,
+    /// Whether the shared expert's output is scaled by the sigmoid of its gate.
+    pub shared_expert_gate: bool,
+    pub routing: Routing,
+    /// Multiplies every pick's weight (DeepSeek's `routed_scaling_factor`; 1 elsewhere).
+    pub routed_scaling_factor: f32,
     /// `[num_layers]`: whether layer `l` has experts (else its MLP is dense, of
     /// `intermediate_size`).
     pub sparse_layers: Vec<bool>,
@@ -139,6 +188,31 @@ impl MoeConfig {
             && !(1..=MAX_DIM).contains(&w)
         {
             return Err(err(format!("shared expert FFN width {w} is out of range 1..={MAX_DIM}")));
+        }
+        if let Routing::SoftmaxGroupLimited { groups, topk_groups }
+        | Routing::SigmoidBiased { groups, topk_groups } = self.routing
+        {
+            if groups == 0 || !e.is_multiple_of(groups) || !(1..=groups).contains(&topk_groups) {
+                return Err(err(format!(
+                    "{e} experts in {groups} groups, {topk_groups} kept: the groups must divide \
+                     the experts and keep 1 to all of them"
+                )));
+            }
+            let kept = e / groups * topk_groups;
+            if k > kept {
+                return Err(err(format!(
+                    "{k} experts per token exceeds the {kept} experts of the kept groups"
+                )));
+            }
+            if matches!(self.routing, Routing::SigmoidBiased { .. }) && e / groups < 2 {
+                return Err(err("sigmoid group routing ranks groups by their two best experts: groups need at least 2".into()));
+            }
+        }
+        if !(self.routed_scaling_factor.is_finite() && self.routed_scaling_factor > 0.0) {
+            return Err(err(format!(
+                "routed_scaling_factor {} must be positive",
+                self.routed_scaling_factor
+            )));
         }
         Ok(())
     }
@@ -314,7 +388,7 @@ impl ModelConfig {
             rope_local_theta: None,
             rope_style: RopeStyle::Neox,
             rope_freq_factors: None,
-            rope_mscale: 1.0,
+            rope_mscale: yarn_mscale(&f, rope_scaling),
             hidden_act: f.hidden_act(GateActivation::Silu)?,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             embedding_scale: None,
@@ -327,6 +401,7 @@ impl ModelConfig {
             mlp_bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
             qk_norm: false,
             moe: None,
+            mla: None,
             packed,
             head,
         };
@@ -397,9 +472,65 @@ fn rope_settings(f: &Fields<'_>) -> Result<(f32, RopeScaling, Option<f32>), Load
                 original_max_position: num("original_max_position_embeddings")?,
             }
         }
+        Some("yarn") => yarn_scaling(f, s)?,
         Some(other) => return Err(f.err(format!("rope scaling type `{other}` is not supported"))),
     };
     Ok((theta, scaling, local_theta))
+}
+
+/// YaRN's frequencies from a `rope_scaling` object, with transformers' defaults: `factor`
+/// from `max_position_embeddings / original_max_position_embeddings` when absent, `beta_fast`
+/// 32, `beta_slow` 1, `truncate` true.
+fn yarn_scaling(f: &Fields<'_>, s: &Value) -> Result<RopeScaling, LoadError> {
+    let opt = |key: &str| -> Result<Option<f32>, LoadError> {
+        match s.get(key).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|v| v as f32)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map(Some)
+                .ok_or_else(|| f.err(format!("yarn rope scaling: `{key}` must be positive"))),
+        }
+    };
+    let original = opt("original_max_position_embeddings")?.ok_or_else(|| {
+        f.err("yarn rope scaling needs `original_max_position_embeddings`".into())
+    })?;
+    let factor = match opt("factor")? {
+        Some(factor) => factor,
+        None => f.dim("max_position_embeddings")? as f32 / original,
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position: original,
+        beta_fast: opt("beta_fast")?.unwrap_or(32.0),
+        beta_slow: opt("beta_slow")?.unwrap_or(1.0),
+        truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+    })
+}
+
+/// The cos/sin multiplier of a YaRN `rope_scaling` (`attention_factor`, else inferred from
+/// `factor`, `mscale` and `mscale_all_dim` as transformers does); 1 for other scalings.
+fn yarn_mscale(f: &Fields<'_>, scaling: RopeScaling) -> f32 {
+    let RopeScaling::Yarn { factor, .. } = scaling else { return 1.0 };
+    let s = rope_scaling_object(f);
+    let get = |key: &str| {
+        s.and_then(|s| s.get(key))
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .filter(|v| v.is_finite())
+    };
+    get("attention_factor").unwrap_or_else(|| {
+        kiln_backend::ops::yarn_attention_factor(factor, get("mscale"), get("mscale_all_dim"))
+    })
+}
+
+/// The `rope_scaling` object, else a flat `rope_parameters`.
+pub(crate) fn rope_scaling_object<'a>(f: &Fields<'a>) -> Option<&'a Value> {
+    f.json
+        .get("rope_scaling")
+        .filter(|v| v.is_object())
+        .or_else(|| f.json.get("rope_parameters").filter(|v| v.is_object()))
 }
 
 /// The LongRoPE settings (`rope_type` `longrope`, formerly `su`), in either config spelling.

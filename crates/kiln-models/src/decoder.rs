@@ -30,37 +30,41 @@ use crate::names::{LayerTensor as L, Tensor};
 use crate::weights::Weights;
 use crate::{LoadError, ModelConfig};
 
+mod gqa;
 mod input_order;
 mod lora;
+mod mla;
 mod mlp;
 mod moe;
 
+use gqa::GqaLayer;
 use input_order::InputOrders;
 use lora::{AdapterRuns, BoundAdapter, SliceLora};
+use mla::MlaLayer;
 use mlp::{Mlp, MlpIo};
 
 use crate::lora::{LoraAdapter, LoraTarget};
 
+/// A layer's attention projections.
+enum Attn<B: Backend> {
+    /// Grouped-query attention: q/k/v projections.
+    Gqa(GqaLayer<B>),
+    /// Multi-head latent attention (DeepSeek).
+    Latent(MlaLayer<B>),
+}
+
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
-    q_proj: B::Weight,
-    k_proj: B::Weight,
-    v_proj: B::Weight,
+    attn: Attn<B>,
     o_proj: B::Weight,
-    q_bias: Option<B::Vector>,
-    k_bias: Option<B::Vector>,
-    v_bias: Option<B::Vector>,
     o_bias: Option<B::Vector>,
-    q_norm: Option<B::Vector>,
-    k_norm: Option<B::Vector>,
     attn_out_norm: Option<B::Vector>,
     mlp_norm: B::Vector,
     mlp_out_norm: Option<B::Vector>,
     mlp: Mlp<B>,
     /// Sliding-window layers use the local RoPE when the model has one.
     local_rope: bool,
-    /// The input orders of q/k/v and of o ([`input_order`]).
-    qkv_orders: InputOrders<3>,
+    /// The input order of o ([`input_order`]).
     o_order: InputOrders<1>,
 }
 
@@ -132,8 +136,6 @@ impl<B: Backend> DecoderModel<B> {
             });
         }
         let h = c.hidden_size;
-        let q_dim = c.num_heads * c.head_dim;
-        let kv_dim = c.num_kv_heads * c.head_dim;
         // RMSNorm weights, with the offset of (1 + w) norms folded in.
         let norm = |t: Tensor, len: usize| -> Result<B::Vector, LoadError> {
             let mut v = w.source.vector(&w.naming.name(t), len)?;
@@ -147,6 +149,12 @@ impl<B: Backend> DecoderModel<B> {
         let opt_norm = |t: Tensor, len: usize, present: bool| {
             if present { norm(t, len).map(Some) } else { Ok(None) }
         };
+        if c.mla.is_some() && !backend.supports_latent_attention() {
+            return Err(LoadError::Backend {
+                name: "latent attention".into(),
+                message: format!("the {} backend does not run latent attention", backend.name()),
+            });
+        }
         if c.moe.is_some() && !backend.supports_experts() {
             return Err(LoadError::Backend {
                 name: "mixture of experts".into(),
@@ -157,24 +165,19 @@ impl<B: Backend> DecoderModel<B> {
         for l in 0..c.num_layers {
             let t = |x: L| Tensor::Layer(l, x);
             let sandwich = c.sandwich_norms;
-            let (q_proj, q_order) = w.ordered_matrix(t(L::Q), q_dim, h)?;
-            let (k_proj, k_order) = w.ordered_matrix(t(L::K), kv_dim, h)?;
-            let (v_proj, v_order) = w.ordered_matrix(t(L::V), kv_dim, h)?;
-            let (o_proj, o_order) = w.ordered_matrix(t(L::O), h, q_dim)?;
+            let (attn, o_width) = if let Some(mla) = c.mla {
+                let width = c.num_heads * mla.v_head_dim;
+                (Attn::Latent(MlaLayer::load(w, l, h, mla, c.num_heads)?), width)
+            } else {
+                (Attn::Gqa(GqaLayer::load(w, l, c, &opt_norm)?), c.num_heads * c.head_dim)
+            };
+            let (o_proj, o_order) = w.ordered_matrix(t(L::O), h, o_width)?;
             layers.push(Layer {
                 attn_norm: norm(t(L::AttnNorm), h)?,
-                q_proj,
-                k_proj,
-                v_proj,
+                attn,
                 o_proj,
-                qkv_orders: InputOrders::new([q_order, k_order, v_order]),
                 o_order: InputOrders::new([o_order]),
-                q_bias: w.optional_vector(t(L::QBias), q_dim, c.qkv_bias)?,
-                k_bias: w.optional_vector(t(L::KBias), kv_dim, c.qkv_bias)?,
-                v_bias: w.optional_vector(t(L::VBias), kv_dim, c.qkv_bias)?,
                 o_bias: w.optional_vector(t(L::OBias), h, c.o_bias)?,
-                q_norm: opt_norm(t(L::QNorm), c.head_dim, c.qk_norm)?,
-                k_norm: opt_norm(t(L::KNorm), c.head_dim, c.qk_norm)?,
                 attn_out_norm: opt_norm(t(L::AttnOutNorm), h, sandwich)?,
                 mlp_norm: norm(t(L::MlpNorm), h)?,
                 mlp_out_norm: opt_norm(t(L::MlpOutNorm), h, sandwich)?,
@@ -196,7 +199,13 @@ impl<B: Backend> DecoderModel<B> {
         let (rope, local_rope) = Self::load_ropes(c, &backend)?;
         let permuted_width = layers
             .iter()
-            .map(|l| l.qkv_orders.width().max(l.o_order.width()).max(l.mlp.permuted_width()))
+            .map(|l| {
+                let qkv = match &l.attn {
+                    Attn::Gqa(g) => g.permuted_width(),
+                    Attn::Latent(_) => 0,
+                };
+                qkv.max(l.o_order.width()).max(l.mlp.permuted_width())
+            })
             .max()
             .unwrap_or(0);
         Ok(Self {
@@ -284,60 +293,6 @@ impl<B: Backend> DecoderModel<B> {
         r.start * n..r.end * n
     }
 
-    /// `q, k, v` of token rows `r` of `normed`: projections, the per-head norms (Gemma 3,
-    /// Qwen3) and rotary embeddings by `rope` with the tokens' angles (`table`, `[t, rot]`).
-    fn qkv(
-        &self,
-        layer: &Layer<B>,
-        b: &mut StepBuffers<'_, B>,
-        r: &std::ops::Range<usize>,
-        (rope, local): (&B::Rope, bool),
-        lora: Option<&SliceLora<'_, B>>,
-    ) {
-        let c = &self.config;
-        let be = &*self.backend;
-        let (h, q_dim, kv_dim) =
-            (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let (qr, kr) = (Self::rows(r, q_dim), Self::rows(r, kv_dim));
-        let x = B::view(b.normed, Self::rows(r, h));
-        layer.qkv_orders.linear(
-            be,
-            (x, r.len()),
-            b.permuted,
-            &mut [
-                LinearJob {
-                    weight: &layer.q_proj,
-                    bias: layer.q_bias.as_ref(),
-                    out: B::view_mut(b.q, qr.clone()),
-                },
-                LinearJob {
-                    weight: &layer.k_proj,
-                    bias: layer.k_bias.as_ref(),
-                    out: B::view_mut(b.k, kr.clone()),
-                },
-                LinearJob {
-                    weight: &layer.v_proj,
-                    bias: layer.v_bias.as_ref(),
-                    out: B::view_mut(b.v, kr.clone()),
-                },
-            ],
-        );
-        if let Some(lora) = lora {
-            let x = (B::view(b.normed, Self::rows(r, h)), h);
-            lora.apply(be, LoraTarget::Q, x, (B::view_mut(b.q, qr.clone()), q_dim));
-            lora.apply(be, LoraTarget::K, x, (B::view_mut(b.k, kr.clone()), kv_dim));
-            lora.apply(be, LoraTarget::V, x, (B::view_mut(b.v, kr.clone()), kv_dim));
-        }
-        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            be.rms_norm_inplace(B::view_mut(b.q, qr.clone()), qn, c.rms_norm_eps);
-            be.rms_norm_inplace(B::view_mut(b.k, kr.clone()), kn, c.rms_norm_eps);
-        }
-        let table = if local { &*b.local_angles } else { &*b.angles };
-        let angles = B::view(table, Self::rows(r, c.rotary_dim));
-        be.rope_apply(rope, B::view_mut(b.q, qr), c.num_heads, angles);
-        be.rope_apply(rope, B::view_mut(b.k, kr), c.num_kv_heads, angles);
-    }
-
     /// The rest of layer `l` for token rows `r` once attention is done: `hidden += [norm](o_proj
     /// (attn))`, then `hidden += [norm](mlp(rmsnorm(hidden)))`, leaving the next layer's input
     /// norm of `hidden` in `normed`.
@@ -351,17 +306,24 @@ impl<B: Backend> DecoderModel<B> {
         let c = &self.config;
         let be = &*self.backend;
         let (h, eps, layer) = (c.hidden_size, c.rms_norm_eps, &self.layers[l]);
-        let q_dim = c.num_heads * c.head_dim;
         let (n, hr) = (r.len(), Self::rows(r, h));
+        // The output projection's input: the attention rows, or latent attention's values.
+        let (src, width): (&B::Buffer, usize) = match &layer.attn {
+            Attn::Gqa(_) => (&*b.attn, c.num_heads * c.head_dim),
+            Attn::Latent(mla) => {
+                mla.values(be, b, r);
+                (&*b.q, c.num_heads * c.mla.map_or(0, |m| m.v_head_dim))
+            }
+        };
         let o = LinearJob {
             weight: &layer.o_proj,
             bias: layer.o_bias.as_ref(),
             out: B::view_mut(b.proj, hr.clone()),
         };
-        let x = B::view(b.attn, Self::rows(r, q_dim));
+        let x = B::view(src, Self::rows(r, width));
         layer.o_order.linear(be, (x, n), b.permuted, &mut [o]);
         if let Some(lora) = lora {
-            lora.apply(be, LoraTarget::O, (x, q_dim), (B::view_mut(b.proj, hr.clone()), h));
+            lora.apply(be, LoraTarget::O, (x, width), (B::view_mut(b.proj, hr.clone()), h));
         }
         be.residual_norm(
             h,
@@ -480,6 +442,7 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
             num_layers: self.config.num_layers,
             num_kv_heads: self.config.num_kv_heads,
             head_dim: self.config.head_dim,
+            values_from_keys: self.config.mla.is_some(),
         }
     }
 
@@ -506,6 +469,13 @@ impl<B: Backend> Model<B> for DecoderModel<B> {
                             "the {} backend does not run LoRA adapters",
                             self.backend.name()
                         ),
+                    });
+                }
+                if self.config.mla.is_some() {
+                    return Err(LoadError::Backend {
+                        name: "LoRA adapter".into(),
+                        message: "LoRA adapters on latent attention (DeepSeek) are not supported"
+                            .into(),
                     });
                 }
                 if adapter.num_layers() != self.config.num_layers {
@@ -579,8 +549,16 @@ impl<B: Backend> DecoderModel<B> {
             .layers
             .iter()
             .map(|l| {
-                let attn = [&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj];
-                attn.into_iter().chain(mlp(&l.mlp)).map(|w| be.weight_bytes(w)).sum::<usize>()
+                let attn = match &l.attn {
+                    Attn::Gqa(g) => g.matrices().to_vec(),
+                    Attn::Latent(m) => m.matrices(),
+                };
+                let o = std::iter::once(&l.o_proj);
+                attn.into_iter()
+                    .chain(o)
+                    .chain(mlp(&l.mlp))
+                    .map(|w| be.weight_bytes(w))
+                    .sum::<usize>()
             })
             .sum();
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
@@ -608,18 +586,23 @@ impl<B: Backend> DecoderModel<B> {
             let outs = picks + if shared > 0 { slice } else { 0 };
             (picks, (picks * m.expert_intermediate_size).max(shared), outs)
         });
+        // Latent attention's per-slice scratch ([`mla::scratch_widths`]), and its values
+        // (`[t, heads · v_head]`) written over `q`.
+        let [raw_q, low_q, head_in, head_out] =
+            c.mla.map_or([0; 4], |m| mla::scratch_widths(&m, c.num_heads).map(|w| w * slice));
+        let q_len = t * q_dim.max(c.mla.map_or(0, |m| c.num_heads * m.v_head_dim));
         let lens = [
             t * h,
             t * h,
-            t * q_dim,
+            q_len,
             t * kv_dim,
             t * kv_dim,
             t * q_dim,
             t * h,
-            (slice * i).max(expert_gate),
-            (slice * i).max(expert_gate),
-            picks * h,
-            outs * h,
+            (slice * i).max(expert_gate).max(raw_q),
+            (slice * i).max(expert_gate).max(low_q),
+            (picks * h).max(head_in),
+            (outs * h).max(head_out),
             num_rows * h,
             num_rows * h,
             t * c.rotary_dim,
@@ -711,9 +694,14 @@ impl<B: Backend> DecoderModel<B> {
             _ => (&self.rope, false),
         };
         for r in token_slices(t) {
-            self.qkv(layer, b, &r, rope, lora(false, &r).as_ref());
+            match &layer.attn {
+                Attn::Gqa(gqa) => gqa.qkv(be, c, b, &r, rope, lora(false, &r).as_ref()),
+                Attn::Latent(mla) => mla.query_and_key(be, b, &r, (rope.0, h)),
+            }
         }
-        let (k, v) = (B::view(b.k, 0..t * kv_dim), B::view(b.v, 0..t * kv_dim));
+        // Latent attention's cache has no values: its keys go for both.
+        let values = if matches!(layer.attn, Attn::Latent(_)) { &*b.k } else { &*b.v };
+        let (k, v) = (B::view(b.k, 0..t * kv_dim), B::view(values, 0..t * kv_dim));
         be.write_kv(kv, l, k, v, batch.slot_mapping());
         let (seqs, tree, rows_on) = match pruned {
             Some((row_seqs, row_tree)) => {

@@ -25,7 +25,7 @@ mod pooling;
 mod safetensors_store;
 mod weights;
 
-pub use config::{Architecture, ModelConfig, MoeConfig, OutputHead};
+pub use config::{Architecture, MlaConfig, ModelConfig, MoeConfig, OutputHead, Routing};
 pub use decoder::DecoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{

@@ -38,6 +38,26 @@ pub(crate) enum LayerTensor {
     SharedDown,
     /// `[1, hidden]` the shared expert's gate: its output is scaled by the sigmoid of this.
     SharedExpertGate,
+    /// `[num_experts]` the router's correction bias, added to the scores that choose the
+    /// experts (DeepSeek-V3).
+    RouterBias,
+    /// Latent attention (DeepSeek): `[q_lora_rank, hidden]` the query's down projection, its
+    /// RMSNorm, and `[heads · qk_head_dim, q_lora_rank]` its up projection.
+    QA,
+    QANorm,
+    QB,
+    /// `[kv_lora_rank + qk_rope_head_dim, hidden]`: the latent and the RoPE key.
+    KvA,
+    /// RMSNorm of the latent.
+    KvANorm,
+    /// `[heads · (qk_nope_head_dim + v_head_dim), kv_lora_rank]`: per head, the key's and the
+    /// value's up projections of the latent (Hugging Face, older GGUF files).
+    KvB,
+    /// The same split per head as llama.cpp now writes it: `[heads, kv_lora_rank,
+    /// qk_nope_head_dim]` the keys' projections transposed, `[heads, v_head_dim,
+    /// kv_lora_rank]` the values'.
+    KB,
+    VB,
 }
 
 /// One of an expert's three matrices.
@@ -112,6 +132,15 @@ impl Naming {
                     L::SharedUp => "mlp.shared_expert.up_proj.weight",
                     L::SharedDown => "mlp.shared_expert.down_proj.weight",
                     L::SharedExpertGate => "mlp.shared_expert_gate.weight",
+                    L::RouterBias => "mlp.gate.e_score_correction_bias",
+                    L::QA => "self_attn.q_a_proj.weight",
+                    L::QANorm => "self_attn.q_a_layernorm.weight",
+                    L::QB => "self_attn.q_b_proj.weight",
+                    L::KvA => "self_attn.kv_a_proj_with_mqa.weight",
+                    L::KvANorm => "self_attn.kv_a_layernorm.weight",
+                    L::KvB => "self_attn.kv_b_proj.weight",
+                    L::KB => "self_attn.k_b_proj.weight",
+                    L::VB => "self_attn.v_b_proj.weight",
                 });
                 format!("model.layers.{l}.{leaf}")
             }
@@ -142,6 +171,15 @@ impl Naming {
                     L::SharedUp => "ffn_up_shexp.weight",
                     L::SharedDown => "ffn_down_shexp.weight",
                     L::SharedExpertGate => "ffn_gate_inp_shexp.weight",
+                    L::RouterBias => "exp_probs_b.bias",
+                    L::QA => "attn_q_a.weight",
+                    L::QANorm => "attn_q_a_norm.weight",
+                    L::QB => "attn_q_b.weight",
+                    L::KvA => "attn_kv_a_mqa.weight",
+                    L::KvANorm => "attn_kv_a_norm.weight",
+                    L::KvB => "attn_kv_b.weight",
+                    L::KB => "attn_k_b.weight",
+                    L::VB => "attn_v_b.weight",
                 };
                 format!("blk.{l}.{leaf}")
             }

@@ -233,6 +233,38 @@ impl<B: Backend> Weights<'_, B> {
             .map_err(|e| LoadError::Backend { name, message: e.to_string() })
     }
 
+    /// Row ranges `parts` (`(first, rows)`) of the `[rows, cols]` matrix `t`, each one matrix,
+    /// converted like [`Weights::matrix`].
+    pub(crate) fn matrix_parts(
+        &self,
+        t: Tensor,
+        (rows, cols): (usize, usize),
+        parts: &[(usize, usize)],
+    ) -> Result<Vec<B::Weight>, LoadError> {
+        let name = self.naming.name(t);
+        let tensor = self.source.matrix(&name, rows, cols)?;
+        parts
+            .iter()
+            .map(|&(first, n)| {
+                let part = tensor.rows_slice(first, n).ok_or_else(|| LoadError::Backend {
+                    name: name.clone(),
+                    message: format!("rows {first}..{} of {rows}", first + n),
+                })?;
+                self.load(format!("{name}[{first}..{}]", first + n), part)
+            })
+            .collect()
+    }
+
+    /// Moves a matrix built on the host (`name` names it in errors) onto the backend,
+    /// converted like [`Weights::matrix`].
+    pub(crate) fn host_matrix(
+        &self,
+        name: String,
+        tensor: HostTensor,
+    ) -> Result<B::Weight, LoadError> {
+        self.load(name, tensor)
+    }
+
     /// A matrix kept in its stored type whatever `--quantization` asks (a router: its scores
     /// pick the experts, so they are computed in float as the checkpoint has them).
     pub(crate) fn float_matrix(

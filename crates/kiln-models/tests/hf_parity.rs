@@ -15,10 +15,23 @@ use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 /// bf16; Qwen2-MoE: a shared expert, unnormalised weights; Qwen3-MoE: 8 experts, 2 per token;
 /// both Qwens with a dense layer between two sparse ones), Gemma 3 (sandwich norms, sliding
 /// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE;
-/// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE).
-const MODELS: [&str; 11] = [
-    "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3",
-    "phi3", "phi4mini",
+/// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE) and DeepSeek V2/V3
+/// (latent attention, YaRN, group-limited routing with shared experts; V3 with compressed
+/// queries and sigmoid routing's correction bias).
+const MODELS: [&str; 13] = [
+    "llama3",
+    "llama2",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "gemma3",
+    "phi3",
+    "phi4mini",
+    "deepseekv2",
+    "deepseekv3",
 ];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;
@@ -78,7 +91,7 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
 /// experts, whichever other tokens share a token's experts.
 #[test]
 fn step_of_1200_tokens_equals_each_sequence_alone() {
-    for name in ["gemma3", "llama3", "qwen3moe", "qwen2moe"] {
+    for name in ["gemma3", "llama3", "qwen3moe", "qwen2moe", "deepseekv3"] {
         let mut runner = Runner::new(name);
         let vocab = runner.vocab() as u32;
         let seqs: Vec<Vec<u32>> = (0..6u32)

@@ -303,7 +303,7 @@ mod tests {
     /// dtype the engine stores.
     #[test]
     fn plan_and_engine_agree_on_kv_bytes() {
-        let layout = kiln_models::KvLayout { num_layers: 18, num_kv_heads: 2, head_dim: 256 };
+        let layout = kiln_models::KvLayout::new(18, 2, 256);
         let shape = ModelShape {
             weight_bytes: 0,
             active_weight_bytes: 0,

@@ -1,7 +1,9 @@
 //! The CPU backend's KV store: per layer, K and V buffers `[num_blocks, block_size,
 //! num_kv_heads, head_dim]` in host memory, f32, f16 or 8-bit elements ([`KvCacheDtype`]); an
 //! 8-bit cache also keeps f32 scales `[num_blocks, block_size, num_kv_heads, scales_per_row]`
-//! for K and for V ([`crate::kv_quant`]).
+//! for K and for V ([`crate::kv_quant`]). A layout whose values are read from the keys
+//! ([`kiln_backend::KvLayout::values_from_keys`]) has empty V buffers: [`CpuKvStore::layer`]
+//! hands its K buffers out as V too, and nothing else ever touches V.
 //!
 //! Every buffer is allocated zeroed by the allocator (`calloc`: fresh pages from the OS, mapped
 //! on first write), never written at start: the cache costs no time to reserve and its resident
@@ -58,23 +60,26 @@ impl CpuKvStore {
     /// A zeroed cache of `spec`'s geometry.
     pub fn new(spec: KvCacheSpec) -> Self {
         let (elems, scales) = (spec.layer_elems(), spec.layer_scales());
+        // V's sizes: none when values are read from the keys.
+        let (v_elems, v_scales) =
+            if spec.layout.values_from_keys { (0, 0) } else { (elems, scales) };
         let layers = spec.layout.num_layers;
         let store = match RowCodec::new(spec.dtype, spec.layout.head_dim) {
             Some(codec) => {
-                let layer = || (vec![0u8; elems], vec![0.0f32; scales]);
+                let layer = |e, s| (vec![0u8; e], vec![0.0f32; s]);
                 Store::Q8 {
                     codec,
-                    k: (0..layers).map(|_| layer()).collect(),
-                    v: (0..layers).map(|_| layer()).collect(),
+                    k: (0..layers).map(|_| layer(elems, scales)).collect(),
+                    v: (0..layers).map(|_| layer(v_elems, v_scales)).collect(),
                 }
             }
             None if spec.dtype == KvCacheDtype::F32 => Store::F32 {
                 k: (0..layers).map(|_| vec![0.0; elems]).collect(),
-                v: (0..layers).map(|_| vec![0.0; elems]).collect(),
+                v: (0..layers).map(|_| vec![0.0; v_elems]).collect(),
             },
             None => Store::F16 {
                 k: (0..layers).map(|_| zeroed_f16(elems)).collect(),
-                v: (0..layers).map(|_| zeroed_f16(elems)).collect(),
+                v: (0..layers).map(|_| zeroed_f16(v_elems)).collect(),
             },
         };
         Self { spec, store }
@@ -84,19 +89,25 @@ impl CpuKvStore {
         self.spec
     }
 
-    /// `(k, v)` of `layer`.
+    /// `(k, v)` of `layer`, as attention reads them: `(k, k)` when values are read from the
+    /// keys.
     pub fn layer(&self, layer: usize) -> KvLayer<'_> {
+        let shared = self.spec.layout.values_from_keys;
         match &self.store {
-            Store::F32 { k, v } => KvLayer::F32(&k[layer], &v[layer]),
-            Store::F16 { k, v } => KvLayer::F16(&k[layer], &v[layer]),
+            Store::F32 { k, v } => {
+                KvLayer::F32(&k[layer], if shared { &k[layer] } else { &v[layer] })
+            }
+            Store::F16 { k, v } => {
+                KvLayer::F16(&k[layer], if shared { &k[layer] } else { &v[layer] })
+            }
             Store::Q8 { codec, k, v } => {
-                let (k, v) = (&k[layer], &v[layer]);
+                let (k, v) = (&k[layer], if shared { &k[layer] } else { &v[layer] });
                 KvLayer::Q8(*codec, (&k.0, &k.1), (&v.0, &v.1))
             }
         }
     }
 
-    /// `(k, v)` of `layer`, mutable.
+    /// `(k, v)` of `layer`, mutable; `v` is empty when values are read from the keys.
     pub fn layer_mut(&mut self, layer: usize) -> KvLayerMut<'_> {
         match &mut self.store {
             Store::F32 { k, v } => KvLayerMut::F32(&mut k[layer], &mut v[layer]),
@@ -117,27 +128,33 @@ impl CpuKvStore {
         self.spec.bytes_per_block()
     }
 
-    /// Elements and scales of one block in one layer's buffers.
-    fn block_ranges(&self, block: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    /// Elements and scales of one block in one layer's K buffers, then in its V buffers
+    /// (empty when values are read from the keys).
+    fn block_ranges(&self, block: usize) -> [std::ops::Range<usize>; 4] {
         assert!(block < self.spec.num_blocks, "block {block} of {}", self.spec.num_blocks);
         let rows = self.spec.block_size * self.spec.layout.num_kv_heads;
         let elems = rows * self.spec.layout.head_dim;
         let scales = rows * self.spec.dtype.scales_per_row(self.spec.layout.head_dim);
-        (block * elems..(block + 1) * elems, block * scales..(block + 1) * scales)
+        let (e, s) = (block * elems..(block + 1) * elems, block * scales..(block + 1) * scales);
+        if self.spec.layout.values_from_keys {
+            [e, s, 0..0, 0..0]
+        } else {
+            [e.clone(), s.clone(), e, s]
+        }
     }
 
     /// Copies block `block` of every layer into `out` ([`CpuKvStore::block_bytes`] long).
     pub fn read_block(&self, block: usize, out: &mut [u8]) {
         assert_eq!(out.len(), self.block_bytes(), "block buffer size");
-        let (e, s) = self.block_ranges(block);
+        let [e, s, ve, vsr] = self.block_ranges(block);
         let mut out = out;
         for layer in 0..self.spec.layout.num_layers {
             out = match self.layer(layer) {
-                KvLayer::F32(k, v) => put_all(&v[e.clone()], put_all(&k[e.clone()], out)),
-                KvLayer::F16(k, v) => put_all(&v[e.clone()], put_all(&k[e.clone()], out)),
+                KvLayer::F32(k, v) => put_all(&v[ve.clone()], put_all(&k[e.clone()], out)),
+                KvLayer::F16(k, v) => put_all(&v[ve.clone()], put_all(&k[e.clone()], out)),
                 KvLayer::Q8(_, (kc, ks), (vc, vs)) => {
-                    let out = put_all(&vc[e.clone()], put_all(&kc[e.clone()], out));
-                    put_all(&vs[s.clone()], put_all(&ks[s.clone()], out))
+                    let out = put_all(&vc[ve.clone()], put_all(&kc[e.clone()], out));
+                    put_all(&vs[vsr.clone()], put_all(&ks[s.clone()], out))
                 }
             };
         }
@@ -147,19 +164,19 @@ impl CpuKvStore {
     /// wrote it.
     pub fn write_block(&mut self, block: usize, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "block buffer size");
-        let (e, s) = self.block_ranges(block);
+        let [e, s, ve, vsr] = self.block_ranges(block);
         let mut data = data;
         for layer in 0..self.spec.layout.num_layers {
             data = match self.layer_mut(layer) {
                 KvLayerMut::F32(k, v) => {
-                    get_all(&mut v[e.clone()], get_all(&mut k[e.clone()], data))
+                    get_all(&mut v[ve.clone()], get_all(&mut k[e.clone()], data))
                 }
                 KvLayerMut::F16(k, v) => {
-                    get_all(&mut v[e.clone()], get_all(&mut k[e.clone()], data))
+                    get_all(&mut v[ve.clone()], get_all(&mut k[e.clone()], data))
                 }
                 KvLayerMut::Q8(_, (kc, ks), (vc, vs)) => {
-                    let data = get_all(&mut vc[e.clone()], get_all(&mut kc[e.clone()], data));
-                    get_all(&mut vs[s.clone()], get_all(&mut ks[s.clone()], data))
+                    let data = get_all(&mut vc[ve.clone()], get_all(&mut kc[e.clone()], data));
+                    get_all(&mut vs[vsr.clone()], get_all(&mut ks[s.clone()], data))
                 }
             };
         }
@@ -168,8 +185,11 @@ impl CpuKvStore {
     /// Copies the K/V (and scales) of slot `src` to slot `dst` in every layer, for each pair in
     /// order.
     pub fn copy_slots(&mut self, pairs: &[(u32, u32)]) {
+        /// Slot `src`'s row to slot `dst`'s (an empty V buffer has none).
         fn copy<T: Copy>(buf: &mut [T], width: usize, src: usize, dst: usize) {
-            buf.copy_within(src * width..(src + 1) * width, dst * width);
+            if !buf.is_empty() {
+                buf.copy_within(src * width..(src + 1) * width, dst * width);
+            }
         }
         let num_slots = self.spec.num_blocks * self.spec.block_size;
         let row = self.spec.layout.num_kv_heads * self.spec.layout.head_dim;
@@ -208,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_block_read_out_and_written_back_is_the_same_block() {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 64 };
+        let layout = KvLayout::new(2, 2, 64);
         for dtype in KvCacheDtype::ALL {
             let spec = KvCacheSpec { layout, dtype, num_blocks: 3, block_size: 4 };
             let mut kv = CpuKvStore::new(spec);
@@ -228,7 +248,7 @@ mod tests {
 
     #[test]
     fn copied_slots_read_back_as_their_sources() {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 32 };
+        let layout = KvLayout::new(2, 2, 32);
         for dtype in KvCacheDtype::ALL {
             let spec = KvCacheSpec { layout, dtype, num_blocks: 2, block_size: 4 };
             let mut kv = CpuKvStore::new(spec);
@@ -266,7 +286,7 @@ mod tests {
 
     #[test]
     fn every_dtype_allocates_zeros_of_the_spec() {
-        let layout = KvLayout { num_layers: 2, num_kv_heads: 3, head_dim: 8 };
+        let layout = KvLayout::new(2, 3, 8);
         // 8 elements a row: one scale per row for every 8-bit type.
         for dtype in KvCacheDtype::ALL {
             let spec = KvCacheSpec { layout, dtype, num_blocks: 5, block_size: 4 };

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use kiln_backend::{
     AttentionShape, Backend, ExpertLinearJob, ForwardError, GateActivation, GgmlType, HostTensor,
-    KvCacheSpec, LinearJob, LoadTensorError, Logits, LoraJob, RopeConfig, SeqSpan, TreeMask,
+    KvCacheSpec, LinearJob, LoadTensorError, Logits, LoraJob, RopeConfig, SeqSpan, Strides,
+    TreeMask,
 };
 
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
@@ -276,6 +277,21 @@ impl Backend for Cpu {
 
     fn copy_kv_slots(&self, kv: &mut CpuKvStore, pairs: &[(u32, u32)]) {
         kv.copy_slots(pairs);
+    }
+
+    fn supports_latent_attention(&self) -> bool {
+        true
+    }
+
+    fn copy_strided(
+        &self,
+        src: &[f32],
+        s: Strides,
+        dst: &mut [f32],
+        d: Strides,
+        counts: (usize, usize, usize),
+    ) {
+        host_rows::copy_strided(src, s, dst, d, counts);
     }
 
     fn compact_rows(&self, buf: &mut [f32], width: usize, rows: &[usize]) {

@@ -39,6 +39,16 @@ impl Keys<'_> {
         self.file.u64(&self.key(k))?.map(|_| self.dim(k)).transpose()
     }
 
+    /// A dimension the file must have.
+    pub(crate) fn required_dim(&self, k: &str) -> Result<usize, LoadError> {
+        self.dim(k)
+    }
+
+    /// An optional unsigned integer `{arch}.{k}`.
+    pub(crate) fn opt_u64(&self, k: &str) -> Result<Option<u64>, LoadError> {
+        self.file.u64(&self.key(k))
+    }
+
     fn positive(&self, k: &str) -> Result<Option<f32>, LoadError> {
         match self.file.f32(&self.key(k))? {
             Some(c) if !(c.is_finite() && c > 0.0) => {
@@ -101,6 +111,9 @@ impl Keys<'_> {
             expert_intermediate_size: width,
             norm_topk_prob: self.opt_bool("expert_weights_norm")?.unwrap_or(norm_default),
             shared_expert_intermediate_size: self.opt_dim("expert_shared_feed_forward_length")?,
+            shared_expert_gate: true,
+            routing: super::Routing::Softmax,
+            routed_scaling_factor: 1.0,
             sparse_layers: (0..num_layers)
                 .map(|l| self.has_tensor(&format!("blk.{l}.ffn_gate_inp.weight")))
                 .collect(),
@@ -118,8 +131,11 @@ impl Keys<'_> {
             None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
             None => return Err(self.err("embedding_length is not a multiple of head_count".into())),
         };
+        // Latent attention (`kv_lora_rank`) has values narrower than its keys.
+        let latent = self.file.u64(&self.key("attention.kv_lora_rank"))?.is_some();
         if let Some(v) = self.opt_dim("attention.value_length")?
             && v != head_dim
+            && !latent
         {
             return Err(self.err(format!("value_length {v} differs from key_length {head_dim}")));
         }
@@ -146,6 +162,19 @@ impl Keys<'_> {
                 None | Some(1.0) => RopeScaling::None,
                 Some(factor) => RopeScaling::Linear { factor },
             },
+            Some("yarn") => {
+                let factor = self.positive("rope.scaling.factor")?.ok_or_else(|| {
+                    self.err("yarn rope scaling needs `rope.scaling.factor`".into())
+                })?;
+                let original = self.dim("rope.scaling.original_context_length")? as f32;
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position: original,
+                    beta_fast: self.positive("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                    beta_slow: self.positive("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                    truncate: true,
+                }
+            }
             Some(other) => return Err(self.err(format!("rope scaling `{other}` is not supported"))),
         };
         Ok((theta, scaling))
@@ -261,7 +290,13 @@ impl ModelConfig {
             rope_local_theta: None,
             rope_style: RopeStyle::Neox,
             rope_freq_factors: rope_freq_factors(file, rotary_dim)?,
-            rope_mscale: 1.0,
+            // llama.cpp's YaRN multiplies cos and sin by `0.1 · ln(factor) + 1`.
+            rope_mscale: match rope_scaling {
+                RopeScaling::Yarn { factor, .. } => {
+                    kiln_backend::ops::yarn_attention_factor(factor, None, None)
+                }
+                _ => 1.0,
+            },
             hidden_act: GateActivation::Silu,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             embedding_scale: None,
@@ -274,6 +309,7 @@ impl ModelConfig {
             mlp_bias: file.tensor("blk.0.ffn_up.bias").is_some(),
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             moe: None,
+            mla: None,
             packed: None,
             head: crate::config::OutputHead::Lm,
         };

@@ -29,6 +29,9 @@ pub(super) fn apply_hf(
             expert_intermediate_size: c.intermediate_size,
             norm_topk_prob: true,
             shared_expert_intermediate_size: None,
+            shared_expert_gate: true,
+            routing: crate::Routing::Softmax,
+            routed_scaling_factor: 1.0,
             sparse_layers: vec![true; c.num_layers],
         };
         moe.validate(|m| f.err(m))?;

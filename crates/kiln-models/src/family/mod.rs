@@ -6,8 +6,10 @@
 //! mixture-of-experts MLP), a variant of the decoder's `Mlp`.
 //!
 //! Families: [`llama`] (Llama 2/3, Mistral, Mixtral), [`qwen`] (Qwen2, Qwen3, Qwen2-MoE,
-//! Qwen3-MoE), [`gemma3`], [`phi3`] (Phi-3, Phi-4).
+//! Qwen3-MoE), [`gemma3`], [`phi3`] (Phi-3, Phi-4), [`deepseek`] (DeepSeek V2/V3: latent
+//! attention).
 
+pub(crate) mod deepseek;
 pub(crate) mod gemma3;
 mod llama;
 pub(crate) mod phi3;
@@ -35,6 +37,10 @@ pub enum Architecture {
     Gemma3,
     /// Llama's decoder with fused `qkv_proj` and `gate_up_proj` (Phi-3, Phi-4).
     Phi3,
+    /// Multi-head latent attention and experts with shared experts, softmax routing.
+    DeepseekV2,
+    /// DeepSeek-V2's blocks with sigmoid routing and its correction bias.
+    DeepseekV3,
 }
 
 /// What the shared `config.json` parse found that families refine.
@@ -51,14 +57,14 @@ impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
          Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text \
-         model), Phi3ForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
+         model), Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
          Qwen2Model, Qwen3Model and the sequence classifiers LlamaForSequenceClassification, \
          MistralForSequenceClassification, Qwen2ForSequenceClassification, \
          Qwen3ForSequenceClassification";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
-        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3";
+        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, deepseek2";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
@@ -72,6 +78,8 @@ impl Architecture {
             "Qwen3MoeForCausalLM" => Self::Qwen3Moe,
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Self::Gemma3,
             "Phi3ForCausalLM" => Self::Phi3,
+            "DeepseekV2ForCausalLM" => Self::DeepseekV2,
+            "DeepseekV3ForCausalLM" => Self::DeepseekV3,
             _ => return None,
         })
     }
@@ -110,6 +118,7 @@ impl Architecture {
             "qwen3moe" => Self::Qwen3Moe,
             "gemma3" => Self::Gemma3,
             "phi3" => Self::Phi3,
+            "deepseek2" => Self::DeepseekV2,
             _ => return None,
         })
     }
@@ -125,6 +134,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3moe",
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
+            Self::DeepseekV2 | Self::DeepseekV3 => "deepseek2",
         }
     }
 
@@ -142,6 +152,7 @@ impl Architecture {
             }
             Self::Gemma3 => gemma3::apply_hf(f, ctx, c),
             Self::Phi3 => phi3::apply_hf(f, ctx, c),
+            Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_hf(self, f, c),
         }
     }
 
@@ -153,6 +164,7 @@ impl Architecture {
             Self::Qwen2Moe | Self::Qwen3Moe => qwen::apply_gguf_moe(self, keys, c),
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
             Self::Phi3 => phi3::apply_gguf(keys, c),
+            Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_gguf(keys, c),
         }
     }
 
@@ -161,6 +173,7 @@ impl Architecture {
         match self {
             Self::Gemma3 => gemma3::hf_layer_leaf(t),
             Self::Mixtral => llama::mixtral_layer_leaf(t),
+            Self::DeepseekV2 | Self::DeepseekV3 => deepseek::hf_layer_leaf(t),
             _ => None,
         }
     }

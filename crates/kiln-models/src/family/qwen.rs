@@ -63,6 +63,9 @@ fn hf_moe(
         expert_intermediate_size: f.dim("moe_intermediate_size")?,
         norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
         shared_expert_intermediate_size: shared,
+        shared_expert_gate: true,
+        routing: crate::Routing::Softmax,
+        routed_scaling_factor: 1.0,
         sparse_layers: (0..num_layers).map(|l| !dense[l] && (l + 1) % step == 0).collect(),
     };
     moe.validate(|m| f.err(m))?;

@@ -1,6 +1,12 @@
 use kiln_backend::ExpertRouting;
 
-use super::route;
+use super::{RouteRule, route};
+use crate::Routing;
+
+/// The rule of softmax routing with `k` picks.
+fn softmax_rule(k: usize, normalize: bool, shared: Option<bool>) -> RouteRule<'static> {
+    RouteRule { k, routing: Routing::Softmax, normalize, scale: 1.0, bias: None, shared }
+}
 
 /// Routing of `logits` (`[n, experts]`, one row per token).
 fn routed(logits: &[&[f32]], k: usize, normalize: bool) -> ExpertRouting {
@@ -9,7 +15,7 @@ fn routed(logits: &[&[f32]], k: usize, normalize: bool) -> ExpertRouting {
     for (t, row) in logits.iter().enumerate() {
         r.logits.row_mut(t).copy_from_slice(row);
     }
-    route(&mut r, logits.len(), k, normalize, false);
+    route(&mut r, logits.len(), &softmax_rule(k, normalize, None));
     r
 }
 
@@ -45,7 +51,7 @@ fn a_shared_expert_is_each_tokens_last_pick() {
         r.logits.row_mut(t).copy_from_slice(row);
         r.shared_logits.row_mut(t)[0] = t as f32 - 1.0;
     }
-    route(&mut r, 3, 2, false, true);
+    route(&mut r, 3, &softmax_rule(2, false, Some(true)));
     // The routed layout is the one without a shared expert; each token then takes row
     // 6 + t (after the 3·2 picked rows) with weight sigmoid(gate).
     let plain = routed(&rows, 2, false);
