@@ -24,24 +24,28 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: usize) -> EngineCore {
-    engine_of(KvCacheDtype::F32, prefix_caching, num_kv_blocks, max_num_batched_tokens)
+    engine_of(("llama3", KvCacheDtype::F32), prefix_caching, num_kv_blocks, max_num_batched_tokens)
 }
 
-/// The invariants below hold for every KV cache element type (8-bit ones included).
-const DTYPES: [KvCacheDtype; 5] = KvCacheDtype::ALL;
+/// The invariants below hold for every KV cache element type (8-bit ones included), on a
+/// grouped-query model and on a latent-attention one (DeepSeek-V3: one cache row per token,
+/// values read from the keys; experts).
+fn model_dtypes() -> impl Iterator<Item = (&'static str, KvCacheDtype)> {
+    ["llama3", "deepseekv3"].into_iter().flat_map(|m| KvCacheDtype::ALL.map(|d| (m, d)))
+}
 
 fn engine_of(
-    kv_cache_dtype: KvCacheDtype,
+    kv: (&str, KvCacheDtype),
     prefix_caching: bool,
     num_kv_blocks: usize,
     max_num_batched_tokens: usize,
 ) -> EngineCore {
-    engine_with(kv_cache_dtype, prefix_caching, num_kv_blocks, max_num_batched_tokens, None)
+    engine_with(kv, prefix_caching, num_kv_blocks, max_num_batched_tokens, None)
 }
 
 /// [`engine_of`] with a second KV tier (preemption by swap whenever it has room).
 fn engine_with(
-    kv_cache_dtype: KvCacheDtype,
+    (model, kv_cache_dtype): (&str, KvCacheDtype),
     prefix_caching: bool,
     num_kv_blocks: usize,
     max_num_batched_tokens: usize,
@@ -120,16 +124,16 @@ fn shared_prefix_requests() -> Vec<(Vec<TokenId>, SamplingParams)> {
 
 #[test]
 fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
-    for dtype in DTYPES {
+    for (model, dtype) in model_dtypes() {
         let requests = shared_prefix_requests();
-        let mut off = engine_of(dtype, false, 256, 2048);
+        let mut off = engine_of((model, dtype), false, 256, 2048);
         let expected = run(&mut off, &requests);
         assert_eq!(off.stats().prefix_cache.num_hit_tokens, 0);
         for r in &expected {
             assert_eq!(r.len(), 12);
         }
 
-        let mut on = engine_of(dtype, true, 256, 2048);
+        let mut on = engine_of((model, dtype), true, 256, 2048);
         assert_eq!(run(&mut on, &requests), expected);
         let hits_first = on.stats().prefix_cache.num_hit_tokens;
         assert_eq!(run(&mut on, &requests), expected);
@@ -138,7 +142,7 @@ fn prefix_caching_on_equals_off_and_hits_on_the_second_run() {
         assert!(stats.prefix_cache.hit_rate() > 0.0);
 
         // Small chunks: requests admitted one by one hit the prefix the first one cached.
-        let mut chunked = engine_of(dtype, true, 256, 8);
+        let mut chunked = engine_of((model, dtype), true, 256, 8);
         assert_eq!(run(&mut chunked, &requests), expected);
         assert!(chunked.stats().prefix_cache.num_hit_tokens > 0);
     }
@@ -161,14 +165,14 @@ fn preempting_requests() -> Vec<(Vec<TokenId>, SamplingParams)> {
 
 #[test]
 fn a_run_forced_to_preempt_equals_one_with_plenty_of_blocks() {
-    for dtype in DTYPES {
+    for (model, dtype) in model_dtypes() {
         let requests = preempting_requests();
-        let mut plenty = engine_of(dtype, true, 512, 2048);
+        let mut plenty = engine_of((model, dtype), true, 512, 2048);
         let expected = run(&mut plenty, &requests);
         assert_eq!(plenty.stats().num_preemptions, 0);
         for prefix_caching in [false, true] {
             // 16 blocks of 4 = one request of max_model_len (64); 8 requests of ~40 tokens each.
-            let mut tight = engine_of(dtype, prefix_caching, 24, 2048);
+            let mut tight = engine_of((model, dtype), prefix_caching, 24, 2048);
             assert_eq!(run(&mut tight, &requests), expected);
             assert!(tight.stats().num_preemptions > 0, "{:?}", tight.stats());
         }
@@ -187,14 +191,15 @@ fn tiers(dir: &std::path::Path) -> [KvTierConfig; 2] {
 #[test]
 fn a_run_forced_to_swap_equals_one_with_plenty_of_blocks_and_recomputes_less() {
     let scratch = tempfile::tempdir().unwrap();
-    for dtype in DTYPES {
+    for (model, dtype) in model_dtypes() {
         let requests = preempting_requests();
-        let expected = run(&mut engine_of(dtype, true, 512, 2048), &requests);
+        let expected = run(&mut engine_of((model, dtype), true, 512, 2048), &requests);
         for prefix_caching in [false, true] {
-            let mut recompute = engine_of(dtype, prefix_caching, 24, 2048);
+            let mut recompute = engine_of((model, dtype), prefix_caching, 24, 2048);
             assert_eq!(run(&mut recompute, &requests), expected);
             for tier in tiers(scratch.path()) {
-                let mut swapping = engine_with(dtype, prefix_caching, 24, 2048, Some(tier.clone()));
+                let mut swapping =
+                    engine_with((model, dtype), prefix_caching, 24, 2048, Some(tier.clone()));
                 assert_eq!(run(&mut swapping, &requests), expected, "{dtype:?} {tier:?}");
                 let stats = swapping.stats();
                 assert!(stats.swap.num_swap_preemptions > 0, "{dtype:?} {tier:?}: {stats:?}");
@@ -213,7 +218,7 @@ fn a_run_forced_to_swap_equals_one_with_plenty_of_blocks_and_recomputes_less() {
 fn aborting_swapped_requests_frees_their_tier_slots() {
     let scratch = tempfile::tempdir().unwrap();
     for tier in tiers(scratch.path()) {
-        let mut core = engine_with(KvCacheDtype::F16, true, 24, 2048, Some(tier));
+        let mut core = engine_with(("llama3", KvCacheDtype::F16), true, 24, 2048, Some(tier));
         let ids: Vec<_> = (0..8)
             .map(|i| core.add_request(prompt(i, 14 + i as usize), greedy(24), 0).unwrap())
             .collect();
@@ -242,14 +247,15 @@ fn aborting_swapped_requests_frees_their_tier_slots() {
 #[test]
 fn a_prefix_evicted_to_the_tier_and_hit_again_gives_the_same_tokens_and_skips_its_prefill() {
     let scratch = tempfile::tempdir().unwrap();
-    for dtype in [KvCacheDtype::F16, KvCacheDtype::Int8] {
+    let cases = ["llama3", "deepseekv3"].map(|m| [(m, KvCacheDtype::F16), (m, KvCacheDtype::Int8)]);
+    for (model, dtype) in cases.into_iter().flatten() {
         let shared = (prompt(3, 41), greedy(8));
         let other = (prompt(9, 41), greedy(8));
-        let mut plain = engine_of(dtype, true, 16, 2048);
+        let mut plain = engine_of((model, dtype), true, 16, 2048);
         let expected = run(&mut plain, std::slice::from_ref(&shared));
         for tier in tiers(scratch.path()) {
             // 16 blocks of 4: the second request evicts most of the first one's blocks.
-            let mut core = engine_with(dtype, true, 16, 2048, Some(tier.clone()));
+            let mut core = engine_with((model, dtype), true, 16, 2048, Some(tier.clone()));
             assert_eq!(run(&mut core, std::slice::from_ref(&shared)), expected);
             run(&mut core, std::slice::from_ref(&other));
             let before = core.stats();
@@ -291,7 +297,7 @@ fn a_tier_too_small_for_one_block_is_refused() {
 
 #[test]
 fn each_of_16_requests_in_one_batch_equals_it_alone() {
-    for dtype in DTYPES {
+    for (model, dtype) in model_dtypes() {
         let requests: Vec<_> = (0..16u32)
             .map(|i| {
                 let params = if i % 2 == 0 {
@@ -307,11 +313,11 @@ fn each_of_16_requests_in_one_batch_equals_it_alone() {
                 (prompt(i, 5 + i as usize * 2), params)
             })
             .collect();
-        let mut batch = engine_of(dtype, false, 512, 2048);
+        let mut batch = engine_of((model, dtype), false, 512, 2048);
         let together = run(&mut batch, &requests);
         assert!(batch.stats().num_steps <= 11, "one batch: {:?}", batch.stats());
         for (request, expected) in requests.iter().zip(&together) {
-            let mut alone = engine_of(dtype, false, 512, 2048);
+            let mut alone = engine_of((model, dtype), false, 512, 2048);
             assert_eq!(&run(&mut alone, std::slice::from_ref(request))[0], expected);
         }
     }

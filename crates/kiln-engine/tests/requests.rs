@@ -86,8 +86,17 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 #[test]
 fn greedy_continuations_equal_transformers_batched_and_chunked() {
     for name in [
-        "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe",
+        "llama3",
+        "llama2",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen2moe",
+        "qwen3moe",
         "gemma3",
+        "deepseekv2",
+        "deepseekv3",
     ] {
         let reference: Value = serde_json::from_str(
             &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),

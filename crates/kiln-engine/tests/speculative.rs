@@ -17,8 +17,19 @@ use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig, 
 use kiln_kernels::Cpu;
 use kiln_models::load_model;
 
-const FIXTURES: [&str; 9] =
-    ["llama2", "llama3", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3"];
+const FIXTURES: [&str; 11] = [
+    "llama2",
+    "llama3",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "gemma3",
+    "deepseekv2",
+    "deepseekv3",
+];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)

@@ -15,10 +15,21 @@ use kiln_kernels::Reference;
 use kiln_models::{KvCacheDtype, LogitsWanted, load_model};
 
 /// The mixture-of-experts fixtures.
-const MOE: [&str; 3] = ["mixtral", "qwen2moe", "qwen3moe"];
-const MODELS: [&str; 11] = [
-    "llama3", "llama2", "mistral", "mixtral", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3",
-    "phi3", "phi4mini",
+const MOE: [&str; 5] = ["mixtral", "qwen2moe", "qwen3moe", "deepseekv2", "deepseekv3"];
+const MODELS: [&str; 13] = [
+    "llama3",
+    "llama2",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "gemma3",
+    "phi3",
+    "phi4mini",
+    "deepseekv2",
+    "deepseekv3",
 ];
 /// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
 /// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.

@@ -183,3 +183,47 @@ fn a_split_model_loads_from_its_first_file_and_gives_the_same_logits() {
     assert!(e.contains("model-00003-of-00003.gguf"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// DeepSeek V2 and V3 as llama.cpp's own converter writes them (`convert_hf_to_gguf.py`:
+/// `deepseek2`, the latent projections split into `attn_k_b` / `attn_v_b`, routing in
+/// `expert_gating_func` and the group keys; `scripts/fixtures/make_deepseek_gguf_fixtures.sh`)
+/// give transformers' logits.
+#[test]
+fn llama_cpp_converted_deepseek_matches_transformers() {
+    for name in ["deepseekv2", "deepseekv3"] {
+        let path = converted_dir().join(format!("{name}-f32.gguf"));
+        let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
+        for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
+            let tokens: Vec<u32> =
+                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+            let got = runner.one_shot(&tokens);
+            assert_rows_close(
+                &got,
+                &case.logits,
+                LOGIT_TOLERANCE,
+                &format!("{name}.gguf case {i}"),
+            );
+        }
+    }
+}
+
+fn converted_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf_models")
+}
+
+/// llama.cpp itself on the DeepSeek-V3 file (llama-server's greedy outputs and top-5
+/// log-probabilities, `llama_cpp_reference.json`), teacher-forced: the same top-1 wherever
+/// llama.cpp's leads by more than 0.5 nat, and a mean |Δ logprob| over its top 5 within the
+/// bound of the other GGUF files (measured 0.033 nat, top-1 equal on 50 of 50 steps: llama-server
+/// keeps its KV cache in f16, and these random models amplify rounding). (llama.cpp runs a
+/// `deepseek2` file
+/// without a compressed query only at V2-Lite's 27 layers, so the V2 fixture is checked against
+/// transformers alone.)
+#[test]
+fn deepseek_v3_gguf_matches_llama_cpp() {
+    let file = "deepseekv3-f32.gguf";
+    let mut runner = Runner::with(load_model(&converted_dir().join(file), &cpu()).unwrap());
+    let cases = common::llama_ref::cases(&converted_dir().join("llama_cpp_reference.json"), file);
+    let fit = common::llama_ref::teacher_forced(&mut runner, &cases, file, 0.5);
+    assert!(fit.mean_dlogprob <= 0.12, "{file}: mean |dlogprob| {}", fit.mean_dlogprob);
+}

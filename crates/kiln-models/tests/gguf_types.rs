@@ -17,11 +17,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Runner, argmax, cpu};
+use common::{Runner, cpu, llama_ref};
 use kiln_kernels::GgmlType;
 use kiln_models::gguf::GgufFile;
 use kiln_models::{LoadOptions, load_model, load_model_with};
-use serde_json::Value;
 
 /// Bound on the mean |Δ logprob| over llama.cpp's top 5 (the default model's Q4_K_M bar).
 const MAX_MEAN_DLOGPROB: f64 = 0.12;
@@ -49,62 +48,6 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf_types")
 }
 
-struct Case {
-    prompt: Vec<u32>,
-    output: Vec<u32>,
-    /// Per output step: llama.cpp's top 5 `(id, logprob)`, best first; `None` where
-    /// llama-server reported none of its own (a byte token ending incomplete UTF-8; see
-    /// `scripts/fixtures/llama_server_reference.py`).
-    top5: Vec<Option<Vec<(u32, f32)>>>,
-}
-
-fn cases(file: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(dir().join("llama_cpp_reference.json")).unwrap();
-    let doc: Value = serde_json::from_str(&text).unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| u32::try_from(x.as_u64().unwrap()).unwrap()).collect()
-    };
-    doc["files"][file]["cases"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no reference for {file}"))
-        .iter()
-        .map(|c| Case {
-            prompt: ids(&c["prompt_ids"]),
-            output: ids(&c["output_ids"]),
-            top5: c["top5"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|step| {
-                    step.as_array().map(|top| {
-                        top.iter()
-                            .map(|p| {
-                                let id = u32::try_from(p[0].as_u64().unwrap()).unwrap();
-                                (id, p[1].as_f64().unwrap() as f32)
-                            })
-                            .collect()
-                    })
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-/// Teacher-forced logits of every output step of `case` (the rows after the prompt's last token
-/// and after each output token but the last), one forward pass.
-fn output_logits(runner: &mut Runner, case: &Case) -> Vec<Vec<f32>> {
-    let mut tokens = case.prompt.clone();
-    tokens.extend_from_slice(&case.output[..case.output.len() - 1]);
-    runner.one_shot(&tokens).split_off(case.prompt.len() - 1)
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
-    let log_sum = sum.ln() as f32;
-    row.iter().map(|&v| v - max - log_sum).collect()
-}
-
 #[test]
 fn each_file_holds_its_types() {
     for (file, types) in FILES {
@@ -123,9 +66,9 @@ fn int8_kernels_match_the_file_dequantized_to_f32() {
         let path = dir().join(file);
         let mut quantized = Runner::with(load_model(&path, &cpu()).unwrap());
         let mut float = Runner::with(load_model_with(&path, &f32_options, &cpu()).unwrap());
-        for case in cases(file) {
-            let q = output_logits(&mut quantized, &case);
-            let f = output_logits(&mut float, &case);
+        for case in llama_ref::cases(&dir().join("llama_cpp_reference.json"), file) {
+            let q = llama_ref::output_logits(&mut quantized, &case);
+            let f = llama_ref::output_logits(&mut float, &case);
             for (step, (q, f)) in q.iter().zip(&f).enumerate() {
                 let scale = f.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 let diff = common::max_abs_diff(q, f);
@@ -140,37 +83,19 @@ fn int8_kernels_match_the_file_dequantized_to_f32() {
 
 #[test]
 fn teacher_forced_distribution_matches_llama_cpp() {
+    let reference = dir().join("llama_cpp_reference.json");
     for (file, _) in FILES {
         let mut runner = Runner::with(load_model(&dir().join(file), &cpu()).unwrap());
-        let (mut sum, mut count, mut agree, mut steps) = (0.0f64, 0u32, 0u32, 0u32);
-        for case in cases(file) {
-            let rows = output_logits(&mut runner, &case);
-            for (step, (row, reference)) in rows.iter().zip(&case.top5).enumerate() {
-                let Some(reference) = reference else { continue };
-                let lp = log_softmax(row);
-                for &(id, want) in reference {
-                    sum += f64::from((lp[id as usize] - want).abs());
-                    count += 1;
-                }
-                steps += 1;
-                let (ours, (want, want_lp)) = (argmax(row), reference[0]);
-                if ours == want {
-                    agree += 1;
-                } else {
-                    let margin = want_lp - reference[1].1;
-                    assert!(
-                        margin <= CLEAR_MARGIN,
-                        "{file} step {step}: top-1 {ours} but llama.cpp's {want} leads by \
-                         {margin} nat"
-                    );
-                }
-            }
-        }
-        assert!(steps >= 20, "{file}: only {steps} steps with llama.cpp's probabilities");
-        let mean = sum / f64::from(count);
-        eprintln!(
-            "{file}: top-1 {agree}/{steps}, mean |dlogprob| over llama.cpp's top 5 {mean:.4}"
+        let fit = llama_ref::teacher_forced(
+            &mut runner,
+            &llama_ref::cases(&reference, file),
+            file,
+            CLEAR_MARGIN,
         );
-        assert!(mean <= MAX_MEAN_DLOGPROB, "{file}: mean |dlogprob| {mean}");
+        assert!(
+            fit.mean_dlogprob <= MAX_MEAN_DLOGPROB,
+            "{file}: mean |dlogprob| {}",
+            fit.mean_dlogprob
+        );
     }
 }

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 pub mod gguf;
+pub mod llama_ref;
 pub mod lora;
 use std::sync::Arc;
 
