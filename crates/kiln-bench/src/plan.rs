@@ -2,8 +2,9 @@
 //! the longest context) and a roofline estimate of decode and prefill speed from the machine's
 //! memory bandwidth and peak arithmetic rate.
 //!
-//! Capacity: `kv_bytes_per_token = 2 × num_layers × num_kv_heads × (head_dim × bytes_per_elem
-//! + 4 × scales_per_row)` (f32 scales for the 8-bit types)
+//! Capacity: `kv_bytes_per_token = caches × num_layers × num_kv_heads × (head_dim ×
+//! bytes_per_elem + 4 × scales_per_row)` (f32 scales for the 8-bit types; `caches` is 2, K and
+//! V, or 1 for latent attention, whose one row per token serves as both)
 //! (kiln stores every layer's full K and V, sliding-window layers included);
 //! `max_tokens = (memory − weights − reserve) / kv_bytes_per_token`.
 //!
@@ -34,6 +35,11 @@ pub struct ModelShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Caches per layer: 2 (K and V), 1 with latent attention.
+    pub kv_caches: usize,
+    /// Attention's matmul multiply-adds per token and layer when they are not those of q/k/v/o
+    /// projections of `head_dim`-wide heads (latent attention).
+    pub attn_macs: Option<usize>,
     /// FFN width; the MLP is gated (gate, up, down).
     pub intermediate: usize,
     pub vocab: usize,
@@ -60,7 +66,7 @@ impl ModelShape {
     pub fn block_macs(&self) -> u64 {
         let (h, q, kv) =
             (self.hidden, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
-        let attn = h * q + 2 * h * kv + q * h;
+        let attn = self.attn_macs.unwrap_or(h * q + 2 * h * kv + q * h);
         let dense = 3 * h * self.intermediate;
         let (sparse_layers, sparse) = self.experts.as_ref().map_or((0, 0), |e| {
             let shared =
@@ -107,12 +113,15 @@ impl ModelShape {
 
     /// KV cache bytes per token over all layers (8-bit types: with their scales).
     pub fn kv_bytes_per_token(&self, dtype: KvDtype) -> u64 {
-        2 * (self.num_layers * self.num_kv_heads) as u64 * dtype.row_bytes(self.head_dim)
+        (self.kv_caches * self.num_layers * self.num_kv_heads) as u64
+            * dtype.row_bytes(self.head_dim)
     }
 
     /// K/V bytes one decode step reads for one sequence at context `len`.
     pub fn kv_bytes_read(&self, len: usize, dtype: KvDtype) -> u64 {
-        2 * self.num_kv_heads as u64 * dtype.row_bytes(self.head_dim) * self.attended_positions(len)
+        (self.kv_caches * self.num_kv_heads) as u64
+            * dtype.row_bytes(self.head_dim)
+            * self.attended_positions(len)
     }
 }
 
@@ -273,6 +282,8 @@ mod tests {
             num_heads: 4,
             num_kv_heads: 1,
             head_dim: 256,
+            kv_caches: 2,
+            attn_macs: None,
             intermediate: 2048,
             vocab: 262_144,
             layer_windows: (0..18).map(|l| if l % 6 == 5 { None } else { Some(512) }).collect(),
@@ -324,6 +335,8 @@ mod tests {
             num_heads: 32,
             num_kv_heads: 4,
             head_dim: 128,
+            kv_caches: 2,
+            attn_macs: None,
             intermediate: 6144,
             vocab: 151_936,
             layer_windows: vec![None],

@@ -51,7 +51,7 @@ fn engine_with(
     max_num_batched_tokens: usize,
     kv_tier: Option<KvTierConfig>,
 ) -> EngineCore {
-    let model = load_model(&fixture("llama3"), &cpu()).unwrap().model;
+    let model = load_model(&fixture(model), &cpu()).unwrap().model;
     let config = EngineConfig {
         // Rows sampled on two host threads, as the CLI does on the CPU backend's pool.
         host_pool: kiln_engine::HostPool::new(std::sync::Arc::new(kiln_models::HostThreads::new(

@@ -194,6 +194,35 @@ mod tests {
         assert!((score(7, 3) - score(104, 100)).abs() < 1e-3);
     }
 
+    /// transformers' `_compute_yarn_parameters` for head 16, base 10000, factor 4 over an
+    /// original 64 positions (beta 32 / 1, truncated): its frequencies and attention factor.
+    #[test]
+    fn yarn_matches_transformers() {
+        let scaling = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 64.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+        };
+        let want = [
+            1.0,
+            0.237_170_82,
+            0.049_999_997,
+            0.007_905_695,
+            0.0025,
+            0.000_790_569_5,
+            0.000_250_000_01,
+            7.905_695e-5,
+        ];
+        let got = Rope::new(10_000.0, 16, scaling, RopeStyle::Neox).inv_freq().to_vec();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6 * w, "{got:?}");
+        }
+        let factor = kiln_backend::ops::yarn_attention_factor(4.0, None, None);
+        assert!((factor - 1.138_629_4).abs() < 1e-6);
+    }
+
     #[test]
     fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
         let plain = Rope::new(500_000.0, 16, RopeScaling::None, RopeStyle::Neox);

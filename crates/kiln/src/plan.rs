@@ -81,6 +81,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         num_heads: config.num_heads,
         num_kv_heads: config.num_kv_heads,
         head_dim: config.head_dim,
+        kv_caches: loaded.model.kv_layout().caches(),
+        attn_macs: config.mla.map(|m| latent_attention_macs(&config, &m)),
         intermediate: config.intermediate_size,
         vocab: config.vocab_size,
         layer_windows: config.layer_windows.clone(),
@@ -98,6 +100,19 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let measured = if args.measure { Some(measure(args, loaded.model)?) } else { None };
     print!("{}", describe_speed(&shape, machine, args, dtype, measured.as_ref()));
     Ok(())
+}
+
+/// Latent attention's matmul multiply-adds per token and layer: the query (compressed or not),
+/// the latent and RoPE key, the per-head absorption and value up-projection, the output.
+fn latent_attention_macs(c: &kiln_models::ModelConfig, m: &kiln_models::MlaConfig) -> usize {
+    let (h, heads) = (c.hidden_size, c.num_heads);
+    let query = match m.q_lora_rank {
+        Some(rank) => h * rank + rank * heads * m.qk_head_dim(),
+        None => h * heads * m.qk_head_dim(),
+    };
+    let latent = h * (m.kv_lora_rank + m.qk_rope_head_dim);
+    let per_head = heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim);
+    query + latent + per_head + heads * m.v_head_dim * h
 }
 
 fn describe_capacity(
@@ -151,9 +166,10 @@ fn describe_capacity(
     }
     let _ = writeln!(
         s,
-        "KV cache ({}): {} bytes per token = 2 × {} layers × {} KV heads × {} dims × {} bytes",
+        "KV cache ({}): {} bytes per token = {} × {} layers × {} KV heads × {} dims × {} bytes",
         dtype.name(),
         c.kv_bytes_per_token,
+        shape.kv_caches,
         shape.num_layers,
         shape.num_kv_heads,
         shape.head_dim,
@@ -313,6 +329,8 @@ mod tests {
             num_heads: 4,
             num_kv_heads: 2,
             head_dim: 256,
+            kv_caches: 2,
+            attn_macs: None,
             intermediate: 2048,
             vocab: 1000,
             layer_windows: vec![None; 18],
