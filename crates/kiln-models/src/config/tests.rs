@@ -124,3 +124,56 @@ fn longrope_picks_its_factors_once_by_the_models_context() {
     let msg = ModelConfig::from_json(&cfg, p).unwrap_err().to_string();
     assert!(msg.contains("longrope") && msg.contains("LlamaForCausalLM"), "{msg}");
 }
+
+/// A DeepSeek-V3-shaped config (hub spelling).
+fn deepseek_v3() -> Value {
+    json!({
+        "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "vocab_size": 100, "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+        "n_group": 4, "topk_group": 2, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    })
+}
+
+#[test]
+fn deepseek_reads_latent_attention_and_group_routing() {
+    let c = ModelConfig::from_json(&deepseek_v3(), Path::new("config.json")).unwrap();
+    let mla = c.mla.unwrap();
+    assert_eq!((c.num_kv_heads, c.head_dim, c.rotary_dim), (1, 40, 8));
+    assert_eq!((mla.q_lora_rank, mla.qk_head_dim()), (Some(24), 24));
+    assert_eq!(c.rope_style, RopeStyle::Interleaved);
+    // YaRN's m = 0.1 · ln(40) + 1 squared on 24^-0.5; the cos/sin factor m(1)/m(1) = 1.
+    let m = 0.1 * 40f32.ln() + 1.0;
+    assert!((c.attention_scale - m * m / 24f32.sqrt()).abs() < 1e-6);
+    assert!((c.rope_mscale - 1.0).abs() < 1e-6);
+    let moe = c.moe.unwrap();
+    assert_eq!(moe.routing, Routing::SigmoidBiased { groups: 4, topk_groups: 2 });
+    assert_eq!(moe.sparse_layers, [false, true, true, true]);
+    assert_eq!((moe.shared_expert_intermediate_size, moe.shared_expert_gate), (Some(32), false));
+    assert!(moe.norm_topk_prob && (moe.routed_scaling_factor - 2.5).abs() < 1e-6);
+}
+
+#[test]
+fn deepseek_refuses_what_it_cannot_run_by_name() {
+    let p = Path::new("dir/config.json");
+    let cases = [
+        ("n_group", json!(3), "groups must divide"),
+        ("topk_group", json!(0), "groups must divide"),
+        ("num_experts_per_tok", json!(5), "exceeds the 4 experts of the kept groups"),
+        ("topk_method", json!("greedy"), "routing `greedy`"),
+        ("attention_bias", json!(true), "attention_bias"),
+        ("qk_rope_head_dim", json!(7), "must be even"),
+        ("kv_lora_rank", json!(0), "kv_lora_rank"),
+    ];
+    for (key, value, needle) in cases {
+        let mut cfg = deepseek_v3();
+        cfg[key] = value;
+        let msg = ModelConfig::from_json(&cfg, p).unwrap_err().to_string();
+        assert!(msg.contains(needle) && msg.contains("dir/config.json"), "{key}: {msg}");
+    }
+}
