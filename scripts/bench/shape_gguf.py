@@ -6,7 +6,11 @@ read one file with both kiln and llama.cpp (quantize it with `llama-quantize` fi
 
 SHAPE is `llama-3.2-1b`, `llama-3.1-8b`, `qwen3-30b-a3b-12l` (Qwen3-30B-A3B's tensors with 12
 of its 48 layers: 128 experts of FFN 768 per layer, 8 per token, stacked in one
-`ffn_*_exps` tensor per layer as llama.cpp writes them) or `qwen3-embedding-0.6b`
+`ffn_*_exps` tensor per layer as llama.cpp writes them), `deepseek-v2-lite-6l`
+(DeepSeek-V2-Lite's tensors with 6 of its 27 layers, the first dense: latent attention with
+kv_lora_rank 512 as llama.cpp's converter now writes it, `attn_k_b` / `attn_v_b`; 64 experts
+of FFN 1408, 6 per token, 2 shared; with DeepSeek-V2's compressed query of rank 1536, since
+llama.cpp reads an uncompressed one only from a 27-layer file) or `qwen3-embedding-0.6b`
 (Qwen3-Embedding-0.6B: a Qwen3 decoder with q/k norms and head dim 128, `qwen3.pooling_type`
 3, last-token pooling, as llama.cpp's converter writes an embedding model); `tiny-256` and `tiny-moe-256` are the
 small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (rows of 256, the K-quants'
@@ -20,7 +24,7 @@ Needs the `gguf` and `numpy` packages.
 import sys
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, PoolingType
+from gguf import ExpertGatingFuncType, GGMLQuantizationType, GGUFReader, GGUFWriter, PoolingType
 from gguf.constants import TokenType
 
 SHAPES = {
@@ -29,12 +33,16 @@ SHAPES = {
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
     "qwen3-30b-a3b-12l": (2048, 6144, 12, 32, 4, 151936, False, 1000000.0),
     "qwen3-embedding-0.6b": (1024, 3072, 28, 16, 8, 151669, True, 1000000.0),
+    "deepseek-v2-lite-6l": (2048, 10944, 6, 16, 1, 102400, False, 10000.0),
     "tiny-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
     "tiny-moe-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
 }
 # Dense shapes of another architecture than llama: architecture, head dim (with q/k norms),
 # llama.cpp's pooling type (0: none).
 DENSE = {"qwen3-embedding-0.6b": ("qwen3", 128, 3)}
+# Latent attention shapes: kv_lora_rank, qk_nope, qk_rope, v_head; experts, per token, expert
+# FFN, shared experts, leading dense layers.
+LATENT = {"deepseek-v2-lite-6l": (512, 128, 64, 128, 64, 6, 1408, 2, 1, 1536)}
 # Weight std by shape (default 0.02).
 STD = {"tiny-256": 0.08, "tiny-moe-256": 0.08}
 # The mixture-of-experts shapes: architecture, head dim, experts, experts per token, expert FFN.
@@ -103,6 +111,56 @@ def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None, q
         yield "output.weight", (vocab, hidden), False
 
 
+def latent_tensors(hidden, inter, layers, heads, vocab, shape):
+    """The tensors of a `deepseek2` file with a compressed query, as `tensors`."""
+    r, dn, dr, dv, n, _, width, shared, dense, q_rank = shape
+    yield "token_embd.weight", (vocab, hidden), False
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,), True
+        yield b + "attn_q_a.weight", (q_rank, hidden), False
+        yield b + "attn_q_a_norm.weight", (q_rank,), True
+        yield b + "attn_q_b.weight", (heads * (dn + dr), q_rank), False
+        yield b + "attn_kv_a_mqa.weight", (r + dr, hidden), False
+        yield b + "attn_kv_a_norm.weight", (r,), True
+        yield b + "attn_k_b.weight", (heads, r, dn), False
+        yield b + "attn_v_b.weight", (heads, dv, r), False
+        yield b + "attn_output.weight", (hidden, heads * dv), False
+        yield b + "ffn_norm.weight", (hidden,), True
+        if i < dense:
+            yield b + "ffn_gate.weight", (inter, hidden), False
+            yield b + "ffn_up.weight", (inter, hidden), False
+            yield b + "ffn_down.weight", (hidden, inter), False
+            continue
+        yield b + "ffn_gate_inp.weight", (n, hidden), True
+        yield b + "ffn_gate_exps.weight", (n, width, hidden), False
+        yield b + "ffn_up_exps.weight", (n, width, hidden), False
+        yield b + "ffn_down_exps.weight", (n, hidden, width), False
+        yield b + "ffn_gate_shexp.weight", (shared * width, hidden), False
+        yield b + "ffn_up_shexp.weight", (shared * width, hidden), False
+        yield b + "ffn_down_shexp.weight", (hidden, shared * width), False
+    yield "output_norm.weight", (hidden,), True
+    yield "output.weight", (vocab, hidden), False
+
+
+def add_latent_keys(w, shape):
+    """A `deepseek2` file's latent attention and expert keys."""
+    r, dn, dr, dv, n, k, width, shared, dense, q_rank = shape
+    w.add_q_lora_rank(q_rank)
+    w.add_key_length(r + dr)
+    w.add_value_length(r)
+    w.add_key_length_mla(dn + dr)
+    w.add_value_length_mla(dv)
+    w.add_kv_lora_rank(r)
+    w.add_leading_dense_block_count(dense)
+    w.add_expert_count(n)
+    w.add_expert_used_count(k)
+    w.add_expert_shared_count(shared)
+    w.add_expert_feed_forward_length(width)
+    w.add_expert_weights_scale(1.0)
+    w.add_expert_gating_func(ExpertGatingFuncType.SOFTMAX)
+
+
 def main():
     if len(sys.argv) != 4 or sys.argv[1] not in SHAPES:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(SHAPES)}}} TOKENIZER_GGUF OUT.gguf")
@@ -111,9 +169,10 @@ def main():
     model, tokens, scores, types, specials = tokenizer(tok_path, vocab)
 
     experts = EXPERTS.get(name)
+    latent = LATENT.get(name)
     dense_arch, qk_head_dim, pooling = DENSE.get(name, ("llama", None, 0))
-    arch = experts[0] if experts else dense_arch
-    head_dim = experts[1] if experts else qk_head_dim or hidden // heads
+    arch = experts[0] if experts else "deepseek2" if latent else dense_arch
+    head_dim = experts[1] if experts else latent[2] if latent else qk_head_dim or hidden // heads
     w = GGUFWriter(out, arch)
     w.add_name(f"random-weight {name} shape")
     w.add_context_length(8192)
@@ -130,6 +189,8 @@ def main():
         w.add_value_length(head_dim)
     if pooling:
         w.add_pooling_type(PoolingType(pooling))
+    if latent:
+        add_latent_keys(w, latent)
     if experts:
         _, _, n, k, width = experts
         w.add_key_length(head_dim)
@@ -147,7 +208,10 @@ def main():
         getattr(w, {"unknown": "add_unk_token_id", "padding": "add_pad_token_id"}.get(
             key, f"add_{key}_token_id"))(value)
 
-    specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts, qk_head_dim))
+    if latent:
+        specs = list(latent_tensors(hidden, inter, layers, heads, vocab, latent))
+    else:
+        specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts, qk_head_dim))
     for tname, shape, norm in specs:
         dtype = np.float32 if norm else np.float16
         w.add_tensor_info(tname, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
