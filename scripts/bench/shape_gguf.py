@@ -13,7 +13,8 @@ of FFN 1408, 6 per token, 2 shared; with DeepSeek-V2's compressed query of rank 
 llama.cpp reads an uncompressed one only from a 27-layer file) or `qwen3-embedding-0.6b`
 (Qwen3-Embedding-0.6B: a Qwen3 decoder with q/k norms and head dim 128, `qwen3.pooling_type`
 3, last-token pooling, as llama.cpp's converter writes an embedding model); `tiny-256` and `tiny-moe-256` are the
-small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (rows of 256, the K-quants'
+small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (and `tiny-deepseek-256`,
+a two-layer `deepseek2` of the same widths) (rows of 256, the K-quants'
 block, and weights of std 0.08 so that the logits spread). The tokenizer (vocabulary, scores, token types,
 special ids) is copied from TOKENIZER_GGUF (the default model's file is fine) and cut or padded
 to the shape's vocabulary. Weights are N(0, 0.02) from a fixed seed, norms are 1, so the file is
@@ -36,15 +37,22 @@ SHAPES = {
     "deepseek-v2-lite-6l": (2048, 10944, 6, 16, 1, 102400, False, 10000.0),
     "tiny-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
     "tiny-moe-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
+    "tiny-deepseek-256": (256, 512, 2, 4, 1, 512, False, 10000.0),
 }
 # Dense shapes of another architecture than llama: architecture, head dim (with q/k norms),
 # llama.cpp's pooling type (0: none).
 DENSE = {"qwen3-embedding-0.6b": ("qwen3", 128, 3)}
 # Latent attention shapes: kv_lora_rank, qk_nope, qk_rope, v_head; experts, per token, expert
 # FFN, shared experts, leading dense layers.
-LATENT = {"deepseek-v2-lite-6l": (512, 128, 64, 128, 64, 6, 1408, 2, 1, 1536)}
+LATENT = {
+    "deepseek-v2-lite-6l": (512, 128, 64, 128, 64, 6, 1408, 2, 1, 1536),
+    "tiny-deepseek-256": (256, 64, 32, 64, 4, 2, 256, 1, 1, 256),
+}
 # Weight std by shape (default 0.02).
-STD = {"tiny-256": 0.08, "tiny-moe-256": 0.08}
+STD = {"tiny-256": 0.08, "tiny-moe-256": 0.08, "tiny-deepseek-256": 0.08}
+# Router std by shape (default 0.5): wider keeps a test file's picks far from ties, so 8-bit
+# activations do not flip them.
+ROUTER_STD = {"tiny-deepseek-256": 2.0}
 # The mixture-of-experts shapes: architecture, head dim, experts, experts per token, expert FFN.
 EXPERTS = {
     "qwen3-30b-a3b-12l": ("qwen3moe", 128, 128, 8, 768),
@@ -223,7 +231,7 @@ def main():
     for tname, shape, norm in specs:
         if tname.endswith("ffn_gate_inp.weight"):
             # A router with spread logits, so that tokens pick varied experts.
-            data = rng.standard_normal(shape, dtype=np.float32) * 0.5
+            data = rng.standard_normal(shape, dtype=np.float32) * ROUTER_STD.get(name, 0.5)
         elif norm:
             data = np.ones(shape, dtype=np.float32)
         else:
