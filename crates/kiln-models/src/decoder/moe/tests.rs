@@ -96,3 +96,54 @@ fn a_tokens_picks_do_not_depend_on_the_others() {
     };
     assert_eq!(experts(&batched, 1), experts(&alone, 0));
 }
+
+/// Routing of one token's `logits` by `rule`: its experts (ascending) and weights.
+fn picks(logits: &[f32], rule: &RouteRule<'_>) -> (Vec<usize>, Vec<f32>) {
+    let mut r = ExpertRouting::default();
+    r.logits.reset(1, logits.len());
+    r.logits.row_mut(0).copy_from_slice(logits);
+    route(&mut r, 1, rule);
+    let experts = r.rows[..rule.k].iter().map(|&row| {
+        (0..logits.len()).find(|&e| (r.offsets[e]..r.offsets[e + 1]).contains(&row)).unwrap()
+    });
+    (experts.collect(), r.weights[..rule.k].to_vec())
+}
+
+#[test]
+fn group_limited_softmax_searches_the_best_groups_only() {
+    // Groups {0,1}, {2,3}, {4,5}: best experts 1 (group 0, 3.0), then 2 (group 1, 2.5), then
+    // 4 (group 2, 2.4); with one group kept the picks are both of group 0, expert 0 over 2.
+    let logits = [1.0, 3.0, 2.5, -1.0, 2.4, 0.0];
+    let groups = |topk_groups| Routing::SoftmaxGroupLimited { groups: 3, topk_groups };
+    let rule = |routing| RouteRule {
+        k: 2,
+        routing,
+        normalize: false,
+        scale: 1.5,
+        bias: None,
+        shared: None,
+    };
+    let p = softmax(&logits);
+    let (experts, weights) = picks(&logits, &rule(groups(1)));
+    assert_eq!(experts, [0, 1]);
+    assert_eq!(weights, [p[0] * 1.5, p[1] * 1.5]);
+    // Two groups kept: the global best two.
+    assert_eq!(picks(&logits, &rule(groups(2))).0, [1, 2]);
+}
+
+#[test]
+fn sigmoid_routing_chooses_with_the_bias_and_weights_without_it() {
+    let logits = [0.0, 1.0, 2.0, -1.0];
+    let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+    // The bias lifts expert 3 above expert 1 for the choice; groups {0,1} and {2,3} rank by
+    // their two best choices: {2,3} = σ(2) + σ(-1) + 3 beats {0,1}.
+    let bias = [0.0, 0.0, 0.0, 3.0];
+    let routing = Routing::SigmoidBiased { groups: 2, topk_groups: 1 };
+    let rule =
+        RouteRule { k: 2, routing, normalize: true, scale: 2.5, bias: Some(&bias), shared: None };
+    let (experts, weights) = picks(&logits, &rule);
+    assert_eq!(experts, [2, 3]);
+    let (a, b) = (sigmoid(2.0), sigmoid(-1.0));
+    let total = a + b + 1e-20;
+    assert_eq!(weights, [a / total * 2.5, b / total * 2.5]);
+}
