@@ -63,6 +63,8 @@ pub struct ExpertLinearJob<'a, B: Backend> {
     pub weights: &'a [B::Weight],
     /// `n`
     pub width: usize,
+    /// One `[n]` bias per expert, added to its rows (gpt-oss), or none.
+    pub biases: Option<&'a [B::Vector]>,
     /// `[rows, n]`
     pub out: &'a mut B::Buffer,
 }
@@ -186,7 +188,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `out[rows, num_heads * head_dim]` = attention of the queries `q` (rows of `seqs`) over
     /// `layer` of the cache, causal (and windowed when the shape says so). With `tree`, a row
     /// `r` with `tree.rows[r].len > 0` is a token-tree node and sees the keys [`crate::TreeKeys`]
-    /// describes; only backends that [`Backend::supports_token_trees`] are given one.
+    /// describes; only backends that [`Backend::supports_token_trees`] are given one. With
+    /// `sinks` (`[num_heads]`, gpt-oss), head `h`'s softmax has one more logit `sinks[h]`
+    /// whose value is zero; only backends that [`Backend::supports_attention_sinks`] are given
+    /// them.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
@@ -195,10 +200,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         q: Self::View<'_>,
         seqs: &[SeqSpan],
         block_tables: &[u32],
-        tree: Option<TreeMask<'_>>,
+        masks: (Option<TreeMask<'_>>, Option<&Self::Vector>),
         shape: &AttentionShape,
         out: Self::ViewMut<'_>,
     );
+    /// Whether [`Backend::paged_attention`] takes attention sinks (a model with them is
+    /// refused at load on a backend without).
+    fn supports_attention_sinks(&self) -> bool {
+        false
+    }
     /// Whether [`Backend::paged_attention`] takes token trees and [`Backend::copy_kv_slots`]
     /// works (speculative decoding with token trees needs both).
     fn supports_token_trees(&self) -> bool {
@@ -253,7 +263,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
                 .iter_mut()
                 .map(|j| LinearJob {
                     weight: &j.weights[e],
-                    bias: None,
+                    bias: j.biases.map(|b| &b[e]),
                     out: Self::view_mut(j.out, rows.start * j.width..rows.end * j.width),
                 })
                 .collect();

@@ -209,10 +209,22 @@ pub fn yarn_attention_factor(factor: f32, mscale: Option<f32>, mscale_all_dim: O
 }
 
 /// The gate nonlinearity of a gated MLP: `gate = act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GateActivation {
     /// `x * sigmoid(x)` (Llama, Mistral, Qwen).
     Silu,
     /// GeLU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, -limit,
+    /// limit)`, `gate = g · sigmoid(alpha · g) · (u + 1)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl GateActivation {
+    /// `act(gate) · up` at one point, for the activations without a vectorised form.
+    pub fn clamped_swiglu(alpha: f32, limit: f32, gate: f32, up: f32) -> f32 {
+        let g = gate.min(limit);
+        let u = up.clamp(-limit, limit);
+        g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
+    }
 }

@@ -344,6 +344,10 @@ impl Backend for Cuda {
         let act = match act {
             GateActivation::Silu => 0,
             GateActivation::GeluTanh => 1,
+            // Only gpt-oss's experts use it, and the CUDA backend refuses expert models.
+            GateActivation::ClampedSwiglu { .. } => {
+                unreachable!("the CUDA backend runs no mixture-of-experts layer")
+            }
         };
         let args = [Arg::Ptr(gate.ptr), Arg::Ptr(up.ptr), Arg::U64(gate.len as u64), Arg::I32(act)];
         launch(
@@ -396,11 +400,12 @@ impl Backend for Cuda {
         q: CudaView<'_>,
         seqs: &[SeqSpan],
         block_tables: &[u32],
-        tree: Option<kiln_backend::TreeMask<'_>>,
+        (tree, sinks): (Option<kiln_backend::TreeMask<'_>>, Option<&CudaVector>),
         shape: &AttentionShape,
         out: CudaViewMut<'_>,
     ) {
         assert!(tree.is_none(), "token trees on the CUDA backend");
+        assert!(sinks.is_none(), "attention sinks on the CUDA backend");
         let (hd, nh) = (shape.head_dim, shape.num_heads);
         let num_rows: usize = seqs.iter().map(|s| s.query_len).sum();
         assert!(q.len == num_rows * nh * hd && out.len == q.len, "attention rows");

@@ -215,7 +215,7 @@ fn attention_case<B: HostIo>(
         B::view(&q, 0..n),
         &seqs,
         &tables,
-        None,
+        (None, None),
         &shape,
         B::view_mut(&mut out, 0..n),
     );

@@ -28,10 +28,10 @@ fn engine(prefix_caching: bool, num_kv_blocks: usize, max_num_batched_tokens: us
 }
 
 /// The invariants below hold for every KV cache element type (8-bit ones included), on a
-/// grouped-query model and on a latent-attention one (DeepSeek-V3: one cache row per token,
-/// values read from the keys; experts).
+/// grouped-query model, on a latent-attention one (DeepSeek-V3: one cache row per token,
+/// values read from the keys; experts) and on gpt-oss (attention sinks, sliding layers).
 fn model_dtypes() -> impl Iterator<Item = (&'static str, KvCacheDtype)> {
-    ["llama3", "deepseekv3"].into_iter().flat_map(|m| KvCacheDtype::ALL.map(|d| (m, d)))
+    ["llama3", "deepseekv3", "gptoss"].into_iter().flat_map(|m| KvCacheDtype::ALL.map(|d| (m, d)))
 }
 
 fn engine_of(

@@ -97,6 +97,7 @@ fn greedy_continuations_equal_transformers_batched_and_chunked() {
         "gemma3",
         "deepseekv2",
         "deepseekv3",
+        "gptoss",
     ] {
         let reference: Value = serde_json::from_str(
             &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),

@@ -17,7 +17,7 @@ use kiln_engine::{EngineConfig, EngineCore, SchedulerConfig, SpeculativeConfig, 
 use kiln_kernels::Cpu;
 use kiln_models::load_model;
 
-const FIXTURES: [&str; 11] = [
+const FIXTURES: [&str; 12] = [
     "llama2",
     "llama3",
     "mistral",
@@ -29,6 +29,7 @@ const FIXTURES: [&str; 11] = [
     "gemma3",
     "deepseekv2",
     "deepseekv3",
+    "gptoss",
 ];
 
 fn fixture(name: &str) -> PathBuf {

@@ -10,19 +10,24 @@ const CHUNK: usize = 16 * 1024;
 
 pub use kiln_backend::GateActivation;
 
-/// The function at one point (the same bits as the vectorised [`gated_act_inplace`]).
+/// `act(gate) * up` at one point (the same bits as [`gated_act_inplace`]).
 #[inline]
-pub fn activate(act: GateActivation, x: f32) -> f32 {
+pub fn gated(act: GateActivation, gate: f32, up: f32) -> f32 {
     match act {
-        GateActivation::Silu => vmath::silu(x),
-        GateActivation::GeluTanh => vmath::gelu_tanh(x),
+        GateActivation::Silu => vmath::silu(gate) * up,
+        GateActivation::GeluTanh => vmath::gelu_tanh(gate) * up,
+        GateActivation::ClampedSwiglu { alpha, limit } => {
+            GateActivation::clamped_swiglu(alpha, limit, gate, up)
+        }
     }
 }
 
-fn gate_of(act: GateActivation) -> Gate {
+/// The vectorised form of `act`, when it has one.
+fn gate_of(act: GateActivation) -> Option<Gate> {
     match act {
-        GateActivation::Silu => Gate::Silu,
-        GateActivation::GeluTanh => Gate::GeluTanh,
+        GateActivation::Silu => Some(Gate::Silu),
+        GateActivation::GeluTanh => Some(Gate::GeluTanh),
+        GateActivation::ClampedSwiglu { .. } => None,
     }
 }
 
@@ -37,7 +42,14 @@ pub fn gated_act_inplace(pool: &ThreadPool, act: GateActivation, gate: &mut [f32
         let end = (start + CHUNK).min(len);
         // SAFETY: each task owns elements start..end.
         let gs = unsafe { g.slice(start, end - start) };
-        vmath::gated_at(level, gate_of(act), gs, &up[start..end]);
+        match gate_of(act) {
+            Some(vectorised) => vmath::gated_at(level, vectorised, gs, &up[start..end]),
+            None => {
+                for (x, &u) in gs.iter_mut().zip(&up[start..end]) {
+                    *x = gated(act, *x, u);
+                }
+            }
+        }
     });
 }
 
@@ -48,16 +60,22 @@ mod tests {
     #[test]
     fn known_values() {
         let silu = GateActivation::Silu;
-        assert!((activate(silu, 0.0)).abs() < 1e-7);
-        assert!((activate(silu, 2.0) - 1.761_594_2).abs() < 1e-6);
+        assert!((gated(silu, 0.0, 1.0)).abs() < 1e-7);
+        assert!((gated(silu, 2.0, 1.0) - 1.761_594_2).abs() < 1e-6);
         let gelu = GateActivation::GeluTanh;
-        assert!((activate(gelu, 1.0) - 0.841_192).abs() < 1e-5);
-        assert!((activate(gelu, -3.0) - -0.003_637_3).abs() < 1e-5);
+        assert!((gated(gelu, 1.0, 1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gated(gelu, -3.0, 1.0) - -0.003_637_3).abs() < 1e-5);
+        // gpt-oss: the gate clamped at 7 from above, the up at ±7, plus one.
+        let oss = GateActivation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+        let want = 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * (-7.0 + 1.0);
+        assert_eq!(gated(oss, 9.0, -8.0), want);
         let pool = ThreadPool::new(2);
-        let mut g: Vec<f32> = (0..40_000).map(|i| i as f32 / 10_000.0 - 2.0).collect();
-        let up = vec![2.0; g.len()];
-        let want: Vec<f32> = g.iter().map(|v| activate(silu, *v) * 2.0).collect();
-        gated_act_inplace(&pool, silu, &mut g, &up);
-        assert_eq!(g, want);
+        for act in [silu, oss] {
+            let mut g: Vec<f32> = (0..40_000).map(|i| i as f32 / 10_000.0 - 2.0).collect();
+            let up = vec![2.0; g.len()];
+            let want: Vec<f32> = g.iter().map(|v| gated(act, *v, 2.0)).collect();
+            gated_act_inplace(&pool, act, &mut g, &up);
+            assert_eq!(g, want);
+        }
     }
 }

@@ -213,7 +213,25 @@ pub fn paged_attention<E: KvElem>(
     out: &mut [f32],
 ) {
     let source = PlainKv { k: k_cache, v: v_cache };
-    run_attention(pool, q, &source, seqs, block_tables, tree, shape, out);
+    run_attention(pool, q, &source, seqs, block_tables, (tree, None), shape, out);
+}
+
+/// [`paged_attention`] with attention sinks (gpt-oss): `sinks[h]` (`[num_heads]`) is one more
+/// logit in head `h`'s softmax whose value row is zero, so each output row is the plain one
+/// times `sum / (sum + exp(sink - max))`, `sum` and `max` the row's running softmax state.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with_sinks<E: KvElem>(
+    pool: &ThreadPool,
+    q: &[f32],
+    (k_cache, v_cache): (&[E], &[E]),
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    (tree, sinks): (Option<TreeMask<'_>>, Option<&[f32]>),
+    shape: &AttentionShape,
+    out: &mut [f32],
+) {
+    let source = PlainKv { k: k_cache, v: v_cache };
+    run_attention(pool, q, &source, seqs, block_tables, (tree, sinks), shape, out);
 }
 
 /// [`paged_attention`] over an 8-bit cache: bitwise the result over an f32 cache holding each
@@ -229,7 +247,22 @@ pub fn paged_attention_quant(
     shape: &AttentionShape,
     out: &mut [f32],
 ) {
-    run_attention(pool, q, &kv, seqs, block_tables, tree, shape, out);
+    run_attention(pool, q, &kv, seqs, block_tables, (tree, None), shape, out);
+}
+
+/// [`paged_attention_quant`] with attention sinks ([`paged_attention_with_sinks`]).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_quant_with_sinks(
+    pool: &ThreadPool,
+    q: &[f32],
+    kv: QuantKv<'_>,
+    seqs: &[AttentionSeq],
+    block_tables: &[u32],
+    (tree, sinks): (Option<TreeMask<'_>>, Option<&[f32]>),
+    shape: &AttentionShape,
+    out: &mut [f32],
+) {
+    run_attention(pool, q, &kv, seqs, block_tables, (tree, sinks), shape, out);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -239,7 +272,7 @@ fn run_attention<S: KvSource>(
     source: &S,
     seqs: &[AttentionSeq],
     block_tables: &[u32],
-    tree: Option<TreeMask<'_>>,
+    (tree, sinks): (Option<TreeMask<'_>>, Option<&[f32]>),
     shape: &AttentionShape,
     out: &mut [f32],
 ) {
@@ -269,7 +302,7 @@ fn run_attention<S: KvSource>(
         let block_table = &block_tables[seq.block_table_start..];
         let rows = seq.query_start + tokens.start..seq.query_start + tokens.end;
         let tree = tree.filter(|t| t.rows[rows].iter().any(|k| k.len > 0));
-        let tile_job = Tile { seq, tokens, kv_head, heads, block_table };
+        let tile_job = Tile { seq, tokens, kv_head, heads, block_table, sinks };
         SCRATCH.with_borrow_mut(|scratch| {
             // SAFETY: this task alone writes heads `heads` of `kv_head`'s group for its tokens
             // (disjoint from every other task's rows).
@@ -433,6 +466,8 @@ struct Tile<'a> {
     /// The query heads of `kv_head`'s group this task computes (indices within the group).
     heads: std::ops::Range<usize>,
     block_table: &'a [u32],
+    /// `[num_heads]` the heads' attention sinks, if the layer has them.
+    sinks: Option<&'a [f32]>,
 }
 
 /// Attention of heads `tile.heads` of `kv_head`'s group for each token of the tile.
@@ -547,8 +582,9 @@ unsafe fn attend_tile<S: KvSource>(
             tree::attend_tree_rows(level, q, source, tile, tree, shape, &mut st, scratch, out);
         }
     }
-    for (r, total) in st.sum[..num_rows].iter().enumerate() {
-        let inv = 1.0 / total;
+    for (r, &sum) in st.sum[..num_rows].iter().enumerate() {
+        let sink = tile.sinks.map(|s| s[tile.kv_head * group + tile.heads.start + r % nh]);
+        let inv = output_scale(sum, st.max[r], sink);
         // SAFETY: the caller grants this tile's rows.
         let row = unsafe { out.slice(st.offset[r], hd) };
         for a in row.iter_mut() {
@@ -558,6 +594,20 @@ unsafe fn attend_tile<S: KvSource>(
             // The output accumulated `H·v` rows: `H·o / head_dim` is `o`.
             kv_quant::hadamard_scaled(row);
         }
+    }
+}
+
+/// What a row's accumulated output is multiplied by: `1 / sum`, or with a sink, whose
+/// `exp(sink - max)` joins the softmax denominator, that rescaled to the larger of the two
+/// maxima (so neither exponential overflows).
+fn output_scale(sum: f32, max: f32, sink: Option<f32>) -> f32 {
+    match sink {
+        None => 1.0 / sum,
+        Some(sink) if sink > max => {
+            let shrink = vmath::exp(max - sink);
+            shrink / (sum * shrink + 1.0)
+        }
+        Some(sink) => 1.0 / (sum + vmath::exp(sink - max)),
     }
 }
 

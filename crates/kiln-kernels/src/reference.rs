@@ -85,12 +85,15 @@ fn rms_norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-fn activate(act: GateActivation, x: f32) -> f32 {
+fn gated(act: GateActivation, x: f32, up: f32) -> f32 {
     match act {
-        GateActivation::Silu => x / (1.0 + (-x).exp()),
+        GateActivation::Silu => x / (1.0 + (-x).exp()) * up,
         GateActivation::GeluTanh => {
             let c = (2.0 / std::f32::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
+            0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh()) * up
+        }
+        GateActivation::ClampedSwiglu { alpha, limit } => {
+            GateActivation::clamped_swiglu(alpha, limit, x, up)
         }
     }
 }
@@ -316,7 +319,7 @@ impl Backend for Reference {
 
     fn gated_act(&self, act: GateActivation, gate: &mut [f32], up: &[f32]) {
         for (g, u) in gate.iter_mut().zip(up) {
-            *g = activate(act, *g) * u;
+            *g = gated(act, *g, *u);
         }
     }
 
@@ -358,7 +361,7 @@ impl Backend for Reference {
         q: &[f32],
         seqs: &[SeqSpan],
         block_tables: &[u32],
-        tree: Option<TreeMask<'_>>,
+        (tree, sinks): (Option<TreeMask<'_>>, Option<&Vec<f32>>),
         shape: &AttentionShape,
         out: &mut [f32],
     ) {
@@ -396,11 +399,16 @@ impl Backend for Reference {
                             shape.softcap.map_or(s, |cap| cap * (s / cap).tanh())
                         })
                         .collect();
-                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let sink = sinks.map(|s| s[h]);
+                    let max = scores.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
                     let mut sum = 0.0f64;
                     for s in &mut scores {
                         *s = (*s - max).exp();
                         sum += f64::from(*s);
+                    }
+                    // A sink is one more softmax term whose value row is zero.
+                    if let Some(sink) = sink {
+                        sum += f64::from((sink - max).exp());
                     }
                     let mut acc = vec![0.0f64; hd];
                     for (&slot, s) in slots.iter().zip(&scores) {
@@ -419,6 +427,10 @@ impl Backend for Reference {
     }
 
     fn supports_token_trees(&self) -> bool {
+        true
+    }
+
+    fn supports_attention_sinks(&self) -> bool {
         true
     }
 

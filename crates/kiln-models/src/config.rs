@@ -75,6 +75,8 @@ pub struct ModelConfig {
     /// `num_kv_heads` is 1 and `head_dim` is the cache row (`kv_lora_rank + qk_rope_head_dim`),
     /// `rotary_dim` the RoPE part of each head.
     pub mla: Option<MlaConfig>,
+    /// Per-head attention sinks (gpt-oss): one more softmax logit per head, value zero.
+    pub attention_sinks: bool,
     /// AWQ / GPTQ / compressed-tensors packed linear layers (`quantization_config`); `None`
     /// for float checkpoints and GGUF files.
     pub packed: Option<PackedQuant>,
@@ -141,6 +143,8 @@ pub enum Routing {
 /// `routed_scaling_factor`. A shared expert, when there is one, sees every token and is added
 /// to the picks' sum: scaled by the sigmoid of its own one-row gate (Qwen2-MoE), or whole
 /// (DeepSeek).
+// Independent switches, each mirroring a config.json setting.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
     pub num_experts: usize,
@@ -155,6 +159,10 @@ pub struct MoeConfig {
     pub routing: Routing,
     /// Multiplies every pick's weight (DeepSeek's `routed_scaling_factor`; 1 elsewhere).
     pub routed_scaling_factor: f32,
+    /// Whether the router has a bias added to its logits (gpt-oss).
+    pub router_bias: bool,
+    /// Whether each expert's gate, up and down matrices have biases (gpt-oss).
+    pub expert_bias: bool,
     /// `[num_layers]`: whether layer `l` has experts (else its MLP is dense, of
     /// `intermediate_size`).
     pub sparse_layers: Vec<bool>,
@@ -402,6 +410,7 @@ impl ModelConfig {
             qk_norm: false,
             moe: None,
             mla: None,
+            attention_sinks: false,
             packed,
             head,
         };

@@ -155,6 +155,12 @@ impl<B: Backend> DecoderModel<B> {
                 message: format!("the {} backend does not run latent attention", backend.name()),
             });
         }
+        if c.attention_sinks && !backend.supports_attention_sinks() {
+            return Err(LoadError::Backend {
+                name: "attention sinks".into(),
+                message: format!("the {} backend does not run attention sinks", backend.name()),
+            });
+        }
         if c.moe.is_some() && !backend.supports_experts() {
             return Err(LoadError::Backend {
                 name: "mixture of experts".into(),
@@ -716,7 +722,11 @@ impl<B: Backend> DecoderModel<B> {
             let shape = self.attention_shape(batch.block_size(), l);
             let q = B::view(b.q, 0..rows_on * q_dim);
             let out = B::view_mut(b.attn, 0..rows_on * q_dim);
-            be.paged_attention(kv, l, q, seqs, batch.block_tables(), tree, &shape, out);
+            let sinks = match &layer.attn {
+                Attn::Gqa(g) => g.sinks(),
+                Attn::Latent(_) => None,
+            };
+            be.paged_attention(kv, l, q, seqs, batch.block_tables(), (tree, sinks), &shape, out);
         }
         for r in token_slices(rows_on) {
             self.attn_out_and_mlp(l, b, &r, lora(pruned.is_some(), &r).as_ref());

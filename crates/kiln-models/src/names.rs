@@ -41,6 +41,10 @@ pub(crate) enum LayerTensor {
     /// `[num_experts]` the router's correction bias, added to the scores that choose the
     /// experts (DeepSeek-V3).
     RouterBias,
+    /// `[num_experts]` the router's bias, added to its logits (gpt-oss).
+    RouterLogitBias,
+    /// `[num_heads]` the attention sinks (gpt-oss).
+    Sinks,
     /// Latent attention (DeepSeek): `[q_lora_rank, hidden]` the query's down projection, its
     /// RMSNorm, and `[heads · qk_head_dim, q_lora_rank]` its up projection.
     QA,
@@ -76,6 +80,10 @@ pub(crate) enum ExpertName {
     /// Slice `e` of one tensor stacking every expert of the layer (`[num_experts, rows, cols]`;
     /// GGUF: `ffn_gate_exps.weight`).
     Stacked(String),
+    /// Slice `e` of a stacked tensor holding each expert's matrix transposed (`[num_experts,
+    /// cols, rows']`, applied as `x · W`); with `part: Some(p)`, the matrix is every second
+    /// column from `p` (gpt-oss's alternating gate and up).
+    StackedTransposed { name: String, part: Option<usize> },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +141,8 @@ impl Naming {
                     L::SharedDown => "mlp.shared_expert.down_proj.weight",
                     L::SharedExpertGate => "mlp.shared_expert_gate.weight",
                     L::RouterBias => "mlp.gate.e_score_correction_bias",
+                    L::RouterLogitBias => "mlp.gate.bias",
+                    L::Sinks => "self_attn.sinks",
                     L::QA => "self_attn.q_a_proj.weight",
                     L::QANorm => "self_attn.q_a_layernorm.weight",
                     L::QB => "self_attn.q_b_proj.weight",
@@ -172,6 +182,8 @@ impl Naming {
                     L::SharedDown => "ffn_down_shexp.weight",
                     L::SharedExpertGate => "ffn_gate_inp_shexp.weight",
                     L::RouterBias => "exp_probs_b.bias",
+                    L::RouterLogitBias => "ffn_gate_inp.bias",
+                    L::Sinks => "attn_sinks.weight",
                     L::QA => "attn_q_a.weight",
                     L::QANorm => "attn_q_a_norm.weight",
                     L::QB => "attn_q_b.weight",
@@ -194,11 +206,28 @@ impl Naming {
             ExpertMatrix::Down => ("down_proj", "ffn_down_exps"),
         };
         match self {
+            Self::Hf(Architecture::GptOss) => crate::family::gpt_oss::hf_expert(l, m),
             Self::Hf(arch) => ExpertName::Own(
                 arch.hf_expert(l, m, e)
                     .unwrap_or_else(|| format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")),
             ),
             Self::Gguf => ExpertName::Stacked(format!("blk.{l}.{gguf}.weight")),
+        }
+    }
+
+    /// Where the biases of every expert's `m` of layer `l` lie (gpt-oss): a `[num_experts,
+    /// width]` tensor, and with `Some(p)` every second column from `p` of it.
+    pub(crate) fn expert_bias(self, l: usize, m: ExpertMatrix) -> (String, Option<usize>) {
+        match self {
+            Self::Hf(_) => crate::family::gpt_oss::hf_expert_bias(l, m),
+            Self::Gguf => {
+                let gguf = match m {
+                    ExpertMatrix::Gate => "ffn_gate_exps",
+                    ExpertMatrix::Up => "ffn_up_exps",
+                    ExpertMatrix::Down => "ffn_down_exps",
+                };
+                (format!("blk.{l}.{gguf}.bias"), None)
+            }
         }
     }
 }

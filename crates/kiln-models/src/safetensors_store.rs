@@ -389,18 +389,19 @@ impl crate::weights::WeightSource for WeightStore {
         WeightStore::matrix(self, name, rows, cols)
     }
 
+    /// Slice `e` of a float `[num_experts, rows, cols]` tensor (gpt-oss stacks its experts).
     fn expert_matrix(
         &self,
         name: &str,
-        _expert: (usize, usize),
-        _rows: usize,
-        _cols: usize,
+        (e, num_experts): (usize, usize),
+        rows: usize,
+        cols: usize,
     ) -> Result<HostTensor, LoadError> {
-        // Hugging Face checkpoints store one tensor per expert; only GGUF names stacked ones.
-        Err(LoadError::format(
-            self.describe_files(),
-            format!("`{name}`: stacked expert tensors come from GGUF files only"),
-        ))
+        let entry = self.entry(name, &[num_experts, rows, cols])?;
+        let all = self.host_tensor(entry, num_experts * rows, cols, name)?;
+        all.rows_slice(e * rows, rows).ok_or_else(|| {
+            LoadError::format(self.path_of(name), format!("`{name}`: expert {e} of {num_experts}"))
+        })
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {

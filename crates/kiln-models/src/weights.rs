@@ -298,11 +298,60 @@ impl<B: Backend> Weights<'_, B> {
                 let tensor = self.source.expert_matrix(&name, (e, num_experts), rows, cols)?;
                 (format!("{name}[{e}]"), tensor)
             }
+            ExpertName::StackedTransposed { name, part } => {
+                let tensor = self.transposed_expert(&name, (e, num_experts), (rows, cols), part)?;
+                (format!("{name}[{e}]"), tensor)
+            }
         };
         let convert = self.quantize.and_then(|ty| conversion(tensor.ty(), ty, cols));
         self.backend
             .load_weight(tensor, convert)
             .map_err(|e| LoadError::Backend { name, message: e.to_string() })
+    }
+
+    /// Expert `e`'s `[rows, cols]` matrix from a stack of transposed ones (`[num_experts, cols,
+    /// width]`, `width` twice `rows` with `part`: every second column from `part`).
+    fn transposed_expert(
+        &self,
+        name: &str,
+        (e, num_experts): (usize, usize),
+        (rows, cols): (usize, usize),
+        part: Option<usize>,
+    ) -> Result<HostTensor, LoadError> {
+        let width = if part.is_some() { 2 * rows } else { rows };
+        let stored = self.source.expert_matrix(name, (e, num_experts), cols, width)?;
+        let bad = |m: &str| LoadError::Backend { name: name.to_string(), message: m.to_string() };
+        let values = stored.to_f32_vec().ok_or_else(|| bad("a stacked expert must be floats"))?;
+        let (step, first) = part.map_or((1, 0), |p| (2, p));
+        let mut out = vec![0.0f32; rows * cols];
+        for (c, stored_row) in values.chunks_exact(width).enumerate() {
+            for r in 0..rows {
+                out[r * cols + c] = stored_row[first + step * r];
+            }
+        }
+        HostTensor::from_f32(rows, cols, &out).ok_or_else(|| bad("expert shape"))
+    }
+
+    /// Every expert's `[width]` bias of matrix `m` of layer `l` (gpt-oss), on the backend.
+    pub(crate) fn expert_biases(
+        &self,
+        (l, m): (usize, ExpertMatrix),
+        num_experts: usize,
+        width: usize,
+    ) -> Result<Vec<B::Vector>, LoadError> {
+        let (name, part) = self.naming.expert_bias(l, m);
+        let stored = if part.is_some() { 2 * width } else { width };
+        let tensor = self.source.matrix(&name, num_experts, stored)?;
+        let bad = |m: &str| LoadError::Backend { name: name.clone(), message: m.to_string() };
+        let values = tensor.to_f32_vec().ok_or_else(|| bad("expert biases must be floats"))?;
+        let (step, first) = part.map_or((1, 0), |p| (2, p));
+        values
+            .chunks_exact(stored)
+            .map(|row| {
+                let bias: Vec<f32> = (0..width).map(|i| row[first + step * i]).collect();
+                self.backend.load_vector(&bias).map_err(|e| bad(&e.to_string()))
+            })
+            .collect()
     }
 
     pub(crate) fn vector(&self, t: Tensor, len: usize) -> Result<B::Vector, LoadError> {

@@ -15,8 +15,8 @@ use kiln_kernels::Reference;
 use kiln_models::{KvCacheDtype, LogitsWanted, load_model};
 
 /// The mixture-of-experts fixtures.
-const MOE: [&str; 5] = ["mixtral", "qwen2moe", "qwen3moe", "deepseekv2", "deepseekv3"];
-const MODELS: [&str; 13] = [
+const MOE: [&str; 6] = ["mixtral", "qwen2moe", "qwen3moe", "deepseekv2", "deepseekv3", "gptoss"];
+const MODELS: [&str; 14] = [
     "llama3",
     "llama2",
     "mistral",
@@ -30,6 +30,7 @@ const MODELS: [&str; 13] = [
     "phi4mini",
     "deepseekv2",
     "deepseekv3",
+    "gptoss",
 ];
 /// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
 /// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.

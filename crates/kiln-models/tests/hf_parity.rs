@@ -17,8 +17,9 @@ use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 /// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE;
 /// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE) and DeepSeek V2/V3
 /// (latent attention, YaRN, group-limited routing with shared experts; V3 with compressed
-/// queries and sigmoid routing's correction bias).
-const MODELS: [&str; 13] = [
+/// queries and sigmoid routing's correction bias) and gpt-oss (attention sinks, alternating
+/// sliding layers, biased experts and router, the clamped SwiGLU).
+const MODELS: [&str; 14] = [
     "llama3",
     "llama2",
     "mistral",
@@ -32,6 +33,7 @@ const MODELS: [&str; 13] = [
     "phi4mini",
     "deepseekv2",
     "deepseekv3",
+    "gptoss",
 ];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;

@@ -21,7 +21,9 @@ use kiln_backend::{
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
 
 use crate::activation::gated_act_inplace;
-use crate::attention::{QuantKv, paged_attention, paged_attention_quant, write_kv, write_kv_quant};
+use crate::attention::{
+    QuantKv, paged_attention_quant_with_sinks, paged_attention_with_sinks, write_kv, write_kv_quant,
+};
 use crate::host_rows;
 use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
@@ -249,7 +251,7 @@ impl Backend for Cpu {
         q: &[f32],
         seqs: &[SeqSpan],
         block_tables: &[u32],
-        tree: Option<TreeMask<'_>>,
+        (tree, sinks): (Option<TreeMask<'_>>, Option<&Vec<f32>>),
         shape: &AttentionShape,
         out: &mut [f32],
     ) {
@@ -257,18 +259,50 @@ impl Backend for Cpu {
             return;
         }
         let pool = &self.pool;
+        let masks = (tree, sinks.map(Vec::as_slice));
         match kv.layer(layer) {
             KvLayer::F32(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, tree, shape, out);
+                paged_attention_with_sinks(
+                    pool,
+                    q,
+                    (kc, vc),
+                    seqs,
+                    block_tables,
+                    masks,
+                    shape,
+                    out,
+                );
             }
             KvLayer::F16(kc, vc) => {
-                paged_attention(pool, q, kc, vc, seqs, block_tables, tree, shape, out);
+                paged_attention_with_sinks(
+                    pool,
+                    q,
+                    (kc, vc),
+                    seqs,
+                    block_tables,
+                    masks,
+                    shape,
+                    out,
+                );
             }
             KvLayer::Q8(codec, k, v) => {
                 let kv = QuantKv { codec, k, v };
-                paged_attention_quant(pool, q, kv, seqs, block_tables, tree, shape, out);
+                paged_attention_quant_with_sinks(
+                    pool,
+                    q,
+                    kv,
+                    seqs,
+                    block_tables,
+                    masks,
+                    shape,
+                    out,
+                );
             }
         }
+    }
+
+    fn supports_attention_sinks(&self) -> bool {
+        true
     }
 
     fn supports_token_trees(&self) -> bool {
@@ -349,6 +383,18 @@ impl Backend for Cpu {
             [a, b, c] => run(&mut [expert_job(a), expert_job(b), expert_job(c)]),
             [a, b, c, d] => run(&mut [expert_job(a), expert_job(b), expert_job(c), expert_job(d)]),
             _ => panic!("linear_experts: at most {} matrices", kiln_backend::MAX_LINEAR_JOBS),
+        }
+        // Each expert's bias on its own rows: one addition per element after the matmul.
+        for job in jobs.iter_mut() {
+            let Some(biases) = job.biases else { continue };
+            for (e, bias) in biases.iter().enumerate() {
+                let rows = offsets[e] * job.width..offsets[e + 1] * job.width;
+                for row in job.out[rows].chunks_exact_mut(job.width) {
+                    for (o, b) in row.iter_mut().zip(bias) {
+                        *o += b;
+                    }
+                }
+            }
         }
     }
 

@@ -114,6 +114,8 @@ impl Keys<'_> {
             shared_expert_gate: true,
             routing: super::Routing::Softmax,
             routed_scaling_factor: 1.0,
+            router_bias: false,
+            expert_bias: false,
             sparse_layers: (0..num_layers)
                 .map(|l| self.has_tensor(&format!("blk.{l}.ffn_gate_inp.weight")))
                 .collect(),
@@ -310,6 +312,7 @@ impl ModelConfig {
             qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
             moe: None,
             mla: None,
+            attention_sinks: false,
             packed: None,
             head: crate::config::OutputHead::Lm,
         };

@@ -24,6 +24,8 @@ pub(super) struct GqaLayer<B: Backend> {
     k_norm: Option<B::Vector>,
     /// The input orders of q, k and v ([`super::input_order`]).
     orders: InputOrders<3>,
+    /// `[num_heads]` the attention sinks (gpt-oss).
+    sinks: Option<B::Vector>,
 }
 
 /// A norm weight loader: the tensor when `present` (offset folded in), else `None`.
@@ -53,7 +55,13 @@ impl<B: Backend> GqaLayer<B> {
             v_bias: w.optional_vector(t(L::VBias), kv_dim, c.qkv_bias)?,
             q_norm: opt_norm(t(L::QNorm), c.head_dim, c.qk_norm)?,
             k_norm: opt_norm(t(L::KNorm), c.head_dim, c.qk_norm)?,
+            sinks: w.optional_vector(t(L::Sinks), c.num_heads, c.attention_sinks)?,
         })
+    }
+
+    /// The attention sinks, if the layer has them.
+    pub(super) fn sinks(&self) -> Option<&B::Vector> {
+        self.sinks.as_ref()
     }
 
     /// The widest permuted input of q, k and v (0 without act-order matrices).

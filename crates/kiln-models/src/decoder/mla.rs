@@ -245,7 +245,12 @@ impl<B: Backend> MlaLayer<B> {
         be.rope_apply(rope, B::view_mut(b.up, 0..n * hs * dr), hs, angles);
         // The absorbed query `[heads, n, r]` into `picked_out`.
         let offsets: Vec<usize> = (0..=hs).map(|h| h * n).collect();
-        let job = ExpertLinearJob { weights: &self.key_up_t, width: r, out: &mut *b.picked_out };
+        let job = ExpertLinearJob {
+            weights: &self.key_up_t,
+            width: r,
+            biases: None,
+            out: &mut *b.picked_out,
+        };
         be.linear_experts(&*b.picked, dn, &offsets, &mut [job]);
         // The query rows `[n, heads, r + dr]`.
         let q_out = rows.start * hs * row..rows.end * hs * row;
@@ -275,7 +280,12 @@ impl<B: Backend> MlaLayer<B> {
         let lat = B::view_mut(b.picked, 0..hs * n * r);
         be.copy_strided(attn, token_head(0, row), lat, head_major(r), (n, hs, r));
         let offsets: Vec<usize> = (0..=hs).map(|h| h * n).collect();
-        let job = ExpertLinearJob { weights: &self.value_up, width: dv, out: &mut *b.picked_out };
+        let job = ExpertLinearJob {
+            weights: &self.value_up,
+            width: dv,
+            biases: None,
+            out: &mut *b.picked_out,
+        };
         be.linear_experts(&*b.picked, r, &offsets, &mut [job]);
         let out = B::view_mut(b.q, rows.start * hs * dv..rows.end * hs * dv);
         let src = B::view(b.picked_out, 0..hs * n * dv);

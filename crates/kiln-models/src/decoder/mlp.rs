@@ -32,7 +32,7 @@ pub(crate) struct DenseMlp<B: Backend> {
 /// The feed-forward block of a layer.
 pub(crate) enum Mlp<B: Backend> {
     Dense(DenseMlp<B>),
-    Moe(MoeMlp<B>),
+    Moe(Box<MoeMlp<B>>),
 }
 
 /// Buffers of one MLP call over `n` tokens: the normed input `[n, hidden]`, the output
@@ -93,7 +93,7 @@ impl<B: Backend> Mlp<B> {
         moe: &MoeConfig,
         act: GateActivation,
     ) -> Result<Self, LoadError> {
-        MoeMlp::load(w, layer, hidden, moe, act).map(Self::Moe)
+        MoeMlp::load(w, layer, hidden, moe, act).map(|m| Self::Moe(Box::new(m)))
     }
 
     /// Every weight matrix (the bytes the model holds).

@@ -50,6 +50,10 @@ pub(crate) struct MoeMlp<B: Backend> {
     routed_scaling_factor: f32,
     /// `[num_experts]` the correction bias of sigmoid group routing, on the host.
     score_bias: Option<Vec<f32>>,
+    /// `[num_experts]` the router's bias, added to its logits on the host (gpt-oss).
+    logit_bias: Option<Vec<f32>>,
+    /// Per expert, the `[i]` gate and up and `[h]` down biases (gpt-oss).
+    biases: Option<[Vec<B::Vector>; 3]>,
     act: GateActivation,
     /// One expert's FFN width.
     intermediate: usize,
@@ -82,6 +86,20 @@ impl<B: Backend> MoeMlp<B> {
             }),
             None => None,
         };
+        let logit_bias = if moe.router_bias {
+            Some(w.source.vector(&w.naming.name(Tensor::Layer(layer, L::RouterLogitBias)), n)?)
+        } else {
+            None
+        };
+        let biases = if moe.expert_bias {
+            Some([
+                w.expert_biases((layer, ExpertMatrix::Gate), n, i)?,
+                w.expert_biases((layer, ExpertMatrix::Up), n, i)?,
+                w.expert_biases((layer, ExpertMatrix::Down), n, h)?,
+            ])
+        } else {
+            None
+        };
         let score_bias = match moe.routing {
             Routing::SigmoidBiased { .. } => {
                 let name = w.naming.name(Tensor::Layer(layer, L::RouterBias));
@@ -104,6 +122,8 @@ impl<B: Backend> MoeMlp<B> {
             routing: moe.routing,
             routed_scaling_factor: moe.routed_scaling_factor,
             score_bias,
+            logit_bias,
+            biases,
             act,
             intermediate: i,
             hidden: h,
@@ -133,6 +153,13 @@ impl<B: Backend> MoeMlp<B> {
         let MlpIo { n, input, out, gate, up, picked, picked_out, permuted, routing, .. } = io;
         let (k, i, h) = (self.top_k, self.intermediate, self.hidden);
         be.logits(input, n, &self.router, None, &mut routing.logits);
+        if let Some(bias) = &self.logit_bias {
+            for t in 0..n {
+                for (x, b) in routing.logits.row_mut(t).iter_mut().zip(bias) {
+                    *x += b;
+                }
+            }
+        }
         let rows = n * k;
         if let Some(s) = &self.shared {
             if let Some(gate) = &s.gate {
@@ -153,17 +180,28 @@ impl<B: Backend> MoeMlp<B> {
         route(routing, n, &rule);
         be.gather_rows(input, h, &routing.tokens, B::view_mut(picked, 0..rows * h));
         let offsets = &routing.offsets;
+        let bias = |kind: usize| self.biases.as_ref().map(|b| b[kind].as_slice());
         be.linear_experts(
             &*picked,
             h,
             offsets,
             &mut [
-                ExpertLinearJob { weights: &self.gates, width: i, out: &mut *gate },
-                ExpertLinearJob { weights: &self.ups, width: i, out: &mut *up },
+                ExpertLinearJob {
+                    weights: &self.gates,
+                    width: i,
+                    biases: bias(0),
+                    out: &mut *gate,
+                },
+                ExpertLinearJob { weights: &self.ups, width: i, biases: bias(1), out: &mut *up },
             ],
         );
         be.gated_act(self.act, B::view_mut(gate, 0..rows * i), B::view(up, 0..rows * i));
-        let down = ExpertLinearJob { weights: &self.downs, width: h, out: &mut *picked_out };
+        let down = ExpertLinearJob {
+            weights: &self.downs,
+            width: h,
+            biases: bias(2),
+            out: &mut *picked_out,
+        };
         be.linear_experts(&*gate, i, offsets, &mut [down]);
         let picks = k + usize::from(shared);
         let src = B::view(picked_out, 0..n * picks * h);

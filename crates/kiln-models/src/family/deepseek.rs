@@ -106,6 +106,8 @@ pub(super) fn apply_hf(
         } else {
             1.0
         }),
+        router_bias: false,
+        expert_bias: false,
         sparse_layers: (0..c.num_layers).map(|l| l >= first_dense && l % freq == 0).collect(),
     };
     moe.validate(|m| f.err(m))?;

@@ -117,12 +117,12 @@ pub(super) fn hf_layer_leaf(t: LayerTensor) -> Option<&'static str> {
 
 /// Per-layer windows: `layer_types`, else every `sliding_window_pattern`-th layer (default 6)
 /// is global.
-fn layer_windows(
+pub(super) fn layer_windows(
     f: &Fields<'_>,
     num_layers: usize,
     window: Option<usize>,
 ) -> Result<Vec<Option<usize>>, LoadError> {
-    let window = window.ok_or_else(|| f.err("Gemma 3 needs a positive `sliding_window`".into()))?;
+    let window = window.ok_or_else(|| f.err("a positive `sliding_window` is needed".into()))?;
     if let Some(types) = f.json.get("layer_types").and_then(Value::as_array) {
         if types.len() != num_layers {
             return Err(f.err(format!(

@@ -32,6 +32,8 @@ pub(super) fn apply_hf(
             shared_expert_gate: true,
             routing: crate::Routing::Softmax,
             routed_scaling_factor: 1.0,
+            router_bias: false,
+            expert_bias: false,
             sparse_layers: vec![true; c.num_layers],
         };
         moe.validate(|m| f.err(m))?;

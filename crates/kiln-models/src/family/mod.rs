@@ -11,6 +11,7 @@
 
 pub(crate) mod deepseek;
 pub(crate) mod gemma3;
+pub(crate) mod gpt_oss;
 mod llama;
 pub(crate) mod phi3;
 mod qwen;
@@ -41,6 +42,8 @@ pub enum Architecture {
     DeepseekV2,
     /// DeepSeek-V2's blocks with sigmoid routing and its correction bias.
     DeepseekV3,
+    /// Attention sinks, alternating sliding windows, biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 /// What the shared `config.json` parse found that families refine.
@@ -57,14 +60,14 @@ impl Architecture {
     pub const SUPPORTED: &'static str = "LlamaForCausalLM, MistralForCausalLM, \
          MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, \
          Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (its text \
-         model), Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
+         model), Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
          Qwen2Model, Qwen3Model and the sequence classifiers LlamaForSequenceClassification, \
          MistralForSequenceClassification, Qwen2ForSequenceClassification, \
          Qwen3ForSequenceClassification";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
-        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, deepseek2";
+        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, deepseek2, gpt-oss";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
@@ -80,6 +83,7 @@ impl Architecture {
             "Phi3ForCausalLM" => Self::Phi3,
             "DeepseekV2ForCausalLM" => Self::DeepseekV2,
             "DeepseekV3ForCausalLM" => Self::DeepseekV3,
+            "GptOssForCausalLM" => Self::GptOss,
             _ => return None,
         })
     }
@@ -119,6 +123,7 @@ impl Architecture {
             "gemma3" => Self::Gemma3,
             "phi3" => Self::Phi3,
             "deepseek2" => Self::DeepseekV2,
+            "gpt-oss" => Self::GptOss,
             _ => return None,
         })
     }
@@ -135,6 +140,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
             Self::DeepseekV2 | Self::DeepseekV3 => "deepseek2",
+            Self::GptOss => "gpt-oss",
         }
     }
 
@@ -153,6 +159,7 @@ impl Architecture {
             Self::Gemma3 => gemma3::apply_hf(f, ctx, c),
             Self::Phi3 => phi3::apply_hf(f, ctx, c),
             Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_hf(self, f, c),
+            Self::GptOss => gpt_oss::apply_hf(f, ctx, c),
         }
     }
 
@@ -165,6 +172,7 @@ impl Architecture {
             Self::Gemma3 => gemma3::apply_gguf(keys, c),
             Self::Phi3 => phi3::apply_gguf(keys, c),
             Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_gguf(keys, c),
+            Self::GptOss => gpt_oss::apply_gguf(keys, c),
         }
     }
 
@@ -174,6 +182,7 @@ impl Architecture {
             Self::Gemma3 => gemma3::hf_layer_leaf(t),
             Self::Mixtral => llama::mixtral_layer_leaf(t),
             Self::DeepseekV2 | Self::DeepseekV3 => deepseek::hf_layer_leaf(t),
+            Self::GptOss => gpt_oss::hf_layer_leaf(t),
             _ => None,
         }
     }

@@ -66,6 +66,8 @@ fn hf_moe(
         shared_expert_gate: true,
         routing: crate::Routing::Softmax,
         routed_scaling_factor: 1.0,
+        router_bias: false,
+        expert_bias: false,
         sparse_layers: (0..num_layers).map(|l| !dense[l] && (l + 1) % step == 0).collect(),
     };
     moe.validate(|m| f.err(m))?;
