@@ -223,6 +223,27 @@ mod tests {
         assert!((factor - 1.138_629_4).abs() < 1e-6);
     }
 
+    /// gpt-oss's YaRN (head 64, base 150000, factor 32 over 4096 positions, its ramp not
+    /// truncated), every fourth frequency as transformers computes it.
+    #[test]
+    fn untruncated_yarn_matches_transformers() {
+        let scaling = RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
+        };
+        let want = [
+            1.0, 0.225_418, 0.050_813_27, 0.006_794_959, 0.000_456_483_9, 1.818_833_7e-5,
+            4.099_978_5e-6, 9.242_09e-7,
+        ];
+        let got = Rope::new(150_000.0, 64, scaling, RopeStyle::Neox).inv_freq().to_vec();
+        for (g, w) in got.iter().step_by(4).zip(want) {
+            assert!((g - w).abs() <= 2e-6 * w, "{got:?}");
+        }
+    }
+
     #[test]
     fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
         let plain = Rope::new(500_000.0, 16, RopeScaling::None, RopeStyle::Neox);

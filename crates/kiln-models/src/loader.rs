@@ -13,7 +13,7 @@ use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
 use crate::packed::PackedWeights;
-use crate::weights::{FusedParts, TextModelOf, WeightSource, Weights};
+use crate::weights::{FusedParts, Renamed, TextModelOf, WeightSource, Weights};
 use crate::{Classifier, LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
@@ -151,9 +151,13 @@ fn load_gguf<B: Backend>(
         inner: &file,
         parts: crate::family::phi3::fused_parts(&config, Naming::Gguf),
     });
-    let source: &dyn WeightSource = match &fused {
-        Some(f) => f,
-        None => &file,
+    // gpt-oss's pre-MLP norm is `post_attention_norm`.
+    let renamed = (config.architecture == Architecture::GptOss)
+        .then_some(Renamed { inner: &file, rename: crate::family::gpt_oss::gguf_name });
+    let source: &dyn WeightSource = match (&fused, &renamed) {
+        (Some(f), _) => f,
+        (None, Some(r)) => r,
+        (None, None) => &file,
     };
     let weights = Weights {
         source,

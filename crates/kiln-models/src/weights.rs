@@ -104,6 +104,52 @@ impl WeightSource for TextModelOf<'_> {
     }
 }
 
+/// A family's own names for some tensors: `rename` gives the stored name of a tensor the
+/// family stores under another name than the common one (`None`: the common name).
+pub(crate) struct Renamed<'a> {
+    pub inner: &'a dyn WeightSource,
+    pub rename: fn(&str) -> Option<String>,
+}
+
+impl Renamed<'_> {
+    fn name(&self, name: &str) -> String {
+        (self.rename)(name).unwrap_or_else(|| name.to_owned())
+    }
+}
+
+impl WeightSource for Renamed<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
+        self.inner.matrix(&self.name(name), rows, cols)
+    }
+
+    fn ordered_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
+        self.inner.ordered_matrix(&self.name(name), rows, cols)
+    }
+
+    fn expert_matrix(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostTensor, LoadError> {
+        self.inner.expert_matrix(&self.name(name), expert, rows, cols)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        self.inner.vector(&self.name(name), len)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(&self.name(name))
+    }
+}
+
 /// Matrices stored fused and read as their parts (Phi-3's `qkv_proj`, `gate_up_proj`):
 /// `parts` maps a part's name to the fused tensor's name, the part's first row and the fused
 /// tensor's rows. Other names pass through.

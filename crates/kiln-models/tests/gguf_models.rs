@@ -184,13 +184,15 @@ fn a_split_model_loads_from_its_first_file_and_gives_the_same_logits() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// DeepSeek V2 and V3 as llama.cpp's own converter writes them (`convert_hf_to_gguf.py`:
-/// `deepseek2`, the latent projections split into `attn_k_b` / `attn_v_b`, routing in
-/// `expert_gating_func` and the group keys; `scripts/fixtures/make_deepseek_gguf_fixtures.sh`)
-/// give transformers' logits.
+/// DeepSeek V2 and V3 and gpt-oss as llama.cpp's own converter writes them
+/// (`convert_hf_to_gguf.py`: `deepseek2`, the latent projections split into `attn_k_b` /
+/// `attn_v_b`, routing in `expert_gating_func` and the group keys; `gpt-oss`, its experts'
+/// alternating gate and up split into `ffn_gate_exps` / `ffn_up_exps` with their biases, the
+/// sinks in `attn_sinks`; `scripts/fixtures/make_deepseek_gguf_fixtures.sh`) give
+/// transformers' logits.
 #[test]
-fn llama_cpp_converted_deepseek_matches_transformers() {
-    for name in ["deepseekv2", "deepseekv3"] {
+fn llama_cpp_converted_deepseek_and_gpt_oss_match_transformers() {
+    for name in ["deepseekv2", "deepseekv3", "gptoss"] {
         let path = converted_dir().join(format!("{name}-f32.gguf"));
         let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
         for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
@@ -211,19 +213,26 @@ fn converted_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf_models")
 }
 
-/// llama.cpp itself on the DeepSeek-V3 file (llama-server's greedy outputs and top-5
+/// llama.cpp itself on the DeepSeek-V3 file and the gpt-oss files (f32, and with MXFP4 experts
+/// as llama-quantize's `MXFP4_MOE` writes them; llama-server's greedy outputs and top-5
 /// log-probabilities, `llama_cpp_reference.json`), teacher-forced: the same top-1 wherever
 /// llama.cpp's leads by more than 0.5 nat, and a mean |Δ logprob| over its top 5 within the
-/// bound of the other GGUF files (measured 0.033 nat, top-1 equal on 50 of 50 steps: llama-server
-/// keeps its KV cache in f16, and these random models amplify rounding). (llama.cpp runs a
-/// `deepseek2` file
-/// without a compressed query only at V2-Lite's 27 layers, so the V2 fixture is checked against
-/// transformers alone.)
+/// bound of the other GGUF files for the f32 ones (measured 0.033 and 0.021: llama-server keeps
+/// its KV cache in f16, and these random models amplify rounding). On the MXFP4 file llama.cpp
+/// multiplies by 8-bit activations in blocks of 32, which on this fixture (sinks, the clamped
+/// SwiGLU's spread) moves it 0.51 nat from the file's exact arithmetic (kiln with the weights
+/// dequantized to f32) and 0.26 from kiln's own 8-bit path; bound 0.3. (llama.cpp runs a
+/// `deepseek2` file without a compressed query only at V2-Lite's 27 layers, so the V2 fixture
+/// is checked against transformers alone.)
 #[test]
-fn deepseek_v3_gguf_matches_llama_cpp() {
-    let file = "deepseekv3-f32.gguf";
-    let mut runner = Runner::with(load_model(&converted_dir().join(file), &cpu()).unwrap());
-    let cases = common::llama_ref::cases(&converted_dir().join("llama_cpp_reference.json"), file);
-    let fit = common::llama_ref::teacher_forced(&mut runner, &cases, file, 0.5);
-    assert!(fit.mean_dlogprob <= 0.12, "{file}: mean |dlogprob| {}", fit.mean_dlogprob);
+fn deepseek_and_gpt_oss_ggufs_match_llama_cpp() {
+    let files =
+        [("deepseekv3-f32.gguf", 0.12), ("gptoss-f32.gguf", 0.12), ("gptoss-MXFP4_MOE.gguf", 0.3)];
+    for (file, bound) in files {
+        let mut runner = Runner::with(load_model(&converted_dir().join(file), &cpu()).unwrap());
+        let reference = converted_dir().join("llama_cpp_reference.json");
+        let cases = common::llama_ref::cases(&reference, file);
+        let fit = common::llama_ref::teacher_forced(&mut runner, &cases, file, 0.5);
+        assert!(fit.mean_dlogprob <= bound, "{file}: mean |dlogprob| {}", fit.mean_dlogprob);
+    }
 }

@@ -10,7 +10,7 @@
 //! `down_proj` `[experts, intermediate, hidden]`, with `gate_up_proj_bias` alternating the
 //! same way; they are transposed and split per expert at load ([`hf_expert`]).
 
-use kiln_backend::GateActivation;
+use kiln_backend::{GateActivation, RopeScaling};
 
 use super::HfContext;
 use crate::config::Fields;
@@ -51,8 +51,13 @@ pub(super) fn apply_hf(
 }
 
 /// gpt-oss from GGUF: every other layer slides its window (the first does), as llama.cpp
-/// runs it; the clamped SwiGLU's limit from `expert_gating` keys is fixed at 7 by llama.cpp.
+/// runs it; the clamped SwiGLU's alpha and limit are the checkpoints' (1.702, 7), which the
+/// file does not store; YaRN without truncating its ramp, as the model's reference code and
+/// its `config.json` (`truncate: false`) have it (llama.cpp truncates).
 pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), LoadError> {
+    if let RopeScaling::Yarn { truncate, .. } = &mut c.rope_scaling {
+        *truncate = false;
+    }
     let window = keys.required_dim("attention.sliding_window")?;
     c.layer_windows = (0..c.num_layers).map(|l| (l % 2 == 0).then_some(window)).collect();
     c.attention_sinks = true;
@@ -65,6 +70,13 @@ pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), Loa
     moe.validate(|m| keys.err(m))?;
     c.moe = Some(moe);
     Ok(())
+}
+
+/// gpt-oss's GGUF name for a tensor stored under another name than the common one: the
+/// pre-MLP norm is `post_attention_norm`.
+pub(crate) fn gguf_name(name: &str) -> Option<String> {
+    let layer = name.strip_prefix("blk.")?.strip_suffix(".ffn_norm.weight")?;
+    Some(format!("blk.{layer}.post_attention_norm.weight"))
 }
 
 /// gpt-oss's names: the router is `mlp.router`.
