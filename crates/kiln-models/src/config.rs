@@ -324,7 +324,17 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| f.err("missing `architectures`".into()))?;
-        let packed = match json.get("quantization_config").filter(|q| !q.is_null()) {
+        let quantization = json.get("quantization_config").filter(|q| !q.is_null());
+        // gpt-oss ships its experts in MXFP4 (`*_blocks` / `*_scales`), read as GGUF's MXFP4.
+        let mxfp4 = quantization
+            .and_then(|q| q.get("quant_method"))
+            .is_some_and(|m| m.as_str() == Some("mxfp4"));
+        if mxfp4 && arch_name != "GptOssForCausalLM" {
+            return Err(f.err(format!(
+                "quantization_config: MXFP4 checkpoints are read for gpt-oss only, not {arch_name}"
+            )));
+        }
+        let packed = match quantization.filter(|_| !mxfp4) {
             Some(q) => Some(
                 PackedQuant::from_json(q)
                     .map_err(|m| f.err(format!("quantization_config: {m}")))?,

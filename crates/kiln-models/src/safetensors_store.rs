@@ -29,6 +29,8 @@ enum Dtype {
     I32,
     /// compressed-tensors' int8 weights.
     I8,
+    /// MXFP4 blocks and scales (gpt-oss).
+    U8,
     /// Stored in the file but not loadable as a weight (other integers, f64, fp8, ...).
     Other,
 }
@@ -44,6 +46,7 @@ impl Dtype {
             "U32" => (Self::Other, 4),
             "I16" | "U16" => (Self::Other, 2),
             "I8" => (Self::I8, 1),
+            "U8" => (Self::U8, 1),
             _ => (Self::Other, 1),
         }
     }
@@ -136,7 +139,7 @@ impl WeightStore {
     fn entry(&self, name: &str, expected: &[usize]) -> Result<&TensorEntry, LoadError> {
         let entry = self.shaped(name, expected)?;
         let path = self.files[entry.file].path();
-        if matches!(entry.dtype, Dtype::Other | Dtype::I32 | Dtype::I8) {
+        if matches!(entry.dtype, Dtype::Other | Dtype::I32 | Dtype::I8 | Dtype::U8) {
             return Err(LoadError::Dtype {
                 path: path.to_path_buf(),
                 name: name.to_string(),
@@ -180,6 +183,11 @@ impl WeightStore {
     pub(crate) fn int32s(&self, name: &str, shape: &[usize]) -> Result<Vec<i32>, LoadError> {
         let bytes = self.integer_bytes(name, shape, Dtype::I32)?;
         Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// The bytes of a `U8` tensor of `shape` (MXFP4 blocks and scales).
+    pub(crate) fn uint8s(&self, name: &str, shape: &[usize]) -> Result<&[u8], LoadError> {
+        self.integer_bytes(name, shape, Dtype::U8)
     }
 
     /// An `I8` tensor of `shape`, as integers.
@@ -241,7 +249,7 @@ impl WeightStore {
         let ty = match entry.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
-            Dtype::Bf16 | Dtype::I32 | Dtype::I8 | Dtype::Other => GgmlType::Bf16,
+            Dtype::Bf16 | Dtype::I32 | Dtype::I8 | Dtype::U8 | Dtype::Other => GgmlType::Bf16,
         };
         let size_err = || LoadError::format(file.path(), format!("tensor `{name}` size"));
         let num_bytes = entry.num_elements.checked_mul(ty.block_bytes()).ok_or_else(size_err)?;
@@ -408,10 +416,21 @@ impl crate::weights::WeightSource for WeightStore {
         WeightStore::vector(self, name, len)
     }
 
+    fn mxfp4_expert(
+        &self,
+        name: &str,
+        (e, num_experts): (usize, usize),
+        part: Option<usize>,
+        (rows, cols): (usize, usize),
+    ) -> Result<HostTensor, LoadError> {
+        crate::safetensors_store::mxfp4::expert(self, name, (e, num_experts), part, (rows, cols))
+    }
+
     fn contains(&self, name: &str) -> bool {
         WeightStore::contains(self, name)
     }
 }
 
+pub(crate) mod mxfp4;
 #[cfg(test)]
 mod tests;

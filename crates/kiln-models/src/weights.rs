@@ -35,6 +35,22 @@ pub(crate) trait WeightSource {
     /// A 1-D tensor of `len` elements as f32.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
     fn contains(&self, name: &str) -> bool;
+    /// Expert `e`'s `[rows, cols]` matrix as GGUF's MXFP4 blocks, from a checkpoint's MXFP4
+    /// `{name}_blocks` / `{name}_scales` stacks (gpt-oss; `part` as in
+    /// [`ExpertName::StackedTransposed`], over rows). Only safetensors stores have them.
+    fn mxfp4_expert(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        part: Option<usize>,
+        shape: (usize, usize),
+    ) -> Result<HostTensor, LoadError> {
+        let _ = (expert, part, shape);
+        Err(LoadError::Backend {
+            name: name.to_string(),
+            message: "MXFP4 expert blocks come from safetensors checkpoints only".into(),
+        })
+    }
 }
 
 /// The text model of a multimodal checkpoint, or a base model saved without the `model.`
@@ -101,6 +117,16 @@ impl WeightSource for TextModelOf<'_> {
 
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(&self.name(name))
+    }
+
+    fn mxfp4_expert(
+        &self,
+        name: &str,
+        expert: (usize, usize),
+        part: Option<usize>,
+        shape: (usize, usize),
+    ) -> Result<HostTensor, LoadError> {
+        self.inner.mxfp4_expert(&self.name(name), expert, part, shape)
     }
 }
 
@@ -364,6 +390,10 @@ impl<B: Backend> Weights<'_, B> {
         (rows, cols): (usize, usize),
         part: Option<usize>,
     ) -> Result<HostTensor, LoadError> {
+        if !self.source.contains(name) && self.source.contains(&format!("{name}_blocks")) {
+            // An MXFP4 checkpoint (gpt-oss as released): its blocks become GGUF's, as they are.
+            return self.source.mxfp4_expert(name, (e, num_experts), part, (rows, cols));
+        }
         let width = if part.is_some() { 2 * rows } else { rows };
         let stored = self.source.expert_matrix(name, (e, num_experts), cols, width)?;
         let bad = |m: &str| LoadError::Backend { name: name.to_string(), message: m.to_string() };

@@ -236,3 +236,25 @@ fn deepseek_and_gpt_oss_ggufs_match_llama_cpp() {
         assert!(fit.mean_dlogprob <= bound, "{file}: mean |dlogprob| {}", fit.mean_dlogprob);
     }
 }
+
+/// gpt-oss as OpenAI ships it, experts in MXFP4 (`*_blocks` / `*_scales`,
+/// `scripts/fixtures/make_mxfp4_fixture.py`): its blocks read as GGUF's MXFP4 give, dequantized
+/// to f32, transformers' logits (its own dequantizer, `Mxfp4Config(dequantize=True)`); run by the
+/// MXFP4 kernels they give bit for bit the logits of the file llama.cpp's converter repacks
+/// from the same checkpoint.
+#[test]
+fn mxfp4_checkpoint_matches_transformers_and_llama_cpp_repacking() {
+    let dir = fixture("gptoss-mxfp4");
+    let f32_options = LoadOptions { quantization: Some(GgmlType::F32), ..LoadOptions::default() };
+    let mut exact = Runner::with(load_model_with(&dir, &f32_options, &cpu()).unwrap());
+    let mut native = Runner::with(load_model(&dir, &cpu()).unwrap());
+    let gguf = converted_dir().join("gptoss-mxfp4-converted.gguf");
+    let mut repacked = Runner::with(load_model(&gguf, &cpu()).unwrap());
+    for (i, case) in cases("gptoss-mxfp4", Some(exact.vocab())).iter().enumerate() {
+        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+        let got = exact.one_shot(&tokens);
+        assert_rows_close(&got, &case.logits, LOGIT_TOLERANCE, &format!("mxfp4 case {i}"));
+        let ours = native.one_shot(&tokens);
+        assert_rows_close(&ours, &repacked.one_shot(&tokens), 0.0, &format!("repacked {i}"));
+    }
+}
