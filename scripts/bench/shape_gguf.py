@@ -10,7 +10,10 @@ of its 48 layers: 128 experts of FFN 768 per layer, 8 per token, stacked in one
 (DeepSeek-V2-Lite's tensors with 6 of its 27 layers, the first dense: latent attention with
 kv_lora_rank 512 as llama.cpp's converter now writes it, `attn_k_b` / `attn_v_b`; 64 experts
 of FFN 1408, 6 per token, 2 shared; with DeepSeek-V2's compressed query of rank 1536, since
-llama.cpp reads an uncompressed one only from a 27-layer file) or `qwen3-embedding-0.6b`
+llama.cpp reads an uncompressed one only from a 27-layer file), `gpt-oss-20b-6l` (gpt-oss-20b's
+tensors with 6 of its 24 layers: 64 query / 8 KV heads of 64 with biases and sinks, 32 experts
+of FFN 2880 with biases, 4 per token, sliding window 128 every other layer, YaRN; quantize it
+with `MXFP4_MOE` for the released checkpoint's MXFP4 experts) or `qwen3-embedding-0.6b`
 (Qwen3-Embedding-0.6B: a Qwen3 decoder with q/k norms and head dim 128, `qwen3.pooling_type`
 3, last-token pooling, as llama.cpp's converter writes an embedding model); `tiny-256` and `tiny-moe-256` are the
 small test shapes of `scripts/fixtures/make_gguf_type_fixtures.sh` (and `tiny-deepseek-256`,
@@ -25,7 +28,8 @@ Needs the `gguf` and `numpy` packages.
 import sys
 
 import numpy as np
-from gguf import ExpertGatingFuncType, GGMLQuantizationType, GGUFReader, GGUFWriter, PoolingType
+from gguf import (ExpertGatingFuncType, GGMLQuantizationType, GGUFReader, GGUFWriter, PoolingType,
+                  RopeScalingType)
 from gguf.constants import TokenType
 
 SHAPES = {
@@ -35,6 +39,7 @@ SHAPES = {
     "qwen3-30b-a3b-12l": (2048, 6144, 12, 32, 4, 151936, False, 1000000.0),
     "qwen3-embedding-0.6b": (1024, 3072, 28, 16, 8, 151669, True, 1000000.0),
     "deepseek-v2-lite-6l": (2048, 10944, 6, 16, 1, 102400, False, 10000.0),
+    "gpt-oss-20b-6l": (2880, 2880, 6, 64, 8, 201088, False, 150000.0),
     "tiny-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
     "tiny-moe-256": (256, 512, 1, 4, 2, 512, True, 10000.0),
     "tiny-deepseek-256": (256, 512, 2, 4, 1, 512, False, 10000.0),
@@ -119,6 +124,49 @@ def tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts=None, q
         yield "output.weight", (vocab, hidden), False
 
 
+# gpt-oss shapes: head dim, experts, experts per token, sliding window.
+GPT_OSS = {"gpt-oss-20b-6l": (64, 32, 4, 128)}
+
+
+def gpt_oss_tensors(hidden, inter, layers, heads, kv_heads, vocab, shape):
+    """The tensors of a `gpt-oss` file, as `tensors` (biases and sinks count as norms: f32)."""
+    head_dim, n, _, _ = shape
+    yield "token_embd.weight", (vocab, hidden), False
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,), True
+        for name, rows in (("attn_q", heads * head_dim), ("attn_k", kv_heads * head_dim),
+                           ("attn_v", kv_heads * head_dim)):
+            yield b + name + ".weight", (rows, hidden), False
+            yield b + name + ".bias", (rows,), True
+        yield b + "attn_output.weight", (hidden, heads * head_dim), False
+        yield b + "attn_output.bias", (hidden,), True
+        yield b + "attn_sinks.weight", (heads,), True
+        yield b + "post_attention_norm.weight", (hidden,), True
+        yield b + "ffn_gate_inp.weight", (n, hidden), True
+        yield b + "ffn_gate_inp.bias", (n,), True
+        for name, shape_ in (("ffn_gate_exps", (n, inter, hidden)), ("ffn_up_exps", (n, inter, hidden)),
+                             ("ffn_down_exps", (n, hidden, inter))):
+            yield b + name + ".weight", shape_, False
+            yield b + name + ".bias", (n, shape_[1]), True
+    yield "output_norm.weight", (hidden,), True
+    yield "output.weight", (vocab, hidden), False
+
+
+def add_gpt_oss_keys(w, shape):
+    """A `gpt-oss` file's keys beyond the shared ones (YaRN as gpt-oss-20b has it)."""
+    head_dim, n, k, window = shape
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_count(n)
+    w.add_expert_used_count(k)
+    w.add_expert_feed_forward_length(2880)
+    w.add_sliding_window(window)
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+
+
 def latent_tensors(hidden, inter, layers, heads, vocab, shape):
     """The tensors of a `deepseek2` file with a compressed query, as `tensors`."""
     r, dn, dr, dv, n, _, width, shared, dense, q_rank = shape
@@ -178,9 +226,11 @@ def main():
 
     experts = EXPERTS.get(name)
     latent = LATENT.get(name)
+    oss = GPT_OSS.get(name)
     dense_arch, qk_head_dim, pooling = DENSE.get(name, ("llama", None, 0))
-    arch = experts[0] if experts else "deepseek2" if latent else dense_arch
-    head_dim = experts[1] if experts else latent[2] if latent else qk_head_dim or hidden // heads
+    arch = experts[0] if experts else "deepseek2" if latent else "gpt-oss" if oss else dense_arch
+    head_dim = (experts[1] if experts else latent[2] if latent else oss[0] if oss
+                else qk_head_dim or hidden // heads)
     w = GGUFWriter(out, arch)
     w.add_name(f"random-weight {name} shape")
     w.add_context_length(8192)
@@ -199,6 +249,8 @@ def main():
         w.add_pooling_type(PoolingType(pooling))
     if latent:
         add_latent_keys(w, latent)
+    if oss:
+        add_gpt_oss_keys(w, oss)
     if experts:
         _, _, n, k, width = experts
         w.add_key_length(head_dim)
@@ -218,6 +270,8 @@ def main():
 
     if latent:
         specs = list(latent_tensors(hidden, inter, layers, heads, vocab, latent))
+    elif oss:
+        specs = list(gpt_oss_tensors(hidden, inter, layers, heads, kv_heads, vocab, oss))
     else:
         specs = list(tensors(hidden, inter, layers, heads, kv_heads, vocab, tied, experts, qk_head_dim))
     for tname, shape, norm in specs:

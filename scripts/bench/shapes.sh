@@ -12,7 +12,8 @@
 #
 # SHAPES (default "llama-3.2-1b"; also "llama-3.1-8b", "qwen3-30b-a3b-12l": Qwen3-30B-A3B's
 # mixture-of-experts layers, 12 of its 48, so the file fits a 24 GB machine, and
-# "deepseek-v2-lite-6l": DeepSeek-V2-Lite's latent attention and experts, 6 of 27 layers),
+# "deepseek-v2-lite-6l": DeepSeek-V2-Lite's latent attention and experts, 6 of 27 layers,
+# "gpt-oss-20b-6l": gpt-oss-20b's sinks and experts, 6 of 24 layers, with TYPES=MXFP4_MOE),
 # TYPES (default
 # "Q4_K_M Q5_K_M Q6_K Q8_0"), DIR (where the files go, default target/shapes), KILN (the kiln
 # binary), CELLS (default "b1 b4 b16 pp512") and TG (tokens each decode cell generates,
