@@ -31,7 +31,8 @@ pub(crate) fn expert(
     }
     let groups = cols / BLOCK;
     let stored_rows = if part.is_some() { 2 * rows } else { rows };
-    let blocks = store.uint8s(&format!("{name}_blocks"), &[num_experts, stored_rows, groups, 16])?;
+    let blocks =
+        store.uint8s(&format!("{name}_blocks"), &[num_experts, stored_rows, groups, 16])?;
     let scales = store.uint8s(&format!("{name}_scales"), &[num_experts, stored_rows, groups])?;
     let mut out = Vec::with_capacity(rows * groups * 17);
     for r in 0..rows {
