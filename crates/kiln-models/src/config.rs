@@ -324,23 +324,7 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .and_then(Value::as_str)
             .ok_or_else(|| f.err("missing `architectures`".into()))?;
-        let quantization = json.get("quantization_config").filter(|q| !q.is_null());
-        // gpt-oss ships its experts in MXFP4 (`*_blocks` / `*_scales`), read as GGUF's MXFP4.
-        let mxfp4 = quantization
-            .and_then(|q| q.get("quant_method"))
-            .is_some_and(|m| m.as_str() == Some("mxfp4"));
-        if mxfp4 && arch_name != "GptOssForCausalLM" {
-            return Err(f.err(format!(
-                "quantization_config: MXFP4 checkpoints are read for gpt-oss only, not {arch_name}"
-            )));
-        }
-        let packed = match quantization.filter(|_| !mxfp4) {
-            Some(q) => Some(
-                PackedQuant::from_json(q)
-                    .map_err(|m| f.err(format!("quantization_config: {m}")))?,
-            ),
-            None => None,
-        };
+        let packed = packed_quant(&f, arch_name)?;
         if arch_name == "Gemma3ForConditionalGeneration" {
             let text = crate::family::gemma3::conditional_text_config(json).ok_or_else(|| {
                 f.err("Gemma3ForConditionalGeneration needs a `text_config` object".into())
@@ -438,6 +422,25 @@ impl ModelConfig {
     pub fn layer_window(&self, l: usize) -> Option<usize> {
         self.layer_windows.get(l).copied().flatten()
     }
+}
+
+/// The checkpoint's packed linear layers (`quantization_config` of AWQ, GPTQ or
+/// compressed-tensors); `None` without one, or for gpt-oss's MXFP4 experts, which are read as
+/// GGUF's MXFP4 blocks.
+fn packed_quant(f: &Fields<'_>, arch_name: &str) -> Result<Option<PackedQuant>, LoadError> {
+    let quantization = f.json.get("quantization_config").filter(|q| !q.is_null());
+    let mxfp4 = quantization
+        .and_then(|q| q.get("quant_method"))
+        .is_some_and(|m| m.as_str() == Some("mxfp4"));
+    if mxfp4 && arch_name != "GptOssForCausalLM" {
+        return Err(f.err(format!(
+            "quantization_config: MXFP4 checkpoints are read for gpt-oss only, not {arch_name}"
+        )));
+    }
+    quantization
+        .filter(|_| !mxfp4)
+        .map(|q| PackedQuant::from_json(q).map_err(|m| f.err(format!("quantization_config: {m}"))))
+        .transpose()
 }
 
 /// `(rope_theta, scaling, local theta)` from either config spelling; the local theta comes
