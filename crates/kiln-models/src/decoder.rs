@@ -1,8 +1,10 @@
 //! The decoder-only transformer of every supported family: Llama 2/3, Mistral (sliding
 //! window), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), Qwen3-MoE (Qwen3 with a mixture of experts
-//! as the MLP, `moe`) and Gemma 3 (q/k RMSNorm, sandwich norms, GeLU-tanh MLP, scaled
-//! embeddings, sliding-window layers with their own RoPE base), with grouped-query attention
-//! and optionally tied embeddings, from safetensors or GGUF weights.
+//! as the MLP, `moe`), Gemma 3 (q/k RMSNorm, sandwich norms, GeLU-tanh MLP, scaled embeddings,
+//! sliding-window layers with their own RoPE base), Phi-3, DeepSeek V2/V3 (multi-head latent
+//! attention, `mla`, and experts with shared ones) and gpt-oss (attention sinks, biased
+//! experts), with grouped-query (`gqa`) or latent attention and optionally tied embeddings,
+//! from safetensors or GGUF weights.
 //!
 //! Per layer: `h += [norm](o_proj(attn(rope(q), rope(k), v)))` over `rmsnorm(h)`, then
 //! `h += [norm](down(act(gate(x)) * up(x)))` over `rmsnorm(h)`, where the bracketed output
