@@ -13,7 +13,9 @@ use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
 use crate::packed::PackedWeights;
-use crate::weights::{FusedParts, Renamed, TextModelOf, WeightSource, Weights};
+use crate::weights::{
+    FusedParts, Renamed, WeightSource, Weights, text_model_layout, text_model_name,
+};
 use crate::{Classifier, LoadError, Model, ModelConfig, WeightStore};
 
 /// A model on backend `B` with its tokenizer and generation defaults.
@@ -88,8 +90,10 @@ pub fn load_model_with<B: Backend>(
     };
     // A multimodal checkpoint's text model (Gemma3ForConditionalGeneration) is read under
     // its prefix.
-    let text_model =
-        TextModelOf::layout(stored).map(|(model, head)| TextModelOf { inner: stored, model, head });
+    let text_model = text_model_layout(stored).map(|(model, head)| Renamed {
+        inner: stored,
+        rename: move |name: &str| text_model_name(model, head, name),
+    });
     let mut source: &dyn WeightSource = match &text_model {
         Some(t) => t,
         None => stored,

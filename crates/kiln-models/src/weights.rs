@@ -53,43 +53,17 @@ pub(crate) trait WeightSource {
     }
 }
 
-/// The text model of a multimodal checkpoint, or a base model saved without the `model.`
-/// prefix: its tensors under a prefix (`model.X` is read as `{model}X`) and its head under
-/// another name.
-pub(crate) struct TextModelOf<'a> {
+/// A source whose tensors are stored under other names: `rename` maps the name the decoder
+/// asks for to the stored one (a multimodal checkpoint's text model under its prefix,
+/// [`text_model_name`]; a family's own GGUF names).
+pub(crate) struct Renamed<'a, F: Fn(&str) -> String> {
     pub inner: &'a dyn WeightSource,
-    pub model: &'static str,
-    pub head: &'static str,
+    pub rename: F,
 }
 
-impl TextModelOf<'_> {
-    /// Where a checkpoint keeps its text model under another prefix than `model.`: a
-    /// multimodal checkpoint's, transformers 5's layout, then the Hub's
-    /// (`Gemma3ForConditionalGeneration`); a bare base model's, at the top; `None` when
-    /// `source` has none of them.
-    pub(crate) fn layout(source: &dyn WeightSource) -> Option<(&'static str, &'static str)> {
-        [
-            ("model.language_model.", "lm_head.weight"),
-            ("language_model.model.", "language_model.lm_head.weight"),
-            // A base model saved alone (`Qwen3Model`: an embedding model's tensors, no head).
-            ("", "lm_head.weight"),
-        ]
-        .into_iter()
-        .find(|(model, _)| source.contains(&format!("{model}embed_tokens.weight")))
-    }
-
-    fn name(&self, name: &str) -> String {
-        match name.strip_prefix("model.") {
-            Some(rest) => format!("{}{rest}", self.model),
-            None if name == "lm_head.weight" => self.head.to_owned(),
-            None => name.to_owned(),
-        }
-    }
-}
-
-impl WeightSource for TextModelOf<'_> {
+impl<F: Fn(&str) -> String> WeightSource for Renamed<'_, F> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
-        self.inner.matrix(&self.name(name), rows, cols)
+        self.inner.matrix(&(self.rename)(name), rows, cols)
     }
 
     fn ordered_matrix(
@@ -98,7 +72,7 @@ impl WeightSource for TextModelOf<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
-        self.inner.ordered_matrix(&self.name(name), rows, cols)
+        self.inner.ordered_matrix(&(self.rename)(name), rows, cols)
     }
 
     fn expert_matrix(
@@ -108,15 +82,15 @@ impl WeightSource for TextModelOf<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<HostTensor, LoadError> {
-        self.inner.expert_matrix(&self.name(name), expert, rows, cols)
+        self.inner.expert_matrix(&(self.rename)(name), expert, rows, cols)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
-        self.inner.vector(&self.name(name), len)
+        self.inner.vector(&(self.rename)(name), len)
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.inner.contains(&self.name(name))
+        self.inner.contains(&(self.rename)(name))
     }
 
     fn mxfp4_expert(
@@ -126,53 +100,32 @@ impl WeightSource for TextModelOf<'_> {
         part: Option<usize>,
         shape: (usize, usize),
     ) -> Result<HostTensor, LoadError> {
-        self.inner.mxfp4_expert(&self.name(name), expert, part, shape)
+        self.inner.mxfp4_expert(&(self.rename)(name), expert, part, shape)
     }
 }
 
-/// A family's own names for some tensors: `rename` gives the stored name of a tensor the
-/// family stores under another name than the common one (`None`: the common name).
-pub(crate) struct Renamed<'a> {
-    pub inner: &'a dyn WeightSource,
-    pub rename: fn(&str) -> Option<String>,
+/// Where a checkpoint keeps its text model under another prefix than `model.`, as `(model
+/// prefix, head name)`: a multimodal checkpoint's, transformers 5's layout, then the Hub's
+/// (`Gemma3ForConditionalGeneration`); a bare base model's, at the top; `None` when `source`
+/// has none of them.
+pub(crate) fn text_model_layout(source: &dyn WeightSource) -> Option<(&'static str, &'static str)> {
+    [
+        ("model.language_model.", "lm_head.weight"),
+        ("language_model.model.", "language_model.lm_head.weight"),
+        // A base model saved alone (`Qwen3Model`: an embedding model's tensors, no head).
+        ("", "lm_head.weight"),
+    ]
+    .into_iter()
+    .find(|(model, _)| source.contains(&format!("{model}embed_tokens.weight")))
 }
 
-impl Renamed<'_> {
-    fn name(&self, name: &str) -> String {
-        (self.rename)(name).unwrap_or_else(|| name.to_owned())
-    }
-}
-
-impl WeightSource for Renamed<'_> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostTensor, LoadError> {
-        self.inner.matrix(&self.name(name), rows, cols)
-    }
-
-    fn ordered_matrix(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(HostTensor, Option<Vec<usize>>), LoadError> {
-        self.inner.ordered_matrix(&self.name(name), rows, cols)
-    }
-
-    fn expert_matrix(
-        &self,
-        name: &str,
-        expert: (usize, usize),
-        rows: usize,
-        cols: usize,
-    ) -> Result<HostTensor, LoadError> {
-        self.inner.expert_matrix(&self.name(name), expert, rows, cols)
-    }
-
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
-        self.inner.vector(&self.name(name), len)
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.inner.contains(&self.name(name))
+/// The stored name of `name` in a text model laid out as `(model, head)`
+/// ([`text_model_layout`]): `model.X` is `{model}X`, the head is `head`.
+pub(crate) fn text_model_name(model: &str, head: &str, name: &str) -> String {
+    match name.strip_prefix("model.") {
+        Some(rest) => format!("{model}{rest}"),
+        None if name == "lm_head.weight" => head.to_owned(),
+        None => name.to_owned(),
     }
 }
 

@@ -10,28 +10,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Runner, assert_rows_close, cases, cpu, fixture, max_abs_diff};
+use common::{DECODER_FIXTURES, Runner, assert_rows_close, cases, cpu, fixture, max_abs_diff};
 use kiln_kernels::Reference;
 use kiln_models::{KvCacheDtype, LogitsWanted, load_model};
 
 /// The mixture-of-experts fixtures.
 const MOE: [&str; 6] = ["mixtral", "qwen2moe", "qwen3moe", "deepseekv2", "deepseekv3", "gptoss"];
-const MODELS: [&str; 14] = [
-    "llama3",
-    "llama2",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen3",
-    "qwen2moe",
-    "qwen3moe",
-    "gemma3",
-    "phi3",
-    "phi4mini",
-    "deepseekv2",
-    "deepseekv3",
-    "gptoss",
-];
 /// Max |cpu - reference| on f32 logits, relative to the row's largest |logit| (at least 1):
 /// the two differ in summation order and in the CPU's vectorised `exp`/`tanh`.
 const BACKEND_TOLERANCE: f32 = 1e-4;
@@ -44,7 +28,7 @@ fn reference(name: &str) -> Runner<Reference> {
 
 #[test]
 fn cpu_and_reference_backends_agree_on_every_fixture() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut cpu = Runner::new(name);
         let mut reference = reference(name);
         let mut worst = 0.0f32;
@@ -76,7 +60,7 @@ fn cpu_and_reference_backends_agree_on_every_fixture() {
 #[test]
 fn eight_bit_kv_caches_agree_across_backends_and_stay_near_transformers() {
     for dtype in [KvCacheDtype::Int8, KvCacheDtype::Fp8E4M3, KvCacheDtype::Fp8E5M2] {
-        for name in MODELS {
+        for name in DECODER_FIXTURES {
             let mut cpu = Runner::with_dtype(load_model(&fixture(name), &cpu()).unwrap(), dtype);
             let backend = Arc::new(Reference);
             let mut reference =
@@ -129,7 +113,7 @@ fn dtype_index(dtype: KvCacheDtype) -> usize {
 
 #[test]
 fn reference_backend_chunked_and_batched_equal_one_shot() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut runner = reference(name);
         let cases = cases(name, Some(runner.vocab()));
         let prompts: Vec<&Vec<u32>> = cases.iter().map(|c| &c.prompt_ids).take(2).collect();

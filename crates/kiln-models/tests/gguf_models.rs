@@ -42,18 +42,7 @@ fn converted_fixtures_match_transformers() {
         ("phi4mini", "phi3"),
     ] {
         let path = convert(name, arch, &dir);
-        let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
-        for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
-            let tokens: Vec<u32> =
-                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
-            let got = runner.one_shot(&tokens);
-            assert_rows_close(
-                &got,
-                &case.logits,
-                LOGIT_TOLERANCE,
-                &format!("{name}.gguf case {i}"),
-            );
-        }
+        assert_file_matches_transformers(&path, name);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -194,18 +183,17 @@ fn a_split_model_loads_from_its_first_file_and_gives_the_same_logits() {
 fn llama_cpp_converted_deepseek_and_gpt_oss_match_transformers() {
     for name in ["deepseekv2", "deepseekv3", "gptoss"] {
         let path = converted_dir().join(format!("{name}-f32.gguf"));
-        let mut runner = Runner::with(load_model(&path, &cpu()).unwrap());
-        for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
-            let tokens: Vec<u32> =
-                case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
-            let got = runner.one_shot(&tokens);
-            assert_rows_close(
-                &got,
-                &case.logits,
-                LOGIT_TOLERANCE,
-                &format!("{name}.gguf case {i}"),
-            );
-        }
+        assert_file_matches_transformers(&path, name);
+    }
+}
+
+/// `path` gives fixture `name`'s transformers logits within [`LOGIT_TOLERANCE`].
+fn assert_file_matches_transformers(path: &Path, name: &str) {
+    let mut runner = Runner::with(load_model(path, &cpu()).unwrap());
+    for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
+        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+        let got = runner.one_shot(&tokens);
+        assert_rows_close(&got, &case.logits, LOGIT_TOLERANCE, &format!("{name}.gguf case {i}"));
     }
 }
 

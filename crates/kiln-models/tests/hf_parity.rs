@@ -7,34 +7,10 @@
 
 mod common;
 
-use common::{Runner, argmax, assert_rows_close, cases, cpu, fixture};
+use common::{DECODER_FIXTURES, Runner, argmax, assert_rows_close, cases, cpu, fixture};
 use kiln_kernels::GgmlType;
 use kiln_models::{LoadOptions, LogitsWanted, load_model_with};
 
-/// Every fixture: the Llama family, the mixtures of experts (Mixtral: 4 experts, 2 per token,
-/// bf16; Qwen2-MoE: a shared expert, unnormalised weights; Qwen3-MoE: 8 experts, 2 per token;
-/// both Qwens with a dense layer between two sparse ones), Gemma 3 (sandwich norms, sliding
-/// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE;
-/// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE) and DeepSeek V2/V3
-/// (latent attention, YaRN, group-limited routing with shared experts; V3 with compressed
-/// queries and sigmoid routing's correction bias) and gpt-oss (attention sinks, alternating
-/// sliding layers, biased experts and router, the clamped SwiGLU).
-const MODELS: [&str; 14] = [
-    "llama3",
-    "llama2",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen3",
-    "qwen2moe",
-    "qwen3moe",
-    "gemma3",
-    "phi3",
-    "phi4mini",
-    "deepseekv2",
-    "deepseekv3",
-    "gptoss",
-];
 /// Max |ours - transformers| on f32 logits.
 const LOGIT_TOLERANCE: f32 = 1e-3;
 /// Batching, chunking and caching must not change a single bit of the logits.
@@ -42,7 +18,7 @@ const BITWISE: f32 = 0.0;
 
 #[test]
 fn tokenizer_matches_transformers() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let (tok, _) = kiln_tokenizer::Tokenizer::from_dir(&fixture(name)).unwrap();
         for case in cases(name, None).iter().map(|c| (&c.prompt, &c.prompt_ids)) {
             assert_eq!(&tok.encode(case.0, true).unwrap(), case.1, "{name}: {:?}", case.0);
@@ -52,7 +28,7 @@ fn tokenizer_matches_transformers() {
 
 #[test]
 fn logits_match_transformers() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut runner = Runner::new(name);
         for (i, case) in cases(name, Some(runner.vocab())).iter().enumerate() {
             let tokens: Vec<u32> =
@@ -65,7 +41,7 @@ fn logits_match_transformers() {
 
 #[test]
 fn batch_of_four_gives_each_prompt_its_own_logits() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut runner = Runner::new(name);
         let cases = cases(name, Some(runner.vocab()));
         let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
@@ -142,7 +118,7 @@ fn quantized_experts_batched_equal_alone() {
 
 #[test]
 fn chunked_prefill_of_seven_equals_one_shot() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut runner = Runner::new(name);
         let cases = cases(name, Some(runner.vocab()));
         let case = cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap();
@@ -162,7 +138,7 @@ fn chunked_prefill_of_seven_equals_one_shot() {
 
 #[test]
 fn decode_after_prefill_equals_full_recompute_and_transformers() {
-    for name in MODELS {
+    for name in DECODER_FIXTURES {
         let mut runner = Runner::new(name);
         for case in cases(name, Some(runner.vocab())) {
             let tokens: Vec<u32> =

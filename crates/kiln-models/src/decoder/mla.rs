@@ -15,6 +15,7 @@
 //! its rows the step's tokens), on head-major copies of the rows (`copy_strided`). Every op
 //! computes each token's row alone, so batching, chunking and caching change no bit.
 
+use kiln_backend::ops::MAX_GROUP;
 use kiln_backend::{Backend, ExpertLinearJob, LinearJob, Strides};
 
 use super::StepBuffers;
@@ -50,6 +51,13 @@ pub(super) struct MlaLayer<B: Backend> {
     value_up: Vec<B::Weight>,
     cfg: MlaConfig,
     heads: usize,
+}
+
+/// The head-major rows of each head, `h · n` for `h` in `0..=heads` (the "experts" of the
+/// per-head matmuls), on the stack: a step's checks keep `heads` within [`MAX_GROUP`] (one
+/// KV head).
+fn head_offsets(heads: usize, n: usize) -> [usize; MAX_GROUP + 1] {
+    std::array::from_fn(|h| h.min(heads) * n)
 }
 
 /// The widest per-slice scratch latent attention needs, in elements per token: of `gate`
@@ -244,14 +252,14 @@ impl<B: Backend> MlaLayer<B> {
         be.copy_strided(raw, token_head(dn, qk), q_pe, token_head(0, dr), (n, hs, dr));
         be.rope_apply(rope, B::view_mut(b.up, 0..n * hs * dr), hs, angles);
         // The absorbed query `[heads, n, r]` into `picked_out`.
-        let offsets: Vec<usize> = (0..=hs).map(|h| h * n).collect();
+        let offsets = head_offsets(hs, n);
         let job = ExpertLinearJob {
             weights: &self.key_up_t,
             width: r,
             biases: None,
             out: &mut *b.picked_out,
         };
-        be.linear_experts(&*b.picked, dn, &offsets, &mut [job]);
+        be.linear_experts(&*b.picked, dn, &offsets[..=hs], &mut [job]);
         // The query rows `[n, heads, r + dr]`.
         let q_out = rows.start * hs * row..rows.end * hs * row;
         let q_lat = B::view(b.picked_out, 0..hs * n * r);
@@ -279,14 +287,14 @@ impl<B: Backend> MlaLayer<B> {
         let attn = B::view(b.attn, rows.start * hs * row..rows.end * hs * row);
         let lat = B::view_mut(b.picked, 0..hs * n * r);
         be.copy_strided(attn, token_head(0, row), lat, head_major(r), (n, hs, r));
-        let offsets: Vec<usize> = (0..=hs).map(|h| h * n).collect();
+        let offsets = head_offsets(hs, n);
         let job = ExpertLinearJob {
             weights: &self.value_up,
             width: dv,
             biases: None,
             out: &mut *b.picked_out,
         };
-        be.linear_experts(&*b.picked, r, &offsets, &mut [job]);
+        be.linear_experts(&*b.picked, r, &offsets[..=hs], &mut [job]);
         let out = B::view_mut(b.q, rows.start * hs * dv..rows.end * hs * dv);
         let src = B::view(b.picked_out, 0..hs * n * dv);
         be.copy_strided(src, head_major(dv), out, token_head(0, dv), (n, hs, dv));

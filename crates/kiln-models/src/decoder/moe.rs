@@ -334,6 +334,9 @@ struct GroupScratch {
     scores: Vec<f32>,
     choice: Vec<f32>,
     order: Vec<usize>,
+    /// `[groups]` each group and its score, best first; whether it is kept.
+    ranked: Vec<(usize, f32)>,
+    kept: Vec<bool>,
 }
 
 impl GroupScratch {
@@ -380,12 +383,15 @@ impl GroupScratch {
             }
             if sigmoid { best + second } else { best }
         };
-        let mut ranked: Vec<(usize, f32)> = (0..groups).map(|g| (g, group_score(g))).collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut kept = vec![false; groups];
-        for &(g, _) in &ranked[..topk_groups] {
-            kept[g] = true;
+        self.ranked.clear();
+        self.ranked.extend((0..groups).map(|g| (g, group_score(g))));
+        self.ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        self.kept.clear();
+        self.kept.resize(groups, false);
+        for &(g, _) in &self.ranked[..topk_groups] {
+            self.kept[g] = true;
         }
+        let kept = &self.kept;
         self.order.clear();
         self.order.extend((0..e).filter(|&x| kept[x / size]));
         let choice = &self.choice;

@@ -17,10 +17,13 @@
 use kiln_backend::RopeStyle;
 
 use super::Architecture;
+use crate::config::Fields;
 use crate::config::gguf::Keys;
-use crate::config::{Fields, MAX_DIM};
 use crate::names::LayerTensor;
 use crate::{LoadError, MlaConfig, ModelConfig, MoeConfig, Routing};
+
+/// The widest cache row latent attention may ask for (DeepSeek's is 576).
+const MAX_LATENT_ROW: usize = 4096;
 
 /// The eps of the latent attention's inner norms.
 pub(crate) const LATENT_NORM_EPS: f32 = 1e-6;
@@ -133,10 +136,10 @@ fn set_mla(
     scale: f32,
 ) -> Result<(), String> {
     let row = mla.kv_lora_rank + mla.qk_rope_head_dim;
-    if !mla.qk_rope_head_dim.is_multiple_of(2) || row > MAX_DIM.min(4096) {
+    if !mla.qk_rope_head_dim.is_multiple_of(2) || row > MAX_LATENT_ROW {
         return Err(format!(
             "latent attention: qk_rope_head_dim {} must be even and the cache row {row} at most \
-             4096",
+             {MAX_LATENT_ROW}",
             mla.qk_rope_head_dim
         ));
     }

@@ -72,11 +72,14 @@ pub(super) fn apply_gguf(keys: &Keys<'_>, c: &mut ModelConfig) -> Result<(), Loa
     Ok(())
 }
 
-/// gpt-oss's GGUF name for a tensor stored under another name than the common one: the
-/// pre-MLP norm is `post_attention_norm`.
-pub(crate) fn gguf_name(name: &str) -> Option<String> {
-    let layer = name.strip_prefix("blk.")?.strip_suffix(".ffn_norm.weight")?;
-    Some(format!("blk.{layer}.post_attention_norm.weight"))
+/// gpt-oss's GGUF name of tensor `name`: the common one but for the pre-MLP norm, which is
+/// `post_attention_norm`.
+pub(crate) fn gguf_name(name: &str) -> String {
+    let layer = name.strip_prefix("blk.").and_then(|n| n.strip_suffix(".ffn_norm.weight"));
+    match layer {
+        Some(layer) => format!("blk.{layer}.post_attention_norm.weight"),
+        None => name.to_owned(),
+    }
 }
 
 /// gpt-oss's names: the router is `mlp.router`.

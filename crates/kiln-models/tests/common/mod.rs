@@ -17,6 +17,31 @@ use kiln_models::{
 };
 use serde_json::Value;
 
+/// Every fixture: the Llama family, the mixtures of experts (Mixtral: 4 experts, 2 per token,
+/// bf16; Qwen2-MoE: a shared expert, unnormalised weights; Qwen3-MoE: 8 experts, 2 per token;
+/// both Qwens with a dense layer between two sparse ones), Gemma 3 (sandwich norms, sliding
+/// layers, GeLU) and Phi-3 (fused `qkv_proj` and `gate_up_proj`; `phi3long` with LongRoPE;
+/// `phi4mini` with RoPE on 12 of each head's 16 dimensions and LongRoPE) and DeepSeek V2/V3
+/// (latent attention, YaRN, group-limited routing with shared experts; V3 with compressed
+/// queries and sigmoid routing's correction bias) and gpt-oss (attention sinks, alternating
+/// sliding layers, biased experts and router, the clamped SwiGLU).
+pub const DECODER_FIXTURES: [&str; 14] = [
+    "llama3",
+    "llama2",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen2moe",
+    "qwen3moe",
+    "gemma3",
+    "phi3",
+    "phi4mini",
+    "deepseekv2",
+    "deepseekv3",
+    "gptoss",
+];
+
 pub const BLOCK_SIZE: usize = 4;
 /// KV blocks of a [`Runner`] (4,096 tokens).
 pub const NUM_BLOCKS: usize = 1024;
