@@ -14,4 +14,4 @@ mod structured;
 pub use ids::{BlockId, RequestId, TokenId};
 pub use rng::{Rng, keyed_uniform};
 pub use sampling::{FinishReason, SamplingError, SamplingParams};
-pub use structured::{ReasoningMarkers, StructuredOutput};
+pub use structured::{ReasoningFormat, ReasoningMarkers, StructuredOutput};

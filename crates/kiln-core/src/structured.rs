@@ -17,12 +17,23 @@ pub enum StructuredOutput {
     /// Text of this context-free grammar, in Lark syntax (llguidance's dialect: regexes,
     /// `%json` and `%ignore` included).
     Grammar(String),
-    /// A reasoning model's answer after its thinking: the output is free text up to and
-    /// including the first `reasoning.close` (`</think>`), a few newlines or spaces, then text
-    /// in the language of `answer`. The reasoning is optional when the prompt did not open
-    /// it: the output may then start with `reasoning.open` or go straight to the answer. The
-    /// reasoning is text: tokens that would break its UTF-8 are masked.
-    AfterReasoning { reasoning: ReasoningMarkers, answer: Box<StructuredOutput> },
+    /// A reasoning model's answer after its thinking, delimited as `reasoning` says.
+    AfterReasoning { reasoning: ReasoningFormat, answer: Box<StructuredOutput> },
+}
+
+/// How a reasoning model's output is laid out before its answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReasoningFormat {
+    /// Free text up to and including the first `close` (`</think>`), a few newlines or
+    /// spaces, then the answer. The reasoning is optional when the prompt did not open it: the
+    /// output may then start with `open` or go straight to the answer. The reasoning is text:
+    /// tokens that would break its UTF-8 are masked.
+    Markers(ReasoningMarkers),
+    /// gpt-oss's harmony messages: any number of `analysis` or `commentary` messages
+    /// (`<|channel|>NAME<|message|>TEXT<|end|><|start|>assistant`), then
+    /// `<|channel|>final<|message|>` and the answer. `in_body`: the prompt opened a message
+    /// body, which the output first ends with `<|end|>`.
+    Harmony { in_body: bool },
 }
 
 /// How a reasoning model's thinking is delimited in its output.

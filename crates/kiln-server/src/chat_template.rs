@@ -403,6 +403,14 @@ impl ChatTemplate {
     /// Where the template came from: `"--chat-template FILE"`, `"tokenizer_config.json"`,
     /// `"chat_template.jinja"`, `"GGUF tokenizer.chat_template"`, `"fallback (ChatML)"`, or
     /// the name given to [`Self::with_source_name`].
+    /// Whether the template reads the variable `name` (one it does not define itself), so
+    /// that a request field feeding it has an effect.
+    pub fn reads_variable(&self, name: &str) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .is_ok_and(|t| t.undeclared_variables(false).contains(name))
+    }
+
     pub fn source_name(&self) -> &str {
         &self.source_name
     }

@@ -24,6 +24,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod harmony;
 pub mod kv_events;
 pub mod lora;
 pub mod metrics;

@@ -148,6 +148,10 @@ pub struct ChatRequest {
     /// `--reasoning-parser`).
     #[serde(default)]
     pub include_reasoning: Option<bool>,
+    /// `low`, `medium` or `high`: the chat template's `reasoning_effort` (gpt-oss's system
+    /// message states it), for a template that reads it.
+    #[serde(default)]
+    pub reasoning_effort: Option<Value>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

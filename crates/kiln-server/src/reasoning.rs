@@ -3,7 +3,8 @@
 //! Responses as a reasoning item, and so that tool calls and structured outputs apply to the
 //! answer only.
 //!
-//! The parsers read `<think>…</think>` (Qwen3, QwQ, DeepSeek-R1 and its distills). Where the
+//! `qwen3` and `deepseek_r1` read `<think>…</think>` (Qwen3, QwQ, DeepSeek-R1 and its
+//! distills); `openai_gptoss` reads gpt-oss's harmony channels ([`crate::harmony`]). Where the
 //! output starts is decided from the prompt: a chat template that ends the prompt inside an
 //! opened `<think>` (DeepSeek-R1's, Qwen3-Thinking's) starts the output in the thinking; one
 //! that closed it (Qwen3 with `enable_thinking: false`) or never opened it starts it in the
@@ -15,7 +16,9 @@
 //! once); the markers never appear in either part; the answer starts after the whitespace that
 //! follows `</think>`.
 
-use kiln_core::{ReasoningMarkers, StructuredOutput};
+use kiln_core::{ReasoningFormat, ReasoningMarkers, StructuredOutput};
+
+use crate::harmony::{self, HarmonySplit, Position, Route};
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -27,23 +30,35 @@ pub enum ReasoningParser {
     Qwen3,
     /// DeepSeek-R1 and its distills: the output starts thinking even without `<think>`.
     DeepSeekR1,
+    /// gpt-oss: the `analysis` channel of its harmony messages.
+    GptOss,
 }
 
 impl ReasoningParser {
     /// The names `--reasoning-parser` takes.
-    pub const NAMES: &'static str = "qwen3, deepseek_r1";
+    pub const NAMES: &'static str = "qwen3, deepseek_r1, openai_gptoss";
 
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "qwen3" => Some(Self::Qwen3),
             "deepseek_r1" => Some(Self::DeepSeekR1),
+            "openai_gptoss" => Some(Self::GptOss),
             _ => None,
         }
+    }
+
+    /// Whether the format's markers are special tokens, so the text must be decoded with
+    /// them (`skip_special_tokens: false`).
+    pub fn needs_special_tokens(self) -> bool {
+        self == Self::GptOss
     }
 
     /// How one output of a prompt whose rendered text is `prompt` starts.
     pub fn start(self, prompt: &str) -> Start {
         let prompt = prompt.trim_end();
+        if self == Self::GptOss {
+            return Start::Harmony(harmony::position(prompt));
+        }
         let opened = prompt.ends_with(OPEN);
         match (opened, self) {
             (true, _) | (false, Self::DeepSeekR1) if !prompt.ends_with(CLOSE) => Start::Reasoning,
@@ -53,14 +68,18 @@ impl ReasoningParser {
 
     /// `answer` wrapped so that the constraint begins after the thinking.
     pub fn constrain_answer(start: Start, answer: StructuredOutput) -> StructuredOutput {
-        StructuredOutput::AfterReasoning {
-            reasoning: ReasoningMarkers {
+        let reasoning = match start {
+            Start::Harmony(Position::Body(Route::Answer)) => return answer,
+            Start::Harmony(position) => {
+                ReasoningFormat::Harmony { in_body: position != Position::Header }
+            }
+            Start::Reasoning | Start::Undecided => ReasoningFormat::Markers(ReasoningMarkers {
                 open: OPEN.into(),
                 close: CLOSE.into(),
                 required: start == Start::Reasoning,
-            },
-            answer: Box::new(answer),
-        }
+            }),
+        };
+        StructuredOutput::AfterReasoning { reasoning, answer: Box::new(answer) }
     }
 }
 
@@ -71,6 +90,8 @@ pub enum Start {
     Reasoning,
     /// In the answer, unless the output opens the thinking itself.
     Undecided,
+    /// gpt-oss's harmony output, from this position.
+    Harmony(Position),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +108,44 @@ enum Phase {
 
 /// The split of one output as it streams.
 #[derive(Clone, Debug)]
-pub struct ReasoningSplit {
+pub enum ReasoningSplit {
+    Think(ThinkSplit),
+    Harmony(HarmonySplit),
+}
+
+impl ReasoningSplit {
+    pub fn new(start: Start) -> Self {
+        match start {
+            Start::Harmony(position) => Self::Harmony(HarmonySplit::new(position)),
+            Start::Reasoning | Start::Undecided => Self::Think(ThinkSplit::new(start)),
+        }
+    }
+
+    /// The whole output split at once.
+    pub fn whole(start: Start, text: &str) -> SplitStep {
+        Self::new(start).push(text, true)
+    }
+
+    /// Whether the answer has begun (what follows is answer text).
+    pub fn in_answer(&self) -> bool {
+        match self {
+            Self::Think(s) => s.in_answer(),
+            Self::Harmony(s) => s.in_answer(),
+        }
+    }
+
+    /// Takes the next piece of text (`last`: the output ended); returns what it releases.
+    pub fn push(&mut self, text: &str, last: bool) -> SplitStep {
+        match self {
+            Self::Think(s) => s.push(text, last),
+            Self::Harmony(s) => s.push(text, last),
+        }
+    }
+}
+
+/// The split of one `<think>` output as it streams.
+#[derive(Clone, Debug)]
+pub struct ThinkSplit {
     phase: Phase,
     /// Text received but not yet released (a possible marker prefix).
     held: String,
@@ -100,27 +158,20 @@ pub struct SplitStep {
     pub answer: String,
 }
 
-impl ReasoningSplit {
-    pub fn new(start: Start) -> Self {
+impl ThinkSplit {
+    fn new(start: Start) -> Self {
         let phase = match start {
             Start::Reasoning => Phase::ReasoningStart,
-            Start::Undecided => Phase::Undecided,
+            Start::Undecided | Start::Harmony(_) => Phase::Undecided,
         };
         Self { phase, held: String::new() }
     }
 
-    /// The whole output split at once.
-    pub fn whole(start: Start, text: &str) -> SplitStep {
-        Self::new(start).push(text, true)
-    }
-
-    /// Whether the answer has begun (what follows is answer text).
-    pub fn in_answer(&self) -> bool {
+    fn in_answer(&self) -> bool {
         matches!(self.phase, Phase::Answer | Phase::AnswerStart)
     }
 
-    /// Takes the next piece of text (`last`: the output ended); returns what it releases.
-    pub fn push(&mut self, text: &str, last: bool) -> SplitStep {
+    fn push(&mut self, text: &str, last: bool) -> SplitStep {
         self.held.push_str(text);
         let mut step = SplitStep::default();
         loop {

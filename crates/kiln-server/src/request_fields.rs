@@ -27,7 +27,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("prediction", "predicted outputs are not supported"),
     ("audio", "audio output is not supported"),
     ("modalities", "only text output is supported"),
-    ("reasoning_effort", "reasoning controls are not supported"),
+    ("reasoning_effort", "`reasoning_effort` is only supported on /v1/chat/completions"),
     ("web_search_options", "web search is not supported"),
     ("chat_template", "a per-request chat template is not supported (use --chat-template)"),
     ("chat_template_kwargs", "`chat_template_kwargs` is only supported on /v1/chat/completions"),

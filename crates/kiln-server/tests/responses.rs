@@ -377,7 +377,9 @@ fn logprobs_are_the_chat_ones_and_unknown_fields_are_refused() {
 
     for (extra, param) in [
         (json!({"max_tokens": 4}), "max_tokens"),
-        (json!({"reasoning": {"effort": "high"}}), "reasoning"),
+        (json!({"reasoning": {"effort": "extreme"}}), "reasoning"),
+        // The fixture's template has no reasoning effort (chat's field names it).
+        (json!({"reasoning": {"effort": "high"}}), "reasoning_effort"),
         (json!({"previous_response_id": "resp_nope"}), "previous_response_id"),
         (json!({"tools": [{"type": "web_search"}]}), "tools"),
     ] {

@@ -498,6 +498,7 @@ fn start<B: kiln_models::Backend>(
         args.kv_cache_dtype.name()
     );
     let builtin_template = builtin_template(model.config().architecture);
+    warn_on_raw_harmony(state, model.config().architecture);
     let experts = model.config().moe.as_ref();
     let model_info = ModelConfigInfo {
         architecture: format!("{:?}", model.config().architecture),
@@ -628,6 +629,26 @@ fn scheduler_for_pooling(
         scheduler.enable_prefix_caching = false;
     }
     Ok(scheduler)
+}
+
+/// gpt-oss writes its thinking and calls as harmony messages: without the parsers that read
+/// them, clients get the raw channels as text.
+fn warn_on_raw_harmony(state: &ServerState, architecture: Architecture) {
+    if architecture != Architecture::GptOss {
+        return;
+    }
+    if state.config.reasoning_parser.is_none() {
+        tracing::warn!(
+            "gpt-oss answers in harmony channels: without --reasoning-parser openai_gptoss its \
+             thinking and headers stay in the content"
+        );
+    }
+    if state.config.tools.parser.is_none() {
+        tracing::warn!(
+            "gpt-oss calls tools in harmony messages: `tool_choice: \"auto\"` needs \
+             --enable-auto-tool-choice --tool-call-parser openai"
+        );
+    }
 }
 
 /// The chat template kiln ships for a model family, for models that carry none.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kiln_core::StructuredOutput;
+use kiln_core::{ReasoningFormat, StructuredOutput};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory, TokenParser};
@@ -43,7 +43,11 @@ fn source_bytes(spec: &StructuredOutput) -> usize {
         StructuredOutput::Choice(choices) => choices.iter().map(String::len).sum(),
         StructuredOutput::JsonObject => 0,
         StructuredOutput::AfterReasoning { reasoning, answer } => {
-            reasoning.open.len() + reasoning.close.len() + source_bytes(answer)
+            let markers = match reasoning {
+                ReasoningFormat::Markers(m) => m.open.len() + m.close.len(),
+                ReasoningFormat::Harmony { .. } => HARMONY.len(),
+            };
+            markers + source_bytes(answer)
         }
     }
 }
@@ -294,20 +298,37 @@ fn is_json(spec: &StructuredOutput) -> bool {
 /// two newlines).
 const AFTER_REASONING: &str = r"[ \n]{0,4}";
 
-/// The answer grammar after a reasoning section: a Lark wrapper whose lazy `think` rule ends
-/// at the first `close`, and `answer` (its own grammars, the first named `answer`).
+/// gpt-oss's messages before the final one, in Lark: a body is text (it cannot hold a special
+/// token), and each message but the final one ends with `<|end|><|start|>assistant`.
+const HARMONY: &str = r#"msg: <|channel|> CHANNEL <|message|> BODY <|end|> <|start|> "assistant"
+CHANNEL: /analysis|commentary/
+BODY: /(?s:.*)/
+"#;
+
+/// The answer grammar after a reasoning section: a Lark wrapper whose thinking ends as
+/// `reasoning` says, and `answer` (its own grammars, the first named `answer`).
 fn after_reasoning(
-    reasoning: &kiln_core::ReasoningMarkers,
+    reasoning: &ReasoningFormat,
     answer: &StructuredOutput,
 ) -> Result<TopLevelGrammar, GrammarError> {
     if matches!(answer, StructuredOutput::AfterReasoning { .. }) {
         return Err(err("a reasoning section cannot hold another one"));
     }
+    let mut inner = top_level(answer)?;
+    inner.grammars[0].name = Some("answer".into());
+    let reasoning = match reasoning {
+        ReasoningFormat::Markers(markers) => markers,
+        ReasoningFormat::Harmony { in_body } => {
+            let opened = if *in_body { r#"BODY <|end|> <|start|> "assistant" "# } else { "" };
+            let start = format!(r#"start: {opened}msg* <|channel|> "final" <|message|> @answer"#);
+            let mut grammar = TopLevelGrammar::from_lark(format!("{start}\n{HARMONY}"));
+            grammar.grammars.append(&mut inner.grammars);
+            return Ok(grammar);
+        }
+    };
     if reasoning.open.is_empty() || reasoning.close.is_empty() {
         return Err(err("the reasoning markers must not be empty"));
     }
-    let mut inner = top_level(answer)?;
-    inner.grammars[0].name = Some("answer".into());
     let close = regex_syntax::escape(&reasoning.close).replace('/', "\\/");
     let open = regex_syntax::escape(&reasoning.open).replace('/', "\\/");
     let think = if reasoning.required {
@@ -450,11 +471,11 @@ mod tests {
 
     fn after_reasoning(required: bool) -> StructuredOutput {
         StructuredOutput::AfterReasoning {
-            reasoning: kiln_core::ReasoningMarkers {
+            reasoning: ReasoningFormat::Markers(kiln_core::ReasoningMarkers {
                 open: "<think>".into(),
                 close: "</think>".into(),
                 required,
-            },
+            }),
             answer: Box::new(StructuredOutput::JsonSchema(
                 r#"{"type": "object", "properties": {"p": {"type": "number"}}, "required": ["p"]}"#
                     .into(),
@@ -491,6 +512,72 @@ mod tests {
         // The close split over tokens ends the thinking as well as the one token does.
         feed(&mut opened, &vocab, &["\n", "<think>", "hm", "<", "/", "think", ">", "\n", "{"]);
         assert!(!admits(&mut opened, &vocab, "hm"));
+    }
+
+    /// gpt-oss's messages: the toy vocabulary with harmony's special tokens (marked `0xFF`).
+    fn harmony_compiler() -> (GrammarCompiler, Vec<String>) {
+        let mut vocab: Vec<String> = ["{", "}", "\"", "p", ":", "1", "hm", " ", "<", "|"]
+            .into_iter()
+            .chain(["analysis", "final", "commentary", "assistant", "fin", "al"])
+            .map(String::from)
+            .collect();
+        let specials = ["<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>"];
+        let mut bytes: Vec<Vec<u8>> = vocab.iter().map(|t| t.as_bytes().to_vec()).collect();
+        for s in specials {
+            bytes.push([&[0xFF], s.as_bytes()].concat());
+            vocab.push(s.into());
+        }
+        let eos = (vocab.len() - 1) as u32;
+        (GrammarCompiler::new(bytes, vocab.len(), &[eos]).unwrap(), vocab)
+    }
+
+    /// Feeds `tokens`, each checked by the mask first (special tokens are left to it).
+    fn feed_masked(constraint: &mut Constraint, vocab: &[String], tokens: &[&str]) {
+        for t in tokens {
+            assert!(admits(constraint, vocab, t), "{t:?} refused");
+            constraint.accept(vocab.iter().position(|v| v == t).unwrap() as u32);
+        }
+    }
+
+    fn after_harmony(in_body: bool) -> StructuredOutput {
+        StructuredOutput::AfterReasoning {
+            reasoning: ReasoningFormat::Harmony { in_body },
+            answer: Box::new(StructuredOutput::JsonSchema(
+                r#"{"type": "object", "properties": {"p": {"type": "number"}}, "required": ["p"]}"#
+                    .into(),
+            )),
+        }
+    }
+
+    #[test]
+    fn harmony_messages_are_free_until_the_final_channel_then_the_answer_is_constrained() {
+        let (compiler, vocab) = harmony_compiler();
+        let mut c = compiler.compile(&after_harmony(false)).unwrap();
+        // An analysis message of any text (marker look-alikes included), then a preamble.
+        feed_masked(
+            &mut c,
+            &vocab,
+            &["<|channel|>", "analysis", "<|message|>", "hm", "{", "<", "|"],
+        );
+        assert!(!admits(&mut c, &vocab, "<|return|>"));
+        assert!(!admits(&mut c, &vocab, "<|channel|>"));
+        feed_masked(&mut c, &vocab, &["<|end|>", "<|start|>", "assistant", "<|channel|>"]);
+        feed_masked(&mut c, &vocab, &["commentary", "<|message|>", "hm", "<|end|>", "<|start|>"]);
+        feed_masked(&mut c, &vocab, &["assistant", "<|channel|>", "fin", "al", "<|message|>"]);
+        // The final message is the schema's JSON only.
+        assert!(!admits(&mut c, &vocab, "hm"));
+        assert!(!admits(&mut c, &vocab, "<|end|>"));
+        feed_masked(&mut c, &vocab, &["{", "\"", "p", "\"", ":", "1", "}"]);
+        assert!(admits(&mut c, &vocab, "<|return|>"));
+        // A prompt that opened a body: the output ends it first.
+        let mut opened = compiler.compile(&after_harmony(true)).unwrap();
+        assert!(!admits(&mut opened, &vocab, "<|channel|>"));
+        feed_masked(
+            &mut opened,
+            &vocab,
+            &["hm", "<|end|>", "<|start|>", "assistant", "<|channel|>"],
+        );
+        feed_masked(&mut opened, &vocab, &["final", "<|message|>", "{"]);
     }
 
     /// A schema of `n` alternatives whose names depend on `seed` (about 110 bytes each).

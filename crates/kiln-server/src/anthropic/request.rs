@@ -168,6 +168,7 @@ impl MessagesRequest {
             parallel_tool_calls: parallel,
             chat_template_kwargs: kwargs,
             include_reasoning: None,
+            reasoning_effort: None,
             sampling,
         };
         Ok(Translated { chat, thinking })

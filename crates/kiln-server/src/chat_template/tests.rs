@@ -521,3 +521,18 @@ fn tools_render_like_transformers() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// gpt-oss's template reads `reasoning_effort` (the request field's target) even though it
+/// sets a default itself; the Qwen3 template does not.
+#[test]
+fn templates_say_whether_they_read_a_variable() {
+    let tok = tokenizer(&root().join("tests/fixtures/models/qwen3"));
+    let gpt_oss = root().join("tests/fixtures/templates/gpt-oss-120b.jinja");
+    let chat = load_chat_template(&tok, Some(&gpt_oss), None).unwrap();
+    assert!(chat.reads_variable("reasoning_effort"));
+    assert!(!chat.reads_variable("enable_thinking"));
+    let qwen3 = root().join("tests/fixtures/templates/qwen3-0.6b.jinja");
+    let chat = load_chat_template(&tok, Some(&qwen3), None).unwrap();
+    assert!(!chat.reads_variable("reasoning_effort"));
+    assert!(chat.reads_variable("enable_thinking"));
+}

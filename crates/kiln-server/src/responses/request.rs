@@ -158,9 +158,10 @@ impl ResponsesRequest {
             parallel_tool_calls: self.parallel_tool_calls.map(Value::Bool),
             chat_template_kwargs: kwargs,
             include_reasoning: None,
+            reasoning_effort: reasoning.effort.clone().map(Value::String),
             sampling,
         };
-        let echo = self.echo(delivery, reasoning.summary, text, echo_tools);
+        let echo = self.echo(delivery, (reasoning.effort, reasoning.summary), text, echo_tools);
         Ok(Translated { chat, input_items, logprobs, delivery, echo })
     }
 
@@ -237,7 +238,7 @@ impl ResponsesRequest {
     fn echo(
         self,
         delivery: Delivery,
-        summary: Value,
+        (effort, summary): (Option<String>, Value),
         text: Value,
         tools: Vec<Value>,
     ) -> Map<String, Value> {
@@ -251,7 +252,7 @@ impl ResponsesRequest {
             (
                 "reasoning".into(),
                 Value::Object(Map::from_iter([
-                    ("effort".into(), Value::Null),
+                    ("effort".into(), json!(effort)),
                     ("summary".into(), summary),
                 ])),
             ),
@@ -325,17 +326,19 @@ fn includes_logprobs(include: Option<&[String]>) -> Result<bool, ApiError> {
 struct Reasoning {
     /// `effort: "none"`: the template's thinking is turned off.
     disabled: bool,
+    /// `effort` `low`, `medium` or `high`: chat's `reasoning_effort`.
+    effort: Option<String>,
     /// The `summary` echoed (`"auto"` or null).
     summary: Value,
 }
 
 /// `reasoning`: `effort` `"none"` turns thinking off (the template's `enable_thinking`, as
-/// Anthropic's `thinking: disabled`); other efforts would need a budget kiln does not
-/// enforce. `summary` `"auto"` asks for whatever summary there is: kiln writes none (the
+/// Anthropic's `thinking: disabled`); `low`, `medium` and `high` become chat's
+/// `reasoning_effort`, the template's variable (gpt-oss's). `summary` `"auto"` asks for whatever summary there is: kiln writes none (the
 /// reasoning text itself is in the item's `content`); a specific summary style is refused.
 fn reasoning(value: Option<&Value>) -> Result<Reasoning, ApiError> {
     const P: &str = "reasoning";
-    let mut out = Reasoning { disabled: false, summary: Value::Null };
+    let mut out = Reasoning { disabled: false, effort: None, summary: Value::Null };
     let Some(value) = value.filter(|v| !v.is_null()) else { return Ok(out) };
     let Some(obj) = value.as_object() else {
         return Err(bad(P, "`reasoning` must be an object"));
@@ -344,12 +347,15 @@ fn reasoning(value: Option<&Value>) -> Result<Reasoning, ApiError> {
         match (key.as_str(), value) {
             (_, Value::Null) => {}
             ("effort", Value::String(e)) if e == "none" => out.disabled = true,
+            ("effort", Value::String(e)) if ["low", "medium", "high"].contains(&e.as_str()) => {
+                out.effort = Some(e.clone());
+            }
             ("effort", _) => {
                 return Err(bad(
                     P,
-                    "`reasoning.effort`: kiln does not bound reasoning effort; leave it out \
-                     (with --reasoning-parser, a model that thinks returns a reasoning item) or \
-                     send \"none\" to turn thinking off",
+                    "`reasoning.effort` must be \"none\" (thinking off), or \"low\", \
+                     \"medium\" or \"high\" for a chat template that reads `reasoning_effort` \
+                     (gpt-oss's)",
                 ));
             }
             ("summary" | "generate_summary", Value::String(s)) if s == "auto" => {
@@ -585,6 +591,9 @@ mod tests {
         let t = t.unwrap();
         assert_eq!(t.chat.chat_template_kwargs, Some(json!({"enable_thinking": false})));
         assert_eq!(t.echo["reasoning"], json!({"effort": null, "summary": "auto"}));
+        let t = translate(json!({"input": "q", "reasoning": {"effort": "high"}})).unwrap();
+        assert_eq!(t.chat.reasoning_effort, Some(json!("high")));
+        assert_eq!(t.echo["reasoning"], json!({"effort": "high", "summary": null}));
     }
 
     #[test]
@@ -604,7 +613,7 @@ mod tests {
             (json!({"input": "q", "tool_choice": {"type": "allowed_tools"}}), "tool_choice"),
             (json!({"input": "q", "text": {"format": {"type": "json_schema"}}}), "text"),
             (json!({"input": "q", "text": {"verbosity": "low"}}), "text"),
-            (json!({"input": "q", "reasoning": {"effort": "high"}}), "reasoning"),
+            (json!({"input": "q", "reasoning": {"effort": "extreme"}}), "reasoning"),
             (json!({"input": "q", "reasoning": {"summary": "detailed"}}), "reasoning"),
             (json!({"input": "q", "include": ["reasoning.encrypted_content"]}), "include"),
             (json!({"input": "q", "include": ["file_search_call.results"]}), "include"),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use kiln_engine::CompiledOutput;
 use serde_json::{Value, json};
 
-use super::chat_input::{render_tokens, template_kwargs, template_messages};
+use super::chat_input::{render_tokens, set_reasoning_effort, template_kwargs, template_messages};
 use super::format::{chat_logprobs, prompt_logprobs};
 use super::resolve_model;
 use crate::chat_template::RenderOptions;
@@ -91,14 +91,17 @@ pub(crate) async fn prepare(
              one the reasoning is part of the text",
         ));
     }
+    let mut kwargs = template_kwargs(req.chat_template_kwargs)?;
+    set_reasoning_effort(req.reasoning_effort, &loaded.template, &mut kwargs)?;
     let options = RenderOptions {
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
         tools: plan.tools,
-        kwargs: template_kwargs(req.chat_template_kwargs)?,
+        kwargs,
     };
     let messages = template_messages(req.messages)?;
     let ids = render_tokens(loaded, messages, options, false).await?;
     let reasoning = state.config.reasoning_parser.map(|parser| {
+        spec.skip_special_tokens &= !parser.needs_special_tokens();
         let start = reasoning_start(loaded, parser, &ids);
         if let Some(answer) = spec.params.structured.take() {
             spec.params.structured = Some(ReasoningParser::constrain_answer(start, answer));

@@ -174,6 +174,48 @@ pub fn template_kwargs(kwargs: Option<Value>) -> Result<Map<String, Value>, ApiE
     }
 }
 
+/// The efforts `reasoning_effort` takes.
+const EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// `reasoning_effort` (`low`, `medium`, `high`) set as the template variable of that name in
+/// `kwargs`; refused when the template does not read it (it would change nothing) or when
+/// `chat_template_kwargs` sets it too.
+pub fn set_reasoning_effort(
+    effort: Option<Value>,
+    template: &crate::chat_template::ChatTemplate,
+    kwargs: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    const P: &str = "reasoning_effort";
+    let effort = match effort {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => e,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                P,
+                format!("`{P}` must be one of {}", EFFORTS.join(", ")),
+            ));
+        }
+    };
+    if !template.reads_variable(P) {
+        return Err(ApiError::bad_param(
+            P,
+            format!(
+                "the model's chat template ({}) has no reasoning effort (it does not read \
+                 `{P}`), so the field would change nothing",
+                template.source_name()
+            ),
+        ));
+    }
+    if kwargs.contains_key(P) {
+        return Err(ApiError::bad_param(
+            P,
+            format!("`{P}` is set twice: as a field and in `chat_template_kwargs`"),
+        ));
+    }
+    kwargs.insert(P.into(), Value::String(effort));
+    Ok(())
+}
+
 /// Whether any string of `value` (an object's keys included) satisfies `test`.
 fn holds_text(value: &Value, test: &impl Fn(&str) -> bool) -> bool {
     match value {

@@ -7,6 +7,7 @@
 //! | `llama3_json` | Llama 3.1 / 3.2 | `{"name": .., "parameters": {..}}` at the start (after an optional `<|python_tag|>`), several joined by `;` |
 //! | `mistral` | Mistral | `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`, or `[TOOL_CALLS]name[ARGS]{..}` |
 //! | `pythonic` (also `gemma3`) | Gemma 3, Llama 4 | `[f(a=1), g(b="x")]`, see [`super::pythonic`] |
+//! | `openai` | gpt-oss | harmony messages to `functions.NAME`, see [`crate::harmony`] |
 //!
 //! Invariants:
 //! - one function, [`ToolCallParser::split`], says where the tool-call section of a text
@@ -28,6 +29,7 @@ pub enum ToolCallParser {
     Llama3Json,
     Mistral,
     Pythonic,
+    OpenAi,
 }
 
 /// Where the tool-call section of a text starts, as far as the text tells yet.
@@ -57,7 +59,7 @@ const FENCE: &str = "```tool_code";
 
 impl ToolCallParser {
     /// The parsers' names, for help and errors.
-    pub const NAMES: &'static str = "hermes, llama3_json, mistral, pythonic, gemma3";
+    pub const NAMES: &'static str = "hermes, llama3_json, mistral, pythonic, gemma3, openai";
 
     /// The parser of a `--tool-call-parser` name.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -66,6 +68,7 @@ impl ToolCallParser {
             "llama3_json" => Self::Llama3Json,
             "mistral" => Self::Mistral,
             "pythonic" | "gemma3" => Self::Pythonic,
+            "openai" => Self::OpenAi,
             _ => return None,
         })
     }
@@ -73,7 +76,7 @@ impl ToolCallParser {
     /// Whether the format's markers are special tokens, so the text must be decoded with
     /// them (`skip_special_tokens: false`).
     pub fn needs_special_tokens(self) -> bool {
-        matches!(self, Self::Llama3Json | Self::Mistral)
+        matches!(self, Self::Llama3Json | Self::Mistral | Self::OpenAi)
     }
 
     /// Where the tool-call section of `text` starts; `finished` says no more text follows.
@@ -83,6 +86,7 @@ impl ToolCallParser {
             Self::Mistral => marker(text, MISTRAL_CALLS, finished),
             Self::Llama3Json => leading(text, finished, &["{", PYTHON_TAG]),
             Self::Pythonic => leading(text, finished, &["[", FENCE, "print("]),
+            Self::OpenAi => crate::harmony::tool_split(text, finished),
         }
     }
 
@@ -98,6 +102,7 @@ impl ToolCallParser {
             Self::Llama3Json => llama3_json(section),
             Self::Mistral => mistral(section),
             Self::Pythonic => pythonic::parse_calls(section),
+            Self::OpenAi => crate::harmony::parse_calls(section),
         };
         match calls {
             Some(calls) if !calls.is_empty() => Parsed { content: non_blank(&text[..at]), calls },

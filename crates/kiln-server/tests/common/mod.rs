@@ -105,6 +105,12 @@ impl TestServer {
         Self::start_loaded(loaded, config, engine, template)
     }
 
+    /// A server of the model directory `dir` (a fixture a test has changed).
+    pub fn start_dir(dir: &std::path::Path, config: ServerConfig, engine: EngineConfig) -> Self {
+        let loaded = load_model(dir, &Arc::new(Cpu::new(1))).unwrap();
+        Self::start_loaded(loaded, config, engine, None)
+    }
+
     /// A server of the embedding fixture `name` (`tests/fixtures/embedding`), loaded for
     /// pooling with the pooler its checkpoint declares.
     pub fn start_pooling(name: &str, config: ServerConfig, mut engine: EngineConfig) -> Self {
