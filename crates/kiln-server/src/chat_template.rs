@@ -20,7 +20,8 @@
 //!   sort_keys=False)` ([`json`]); Python `str` / `dict` methods through
 //!   `minijinja_contrib::pycompat`; `none` / `true` print as `None` / `True` (minijinja does);
 //! - the context holds `messages` (each a map `role`, `content`, then `reasoning_content`,
-//!   `tool_calls`, `tool_call_id`, `name` where the message has them, in that order),
+//!   `tool_calls`, `tool_call_id`, `name` where the message has them, in that order; the
+//!   thinking also answers to `thinking`, gpt-oss's name for it),
 //!   `add_generation_prompt`, `bos_token` / `eos_token` (the empty string when the tokenizer has
 //!   none; transformers leaves them undefined, which prints the same), `tools` (the request's
 //!   list, or `none` as transformers passes `None`, which templates test with `is not none`),
@@ -638,9 +639,15 @@ impl MessageObject {
     }
 }
 
+/// Another name templates read an assistant message's thinking by: gpt-oss's template (and
+/// transformers' convention for it) says `thinking`. It is not listed among the keys, so a
+/// message's `tojson` and iteration are unchanged.
+const THINKING_ALIAS: &str = "thinking";
+
 impl Object for MessageObject {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let key = key.as_str()?;
+        let key = if key == THINKING_ALIAS { "reasoning_content" } else { key };
         self.keys.iter().position(|k| *k == key).map(|i| self.values[i].clone())
     }
 

@@ -536,3 +536,24 @@ fn templates_say_whether_they_read_a_variable() {
     assert!(!chat.reads_variable("reasoning_effort"));
     assert!(chat.reads_variable("enable_thinking"));
 }
+
+/// A client's `reasoning_content` reaches gpt-oss's template, which reads `thinking`: the
+/// thinking before a tool call is rendered as the analysis message gpt-oss wrote.
+#[test]
+fn gpt_oss_renders_the_thinking_before_a_call() {
+    let tok = tokenizer(&root().join("tests/fixtures/models/qwen3"));
+    let gpt_oss = root().join("tests/fixtures/templates/gpt-oss-120b.jinja");
+    let chat = load_chat_template(&tok, Some(&gpt_oss), None).unwrap();
+    let call = serde_json::json!({"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}});
+    let assistant = ChatMessage {
+        reasoning_content: Some("Need the weather.".into()),
+        tool_calls: Some(vec![call]),
+        ..msg("assistant", "")
+    };
+    let tool = ChatMessage { name: Some("get_weather".into()), ..msg("tool", "{\"t\": 3}") };
+    let text = chat.render(&[msg("user", "Weather in Oslo?"), assistant, tool], true).unwrap();
+    let analysis = "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|>";
+    let call = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>";
+    assert!(text.contains(analysis) && text.contains(call), "{text}");
+}
