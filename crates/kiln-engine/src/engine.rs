@@ -374,6 +374,11 @@ impl EngineCore {
         self.config.classifier.is_some()
     }
 
+    /// A classifier's label names, by index (empty without one).
+    pub fn classifier_labels(&self) -> &[String] {
+        self.config.classifier.as_deref().map_or(&[], kiln_models::Classifier::labels)
+    }
+
     /// The model, bound to the engine's KV cache on its backend. Panics while an asynchronous
     /// step is in flight (`has_unfinished`; [`EngineCore::finish_in_flight`] ends it).
     pub fn model(&self) -> &dyn StepModel {

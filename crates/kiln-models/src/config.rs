@@ -93,8 +93,8 @@ pub enum OutputHead {
     /// None (`architectures: ["Qwen3Model"]`): the model serves pooling only.
     None,
     /// A sequence classifier (`*ForSequenceClassification`: `score.weight`, `num_labels`
-    /// rows), applied to the last token's hidden state: the model serves scores only (a
-    /// cross-encoder reranker).
+    /// rows), applied to the last token's hidden state: the model serves scores (a
+    /// one-label cross-encoder reranker) and labels (`/classify`) only.
     Classifier { num_labels: usize },
 }
 

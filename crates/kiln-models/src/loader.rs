@@ -73,7 +73,7 @@ pub fn load_model_with<B: Backend>(
             return Err(LoadError::format(
                 path,
                 "the checkpoint is a sequence classifier (a cross-encoder): it serves scores \
-                 only (`kiln serve --runner pooling`)",
+                 and labels only (`kiln serve --runner pooling`: /score, /rerank, /classify)",
             ));
         }
         _ => {}
@@ -114,12 +114,20 @@ pub fn load_model_with<B: Backend>(
                 .matrix(name, num_labels, h)?
                 .to_f32_vec()
                 .ok_or_else(|| LoadError::format(path, format!("{name}: not a float tensor")))?;
-            Classifier::new(num_labels, weight)
+            Classifier::new(num_labels, weight).map(|c| c.with_labels(&id2label(path)))
         }
         _ => None,
     };
     let model = DecoderModel::load(config, &weights, Arc::clone(backend), !options.pooling)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults, classifier })
+}
+
+/// The `id2label` map of the checkpoint at `path` (empty when `config.json` has none; the file
+/// itself was read and checked already).
+fn id2label(path: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let text = std::fs::read_to_string(path.join("config.json")).unwrap_or_default();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    config.get("id2label").and_then(serde_json::Value::as_object).cloned().unwrap_or_default()
 }
 
 /// Loads only the tokenizer of the model at `path` (an HF directory or a `.gguf` file),

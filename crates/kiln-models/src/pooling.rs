@@ -142,17 +142,39 @@ pub struct Classifier {
     num_labels: usize,
     /// `[num_labels, hidden]`
     weight: Vec<f32>,
+    /// Each label's name (the checkpoint's `id2label`, else transformers' `LABEL_{i}`).
+    labels: Vec<String>,
 }
 
 impl Classifier {
-    /// `weight` is `[num_labels, hidden]`; `None` when its length is not a multiple.
+    /// `weight` is `[num_labels, hidden]`; `None` when its length is not a multiple. The
+    /// labels are named `LABEL_{i}` until [`Self::with_labels`].
     pub fn new(num_labels: usize, weight: Vec<f32>) -> Option<Self> {
+        let labels = (0..num_labels).map(|i| format!("LABEL_{i}")).collect();
         (num_labels > 0 && weight.len().is_multiple_of(num_labels) && !weight.is_empty())
-            .then_some(Self { num_labels, weight })
+            .then_some(Self { num_labels, weight, labels })
+    }
+
+    /// The same head with the names of `id2label` (a map from the label's index, as a
+    /// string, to its name); indices it lacks keep `LABEL_{i}`, others are ignored.
+    #[must_use]
+    pub fn with_labels(mut self, id2label: &serde_json::Map<String, serde_json::Value>) -> Self {
+        for (index, name) in id2label {
+            let slot = index.parse::<usize>().ok().and_then(|i| self.labels.get_mut(i));
+            if let (Some(slot), Some(name)) = (slot, name.as_str()) {
+                name.clone_into(slot);
+            }
+        }
+        self
     }
 
     pub fn num_labels(&self) -> usize {
         self.num_labels
+    }
+
+    /// The labels' names, by index.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
     }
 
     /// The hidden size its rows take.

@@ -118,6 +118,7 @@ pub fn load(
     let block_size = core.scheduler().kv_cache().block_size();
     let (pooling, hidden_size) = (core.pooling(), core.model().config().hidden_size);
     let cross_encoder = core.has_classifier();
+    let labels = core.classifier_labels().to_vec();
     let kv_events = match &config.kv_events {
         Some(events) => {
             if !core.scheduler().kv_cache().prefix_caching() {
@@ -175,6 +176,7 @@ pub fn load(
         pooling,
         hidden_size,
         cross_encoder,
+        labels,
     })
 }
 
@@ -202,6 +204,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/rerank", post(routes::score::rerank))
         .route("/v1/rerank", post(routes::score::rerank))
         .route("/v2/rerank", post(routes::score::rerank))
+        .route("/classify", post(routes::classify::classify))
+        .route("/v1/classify", post(routes::classify::classify))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route(

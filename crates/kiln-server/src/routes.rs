@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod chat_input;
+pub mod classify;
 pub mod completions;
 pub mod embeddings;
 pub mod format;

@@ -49,6 +49,8 @@ pub struct Loaded {
     /// A cross-encoder: pooling requests give a classifier's score of a text pair (`/score`,
     /// `/rerank`), not an embedding.
     pub cross_encoder: bool,
+    /// A sequence classifier's label names, by index (`/classify`); empty for other models.
+    pub labels: Vec<String>,
 }
 
 pub struct ServerState {

@@ -116,7 +116,7 @@ fn bad_requests_and_wrong_models_are_refused() {
         ("/rerank", json!({"documents": ["a"]}), "`query` is required"),
         ("/rerank", json!({"query": "q", "documents": ["a"], "top_n": -1}), "`top_n`"),
         ("/rerank", json!({"query": "q", "documents": ["a"], "model": "nope"}), "does not exist"),
-        ("/v1/embeddings", json!({"input": "a"}), "cross-encoder"),
+        ("/v1/embeddings", json!({"input": "a"}), "sequence classifier"),
     ] {
         let r = s.post(path, &body);
         assert!(r.status == 400 || r.status == 404, "{path} {body}: {}", r.status);

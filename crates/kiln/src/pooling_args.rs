@@ -24,16 +24,19 @@ pub enum Runner {
 }
 
 /// `--runner`: kiln's and vLLM's names, and the values of vLLM's `--task` / `--convert` that
-/// mean one of them; the other pooling tasks are refused by name.
+/// mean one of them (the pooling tasks: what a pooling model serves follows from its head, an
+/// embedding model's vectors or a sequence classifier's scores and labels); reward models are
+/// refused by name.
 fn parse_runner(name: &str) -> Result<Runner, String> {
     match name {
         "auto" | "none" => Ok(Runner::Auto),
         "generate" | "generation" => Ok(Runner::Generate),
-        "pooling" | "embed" | "embedding" => Ok(Runner::Pooling),
-        "score" | "classify" | "reward" | "rerank" | "reranking" => Err(format!(
-            "`{name}` is not supported yet: kiln serves generation and embeddings \
-             (--runner pooling)"
-        )),
+        "pooling" | "embed" | "embedding" | "score" | "classify" | "rerank" | "reranking" => {
+            Ok(Runner::Pooling)
+        }
+        "reward" => Err("`reward` is not supported yet: kiln serves generation, embeddings, \
+                         scores and classification (--runner pooling)"
+            .into()),
         _ => Err(format!("unknown runner `{name}` (auto, generate, pooling)")),
     }
 }
@@ -213,7 +216,8 @@ mod tests {
         }
         let mixed = PoolingArgs { embedding: true, ..args(Runner::Generate) };
         assert!(mixed.resolve(&llama).unwrap_err().to_string().contains("--runner generate"));
-        assert!(parse_runner("score").unwrap_err().contains("not supported yet"));
+        assert!(parse_runner("reward").unwrap_err().contains("not supported yet"));
+        assert_eq!(parse_runner("classify"), Ok(Runner::Pooling));
         assert_eq!(parse_runner("embed"), Ok(Runner::Pooling));
     }
 }

@@ -509,7 +509,7 @@ fn start<B: kiln_models::Backend>(
         num_sparse_layers: experts.map_or(0, MoeConfig::num_sparse_layers),
     };
     let LoadedModel { model, mut tokenizer, generation_defaults, classifier } = loaded;
-    let classifier = served_classifier(classifier)?;
+    let classifier = served_classifier(classifier);
     if let Some(spec) = &args.tokenizer {
         let path = spec.resolve()?;
         tokenizer = load_tokenizer(&path)
@@ -577,21 +577,16 @@ fn start<B: kiln_models::Backend>(
     Ok(ready)
 }
 
-/// A sequence classifier's head as served: one label (a cross-encoder's score for `/score`
-/// and `/rerank`); classification over several labels is refused.
+/// A sequence classifier's head as served: one label is a cross-encoder's score (`/score`,
+/// `/rerank`), any number of labels a classification (`/classify`).
 fn served_classifier(
     classifier: Option<kiln_engine::Classifier>,
-) -> anyhow::Result<Option<Arc<kiln_engine::Classifier>>> {
-    if let Some(c) = &classifier
-        && c.num_labels() != 1
-    {
-        anyhow::bail!(
-            "the classifier has {} labels: kiln serves one-label cross-encoders (scores for \
-             /score and /rerank), not classification yet",
-            c.num_labels()
-        );
+) -> Option<Arc<kiln_engine::Classifier>> {
+    if let Some(c) = &classifier {
+        let use_ = if c.num_labels() == 1 { "/score, /rerank and /classify" } else { "/classify" };
+        tracing::info!("a sequence classifier of {} labels: {use_}", c.num_labels());
     }
-    Ok(classifier.map(Arc::new))
+    classifier.map(Arc::new)
 }
 
 /// The scheduler's settings for the model (and what it serves, logged): a pooling model with

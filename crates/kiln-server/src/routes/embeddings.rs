@@ -75,6 +75,31 @@ pub struct EmbeddingRequest {
     priority: Option<i64>,
 }
 
+impl EmbeddingRequest {
+    /// The inputs of another pooling endpoint (`/classify`) in this body's terms.
+    pub(crate) fn of_inputs(
+        model: Option<String>,
+        input: Value,
+        truncate_prompt_tokens: Option<i64>,
+        add_special_tokens: Option<bool>,
+    ) -> Self {
+        Self {
+            model,
+            input,
+            messages: None,
+            add_generation_prompt: None,
+            chat_template_kwargs: None,
+            encoding_format: None,
+            dimensions: None,
+            user: None,
+            truncate_prompt_tokens,
+            add_special_tokens,
+            normalize: None,
+            priority: None,
+        }
+    }
+}
+
 /// Which endpoint answers: their bodies differ in names only.
 #[derive(Clone, Copy)]
 enum Endpoint {
@@ -145,7 +170,7 @@ fn parse_inputs(input: &Value, loaded: &Loaded) -> Result<Vec<InputIn>, ApiError
 }
 
 /// The request's inputs as token ids, truncated and checked against the context.
-async fn input_ids(
+pub(crate) async fn input_ids(
     loaded: &Arc<Loaded>,
     req: &mut EmbeddingRequest,
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
@@ -281,8 +306,8 @@ async fn handle(
     }
     if loaded.cross_encoder && matches!(endpoint, Endpoint::Embeddings) {
         return Err(ApiError::bad_request(
-            "The model does not support Embeddings API: it is a cross-encoder (use /score or \
-             /rerank)",
+            "The model does not support Embeddings API: it is a sequence classifier (use \
+             /classify, or /score and /rerank with one label)",
         ));
     }
     let adapter = resolve_model(&state, req.model.as_deref()).await?;

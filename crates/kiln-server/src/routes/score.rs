@@ -103,6 +103,13 @@ fn scoring_model(state: &ServerState, api: &str) -> Result<Arc<Loaded>, ApiError
              cross-encoder or an embedding model with --runner pooling)"
         )));
     }
+    if loaded.labels.len() > 1 {
+        return Err(ApiError::bad_request(format!(
+            "The model does not support {api}: it classifies into {} labels, where a score \
+             needs a one-label cross-encoder (use /classify)",
+            loaded.labels.len()
+        )));
+    }
     Ok(loaded)
 }
 
