@@ -19,6 +19,13 @@
 //! Tiles (one configuration per call, [`configure`]): `tmm0`–`tmm3` the results of the four
 //! sets (16 × 16 i32); `tmm4`/`tmm5` the A/B pair of sets 0 and 2, `tmm6`/`tmm7` that of sets 1
 //! and 3 (K = 32, or 16 for Q6_K).
+//!
+//! Q4_K takes a different route ([`rows_q4k`], K = 64): its sub-block scales `sc` (0..63) are
+//! split as `sc = 8·hi + lo` (both 0..7) and folded into two copies of the unit's quads,
+//! `q·hi` and `q·lo` (at most 105, so still signed bytes; [`ScaledQuads::fill`]). The tiles
+//! then accumulate a whole 256-element unit in two results, and `t = 8·Σ q·hi·x + Σ q·lo·x`
+//! is the same exact integer as `Σ_s sc_s · Σ q·x`, with one scaling step per unit instead of
+//! one per sub-block.
 
 use std::arch::asm;
 use std::sync::OnceLock;
@@ -111,6 +118,157 @@ pub(crate) struct TileBuf([[[i32; LANES]; TILE_M]; SETS]);
 impl TileBuf {
     pub fn new() -> Box<Self> {
         Box::new(Self([[[0; LANES]; TILE_M]; SETS]))
+    }
+}
+
+/// A Q4_K unit's quads with the sub-block scales folded in (module docs): `hi` then `lo`,
+/// each `[64 quads][16 lanes][4]`.
+#[repr(C, align(64))]
+pub(crate) struct ScaledQuads([[[u8; 64]; 64]; 2]);
+
+impl ScaledQuads {
+    pub fn new() -> Box<Self> {
+        Box::new(Self([[[0; 64]; 64]; 2]))
+    }
+
+    /// Fills both copies from the unit's unpacked quads (levels 0..15) and its scales
+    /// (`un.iscale[s]`, 0..63, for the 8 sub-blocks of 32 elements, i.e. 8 quads each).
+    ///
+    /// # Safety
+    /// AVX-512 BW must be available (AMX implies it); `un.quads` holds a whole Q4_K unit.
+    #[inline(always)] // must inline into the `#[target_feature]` entry points
+    #[allow(clippy::inline_always)]
+    pub(crate) unsafe fn fill(&mut self, un: &Unpacked) {
+        use std::arch::x86_64::{
+            _mm512_and_si512, _mm512_load_si512, _mm512_loadu_si512, _mm512_maddubs_epi16,
+            _mm512_mullo_epi32, _mm512_or_si512, _mm512_set1_epi32, _mm512_slli_epi16,
+            _mm512_srli_epi32, _mm512_storeu_si512,
+        };
+        // SAFETY (whole body): AVX-512 BW is the caller's; every pointer stays inside
+        // `un.quads`, `un.iscale` or `self`, each 64 bytes per vector.
+        unsafe {
+            let (even, odd) = (_mm512_set1_epi32(0x00FF_00FF), _mm512_set1_epi32(!0x00FF_00FF));
+            let (spread, seven) = (_mm512_set1_epi32(0x0101_0101), _mm512_set1_epi32(7));
+            // `q·sc` per byte for `sc` 0..7 in every byte: two byte-pair products whose high
+            // bytes are 0, the odd one moved up.
+            let times = |q, sc| {
+                let lo = _mm512_maddubs_epi16(q, _mm512_and_si512(sc, even));
+                let hi = _mm512_maddubs_epi16(q, _mm512_and_si512(sc, odd));
+                _mm512_or_si512(lo, _mm512_slli_epi16::<8>(hi))
+            };
+            for sub in 0..8 {
+                let sc = _mm512_load_si512(un.iscale[sub].as_ptr().cast());
+                let lo = _mm512_mullo_epi32(_mm512_and_si512(sc, seven), spread);
+                let hi = _mm512_mullo_epi32(_mm512_srli_epi32::<3>(sc), spread);
+                for v in sub * 8..sub * 8 + 8 {
+                    let q = _mm512_loadu_si512(un.quads[v].as_ptr().cast());
+                    _mm512_storeu_si512(self.0[0][v].as_mut_ptr().cast(), times(q, hi));
+                    _mm512_storeu_si512(self.0[1][v].as_mut_ptr().cast(), times(q, lo));
+                }
+            }
+        }
+    }
+}
+
+/// Rows `i..i + 16` against one Q4_K unit whose scales were folded by [`ScaledQuads::fill`].
+///
+/// # Safety
+/// As `kernel::row_k45`, plus tiles configured with K = 64.
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always, clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_q4k<S: Isa>(
+    scaled: &ScaledQuads,
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+    buf: &mut TileBuf,
+) {
+    let k = acts.k;
+    // SAFETY (whole body): block `u` of rows `i..i + 16` is inside `acts` (256 bytes a row at
+    // stride `k`); each copy of `scaled` holds 16 quads per 64 columns; `acc` has 16 rows.
+    unsafe {
+        let x = acts.qs.as_ptr().add(i * k + u * 256);
+        let (hi, lo) = (scaled.0[0].as_ptr().cast::<u8>(), scaled.0[1].as_ptr().cast::<u8>());
+        // Two accumulator pairs (even and odd 64-column chunks), so that consecutive
+        // `tdpbssd` do not wait on each other's results.
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tileloadd tmm4, [{x} + {k} * 1]",
+            "tileloadd tmm5, [{hi} + {s} * 1]",
+            "tileloadd tmm6, [{lo} + {s} * 1]",
+            "tdpbssd tmm0, tmm4, tmm5",
+            "tdpbssd tmm1, tmm4, tmm6",
+            "tileloadd tmm7, [{x} + {k} * 1 + 64]",
+            "tileloadd tmm5, [{hi} + {s} * 1 + 1024]",
+            "tileloadd tmm6, [{lo} + {s} * 1 + 1024]",
+            "tdpbssd tmm2, tmm7, tmm5",
+            "tdpbssd tmm3, tmm7, tmm6",
+            "add {x}, 128",
+            "add {hi}, 2048",
+            "add {lo}, 2048",
+            "dec {n}",
+            "jnz 2b",
+            "tilestored [{o} + {s} * 1], tmm0",
+            "tilestored [{o} + {s} * 1 + 1024], tmm1",
+            "tilestored [{o} + {s} * 1 + 2048], tmm2",
+            "tilestored [{o} + {s} * 1 + 3072], tmm3",
+            x = inout(reg) x => _,
+            hi = inout(reg) hi => _,
+            lo = inout(reg) lo => _,
+            n = inout(reg) 2usize => _,
+            k = in(reg) k,
+            s = in(reg) 64usize,
+            o = in(reg) buf.0.as_mut_ptr(),
+            options(nostack),
+        );
+        let t: [S::V; TILE_M] = std::array::from_fn(|r| {
+            let set = |j: usize| S::load(buf.0[j][r].as_ptr().cast());
+            let (hi, lo) = (S::add32(set(0), set(2)), S::add32(set(1), set(3)));
+            let hi2 = S::add32(hi, hi);
+            let hi4 = S::add32(hi2, hi2);
+            S::add32(S::add32(hi4, hi4), lo)
+        });
+        finish_k45::<S>(&t, un, acts, i, u, acc);
+    }
+}
+
+/// `acc[r] += d·dx·t[r] − dmin·dx·Σ_s m_s·Σ x` for rows `i..i + 16` of a Q4_K/Q5_K unit `u`
+/// (`kernel`'s order).
+///
+/// # Safety
+/// As [`rows_k45`].
+#[inline(always)]
+#[allow(clippy::inline_always)]
+unsafe fn finish_k45<S: Isa>(
+    t: &[S::V; TILE_M],
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+) {
+    let k = acts.k;
+    // SAFETY: block `u` of rows `i..i + 16` is inside `acts`; `acc` has 16 rows (callers').
+    unsafe {
+        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
+        for (r, &tr) in t.iter().enumerate() {
+            let mut mn = S::zero();
+            let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
+            for p in 0..4 {
+                mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
+            }
+            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
+            let mut a = acc.get::<S>(r);
+            a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
+            a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
+            acc.put::<S>(r, a);
+        }
     }
 }
 
@@ -258,7 +416,7 @@ unsafe fn scaled_subs<S: Isa>(
     }
 }
 
-/// Rows `i..i + 16` against one Q4_K/Q5_K block (`sq`: the unpacked quads, already signed).
+/// Rows `i..i + 16` against one Q5_K block (`sq`: the unpacked quads, already signed).
 ///
 /// # Safety
 /// As `kernel::row_k45`, plus tiles configured with K = 32.
@@ -279,19 +437,7 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
     unsafe {
         let x = acts.qs.as_ptr().add(i * k + u * 256);
         let t = scaled_subs::<S>(8, 32, x, k, sq, un, buf);
-        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
-        for (r, &tr) in t.iter().enumerate() {
-            let mut mn = S::zero();
-            let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
-            for p in 0..4 {
-                mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
-            }
-            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let mut a = acc.get::<S>(r);
-            a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
-            a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
-            acc.put::<S>(r, a);
-        }
+        finish_k45::<S>(&t, un, acts, i, u, acc);
     }
 }
 

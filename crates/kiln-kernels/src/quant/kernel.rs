@@ -66,6 +66,9 @@ struct Scratch {
     sq: Box<Unpacked>,
     #[cfg(target_arch = "x86_64")]
     tiles: Box<super::amx::TileBuf>,
+    /// A Q4_K unit's quads with its scales folded in, for the AMX tiles.
+    #[cfg(target_arch = "x86_64")]
+    scaled: Box<super::amx::ScaledQuads>,
     #[cfg(target_arch = "x86_64")]
     pairs: Box<super::pairs::PairScratch>,
 }
@@ -95,6 +98,8 @@ pub(crate) fn qgemm_groups(
             sq: Unpacked::new(),
             #[cfg(target_arch = "x86_64")]
             tiles: super::amx::TileBuf::new(),
+            #[cfg(target_arch = "x86_64")]
+            scaled: super::amx::ScaledQuads::new(),
             #[cfg(target_arch = "x86_64")]
             pairs: super::pairs::PairScratch::new(),
         });
@@ -152,7 +157,11 @@ mod x86_entry {
     ) {
         // SAFETY: AMX is available (the caller's); the tiles are released before returning.
         unsafe {
-            amx::configure(if w.ty == GgmlType::Q6K { 16 } else { 32 });
+            amx::configure(match w.ty {
+                GgmlType::Q6K => 16,
+                GgmlType::Q4K => 64,
+                _ => 32,
+            });
             kernel::<Vnni, true>(a, w, g, o, s);
             amx::release();
         }
@@ -282,6 +291,11 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     // SAFETY: `quads` holds the unit's `nquads` quads.
                     unsafe { signed_quads::<S>(ty, nquads, quads, &mut s.sq) };
                 }
+                #[cfg(target_arch = "x86_64")]
+                if tiles && ty == GgmlType::Q4K && r1 - r0 >= TILE_M {
+                    // SAFETY: AMX (so AVX-512 BW) is on with `tiles`; the unit is unpacked.
+                    unsafe { s.scaled.fill(&s.un) };
+                }
                 let un = &*s.un;
                 let mut i = r0;
                 while i < r1 {
@@ -290,7 +304,10 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     #[cfg(target_arch = "x86_64")]
                     if tiles && r1 - i >= TILE_M {
                         // SAFETY: as below; the tiles are configured (`AMX`).
-                        unsafe { tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, &mut s.tiles) };
+                        unsafe {
+                            let tiles = (&mut *s.tiles, &*s.scaled);
+                            tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, tiles);
+                        };
                         i += TILE_M;
                         continue;
                     }
@@ -472,7 +489,7 @@ unsafe fn tile_rows<S: Isa>(
     i: usize,
     u: usize,
     acc: Acc,
-    buf: &mut super::amx::TileBuf,
+    (buf, scaled): (&mut super::amx::TileBuf, &super::amx::ScaledQuads),
 ) {
     use super::amx;
     // SAFETY: forwarded from the caller.
@@ -481,7 +498,8 @@ unsafe fn tile_rows<S: Isa>(
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
                 amx::rows_a::<S>(nb, sq, un, acts, i, u, acc, buf);
             }
-            GgmlType::Q4K | GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
+            GgmlType::Q4K => amx::rows_q4k::<S>(scaled, un, acts, i, u, acc, buf),
+            GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
             GgmlType::Q6K => amx::rows_q6k::<S>(sq, un, acts, i, u, acc, buf),
             _ => unreachable!("no AMX tiles for {ty}"),
         }

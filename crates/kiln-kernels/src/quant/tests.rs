@@ -279,8 +279,9 @@ fn extreme_levels_and_activations_match_scalar_bitwise_on_every_isa() {
         let n = 19;
         let q = QuantMatrix::from_bytes(ty, n, k, &extreme_rows(ty, n, k)).unwrap();
         // Up to 4 rows take AVX2's decode tiles, which build the levels from the record in
-        // registers; 9 rows take the unpacked ones (tiles of 4, 4 and 1).
-        for m in [1, 2, 4, 9] {
+        // registers; 9 rows take the unpacked ones (tiles of 4, 4 and 1); 16 and 33 rows AMX's
+        // tiles where the CPU has them (Q4_K's with its scales folded into the levels).
+        for m in [1, 2, 4, 9, 16, 33] {
             let x = extreme_activations(m, k);
             let mut acts = QuantActs::default();
             acts.quantize(&pool, &x, m, k, q.act_block());
