@@ -121,6 +121,13 @@ impl TileBuf {
     }
 }
 
+/// Whether a call with `m` activation rows takes [`rows_q4k`] (tiles configured with K = 64):
+/// Q4_K with at least two tiles of rows, so that folding the scales into the levels, once per
+/// unit, is shared; with one tile it costs what it saves, and [`rows_k45`] runs instead.
+pub(crate) fn folds_scales(ty: super::formats::GgmlType, m: usize) -> bool {
+    ty == super::formats::GgmlType::Q4K && m >= 2 * TILE_M
+}
+
 /// A Q4_K unit's quads with the sub-block scales folded in (module docs): `hi` then `lo`,
 /// each `[64 quads][16 lanes][4]`.
 #[repr(C, align(64))]
@@ -416,7 +423,7 @@ unsafe fn scaled_subs<S: Isa>(
     }
 }
 
-/// Rows `i..i + 16` against one Q5_K block (`sq`: the unpacked quads, already signed).
+/// Rows `i..i + 16` against one Q4_K/Q5_K block (`sq`: the unpacked quads, already signed).
 ///
 /// # Safety
 /// As `kernel::row_k45`, plus tiles configured with K = 32.

@@ -159,7 +159,7 @@ mod x86_entry {
         unsafe {
             amx::configure(match w.ty {
                 GgmlType::Q6K => 16,
-                GgmlType::Q4K => 64,
+                ty if amx::folds_scales(ty, a.m) => 64,
                 _ => 32,
             });
             kernel::<Vnni, true>(a, w, g, o, s);
@@ -292,7 +292,9 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     unsafe { signed_quads::<S>(ty, nquads, quads, &mut s.sq) };
                 }
                 #[cfg(target_arch = "x86_64")]
-                if tiles && ty == GgmlType::Q4K && r1 - r0 >= TILE_M {
+                let fold = tiles && super::amx::folds_scales(ty, acts.m);
+                #[cfg(target_arch = "x86_64")]
+                if fold && r1 - r0 >= TILE_M {
                     // SAFETY: AMX (so AVX-512 BW) is on with `tiles`; the unit is unpacked.
                     unsafe { s.scaled.fill(&s.un) };
                 }
@@ -305,8 +307,8 @@ unsafe fn kernel<S: Isa, const AMX: bool>(
                     if tiles && r1 - i >= TILE_M {
                         // SAFETY: as below; the tiles are configured (`AMX`).
                         unsafe {
-                            let tiles = (&mut *s.tiles, &*s.scaled);
-                            tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, tiles);
+                            let scaled = fold.then_some(&*s.scaled);
+                            tile_rows::<S>(ty, nb, sq, un, acts, i, u, a, (&mut s.tiles, scaled));
                         };
                         i += TILE_M;
                         continue;
@@ -489,7 +491,7 @@ unsafe fn tile_rows<S: Isa>(
     i: usize,
     u: usize,
     acc: Acc,
-    (buf, scaled): (&mut super::amx::TileBuf, &super::amx::ScaledQuads),
+    (buf, scaled): (&mut super::amx::TileBuf, Option<&super::amx::ScaledQuads>),
 ) {
     use super::amx;
     // SAFETY: forwarded from the caller.
@@ -498,8 +500,10 @@ unsafe fn tile_rows<S: Isa>(
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
                 amx::rows_a::<S>(nb, sq, un, acts, i, u, acc, buf);
             }
-            GgmlType::Q4K => amx::rows_q4k::<S>(scaled, un, acts, i, u, acc, buf),
-            GgmlType::Q5K => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
+            GgmlType::Q4K | GgmlType::Q5K => match scaled {
+                Some(scaled) => amx::rows_q4k::<S>(scaled, un, acts, i, u, acc, buf),
+                None => amx::rows_k45::<S>(sq, un, acts, i, u, acc, buf),
+            },
             GgmlType::Q6K => amx::rows_q6k::<S>(sq, un, acts, i, u, acc, buf),
             _ => unreachable!("no AMX tiles for {ty}"),
         }
