@@ -157,20 +157,23 @@ impl ScaledQuads {
             let (even, odd) = (_mm512_set1_epi32(0x00FF_00FF), _mm512_set1_epi32(!0x00FF_00FF));
             let (spread, seven) = (_mm512_set1_epi32(0x0101_0101), _mm512_set1_epi32(7));
             // `q·sc` per byte for `sc` 0..7 in every byte: two byte-pair products whose high
-            // bytes are 0, the odd one moved up.
-            let times = |q, sc| {
-                let lo = _mm512_maddubs_epi16(q, _mm512_and_si512(sc, even));
-                let hi = _mm512_maddubs_epi16(q, _mm512_and_si512(sc, odd));
-                _mm512_or_si512(lo, _mm512_slli_epi16::<8>(hi))
-            };
+            // bytes are 0, the odd one moved up. (A macro, not a closure: a closure does not
+            // inherit the caller's target features, so its intrinsics could become calls.)
+            macro_rules! times {
+                ($q:expr, $sc:expr) => {{
+                    let lo = _mm512_maddubs_epi16($q, _mm512_and_si512($sc, even));
+                    let hi = _mm512_maddubs_epi16($q, _mm512_and_si512($sc, odd));
+                    _mm512_or_si512(lo, _mm512_slli_epi16::<8>(hi))
+                }};
+            }
             for sub in 0..8 {
                 let sc = _mm512_load_si512(un.iscale[sub].as_ptr().cast());
                 let lo = _mm512_mullo_epi32(_mm512_and_si512(sc, seven), spread);
                 let hi = _mm512_mullo_epi32(_mm512_srli_epi32::<3>(sc), spread);
                 for v in sub * 8..sub * 8 + 8 {
                     let q = _mm512_loadu_si512(un.quads[v].as_ptr().cast());
-                    _mm512_storeu_si512(self.0[0][v].as_mut_ptr().cast(), times(q, hi));
-                    _mm512_storeu_si512(self.0[1][v].as_mut_ptr().cast(), times(q, lo));
+                    _mm512_storeu_si512(self.0[0][v].as_mut_ptr().cast(), times!(q, hi));
+                    _mm512_storeu_si512(self.0[1][v].as_mut_ptr().cast(), times!(q, lo));
                 }
             }
         }
@@ -234,13 +237,16 @@ pub(crate) unsafe fn rows_q4k<S: Isa>(
             o = in(reg) buf.0.as_mut_ptr(),
             options(nostack),
         );
-        let t: [S::V; TILE_M] = std::array::from_fn(|r| {
-            let set = |j: usize| S::load(buf.0[j][r].as_ptr().cast());
-            let (hi, lo) = (S::add32(set(0), set(2)), S::add32(set(1), set(3)));
+        // A loop, not `from_fn`: a closure does not inherit the caller's target features.
+        let mut t = [S::zero(); TILE_M];
+        for (r, tr) in t.iter_mut().enumerate() {
+            let set = |j: usize| buf.0[j][r].as_ptr().cast::<u8>();
+            let hi = S::add32(S::load(set(0)), S::load(set(2)));
+            let lo = S::add32(S::load(set(1)), S::load(set(3)));
             let hi2 = S::add32(hi, hi);
             let hi4 = S::add32(hi2, hi2);
-            S::add32(S::add32(hi4, hi4), lo)
-        });
+            *tr = S::add32(S::add32(hi4, hi4), lo);
+        }
         finish_k45::<S>(&t, un, acts, i, u, acc);
     }
 }
