@@ -2,7 +2,9 @@
 //! token, tokens / sequences / longest context for a memory budget, and a roofline estimate
 //! of decode (batch 1..64) and prefill speed from this machine's read bandwidth and matmul rate
 //! (quick built-in probes, or given). `--measure` runs the model and prints measured beside
-//! predicted. The arithmetic is `kiln_bench::plan`.
+//! predicted. The arithmetic is `kiln_bench::plan`. A pooling model (an embedding model or a
+//! sequence classifier, as `kiln serve` detects one) has no decode and no LM head: its plan is
+//! the capacity and the prefill rate, also as inputs per second.
 
 use std::fmt::Write as _;
 
@@ -63,7 +65,17 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if args.context == 0 || args.prefill_len == 0 {
         bail!("--context and --prefill-len must be at least 1");
     }
-    let loaded = args.model.load(args.threads)?;
+    let path = args.model.resolve()?;
+    let pooling = crate::pooling_args::PoolingArgs::default().resolve(&path)?.is_some();
+    if pooling && args.measure {
+        bail!(
+            "--measure runs generation, which a pooling model (embeddings, scores) does not do; \
+             measure it served: `kiln serve MODEL --runner pooling` and `kiln bench serve \
+             --backend openai-embeddings`"
+        );
+    }
+    let model_args = ModelArgs { pooling, ..args.model.clone() };
+    let loaded = model_args.load_path(&path, args.threads)?;
     let config = loaded.model.config().clone();
     let experts = config.moe.as_ref().map(|m| ExpertShape {
         num_experts: m.num_experts,
@@ -97,9 +109,25 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let max_model_len = args.max_model_len.unwrap_or(config.max_position_embeddings) as u64;
     print!("{}", describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype));
     let machine = probe_machine(loaded.model.backend().pool(), args);
+    if pooling {
+        print!("{}", describe_pooling(&shape, machine, args.prefill_len));
+        return Ok(());
+    }
     let measured = if args.measure { Some(measure(args, loaded.model)?) } else { None };
     print!("{}", describe_speed(&shape, machine, args, dtype, measured.as_ref()));
     Ok(())
+}
+
+/// A pooling model's speed: every input is one prefill of its tokens, ending at the hidden
+/// state (no LM head).
+fn describe_pooling(shape: &ModelShape, machine: Machine, len: usize) -> String {
+    let headless = ModelShape { vocab: 0, ..shape.clone() };
+    let tokens = prefill_estimate(&headless, machine, len);
+    format!(
+        "pooling model (embeddings / scores): no decode; inputs of {len} tokens (--prefill-len): \
+         predicted {tokens:.0} tok/s, {:.1} inputs/s\n",
+        tokens / len as f64
+    )
 }
 
 /// Latent attention's matmul multiply-adds per token and layer: the query (compressed or not),

@@ -421,3 +421,38 @@ fn plan_reports_hand_computed_capacity_and_roofline() {
     ]));
     assert!(f16.contains("KV cache (f16): 256 bytes per token"), "{f16}");
 }
+
+/// A pooling model (the Qwen3 embedding fixture, a `Qwen3Model`) plans its capacity and its
+/// prefill rate without an LM head (faster than the same decoder with its head), as inputs per
+/// second too; it has no decode table, and `--measure`, which runs generation, is refused.
+#[test]
+fn plan_of_a_pooling_model_is_its_prefill_rate() {
+    let fixtures = common::repo().join("tests/fixtures");
+    let plan = |dir: PathBuf, extra: &[&str]| {
+        let dir = dir.to_str().unwrap().to_owned();
+        let mut args = vec!["plan", "--model", &dir, "--memory", "64MiB"];
+        args.extend(["--bandwidth-gbs", "10", "--peak-gops", "100", "--prefill-len", "64"]);
+        args.extend(extra);
+        kiln(&args)
+    };
+    let pooled = ok(&plan(fixtures.join("embedding/qwen3-embed"), &[]));
+    let line = pooled.lines().find(|l| l.starts_with("pooling model")).expect(&pooled);
+    assert!(!pooled.contains("| batch |"), "{pooled}");
+    let number = |after: &str| -> f64 {
+        let rest = line.split(after).nth(1).unwrap().trim_start();
+        rest.split(' ').next().unwrap().trim_end_matches(',').parse().unwrap()
+    };
+    let (tokens, inputs) = (number("predicted"), number("tok/s,"));
+    assert!((tokens / 64.0 - inputs).abs() < 0.1, "{line}");
+    let generative = ok(&plan(fixtures.join("models/qwen3"), &[]));
+    let prefill: f64 = generative
+        .split("prefill of 64 tokens: predicted ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .expect(&generative);
+    assert!(tokens > prefill, "{tokens} vs {prefill} with the LM head");
+    let refused = plan(fixtures.join("embedding/qwen3-embed"), &["--measure"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("openai-embeddings"));
+}
