@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_server::anthropic::request::MessagesRequest;
 use kiln_server::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
+use kiln_server::harmony::Position;
 use kiln_server::protocol::{ChatRequest, CompletionRequest};
+use kiln_server::reasoning::{ReasoningSplit, Start};
 use kiln_server::responses::request::ResponsesRequest;
 use kiln_server::routes::chat_input::template_messages;
 use kiln_server::tools::{self, ToolCallParser, ToolOutput, ToolSettings, ToolStream};
@@ -199,19 +201,36 @@ pub fn detokenizer(data: &[u8]) {
     }
 }
 
-/// Model output read by every tool-call parser: whole, and streamed in pieces of every size
-/// from 1 to 8 characters (the streaming split must hold at any cut).
+/// Model output read by every tool-call parser, and by gpt-oss's harmony reasoning split:
+/// whole, and streamed in pieces of every size from 1 to 8 characters (the streaming split
+/// must hold at any cut).
 pub fn tool_calls(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
+    let chars: Vec<char> = text.chars().collect();
+    let harmony = Start::Harmony(Position::Header);
+    let whole = ReasoningSplit::whole(harmony, &text);
+    for piece in 1..=8 {
+        let mut split = ReasoningSplit::new(harmony);
+        let (mut reasoning, mut answer) = (String::new(), String::new());
+        let pieces: Vec<String> = chars.chunks(piece).map(|c| c.iter().collect()).collect();
+        for (i, p) in pieces.iter().enumerate() {
+            let step = split.push(p, i + 1 == pieces.len());
+            reasoning.push_str(&step.reasoning);
+            answer.push_str(&step.answer);
+        }
+        if !pieces.is_empty() {
+            assert_eq!((reasoning, answer), (whole.reasoning.clone(), whole.answer.clone()));
+        }
+    }
     for parser in [
         ToolCallParser::Hermes,
         ToolCallParser::Llama3Json,
         ToolCallParser::Mistral,
         ToolCallParser::Pythonic,
+        ToolCallParser::OpenAi,
     ] {
         let output = ToolOutput::Parsed { parser, parallel: true };
         let whole = tools::answer(&output, text.to_string(), Some("stop"));
-        let chars: Vec<char> = text.chars().collect();
         for piece in 1..=8 {
             let mut stream = ToolStream::new(output.clone());
             let mut new_id = || String::from("id");

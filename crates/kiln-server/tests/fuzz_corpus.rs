@@ -286,6 +286,14 @@ fn tool_call_seeds() {
         ),
         ("pythonic", "```tool_code\nprint([f(a='''x\ny''', b=-1.5e3, c={'k': (1, 2)}), g()])\n```"),
         ("required", r#"[{"name":"f","parameters":{"a":1}}]"#),
+        (
+            "harmony_call",
+            r#"<|channel|>analysis<|message|>Need the weather <|en<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>"#,
+        ),
+        (
+            "harmony_final",
+            "<|channel|>analysis<|message|>2+2<|end|><|start|>assistant<|channel|>final<|message|>It is 4.<|return|>",
+        ),
         ("text", "No tools here < [ { ``` <tool"),
     ];
     for (name, text) in outputs {
