@@ -8,18 +8,8 @@
 
 mod common;
 
-use common::{TestServer, default_config, embedding_reference, pooling_server};
-use serde_json::{Value, json};
-
-fn ok(s: &TestServer, path: &str, body: &Value) -> Value {
-    let r = s.post(path, body);
-    assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
-    r.json()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-}
+use common::{TestServer, default_config, embedding_reference, floats, pooling_server, post_ok};
+use serde_json::json;
 
 #[test]
 fn probabilities_and_labels_are_transformers_ones() {
@@ -31,7 +21,7 @@ fn probabilities_and_labels_are_transformers_ones() {
     let tokens: usize =
         r["ids"].as_array().unwrap().iter().map(|i| i.as_array().unwrap().len()).sum();
     for path in ["/classify", "/v1/classify"] {
-        let got = ok(&s, path, &json!({"model": "tiny", "input": texts}));
+        let got = post_ok(&s, path, &json!({"model": "tiny", "input": texts}));
         assert_eq!(got["object"], "list");
         assert_eq!(got["usage"]["prompt_tokens"], tokens);
         let data = got["data"].as_array().unwrap();
@@ -47,9 +37,9 @@ fn probabilities_and_labels_are_transformers_ones() {
             assert_eq!(d["label"], labels[best], "{path} input {i}");
         }
         // Token ids give the same answer; an input alone the same bits.
-        let by_ids = ok(&s, path, &json!({"input": r["ids"]}));
+        let by_ids = post_ok(&s, path, &json!({"input": r["ids"]}));
         assert_eq!(by_ids["data"], got["data"]);
-        let alone = ok(&s, path, &json!({"input": texts[1]}));
+        let alone = post_ok(&s, path, &json!({"input": texts[1]}));
         assert_eq!(alone["data"][0]["probs"], got["data"][1]["probs"]);
     }
     // Several labels are no score.
@@ -70,7 +60,7 @@ fn probabilities_and_labels_are_transformers_ones() {
 #[test]
 fn a_cross_encoder_classifies_and_other_models_refuse() {
     let s = pooling_server("qwen3-rerank", 96);
-    let got = ok(&s, "/classify", &json!({"input": "hello"}));
+    let got = post_ok(&s, "/classify", &json!({"input": "hello"}));
     assert_eq!(got["data"][0]["label"], "LABEL_0");
     assert_eq!(got["data"][0]["num_classes"], 1);
     let p = got["data"][0]["probs"][0].as_f64().unwrap();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TestServer, default_config};
+use common::{TestServer, default_config, floats, post_ok};
 use serde_json::{Value, json};
 
 fn reference(name: &str) -> Value {
@@ -17,16 +17,6 @@ fn reference(name: &str) -> Value {
 
 fn server(name: &str) -> TestServer {
     common::pooling_server(name, 96)
-}
-
-fn ok(s: &TestServer, path: &str, body: &Value) -> Value {
-    let r = s.post(path, body);
-    assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
-    r.json()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
 #[test]
@@ -38,7 +28,8 @@ fn scores_are_cross_encoder_scores_on_every_route() {
     let tokens: usize =
         r["pair_ids"].as_array().unwrap().iter().map(|p| p.as_array().unwrap().len()).sum();
     for path in ["/score", "/v1/score"] {
-        let got = ok(&s, path, &json!({"model": "tiny", "text_1": query, "text_2": documents}));
+        let got =
+            post_ok(&s, path, &json!({"model": "tiny", "text_1": query, "text_2": documents}));
         assert_eq!(got["object"], "list");
         assert_eq!(got["usage"]["prompt_tokens"], tokens);
         let scores: Vec<f32> = got["data"]
@@ -53,13 +44,13 @@ fn scores_are_cross_encoder_scores_on_every_route() {
         // N to N pairs give the same scores; one pair alone gives its score bit for bit.
         let n = documents.as_array().unwrap().len();
         let queries = vec![query.clone(); n];
-        let pairs = ok(&s, path, &json!({"text_1": queries, "text_2": documents}));
+        let pairs = post_ok(&s, path, &json!({"text_1": queries, "text_2": documents}));
         assert_eq!(pairs["data"], got["data"]);
-        let alone = ok(&s, path, &json!({"text_1": query, "text_2": documents[2]}));
+        let alone = post_ok(&s, path, &json!({"text_1": query, "text_2": documents[2]}));
         assert_eq!(alone["data"][0]["score"], got["data"][2]["score"]);
     }
     for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
-        let got = ok(&s, path, &json!({"query": query, "documents": documents, "top_n": 3}));
+        let got = post_ok(&s, path, &json!({"query": query, "documents": documents, "top_n": 3}));
         let results = got["results"].as_array().unwrap();
         assert_eq!(results.len(), 3);
         let mut order: Vec<usize> = (0..want.len()).collect();
@@ -70,7 +61,7 @@ fn scores_are_cross_encoder_scores_on_every_route() {
             assert!((r["relevance_score"].as_f64().unwrap() as f32 - want[i]).abs() < 1e-4);
         }
         assert_eq!(got["usage"]["total_tokens"], tokens);
-        let bare = ok(
+        let bare = post_ok(
             &s,
             path,
             &json!({"query": query, "documents": documents, "return_documents": false}),
@@ -87,7 +78,7 @@ fn an_embedding_model_scores_by_cosine() {
     let texts = r["texts"].as_array().unwrap();
     let embeddings: Vec<Vec<f32>> =
         r["embeddings"].as_array().unwrap().iter().map(floats).collect();
-    let got = ok(&s, "/score", &json!({"text_1": texts[0], "text_2": texts[1..]}));
+    let got = post_ok(&s, "/score", &json!({"text_1": texts[0], "text_2": texts[1..]}));
     for (i, d) in got["data"].as_array().unwrap().iter().enumerate() {
         // The reference vectors are unit length: their dot product is the cosine.
         let want: f32 = embeddings[0].iter().zip(&embeddings[i + 1]).map(|(a, b)| a * b).sum();

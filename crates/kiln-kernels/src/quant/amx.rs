@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 use super::act::QuantActs;
 use super::formats::QK;
 use super::isa::Isa;
-use super::kernel::{Acc, TILE_M};
+use super::kernel::{Acc, TILE_M, finish_k45};
 use super::repack::{LANES, Unpacked};
 
 /// Whether AMX-INT8 is usable: CPUID reports AMX-TILE and AMX-INT8 and the OS granted this
@@ -247,41 +247,7 @@ pub(crate) unsafe fn rows_q4k<S: Isa>(
             let hi4 = S::add32(hi2, hi2);
             *tr = S::add32(S::add32(hi4, hi4), lo);
         }
-        finish_k45::<S>(&t, un, acts, i, u, acc);
-    }
-}
-
-/// `acc[r] += d·dx·t[r] − dmin·dx·Σ_s m_s·Σ x` for rows `i..i + 16` of a Q4_K/Q5_K unit `u`
-/// (`kernel`'s order).
-///
-/// # Safety
-/// As [`rows_k45`].
-#[inline(always)]
-#[allow(clippy::inline_always)]
-unsafe fn finish_k45<S: Isa>(
-    t: &[S::V; TILE_M],
-    un: &Unpacked,
-    acts: &QuantActs,
-    i: usize,
-    u: usize,
-    acc: Acc,
-) {
-    let k = acts.k;
-    // SAFETY: block `u` of rows `i..i + 16` is inside `acts`; `acc` has 16 rows (callers').
-    unsafe {
-        let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
-        for (r, &tr) in t.iter().enumerate() {
-            let mut mn = S::zero();
-            let pairs = acts.pairs.as_ptr().add((i + r) * (k / 64) + u * 4);
-            for p in 0..4 {
-                mn = S::madd16(mn, S::load(un.mins[p].as_ptr().cast()), *pairs.add(p));
-            }
-            let dx = S::splatf(*acts.d.get_unchecked((i + r) * (k / 256) + u));
-            let mut a = acc.get::<S>(r);
-            a = S::fmadd(S::cvt(tr), S::mulf(d, dx), a);
-            a = S::fnmadd(S::cvt(mn), S::mulf(dmin, dx), a);
-            acc.put::<S>(r, a);
-        }
+        finish_k45::<S, TILE_M>(&t, un, acts, i, u, acc);
     }
 }
 
@@ -450,7 +416,7 @@ pub(crate) unsafe fn rows_k45<S: Isa>(
     unsafe {
         let x = acts.qs.as_ptr().add(i * k + u * 256);
         let t = scaled_subs::<S>(8, 32, x, k, sq, un, buf);
-        finish_k45::<S>(&t, un, acts, i, u, acc);
+        finish_k45::<S, TILE_M>(&t, un, acts, i, u, acc);
     }
 }
 

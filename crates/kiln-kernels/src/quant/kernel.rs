@@ -644,7 +644,6 @@ unsafe fn row_k45<S: Isa, const R: usize, L: Levels<S>>(
     u: usize,
     acc: Acc,
 ) {
-    let k = acts.k;
     // SAFETY (whole body): block `u` of rows `i..i + R` is inside `acts`; `levels` reads a
     // whole unit (64 quads); `acc` has at least `R` rows.
     unsafe {
@@ -665,6 +664,29 @@ unsafe fn row_k45<S: Isa, const R: usize, L: Levels<S>>(
                 t[r] = S::add32(t[r], S::mullo32(S::add32(p0[r], p1[r]), sc));
             }
         }
+        finish_k45::<S, R>(&t, un, acts, i, u, acc);
+    }
+}
+
+/// The scaling step of a Q4_K/Q5_K unit `u` for rows `i..i + R`, whose exact `t` is known:
+/// `acc[r] += d·dx·t[r] − dmin·dx·Σ_s m_s·Σ x` (the module's fixed order; the AMX tiles share
+/// it).
+///
+/// # Safety
+/// As [`row_k45`].
+#[inline(always)] // must inline into the `#[target_feature]` entry points
+#[allow(clippy::inline_always)]
+pub(crate) unsafe fn finish_k45<S: Isa, const R: usize>(
+    t: &[S::V; R],
+    un: &Unpacked,
+    acts: &QuantActs,
+    i: usize,
+    u: usize,
+    acc: Acc,
+) {
+    let k = acts.k;
+    // SAFETY: block `u` of rows `i..i + R` is inside `acts`; `acc` has `R` rows (callers').
+    unsafe {
         let (d, dmin) = (S::loadf(un.fscale[0].as_ptr()), S::loadf(un.fscale[1].as_ptr()));
         for (r, &tr) in t.iter().enumerate() {
             let mut mn = S::zero();

@@ -19,6 +19,18 @@ use kiln_models::{LoadOptions, LoadedModel, load_model, load_model_with};
 use kiln_server::{ServedModel, ServerConfig, ServerState};
 use serde_json::Value;
 
+/// `body` posted to `path`, which must answer 200; its JSON.
+pub fn post_ok(server: &TestServer, path: &str, body: &Value) -> Value {
+    let r = server.post(path, body);
+    assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+    r.json()
+}
+
+/// A JSON array of numbers as f32.
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
 }
