@@ -346,6 +346,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
         out: &mut Logits,
     );
 
+    /// Whether the encoder ops work: [`Backend::layer_norm`], [`Backend::activation`] and
+    /// non-causal [`Backend::paged_attention`] (an encoder model, BERT or XLM-RoBERTa, is
+    /// refused at load on a backend without them).
+    fn supports_encoders(&self) -> bool {
+        false
+    }
+    /// `x = layernorm(x + branch) * weight + bias` over rows of `d` (`x`, `branch`: `[rows,
+    /// d]`; without `branch`, of `x` alone): each row centred on its mean and scaled by
+    /// `1 / sqrt(variance + eps)`. Only called on a backend that
+    /// [`Backend::supports_encoders`].
+    fn layer_norm(
+        &self,
+        d: usize,
+        x: Self::ViewMut<'_>,
+        branch: Option<Self::View<'_>>,
+        (weight, bias): (&Self::Vector, &Self::Vector),
+        eps: f32,
+    ) {
+        let _ = (d, x, branch, weight, bias, eps);
+        unreachable!("{} does not run encoder layers", self.name());
+    }
+    /// `x = act(x)`, element-wise (an ungated MLP's activation). Only called on a backend that
+    /// [`Backend::supports_encoders`].
+    fn activation(&self, act: GateActivation, x: Self::ViewMut<'_>) {
+        let _ = (act, x);
+        unreachable!("{} does not run encoder layers", self.name());
+    }
+
     /// Whether [`Backend::rows_to_host`] works (a pooling model, which hands back hidden
     /// states instead of logits, is refused at load on a backend without it).
     fn supports_pooling(&self) -> bool {
@@ -385,6 +413,10 @@ pub struct Workspace<B: Backend> {
     pub row_trees: Vec<TreeKeys>,
     /// Host side of a mixture-of-experts layer's routing, reused by every layer.
     pub routing: ExpertRouting,
+    /// Table rows a step gathers per token beyond its token ids (an encoder's position and
+    /// token-type rows).
+    pub row_ids: Vec<u32>,
+    pub row_types: Vec<u32>,
 }
 
 /// Which experts a mixture-of-experts layer sends each of its `n` tokens to, with `k` picks per
@@ -416,6 +448,8 @@ impl<B: Backend> Default for Workspace<B> {
             row_seqs: Vec::new(),
             row_trees: Vec::new(),
             routing: ExpertRouting::default(),
+            row_ids: Vec::new(),
+            row_types: Vec::new(),
         }
     }
 }

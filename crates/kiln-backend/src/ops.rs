@@ -36,6 +36,10 @@ pub struct AttentionShape {
     pub sliding_window: Option<usize>,
     /// `score = cap * tanh(score / cap)` when set.
     pub softcap: Option<f32>,
+    /// `true`: a query sees keys up to its own position (a decoder). `false`: every key of its
+    /// sequence (an encoder's bidirectional attention), which needs the whole sequence in the
+    /// cache by the time it runs, so an encoder's sequences come whole in one step.
+    pub causal: bool,
 }
 
 impl AttentionShape {
@@ -215,6 +219,8 @@ pub enum GateActivation {
     Silu,
     /// GeLU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// Exact GeLU, `0.5·x·(1 + erf(x/√2))` (BERT's `gelu`).
+    Gelu,
     /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, -limit,
     /// limit)`, `gate = g · sigmoid(alpha · g) · (u + 1)`.
     ClampedSwiglu { alpha: f32, limit: f32 },

@@ -344,9 +344,9 @@ impl Backend for Cuda {
         let act = match act {
             GateActivation::Silu => 0,
             GateActivation::GeluTanh => 1,
-            // Only gpt-oss's experts use it, and the CUDA backend refuses expert models.
-            GateActivation::ClampedSwiglu { .. } => {
-                unreachable!("the CUDA backend runs no mixture-of-experts layer")
+            // Only gpt-oss's experts and encoders use these, and the CUDA backend refuses both.
+            GateActivation::ClampedSwiglu { .. } | GateActivation::Gelu => {
+                unreachable!("the CUDA backend runs no mixture-of-experts or encoder layer")
             }
         };
         let args = [Arg::Ptr(gate.ptr), Arg::Ptr(up.ptr), Arg::U64(gate.len as u64), Arg::I32(act)];
@@ -406,6 +406,7 @@ impl Backend for Cuda {
     ) {
         assert!(tree.is_none(), "token trees on the CUDA backend");
         assert!(sinks.is_none(), "attention sinks on the CUDA backend");
+        assert!(shape.causal, "bidirectional attention on the CUDA backend");
         let (hd, nh) = (shape.head_dim, shape.num_heads);
         let num_rows: usize = seqs.iter().map(|s| s.query_len).sum();
         assert!(q.len == num_rows * nh * hd && out.len == q.len, "attention rows");

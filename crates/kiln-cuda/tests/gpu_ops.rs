@@ -177,6 +177,7 @@ fn attention_case<B: HostIo>(
         block_size: bs,
         scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: window,
+        causal: true,
         softcap,
     };
     let mut seqs = Vec::new();

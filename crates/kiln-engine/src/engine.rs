@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use kiln_core::{RequestId, TokenId};
 use kiln_kv::{KvCacheConfig, PrefixCacheStats};
 use kiln_models::{
-    Backend, BoundModel, Classifier, ForwardError, KvCacheDtype, Model, PoolerConfig, PoolingType,
-    StepModel, check_block_size,
+    Backend, BoundModel, Classifier, ForwardError, KvCacheDtype, Model, ModelConfig, PoolerConfig,
+    PoolingType, StepModel, check_block_size,
 };
 use kiln_sched::{
     AddError, BatchController, ControllerConfig, ControllerStats, ModelRunnerOutput,
@@ -89,11 +89,13 @@ pub struct EngineConfig {
     /// A pooling model's pooler (`None`: a generative engine). With one, every request must
     /// be a pooling request (`PreparedRequest::with_pooling`) and gets its vector instead of
     /// tokens (`pooling.rs`); speculative decoding is refused, and so is the prefix cache
-    /// with mean or CLS pooling (they read every row).
+    /// with mean or CLS pooling (they read every row) or an encoder model. An encoder's
+    /// prompts run whole, one step each (`SchedulerConfig::whole_prompts`, set here, with the
+    /// step's token budget raised to `max_model_len` when below it).
     pub pooling: Option<PoolerConfig>,
-    /// A sequence classifier's head on the pooled last token (a cross-encoder reranker): each
-    /// request's output is its scores, not its hidden state. Needs `pooling` with last-token
-    /// pooling, unnormalised.
+    /// A sequence classifier's head on the pooled token (a cross-encoder reranker): each
+    /// request's output is its scores, not its hidden state. Needs `pooling` unnormalised,
+    /// of the last token (a decoder) or the first (an encoder, BERT's `[CLS]`).
     pub classifier: Option<Arc<Classifier>>,
 }
 
@@ -265,6 +267,11 @@ impl EngineCore {
             None => model_max.min(capacity),
         };
         config.max_model_len = Some(max_model_len);
+        if model.config().encoder.is_some() {
+            let budget = &mut config.scheduler.max_num_batched_tokens;
+            *budget = (*budget).max(max_model_len);
+            config.scheduler.whole_prompts = true;
+        }
         // A pooling request's one output token is never computed (`pooling.rs`): its prompt
         // may fill the whole context.
         config.scheduler.max_model_len = max_model_len + usize::from(config.pooling.is_some());
@@ -297,7 +304,7 @@ impl EngineCore {
                 Some(TierHook::new(tier))
             }
         };
-        check_pooling(&config, bound.config().hidden_size)?;
+        check_pooling(&config, bound.config())?;
         let runner = ModelRunner::new(Box::new(bound), config.seed)
             .with_eos_token_ids(&config.eos_token_ids)
             .with_host_pool(config.host_pool.clone())
@@ -547,18 +554,34 @@ impl EngineCore {
 }
 
 /// A pooling engine's settings that cannot work together (module docs of `pooling.rs`).
-fn check_pooling(config: &EngineConfig, hidden_size: usize) -> Result<(), EngineError> {
+fn check_pooling(config: &EngineConfig, model: &ModelConfig) -> Result<(), EngineError> {
+    let (hidden_size, encoder) = (model.hidden_size, model.encoder.is_some());
     let Some(pooler) = config.pooling else {
         if config.classifier.is_some() {
             return Err(EngineError::Config("a classifier needs a pooling engine".into()));
         }
+        if encoder {
+            return Err(EngineError::Config(
+                "an encoder model serves pooling only (embeddings, scores): it has no LM head"
+                    .into(),
+            ));
+        }
         return Ok(());
     };
+    if encoder && config.scheduler.enable_prefix_caching {
+        return Err(EngineError::Config(
+            "an encoder's tokens attend to their whole sequence, so no prefix of one can be \
+             reused: turn the prefix cache off (--no-enable-prefix-caching)"
+                .into(),
+        ));
+    }
     if let Some(classifier) = &config.classifier {
-        if pooler.pooling != PoolingType::Last || pooler.normalize {
-            return Err(EngineError::Config(
-                "a sequence classifier reads the last token's hidden state, unnormalised".into(),
-            ));
+        let (want, token) =
+            if encoder { (PoolingType::Cls, "first") } else { (PoolingType::Last, "last") };
+        if pooler.pooling != want || pooler.normalize {
+            return Err(EngineError::Config(format!(
+                "a sequence classifier reads the {token} token's hidden state, unnormalised"
+            )));
         }
         if classifier.width() != hidden_size {
             return Err(EngineError::Config(format!(

@@ -34,6 +34,7 @@ fn main() {
         block_size: 16,
         scale: 0.0625,
         sliding_window: None,
+        causal: true,
         softcap: None,
     };
     let blocks_per_seq = context.div_ceil(shape.block_size);

@@ -1,5 +1,5 @@
-//! Gated MLP activations: `gate = act(gate) * up`, element-wise over `[rows, intermediate]`,
-//! vectorised through [`crate::vmath`].
+//! MLP activations: gated, `gate = act(gate) * up`, element-wise over `[rows, intermediate]`,
+//! and ungated (an encoder's `act(x)`), vectorised through [`crate::vmath`].
 
 use crate::thread_pool::SharedMut;
 use crate::vmath::{self, Gate};
@@ -16,6 +16,7 @@ pub fn gated(act: GateActivation, gate: f32, up: f32) -> f32 {
     match act {
         GateActivation::Silu => vmath::silu(gate) * up,
         GateActivation::GeluTanh => vmath::gelu_tanh(gate) * up,
+        GateActivation::Gelu => vmath::gelu(gate) * up,
         GateActivation::ClampedSwiglu { alpha, limit } => {
             GateActivation::clamped_swiglu(alpha, limit, gate, up)
         }
@@ -27,6 +28,7 @@ fn gate_of(act: GateActivation) -> Option<Gate> {
     match act {
         GateActivation::Silu => Some(Gate::Silu),
         GateActivation::GeluTanh => Some(Gate::GeluTanh),
+        GateActivation::Gelu => Some(Gate::Gelu),
         GateActivation::ClampedSwiglu { .. } => None,
     }
 }
@@ -51,6 +53,22 @@ pub fn gated_act_inplace(pool: &ThreadPool, act: GateActivation, gate: &mut [f32
             }
         }
     });
+}
+
+/// `x[i] = act(x[i])`; `Err` naming `act` when it has no ungated form (gpt-oss's clamped
+/// SwiGLU needs its up half).
+pub fn act_inplace(pool: &ThreadPool, act: GateActivation, x: &mut [f32]) -> Result<(), String> {
+    let f = gate_of(act).ok_or_else(|| format!("{act:?} is a gated activation only"))?;
+    let len = x.len();
+    let xs = SharedMut::new(x);
+    let level = SimdLevel::detect();
+    pool.run(len.div_ceil(CHUNK), |task| {
+        let start = task * CHUNK;
+        let end = (start + CHUNK).min(len);
+        // SAFETY: each task owns elements start..end.
+        vmath::activate_at(level, f, unsafe { xs.slice(start, end - start) });
+    });
+    Ok(())
 }
 
 #[cfg(test)]

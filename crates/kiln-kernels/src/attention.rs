@@ -6,7 +6,8 @@
 //! are the last `query_len` of its `context_len` cached tokens (their K/V must already be
 //! written, see [`write_kv`]). Query token `i` of a sequence sits at position
 //! `p = context_len - query_len + i` and attends to keys `j` with `lo <= j <= p`, where
-//! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask). A token-tree
+//! `lo = p + 1 - window` for sliding-window layers and `0` otherwise (causal mask); a non-causal
+//! shape (an encoder) lets every query see keys `0..context_len` instead. A token-tree
 //! row ([`kiln_backend::TreeKeys`]) has its own position and sees the keys of its path instead
 //! (`tree`).
 //!
@@ -508,7 +509,7 @@ unsafe fn attend_tile<S: KvSource>(
             st.q_offset[r] = r * hd;
         }
         st.pos[r] = seq.context_len - seq.query_len + tile.tokens.start + r / nh;
-        st.end[r] = st.pos[r] + 1;
+        st.end[r] = if shape.causal { st.pos[r] + 1 } else { seq.context_len };
         if let Some(keys) = tree_keys(tree, token) {
             st.pos[r] = keys.pos as usize;
             st.end[r] = tree::shared_end(keys, bs);

@@ -1,4 +1,6 @@
-//! RMSNorm: `out = x / sqrt(mean(x²) + eps) * weight`, row by row.
+//! RMSNorm: `out = x / sqrt(mean(x²) + eps) * weight`, row by row; and an encoder's
+//! LayerNorm, `(x − mean(x)) / sqrt(var(x) + eps) * weight + bias` (two passes: the mean, then
+//! the variance of the centred row, as PyTorch computes it).
 //!
 //! Gemma-style norms scale by `(1 + w)`; loaders fold the `1 +` into the weight so one kernel
 //! serves both. The same kernel normalises per head (q/k norm) with `rows = tokens × heads`.
@@ -86,6 +88,69 @@ pub fn residual_norm(
     });
 }
 
+/// `x = layernorm(x + branch) * weight + bias` over rows of `d = weight.len()` (without
+/// `branch`, of `x` alone).
+pub fn layer_norm(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    branch: Option<&[f32]>,
+    (weight, bias): (&[f32], &[f32]),
+    eps: f32,
+) {
+    let d = weight.len();
+    assert!(d > 0 && bias.len() == d && x.len().is_multiple_of(d));
+    assert!(branch.is_none_or(|b| b.len() == x.len()));
+    let rows = x.len() / d;
+    let x_ptr = SharedMut::new(x);
+    pool.run(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let r0 = task * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(rows) {
+            // SAFETY: each task touches only its own rows r0..r1.
+            let row = unsafe { x_ptr.slice(r * d, d) };
+            if let Some(b) = branch {
+                for (a, v) in row.iter_mut().zip(&b[r * d..][..d]) {
+                    *a += v;
+                }
+            }
+            layer_norm_row_inplace(row, weight, bias, eps);
+        }
+    });
+}
+
+/// One row of [`layer_norm`]; also its scalar reference.
+pub fn layer_norm_row_inplace(row: &mut [f32], weight: &[f32], bias: &[f32], eps: f32) {
+    let mean = lane_sum(row) / row.len() as f32;
+    for v in row.iter_mut() {
+        *v -= mean;
+    }
+    let inv = 1.0 / (vec_ops::dot(row, row) / row.len() as f32 + eps).sqrt();
+    for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+        *v = (*v * inv).mul_add(*w, *b);
+    }
+}
+
+/// `Σ x` in 16 lanes summed pairwise at the end (vectorisable; one fixed order for any row).
+fn lane_sum(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    for (l, v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += v;
+    }
+    let mut width = 16;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
 fn rms_norm_row_inplace(row: &mut [f32], weight: &[f32], eps: f32) {
     let inv = inv_rms(row, eps);
     for (v, w) in row.iter_mut().zip(weight) {
@@ -140,6 +205,33 @@ mod tests {
                 assert_eq!((&branch, &x), (&want_b, &want_x));
                 if with_next {
                     assert_eq!(out, want_out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_its_definition() {
+        let pool = ThreadPool::new(2);
+        for d in [1usize, 7, 64, 129, 384] {
+            let rows = 37;
+            let x: Vec<f32> =
+                (0..rows * d).map(|i| ((i * 37 % 101) as f32 - 30.0) / 17.0).collect();
+            let branch: Vec<f32> = (0..rows * d).map(|i| ((i * 13 % 29) as f32) / 7.0).collect();
+            let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 / d as f32).collect();
+            let b: Vec<f32> = (0..d).map(|i| i as f32 / 50.0 - 0.3).collect();
+            let mut y = x.clone();
+            layer_norm(&pool, &mut y, Some(&branch), (&w, &b), 1e-12);
+            for r in 0..rows {
+                let row: Vec<f64> =
+                    (0..d).map(|c| f64::from(x[r * d + c] + branch[r * d + c])).collect();
+                let mean = row.iter().sum::<f64>() / d as f64;
+                let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / d as f64;
+                for c in 0..d {
+                    let want =
+                        (row[c] - mean) / (var + 1e-12).sqrt() * f64::from(w[c]) + f64::from(b[c]);
+                    let got = f64::from(y[r * d + c]);
+                    assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "d={d} {got} {want}");
                 }
             }
         }

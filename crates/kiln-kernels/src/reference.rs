@@ -92,10 +92,35 @@ fn gated(act: GateActivation, x: f32, up: f32) -> f32 {
             let c = (2.0 / std::f32::consts::PI).sqrt();
             0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh()) * up
         }
+        GateActivation::Gelu => {
+            let x = f64::from(x);
+            (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32 * up
+        }
         GateActivation::ClampedSwiglu { alpha, limit } => {
             GateActivation::clamped_swiglu(alpha, limit, x, up)
         }
     }
+}
+
+/// `erf(z)` in f64: its Taylor series for `|z| < 2.5`, else `1 − erfc` by its continued
+/// fraction.
+fn erf(z: f64) -> f64 {
+    let a = z.abs();
+    let value = if a < 2.5 {
+        let (mut term, mut sum) = (a, a);
+        for n in 1..120 {
+            term *= -a * a / f64::from(n);
+            sum += term / f64::from(2 * n + 1);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        let mut fraction = 0.0;
+        for n in (1..=80).rev() {
+            fraction = (f64::from(n) / 2.0) / (a + fraction);
+        }
+        1.0 - (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + fraction)
+    };
+    value.copysign(z)
 }
 
 impl Backend for Reference {
@@ -379,7 +404,11 @@ impl Backend for Reference {
                 let keys = tree.map(|t| t.rows[row]).filter(|k| k.len > 0);
                 let p = keys.map_or(seq.context_len - seq.query_len + i, |k| k.pos as usize);
                 let lo = shape.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w));
-                let shared_end = keys.map_or(p, |k| p - k.len as usize);
+                let shared_end = match keys {
+                    _ if !shape.causal => seq.context_len - 1,
+                    Some(k) => p - k.len as usize,
+                    None => p,
+                };
                 let mut slots: Vec<usize> =
                     (lo..=shared_end).map(|j| table[j / bs] as usize * bs + j % bs).collect();
                 if let (Some(k), Some(tree)) = (keys, tree) {
@@ -473,6 +502,39 @@ impl Backend for Reference {
 
     fn supports_pooling(&self) -> bool {
         true
+    }
+
+    fn supports_encoders(&self) -> bool {
+        true
+    }
+
+    fn layer_norm(
+        &self,
+        d: usize,
+        x: &mut [f32],
+        branch: Option<&[f32]>,
+        (weight, bias): (&Vec<f32>, &Vec<f32>),
+        eps: f32,
+    ) {
+        for (r, row) in x.chunks_exact_mut(d).enumerate() {
+            if let Some(b) = branch {
+                for (a, v) in row.iter_mut().zip(&b[r * d..][..d]) {
+                    *a += v;
+                }
+            }
+            let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / d as f64;
+            let var = row.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / d as f64;
+            let inv = 1.0 / (var + f64::from(eps)).sqrt();
+            for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+                *v = ((f64::from(*v) - mean) * inv * f64::from(*w) + f64::from(*b)) as f32;
+            }
+        }
+    }
+
+    fn activation(&self, act: GateActivation, x: &mut [f32]) {
+        for v in x {
+            *v = gated(act, *v, 1.0);
+        }
     }
 
     fn rows_to_host(&self, x: &[f32], m: usize, width: usize, out: &mut Logits) {

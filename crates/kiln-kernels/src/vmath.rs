@@ -24,6 +24,15 @@ const P4: f32 = 0.166_666_65;
 const P5: f32 = 0.5;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_CUBIC: f32 = 0.044_715;
+// Abramowitz & Stegun 7.1.26: `erf(z) ≈ 1 − t·(a1 + t·(a2 + …)) · e^{−z²}`, `t = 1/(1 + p·z)`
+// for `z ≥ 0`, absolute error at most 1.5e-7.
+const ERF_P: f32 = 0.327_591_1;
+const ERF_A1: f32 = 0.254_829_6;
+const ERF_A2: f32 = -0.284_496_74;
+const ERF_A3: f32 = 1.421_413_7;
+const ERF_A4: f32 = -1.453_152_1;
+const ERF_A5: f32 = 1.061_405_4;
+const SIGN_BIT: u32 = 0x8000_0000;
 
 /// `e^x` (scalar reference of the SIMD versions).
 #[inline]
@@ -51,6 +60,21 @@ pub fn gelu_tanh(x: f32) -> f32 {
     (0.5 * x) * (1.0 + th)
 }
 
+/// Exact GeLU, `0.5·x·(1 + erf(x/√2))`, with `erf` by Abramowitz & Stegun 7.1.26 (error at
+/// most 1.5e-7 in `erf`).
+#[inline]
+pub fn gelu(x: f32) -> f32 {
+    let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / ERF_P.mul_add(z, 1.0);
+    let mut p = ERF_A5.mul_add(t, ERF_A4);
+    p = p.mul_add(t, ERF_A3);
+    p = p.mul_add(t, ERF_A2);
+    p = p.mul_add(t, ERF_A1);
+    let erf_abs = 1.0 - (p * t) * exp(-(z * z));
+    let erf = f32::from_bits(erf_abs.to_bits() | (x.to_bits() & SIGN_BIT));
+    (0.5 * x) * (1.0 + erf)
+}
+
 /// `x · sigmoid(x)`.
 #[inline]
 pub fn silu(x: f32) -> f32 {
@@ -62,6 +86,42 @@ pub fn silu(x: f32) -> f32 {
 pub(crate) enum Gate {
     Silu,
     GeluTanh,
+    Gelu,
+}
+
+impl Gate {
+    /// The function at one point (the scalar reference of the SIMD forms).
+    #[inline]
+    fn at(self, x: f32) -> f32 {
+        match self {
+            Self::Silu => silu(x),
+            Self::GeluTanh => gelu_tanh(x),
+            Self::Gelu => gelu(x),
+        }
+    }
+}
+
+/// `x[i] = f(x[i])` at a chosen SIMD level (scalar if the CPU lacks it): an ungated MLP.
+pub(crate) fn activate_at(level: SimdLevel, f: Gate, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level == SimdLevel::Avx512 && SimdLevel::detect() >= SimdLevel::Avx512 {
+            // SAFETY: AVX-512F is available.
+            return unsafe { x86::activate_avx512(f, x) };
+        }
+        if level >= SimdLevel::Avx2 && SimdLevel::detect() >= SimdLevel::Avx2 {
+            // SAFETY: AVX2 and FMA are available.
+            return unsafe { x86::activate_avx2(f, x) };
+        }
+    }
+    let _ = level;
+    activate_scalar(f, x);
+}
+
+fn activate_scalar(f: Gate, x: &mut [f32]) {
+    for v in x {
+        *v = f.at(*v);
+    }
 }
 
 /// `gate[i] = f(gate[i]) * up[i]` at a chosen SIMD level (scalar if the CPU lacks it).
@@ -106,16 +166,14 @@ fn exp_shifted_scalar(x: &mut [f32], shift: f32) {
 
 fn gated_scalar(f: Gate, gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = match f {
-            Gate::Silu => silu(*g),
-            Gate::GeluTanh => gelu_tanh(*g),
-        } * u;
+        *g = f.at(*g) * u;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::f32::consts::FRAC_1_SQRT_2;
 
     use super::*;
 
@@ -155,6 +213,18 @@ mod x86 {
                     let t = exp_body!($v, $v!(mul, $v!(set1, -2.0), abs));
                     let th = $v!(or, $v!(div, $v!(sub, one, t), $v!(add, one, t)), sign);
                     $v!(mul, $v!(mul, $v!(set1, 0.5), x), $v!(add, one, th))
+                }
+                Gate::Gelu => {
+                    let sign = $v!(and, x, $v!(set1, -0.0));
+                    let z = $v!(mul, $v!(andnot, $v!(set1, -0.0), x), $v!(set1, FRAC_1_SQRT_2));
+                    let t = $v!(div, one, $v!(fmadd, $v!(set1, ERF_P), z, one));
+                    let mut p = $v!(fmadd, $v!(set1, ERF_A5), t, $v!(set1, ERF_A4));
+                    p = $v!(fmadd, p, t, $v!(set1, ERF_A3));
+                    p = $v!(fmadd, p, t, $v!(set1, ERF_A2));
+                    p = $v!(fmadd, p, t, $v!(set1, ERF_A1));
+                    let e = exp_body!($v, $v!(sub, $v!(set1, 0.0), $v!(mul, z, z)));
+                    let erf = $v!(or, $v!(sub, one, $v!(mul, $v!(mul, p, t), e)), sign);
+                    $v!(mul, $v!(mul, $v!(set1, 0.5), x), $v!(add, one, erf))
                 }
             }
         }};
@@ -272,6 +342,32 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
+    pub unsafe fn activate_avx512(f: Gate, x: &mut [f32]) {
+        let n = x.len() / 16 * 16;
+        for i in (0..n).step_by(16) {
+            // SAFETY: i + 16 <= n <= x.len().
+            unsafe {
+                let v = _mm512_loadu_ps(x.as_ptr().add(i));
+                _mm512_storeu_ps(x.as_mut_ptr().add(i), gate_body!(v512, f, v));
+            }
+        }
+        activate_scalar(f, &mut x[n..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn activate_avx2(f: Gate, x: &mut [f32]) {
+        let n = x.len() / 8 * 8;
+        for i in (0..n).step_by(8) {
+            // SAFETY: i + 8 <= n <= x.len().
+            unsafe {
+                let v = _mm256_loadu_ps(x.as_ptr().add(i));
+                _mm256_storeu_ps(x.as_mut_ptr().add(i), gate_body!(v256, f, v));
+            }
+        }
+        activate_scalar(f, &mut x[n..]);
+    }
+
+    #[target_feature(enable = "avx512f")]
     pub unsafe fn exp_shifted_avx512(x: &mut [f32], shift: f32) {
         let n = x.len() / 16 * 16;
         let shift_v = _mm512_set1_ps(shift);
@@ -350,6 +446,49 @@ mod tests {
         }
     }
 
+    /// `erf` by its Taylor series in f64 (exact enough for `|z| ≤ 4`).
+    fn erf_series(z: f64) -> f64 {
+        let (mut term, mut sum) = (z, z);
+        for n in 1..200 {
+            term *= -z * z / f64::from(n);
+            sum += term / f64::from(2 * n + 1);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    #[test]
+    fn exact_gelu_matches_erf() {
+        for i in -1000..=1000 {
+            let x = i as f32 / 200.0;
+            let xd = f64::from(x);
+            let want = 0.5 * xd * (1.0 + erf_series(xd / std::f64::consts::SQRT_2));
+            let got = f64::from(gelu(x));
+            assert!(
+                (got - want).abs() < 3e-7 * (1.0 + want.abs()),
+                "gelu({x}) = {got}, want {want}"
+            );
+        }
+        assert_eq!(gelu(30.0), 30.0);
+        assert_eq!(gelu(-30.0), 0.0);
+    }
+
+    #[test]
+    fn activate_simd_equals_scalar_bitwise() {
+        for n in [1, 7, 8, 15, 16, 17, 33, 100, 1000] {
+            let x = values(n, 3, 8.0);
+            for f in [Gate::Silu, Gate::GeluTanh, Gate::Gelu] {
+                let mut want = x.clone();
+                activate_scalar(f, &mut want);
+                for level in SimdLevel::available() {
+                    let mut got = x.clone();
+                    activate_at(level, f, &mut got);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{f:?} {level:?} n={n}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn exp_shifted_simd_equals_scalar_bitwise() {
         for n in [1, 15, 16, 17, 64, 100] {
@@ -370,7 +509,7 @@ mod tests {
         for n in [1, 7, 8, 15, 16, 17, 33, 100, 1000] {
             let x = values(n, 3, 8.0);
             let up = values(n, 4, 1.0);
-            for f in [Gate::Silu, Gate::GeluTanh] {
+            for f in [Gate::Silu, Gate::GeluTanh, Gate::Gelu] {
                 let mut want = x.clone();
                 gated_scalar(f, &mut want, &up);
                 for level in SimdLevel::available() {

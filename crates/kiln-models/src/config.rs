@@ -83,6 +83,29 @@ pub struct ModelConfig {
     /// What sits on the last hidden state: an LM head, none (a base model saved alone, as
     /// sentence-transformers saves an embedding model), or a sequence classifier.
     pub head: OutputHead,
+    /// A bidirectional encoder (BERT, XLM-RoBERTa) instead of a decoder: `None` for every
+    /// causal model.
+    pub encoder: Option<EncoderConfig>,
+}
+
+/// What a BERT-style encoder adds to the shared shape: post-LayerNorm blocks with biases
+/// everywhere, an ungated GeLU MLP, learned absolute positions and token types, and attention
+/// that sees the whole sequence (so a sequence runs whole, in one step, and nothing of it is
+/// cached for later requests).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EncoderConfig {
+    pub layer_norm_eps: f32,
+    /// Rows of the token-type table (0: the file has none).
+    pub type_vocab_size: usize,
+    /// Added to a token's position before its row of the position table is read:
+    /// RoBERTa's `pad_token_id + 1`; 0 for BERT and for GGUF files, whose converter drops
+    /// those rows.
+    pub position_offset: usize,
+    /// With two or more token types, the token that ends the first segment (`[SEP]`): the
+    /// tokens after the first one are type 1, as the tokenizer's pair template makes them
+    /// (`[CLS] a [SEP] b [SEP]`); `None`: every token is type 0. Set by the loader from the
+    /// tokenizer.
+    pub segment_separator: Option<u32>,
 }
 
 /// What sits on the decoder's last hidden state.
@@ -407,6 +430,7 @@ impl ModelConfig {
             attention_sinks: false,
             packed,
             head,
+            encoder: None,
         };
         let ctx = HfContext { window, keyed_local_theta, longrope };
         architecture.apply_hf(&f, &ctx, &mut config)?;

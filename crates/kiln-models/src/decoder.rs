@@ -416,6 +416,7 @@ impl<B: Backend> DecoderModel<B> {
             block_size,
             scale: c.attention_scale,
             sliding_window: c.layer_window(layer),
+            causal: true,
             softcap: c.attn_logit_softcap,
         }
     }

@@ -13,6 +13,7 @@
 
 mod config;
 mod decoder;
+mod encoder;
 mod error;
 mod family;
 pub mod gguf;
@@ -25,8 +26,11 @@ mod pooling;
 mod safetensors_store;
 mod weights;
 
-pub use config::{Architecture, MlaConfig, ModelConfig, MoeConfig, OutputHead, Routing};
+pub use config::{
+    Architecture, EncoderConfig, MlaConfig, ModelConfig, MoeConfig, OutputHead, Routing,
+};
 pub use decoder::DecoderModel;
+pub use encoder::EncoderModel;
 pub use error::LoadError;
 pub use kiln_backend::{
     Backend, ForwardBatch, ForwardError, HostParallel, HostThreads, KvCacheDtype, KvCacheSpec,

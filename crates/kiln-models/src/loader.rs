@@ -9,6 +9,7 @@ use kiln_tokenizer::{GenerationDefaults, Tokenizer};
 
 use crate::config::OutputHead;
 use crate::decoder::DecoderModel;
+use crate::encoder::{EncoderModel, EncoderNames};
 use crate::family::Architecture;
 use crate::gguf::{GgufFile, read_tokenizer};
 use crate::names::Naming;
@@ -60,7 +61,8 @@ pub fn load_model_with<B: Backend>(
             "not found: expected a model directory (config.json inside) or a .gguf file",
         ));
     }
-    let config = ModelConfig::from_file(&path.join("config.json"))?;
+    let mut config = ModelConfig::from_file(&path.join("config.json"))?;
+    refuse_generating_encoder(path, &config, options)?;
     match config.head {
         OutputHead::None if !options.pooling => {
             return Err(LoadError::format(
@@ -80,6 +82,30 @@ pub fn load_model_with<B: Backend>(
     }
     let (tokenizer, generation_defaults) = Tokenizer::from_dir(path)?;
     let store = WeightStore::open_dir(path)?;
+    if config.encoder.is_some() {
+        set_segment_separator(&mut config, &tokenizer, "[SEP]");
+        let names = EncoderNames::of_hf(&store);
+        let weights = Weights {
+            source: &store,
+            naming: Naming::Hf(config.architecture),
+            backend: &**backend,
+            quantize: options.quantization,
+        };
+        let classifier = match config.head {
+            OutputHead::Classifier { num_labels } => Some(
+                encoder_classifier(&store, &names, &config, num_labels)?
+                    .with_labels(&id2label(path)),
+            ),
+            _ => None,
+        };
+        let model = EncoderModel::load(config, &weights, &names, Arc::clone(backend))?;
+        return Ok(LoadedModel {
+            model: Box::new(model),
+            tokenizer,
+            generation_defaults,
+            classifier,
+        });
+    }
     let naming = Naming::Hf(config.architecture);
     // AWQ / GPTQ / compressed-tensors linear layers, repacked into block types as they are
     // read.
@@ -122,6 +148,67 @@ pub fn load_model_with<B: Backend>(
     Ok(LoadedModel { model: Box::new(model), tokenizer, generation_defaults, classifier })
 }
 
+/// An encoder runs for pooling only: refused when loaded for generation.
+fn refuse_generating_encoder(
+    path: &Path,
+    config: &ModelConfig,
+    options: &LoadOptions,
+) -> Result<(), LoadError> {
+    if config.encoder.is_some() && !options.pooling {
+        return Err(LoadError::format(
+            path,
+            format!(
+                "{:?} is an encoder (embeddings, scores): it serves pooling only (`kiln serve \
+                 --runner pooling`), not generation",
+                config.architecture
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// With two or more token types, the tokenizer's `separator` token ends the first segment
+/// ([`crate::EncoderConfig::segment_separator`]).
+fn set_segment_separator(config: &mut ModelConfig, tokenizer: &Tokenizer, separator: &str) {
+    if let Some(encoder) = &mut config.encoder
+        && encoder.type_vocab_size > 1
+    {
+        encoder.segment_separator = tokenizer.token_to_id(separator);
+    }
+}
+
+/// An encoder's classifier head, read to the host: BERT's pooler (`pooler.dense`, tanh) then
+/// `classifier`; RoBERTa's `classifier.dense` (tanh) then `classifier.out_proj`.
+fn encoder_classifier(
+    source: &dyn WeightSource,
+    names: &EncoderNames,
+    config: &ModelConfig,
+    num_labels: usize,
+) -> Result<Classifier, LoadError> {
+    let h = config.hidden_size;
+    let (dense, out) = match (config.architecture, names) {
+        (Architecture::Bert, EncoderNames::Hf { prefix }) => {
+            (format!("{prefix}pooler.dense"), "classifier".to_string())
+        }
+        _ => ("classifier.dense".to_string(), "classifier.out_proj".to_string()),
+    };
+    let floats = |name: String, rows: usize, cols: usize| -> Result<Vec<f32>, LoadError> {
+        source.matrix(&name, rows, cols)?.to_f32_vec().ok_or_else(|| LoadError::Backend {
+            name,
+            message: "a classifier matrix must be a float tensor".into(),
+        })
+    };
+    let head = Classifier::new(num_labels, floats(format!("{out}.weight"), num_labels, h)?)
+        .ok_or_else(|| LoadError::Backend {
+            name: out.clone(),
+            message: format!("expected [{num_labels}, {h}]"),
+        })?;
+    Ok(head.with_bias(source.vector(&format!("{out}.bias"), num_labels)?).with_pre_dense(
+        floats(format!("{dense}.weight"), h, h)?,
+        source.vector(&format!("{dense}.bias"), h)?,
+    ))
+}
+
 /// The `id2label` map of the checkpoint at `path` (empty when `config.json` has none; the file
 /// itself was read and checked already).
 fn id2label(path: &Path) -> serde_json::Map<String, serde_json::Value> {
@@ -145,7 +232,8 @@ fn load_gguf<B: Backend>(
     backend: &Arc<B>,
 ) -> Result<LoadedModel<B>, LoadError> {
     let file = GgufFile::open(path)?;
-    let config = ModelConfig::from_gguf(&file)?;
+    let mut config = ModelConfig::from_gguf(&file)?;
+    refuse_generating_encoder(path, &config, options)?;
     let tokenizer = read_tokenizer(&file)?;
     let num_tokens =
         file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, <[_]>::len);
@@ -177,6 +265,16 @@ fn load_gguf<B: Backend>(
         backend: &**backend,
         quantize: options.quantization,
     };
+    if config.encoder.is_some() {
+        set_segment_separator(&mut config, &tokenizer, "[SEP]");
+        let model = EncoderModel::load(config, &weights, &EncoderNames::Gguf, Arc::clone(backend))?;
+        return Ok(LoadedModel {
+            model: Box::new(model),
+            tokenizer,
+            generation_defaults: GenerationDefaults::default(),
+            classifier: None,
+        });
+    }
     let model = DecoderModel::load(config, &weights, Arc::clone(backend), !options.pooling)?;
     Ok(LoadedModel {
         model: Box::new(model),

@@ -142,6 +142,11 @@ pub struct Classifier {
     num_labels: usize,
     /// `[num_labels, hidden]`
     weight: Vec<f32>,
+    /// `[num_labels]` (an encoder's classifier; a decoder's `score` has none).
+    bias: Option<Vec<f32>>,
+    /// `([hidden, hidden], [hidden])`: a dense layer and tanh before `weight` (BERT's pooler,
+    /// RoBERTa's `classifier.dense`).
+    pre_dense: Option<(Vec<f32>, Vec<f32>)>,
     /// Each label's name (the checkpoint's `id2label`, else transformers' `LABEL_{i}`).
     labels: Vec<String>,
 }
@@ -152,7 +157,22 @@ impl Classifier {
     pub fn new(num_labels: usize, weight: Vec<f32>) -> Option<Self> {
         let labels = (0..num_labels).map(|i| format!("LABEL_{i}")).collect();
         (num_labels > 0 && weight.len().is_multiple_of(num_labels) && !weight.is_empty())
-            .then_some(Self { num_labels, weight, labels })
+            .then_some(Self { num_labels, weight, bias: None, pre_dense: None, labels })
+    }
+
+    /// The same head with a bias on its logits (`[num_labels]`).
+    #[must_use]
+    pub fn with_bias(mut self, bias: Vec<f32>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// The same head with `tanh(weight · h + bias)` (`[hidden, hidden]`, `[hidden]`) applied
+    /// to the pooled state first.
+    #[must_use]
+    pub fn with_pre_dense(mut self, weight: Vec<f32>, bias: Vec<f32>) -> Self {
+        self.pre_dense = Some((weight, bias));
+        self
     }
 
     /// The same head with the names of `id2label` (a map from the label's index, as a
@@ -182,14 +202,24 @@ impl Classifier {
         self.weight.len() / self.num_labels
     }
 
-    /// The scores of `hidden` (`[hidden]`): each label's logit, a dot product summed in
-    /// element order, then the activation.
+    /// The scores of `hidden` (`[hidden]`): the dense layer and tanh when the head has one,
+    /// then each label's logit (a dot product summed in element order, plus its bias), then
+    /// the activation.
     pub fn scores(&self, hidden: &[f32]) -> Vec<f32> {
         let width = self.weight.len() / self.num_labels;
+        let dot = |row: &[f32], x: &[f32]| row.iter().zip(x).map(|(w, h)| w * h).sum::<f32>();
+        let dense: Option<Vec<f32>> = self.pre_dense.as_ref().map(|(w, b)| {
+            w.chunks_exact(width)
+                .zip(b)
+                .map(|(row, bias)| (dot(row, hidden) + bias).tanh())
+                .collect()
+        });
+        let x = dense.as_deref().unwrap_or(hidden);
         let logits: Vec<f32> = self
             .weight
             .chunks_exact(width)
-            .map(|row| row.iter().zip(hidden).map(|(w, h)| w * h).sum())
+            .enumerate()
+            .map(|(i, row)| dot(row, x) + self.bias.as_ref().map_or(0.0, |b| b[i]))
             .collect();
         if let [logit] = logits[..] {
             return vec![1.0 / (1.0 + (-logit).exp())];

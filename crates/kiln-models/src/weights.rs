@@ -280,6 +280,26 @@ impl<B: Backend> Weights<'_, B> {
             .collect()
     }
 
+    /// The matrix stored as `name` (a model whose tensors have no [`Tensor`] role: an
+    /// encoder), converted like [`Weights::matrix`].
+    pub(crate) fn named_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Weight, LoadError> {
+        let tensor = self.source.matrix(name, rows, cols)?;
+        self.load(name.to_string(), tensor)
+    }
+
+    /// The vector stored as `name`, as f32 on the backend.
+    pub(crate) fn named_vector(&self, name: &str, len: usize) -> Result<B::Vector, LoadError> {
+        let values = self.source.vector(name, len)?;
+        self.backend
+            .load_vector(&values)
+            .map_err(|e| LoadError::Backend { name: name.to_string(), message: e.to_string() })
+    }
+
     /// Moves a matrix built on the host (`name` names it in errors) onto the backend,
     /// converted like [`Weights::matrix`].
     pub(crate) fn host_matrix(

@@ -56,6 +56,10 @@ pub struct SchedulerConfig {
     pub slo_demotion_ms: u64,
     /// Passed to the KV cache manager (overrides the flag in its config).
     pub enable_prefix_caching: bool,
+    /// Admit a prompt only whole, in one step (no chunked prefill, no prefill chunk cap): an
+    /// encoder's tokens attend to every token of their sequence. The caller keeps
+    /// `max_num_batched_tokens` at least the longest prompt it admits.
+    pub whole_prompts: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -71,6 +75,7 @@ impl Default for SchedulerConfig {
             sjf_aging_tokens_per_step: 16,
             slo_demotion_ms: 60_000,
             enable_prefix_caching: true,
+            whole_prompts: false,
         }
     }
 }

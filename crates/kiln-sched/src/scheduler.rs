@@ -17,7 +17,8 @@
 //!    copied out to it instead ([`crate::swap`]: preemption by swap).
 //! 2. **Waiting** requests, in policy order, only if nothing was preempted in this pass (so no
 //!    admission can hit blocks whose KV is about to be dropped): prefix lookup, then allocation,
-//!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow. The
+//!    while the budget, `max_num_seqs`, `max_num_partial_prefills` and free blocks allow (with
+//!    `whole_prompts`, an encoder's, only a prompt whose every token fits the step's budget). The
 //!    first request that does not fit stops admission (no bypassing, so aging bounds waiting),
 //!    except for a request of a LoRA adapter beyond [`Scheduler::set_max_loras`]: it is
 //!    passed over (as in vLLM) until a running adapter's requests leave.
@@ -403,7 +404,11 @@ impl Scheduler {
     fn chunk_size(&self, num_uncomputed: usize, budget: usize) -> usize {
         let threshold = self.config.long_prefill_token_threshold;
         let n = num_uncomputed.min(budget);
-        if threshold > 0 && num_uncomputed > 1 { n.min(threshold) } else { n }
+        if threshold > 0 && num_uncomputed > 1 && !self.config.whole_prompts {
+            n.min(threshold)
+        } else {
+            n
+        }
     }
 
     /// Plans the next step.
@@ -662,7 +667,10 @@ impl Scheduler {
             let num_uncomputed = req.num_tokens() - num_computed;
             let num_tokens = self.chunk_size(num_uncomputed, budget);
             let is_partial = num_tokens < num_uncomputed;
-            if is_partial && num_partial >= self.config.max_num_partial_prefills {
+            if is_partial
+                && (self.config.whole_prompts
+                    || num_partial >= self.config.max_num_partial_prefills)
+            {
                 break;
             }
             let tokens = req.all_token_ids();

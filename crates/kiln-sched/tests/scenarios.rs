@@ -40,6 +40,27 @@ fn long_prefill_token_threshold_caps_chunks_and_decodes_share_the_step() {
 }
 
 #[test]
+fn whole_prompts_are_never_chunked_and_wait_for_a_step_with_room() {
+    // An encoder's scheduler: prompts of 20 and 30 under a budget of 40, the chunk cap
+    // ignored. The second waits for the next step rather than running 20 of its 30 tokens.
+    let cfg = SchedulerConfig {
+        whole_prompts: true,
+        long_prefill_token_threshold: 8,
+        enable_prefix_caching: false,
+        ..config(40, 8)
+    };
+    let mut s = scheduler(cfg, 4, 64);
+    s.add(req(1, toks(0..20), 1)).unwrap();
+    s.add(req(2, toks(100..130), 1)).unwrap();
+    let run = drive(&mut s, 100);
+    let steps: Vec<Vec<(RequestId, usize)>> =
+        run.outputs_per_step.iter().map(|o| o.scheduled().collect()).collect();
+    assert_eq!(steps[0], [(RequestId(1), 20)]);
+    assert_eq!(steps[1], [(RequestId(2), 30)]);
+    assert_eq!(run.finished.len(), 2);
+}
+
+#[test]
 fn max_num_partial_prefills_limits_concurrent_chunked_prompts() {
     let cfg = SchedulerConfig { long_prefill_token_threshold: 8, ..config(64, 8) };
     let mut s = scheduler(cfg, 4, 128);

@@ -118,6 +118,7 @@ pub fn load(
     let block_size = core.scheduler().kv_cache().block_size();
     let (pooling, hidden_size) = (core.pooling(), core.model().config().hidden_size);
     let cross_encoder = core.has_classifier();
+    let encoder = core.model().config().encoder.is_some();
     let labels = core.classifier_labels().to_vec();
     let kv_events = match &config.kv_events {
         Some(events) => {
@@ -176,6 +177,7 @@ pub fn load(
         pooling,
         hidden_size,
         cross_encoder,
+        encoder,
         labels,
     })
 }

@@ -51,6 +51,10 @@ pub struct Loaded {
     pub cross_encoder: bool,
     /// A sequence classifier's label names, by index (`/classify`); empty for other models.
     pub labels: Vec<String>,
+    /// An encoder (BERT, XLM-RoBERTa): `truncate_prompt_tokens` keeps an input's first tokens
+    /// and its special tokens, as the tokenizer's right truncation does (an encoder reads its
+    /// `[CLS]`); a decoder's keeps the last tokens (vLLM's rule).
+    pub encoder: bool,
 }
 
 pub struct ServerState {

@@ -229,7 +229,7 @@ impl Tokenizer {
     }
 
     /// Id of a token text, if it is in the vocabulary.
-    fn token_to_id(&self, text: &str) -> Option<u32> {
+    pub fn token_to_id(&self, text: &str) -> Option<u32> {
         match &self.backend {
             Backend::Hf(t) => t.token_to_id(text),
             Backend::Spm(s) => s.token_to_id(text),
@@ -253,6 +253,40 @@ impl Tokenizer {
         if add_special_tokens {
             self.add_bos_eos(&mut ids);
         }
+        Ok(ids)
+    }
+
+    /// [`Tokenizer::encode`] of at most `max_len` tokens, cut as transformers'
+    /// `tokenizer(text, truncation=True, max_length=max_len)` cuts on the right: the text's
+    /// first tokens, then the special tokens the post-processor adds (an encoder's `[CLS] …
+    /// [SEP]` stays whole). Without special tokens, or with a tokenizer that has no HF
+    /// post-processor, the first `max_len` tokens.
+    pub fn encode_truncated(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        max_len: usize,
+    ) -> Result<Vec<u32>, String> {
+        use tokenizers::PostProcessor as _;
+        let Backend::Hf(t) = &self.backend else {
+            let mut ids = self.encode(text, add_special_tokens)?;
+            ids.truncate(max_len);
+            return Ok(ids);
+        };
+        let added = match (add_special_tokens, t.get_post_processor()) {
+            (true, Some(p)) => p.added_tokens(false),
+            _ => 0,
+        };
+        let mut content = t.encode(text, false).map_err(|e| e.to_string())?;
+        let room = max_len.checked_sub(added).filter(|r| *r > 0).ok_or_else(|| {
+            format!("{max_len} tokens leave no room for text beside the {added} special tokens")
+        })?;
+        content.truncate(room, 0, tokenizers::TruncationDirection::Right);
+        let ids = t
+            .post_process(content, None, add_special_tokens)
+            .map_err(|e| e.to_string())?
+            .get_ids()
+            .to_vec();
         Ok(ids)
     }
 

@@ -5,12 +5,15 @@
 //!
 //! `auto` serves a checkpoint for pooling when it is an embedding model: a base model saved
 //! without its head (`Qwen3Model`), a sentence-transformers directory (`modules.json`), or a
-//! GGUF file with a pooling type; or a cross-encoder (`*ForSequenceClassification`, scored on
-//! its last token, unnormalised); any other model is served for generation.
+//! GGUF file with a pooling type, or any encoder (BERT, XLM-RoBERTa: `[CLS]` pooling,
+//! normalised, unless the checkpoint says otherwise, as vLLM); or a cross-encoder
+//! (`*ForSequenceClassification`, scored on its last token, or an encoder's first, unnormalised);
+//! any other model is served for generation.
 
 use std::path::Path;
 
 use anyhow::Context;
+use kiln_models::gguf::GgufFile;
 use kiln_models::{ModelConfig, OutputHead, PoolerConfig, PoolingType};
 use serde_json::Value;
 
@@ -94,18 +97,21 @@ impl PoolingArgs {
         }
         let declared = PoolerConfig::of_model(path)
             .with_context(|| format!("reading the pooler of {}", path.display()))?;
-        let head = checkpoint_head(path)?;
+        let (head, encoder) = checkpoint_head(path)?;
         // `auto`: an embedding model or a cross-encoder (generation returned above).
-        let pooling = runner == Runner::Pooling || declared.is_some() || head != OutputHead::Lm;
+        let pooling =
+            runner == Runner::Pooling || declared.is_some() || head != OutputHead::Lm || encoder;
         if !pooling {
             return Ok(None);
         }
-        // A sequence classifier reads the last token unnormalised (transformers' rule).
+        // A sequence classifier reads the last token (an encoder's: the first) unnormalised
+        // (transformers' rule); an encoder embeds its first token, normalised (vLLM's).
+        let first_or_last = if encoder { PoolingType::Cls } else { PoolingType::Last };
         let default = match head {
             OutputHead::Classifier { .. } => {
-                PoolerConfig { pooling: PoolingType::Last, normalize: false }
+                PoolerConfig { pooling: first_or_last, normalize: false }
             }
-            _ => PoolerConfig::DECODER_DEFAULT,
+            _ => PoolerConfig { pooling: first_or_last, normalize: true },
         };
         let mut config = declared.unwrap_or(default);
         if let Some((pooling, normalize)) = overrides {
@@ -158,12 +164,16 @@ impl PoolingArgs {
 }
 
 /// The head of a Hugging Face directory's model (a GGUF file's is an LM head).
-fn checkpoint_head(path: &Path) -> anyhow::Result<OutputHead> {
-    let config = path.join("config.json");
-    if !config.is_file() {
-        return Ok(OutputHead::Lm);
-    }
-    Ok(ModelConfig::from_file(&config)?.head)
+/// What sits on the checkpoint's last hidden state, and whether it is an encoder.
+fn checkpoint_head(path: &Path) -> anyhow::Result<(OutputHead, bool)> {
+    let config = if path.is_file() {
+        ModelConfig::from_gguf(&GgufFile::open(path)?)?
+    } else if path.join("config.json").is_file() {
+        ModelConfig::from_file(&path.join("config.json"))?
+    } else {
+        return Ok((OutputHead::Lm, false));
+    };
+    Ok((config.head, config.encoder.is_some()))
 }
 
 #[cfg(test)]

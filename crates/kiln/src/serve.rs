@@ -516,7 +516,8 @@ fn start<B: kiln_models::Backend>(
             .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
     }
     let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
-    let scheduler = scheduler_for_pooling(args, pooler, classifier.is_some())?;
+    let encoder = model.config().encoder.is_some();
+    let scheduler = scheduler_for_pooling(args, pooler, (classifier.is_some(), encoder))?;
     let mut engine = EngineConfig {
         block_size,
         num_kv_blocks: sizing.num_blocks,
@@ -590,12 +591,13 @@ fn served_classifier(
 }
 
 /// The scheduler's settings for the model (and what it serves, logged): a pooling model with
-/// mean or CLS pooling reads every token's hidden state, so it keeps no prefix cache (a hit
-/// would skip rows).
+/// mean or CLS pooling reads every token's hidden state, and an encoder's tokens see their
+/// whole sequence, so neither keeps a prefix cache (a hit would skip rows, or reuse K/V that
+/// depends on what follows).
 fn scheduler_for_pooling(
     args: &LoadArgs,
     pooler: Option<kiln_engine::PoolerConfig>,
-    cross_encoder: bool,
+    (cross_encoder, encoder): (bool, bool),
 ) -> anyhow::Result<SchedulerConfig> {
     let mut scheduler = args.scheduler.clone();
     let Some(pooler) = pooler else { return Ok(scheduler) };
@@ -609,18 +611,21 @@ fn scheduler_for_pooling(
             pooler.pooling.as_str()
         );
     }
-    if pooler.pooling != kiln_engine::PoolingType::Last && scheduler.enable_prefix_caching {
+    let why = if encoder {
+        "an encoder's tokens attend to their whole sequence".to_string()
+    } else {
+        format!("{} pooling reads every token's hidden state", pooler.pooling.as_str())
+    };
+    if (encoder || pooler.pooling != kiln_engine::PoolingType::Last)
+        && scheduler.enable_prefix_caching
+    {
         if args.prefix_cache_dir.is_some() || args.kv.enable_prefix_caching {
             anyhow::bail!(
-                "{} pooling reads every token's hidden state, which the prefix cache would \
-                 skip: drop --enable-prefix-caching / --prefix-cache-dir",
-                pooler.pooling.as_str()
+                "{why}, so the prefix cache cannot serve it: drop --enable-prefix-caching / \
+                 --prefix-cache-dir"
             );
         }
-        tracing::info!(
-            "prefix caching is off: {} pooling reads every token",
-            pooler.pooling.as_str()
-        );
+        tracing::info!("prefix caching is off: {why}");
         scheduler.enable_prefix_caching = false;
     }
     Ok(scheduler)

@@ -35,8 +35,19 @@ fn the_openai_python_sdk_works_against_kiln_serve() {
 /// base64 and float, `dimensions`, token ids, errors.
 #[test]
 fn the_openai_python_sdk_gets_embeddings_from_kiln_serve() {
+    sdk_embeddings_of("qwen3-embed");
+}
+
+/// The same checks on an encoder (the tiny BERT fixture, mean pooling, served for pooling
+/// without a flag).
+#[test]
+fn the_openai_python_sdk_gets_embeddings_of_an_encoder() {
+    sdk_embeddings_of("bert-mean");
+}
+
+fn sdk_embeddings_of(fixture: &str) {
     let python = python_with_sdk();
-    let model = repo().join("tests/fixtures/embedding/qwen3-embed");
+    let model = repo().join("tests/fixtures/embedding").join(fixture);
     let args = ["--model", model.to_str().unwrap(), "--served-model-name", "tiny-embed"];
     let (server, url) =
         start_kiln_serve(&[&args[..], &["--threads", "1", "--kv-cache-dtype", "f32"]].concat());

@@ -4,11 +4,13 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
     crate::testing::values(n, seed, 2.0)
 }
 
-/// Naive attention over contiguous per-sequence K/V `[len, kv_heads, hd]`.
+/// Naive attention over contiguous per-sequence K/V `[len, kv_heads, hd]` (the query sees
+/// up to `position`, or every key without a causal mask).
 fn reference(q: &[f32], k: &[f32], v: &[f32], position: usize, shape: &AttentionShape) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
     let lo = shape.sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
+    let position = if shape.causal { position } else { k.len() / (shape.num_kv_heads * hd) - 1 };
     let mut out = vec![0.0; shape.num_heads * hd];
     for h in 0..shape.num_heads {
         let kvh = h / group;
@@ -40,7 +42,10 @@ fn reference(q: &[f32], k: &[f32], v: &[f32], position: usize, shape: &Attention
 #[test]
 fn paged_varlen_batch_matches_naive_attention() {
     let pool = ThreadPool::new(2);
-    for (window, softcap) in [(None, None), (Some(5), None), (None, Some(3.0))] {
+    // The last case is an encoder's: every query sees its whole sequence.
+    let cases =
+        [(None, None, true), (Some(5), None, true), (None, Some(3.0), true), (None, None, false)];
+    for (window, softcap, causal) in cases {
         let shape = AttentionShape {
             num_heads: 6,
             num_kv_heads: 2,
@@ -48,6 +53,7 @@ fn paged_varlen_batch_matches_naive_attention() {
             block_size: 4,
             scale: 0.3,
             sliding_window: window,
+            causal,
             softcap,
         };
         let kv_row = shape.num_kv_heads * shape.head_dim;
@@ -97,7 +103,10 @@ fn paged_varlen_batch_matches_naive_attention() {
                 let (k, v) = &contiguous[s];
                 let want = reference(&q[t * q_row..(t + 1) * q_row], k, v, position, &shape);
                 for (g, w) in out[t * q_row..(t + 1) * q_row].iter().zip(&want) {
-                    assert!((g - w).abs() < 1e-5, "window {window:?} seq {s} token {i}");
+                    assert!(
+                        (g - w).abs() < 1e-5,
+                        "window {window:?} causal {causal} seq {s} token {i}"
+                    );
                 }
             }
         }
@@ -113,6 +122,7 @@ fn shape_validation() {
         block_size: 16,
         scale: 1.0,
         sliding_window: None,
+        causal: true,
         softcap: None,
     };
     assert!(shape.validate().is_err());
@@ -132,6 +142,7 @@ fn f16_cache_equals_f32_cache_of_the_rounded_values() {
         block_size: 8,
         scale: 0.2,
         sliding_window: Some(11),
+        causal: true,
         softcap: None,
     };
     let kv_row = shape.num_kv_heads * shape.head_dim;
@@ -207,6 +218,7 @@ fn quant_cache_equals_f32_cache_of_the_dequantized_values() {
             block_size: 8,
             scale: 0.2,
             sliding_window: window,
+            causal: true,
             softcap,
         };
         let hd = shape.head_dim;
@@ -359,6 +371,7 @@ fn tree_rows_equal_their_paths_decoded_one_by_one() {
             block_size: 4,
             scale: 0.25,
             sliding_window: window,
+            causal: true,
             softcap,
         };
         let (bs, kv_row) = (shape.block_size, shape.num_kv_heads * shape.head_dim);
@@ -449,6 +462,7 @@ fn head_splits_keep_every_row_bitwise() {
             block_size: 8,
             scale: 0.2,
             sliding_window: None,
+            causal: true,
             softcap: Some(5.0),
         };
         let kv_row = num_kv_heads * shape.head_dim;

@@ -20,12 +20,12 @@ use kiln_backend::{
 
 pub use kv_store::{CpuKvStore, KvLayer, KvLayerMut};
 
-use crate::activation::gated_act_inplace;
+use crate::activation::{act_inplace, gated_act_inplace};
 use crate::attention::{
     QuantKv, paged_attention_quant_with_sinks, paged_attention_with_sinks, write_kv, write_kv_quant,
 };
 use crate::host_rows;
-use crate::norm::{residual_norm, rms_norm, rms_norm_inplace};
+use crate::norm::{layer_norm, residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
 use crate::{SharedMut, ThreadPool, WeightMatrix, linear_multi};
 
@@ -342,6 +342,28 @@ impl Backend for Cpu {
 
     fn supports_pooling(&self) -> bool {
         true
+    }
+
+    fn supports_encoders(&self) -> bool {
+        true
+    }
+
+    fn layer_norm(
+        &self,
+        d: usize,
+        x: &mut [f32],
+        branch: Option<&[f32]>,
+        (weight, bias): (&Vec<f32>, &Vec<f32>),
+        eps: f32,
+    ) {
+        assert_eq!(weight.len(), d, "layer norm width");
+        layer_norm(&self.pool, x, branch, (weight, bias), eps);
+    }
+
+    fn activation(&self, act: GateActivation, x: &mut [f32]) {
+        if let Err(message) = act_inplace(&self.pool, act, x) {
+            unreachable!("{message}: encoders are loaded with ungated activations only");
+        }
     }
 
     fn rows_to_host(&self, x: &[f32], m: usize, width: usize, out: &mut Logits) {

@@ -66,6 +66,14 @@ impl Keys<'_> {
         self.file.tensor(name).is_some()
     }
 
+    /// The rows of 2-D tensor `name` (its outer ggml dimension), when the file has it.
+    pub(crate) fn rows(&self, name: &str) -> Option<usize> {
+        match self.file.tensor(name)?.dims[..] {
+            [_, rows] => usize::try_from(rows).ok(),
+            _ => None,
+        }
+    }
+
     /// The `[head_dim / 2]` positive factors in tensor `name`, when the file has it.
     pub(crate) fn factors(
         &self,
@@ -315,6 +323,7 @@ impl ModelConfig {
             attention_sinks: false,
             packed: None,
             head: crate::config::OutputHead::Lm,
+            encoder: None,
         };
         architecture.apply_gguf(&keys, &mut config)?;
         Ok(config)

@@ -7,8 +7,10 @@
 //!
 //! Families: [`llama`] (Llama 2/3, Mistral, Mixtral), [`qwen`] (Qwen2, Qwen3, Qwen2-MoE,
 //! Qwen3-MoE), [`gemma3`], [`phi3`] (Phi-3, Phi-4), [`deepseek`] (DeepSeek V2/V3: latent
-//! attention).
+//! attention), and the encoders of [`bert`] (BERT, RoBERTa, XLM-RoBERTa), which run as
+//! `crate::encoder` rather than the decoder.
 
+pub(crate) mod bert;
 pub(crate) mod deepseek;
 pub(crate) mod gemma3;
 pub(crate) mod gpt_oss;
@@ -44,6 +46,11 @@ pub enum Architecture {
     DeepseekV3,
     /// Attention sinks, alternating sliding windows, biased experts with a clamped SwiGLU.
     GptOss,
+    /// A BERT encoder (`BertModel`; GGUF `bert`, which also holds converted XLM-RoBERTa).
+    Bert,
+    /// BERT's encoder with RoBERTa's position offset and classifier head (`RobertaModel`,
+    /// `XLMRobertaModel`).
+    XlmRoberta,
 }
 
 /// What the shared `config.json` parse found that families refine.
@@ -63,11 +70,12 @@ impl Architecture {
          model), Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM; for pooling also the base models LlamaModel, MistralModel, \
          Qwen2Model, Qwen3Model and the sequence classifiers LlamaForSequenceClassification, \
          MistralForSequenceClassification, Qwen2ForSequenceClassification, \
-         Qwen3ForSequenceClassification";
+         Qwen3ForSequenceClassification; encoders BertModel, RobertaModel, XLMRobertaModel and \
+         their *ForSequenceClassification";
 
     /// GGUF `general.architecture` values kiln runs (`llama` with experts is Mixtral).
     pub const GGUF_SUPPORTED: &'static str =
-        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, deepseek2, gpt-oss";
+        "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, deepseek2, gpt-oss, bert";
 
     /// The family of a `config.json` `architectures` entry.
     pub(crate) fn from_hf(name: &str) -> Option<Self> {
@@ -84,6 +92,8 @@ impl Architecture {
             "DeepseekV2ForCausalLM" => Self::DeepseekV2,
             "DeepseekV3ForCausalLM" => Self::DeepseekV3,
             "GptOssForCausalLM" => Self::GptOss,
+            "BertModel" => Self::Bert,
+            "RobertaModel" | "XLMRobertaModel" => Self::XlmRoberta,
             _ => return None,
         })
     }
@@ -96,18 +106,31 @@ impl Architecture {
             "MistralModel" => "MistralForCausalLM",
             "Qwen2Model" => "Qwen2ForCausalLM",
             "Qwen3Model" => "Qwen3ForCausalLM",
+            // An encoder has no causal LM: its base model is its family's own name.
+            "BertModel" => "BertModel",
+            "RobertaModel" => "RobertaModel",
+            "XLMRobertaModel" => "XLMRobertaModel",
             _ => return None,
         })
     }
 
+    /// Whether this family is an encoder (run by `crate::encoder`, for pooling only).
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Self::Bert | Self::XlmRoberta)
+    }
+
     /// The causal LM whose decoder a sequence-classification `architectures` entry names
-    /// (`Qwen3ForSequenceClassification` → `Qwen3ForCausalLM`): a cross-encoder reranker.
+    /// (`Qwen3ForSequenceClassification` → `Qwen3ForCausalLM`; an encoder's, its base model):
+    /// a cross-encoder reranker.
     pub(crate) fn classifier_of(name: &str) -> Option<&'static str> {
         Some(match name {
             "LlamaForSequenceClassification" => "LlamaForCausalLM",
             "MistralForSequenceClassification" => "MistralForCausalLM",
             "Qwen2ForSequenceClassification" => "Qwen2ForCausalLM",
             "Qwen3ForSequenceClassification" => "Qwen3ForCausalLM",
+            "BertForSequenceClassification" => "BertModel",
+            "RobertaForSequenceClassification" => "RobertaModel",
+            "XLMRobertaForSequenceClassification" => "XLMRobertaModel",
             _ => return None,
         })
     }
@@ -124,6 +147,7 @@ impl Architecture {
             "phi3" => Self::Phi3,
             "deepseek2" => Self::DeepseekV2,
             "gpt-oss" => Self::GptOss,
+            "bert" => Self::Bert,
             _ => return None,
         })
     }
@@ -141,6 +165,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::DeepseekV2 | Self::DeepseekV3 => "deepseek2",
             Self::GptOss => "gpt-oss",
+            Self::Bert | Self::XlmRoberta => "bert",
         }
     }
 
@@ -160,6 +185,7 @@ impl Architecture {
             Self::Phi3 => phi3::apply_hf(f, ctx, c),
             Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_hf(self, f, c),
             Self::GptOss => gpt_oss::apply_hf(f, ctx, c),
+            Self::Bert | Self::XlmRoberta => bert::apply_hf(self, f, c),
         }
     }
 
@@ -173,6 +199,7 @@ impl Architecture {
             Self::Phi3 => phi3::apply_gguf(keys, c),
             Self::DeepseekV2 | Self::DeepseekV3 => deepseek::apply_gguf(keys, c),
             Self::GptOss => gpt_oss::apply_gguf(keys, c),
+            Self::Bert | Self::XlmRoberta => bert::apply_gguf(keys, c),
         }
     }
 

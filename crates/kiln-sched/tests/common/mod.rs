@@ -290,7 +290,7 @@ pub fn drive_spec(
         let out = s.schedule();
         assert!(out.num_scheduled_tokens <= cfg.max_num_batched_tokens);
         assert!(s.num_running() <= cfg.max_num_seqs);
-        if cfg.long_prefill_token_threshold > 0 {
+        if cfg.long_prefill_token_threshold > 0 && !cfg.whole_prompts {
             for (_, n) in out.scheduled() {
                 assert!(n <= cfg.long_prefill_token_threshold.max(1));
             }

@@ -7,7 +7,9 @@
 //! template (`add_generation_prompt` and `add_special_tokens` default false, as in vLLM;
 //! `chat_template_kwargs` reach the template). Each input is one engine request of its own, batched with every other request by the
 //! scheduler. `truncate_prompt_tokens` keeps an input's last tokens (vLLM's rule; -1: the
-//! context length); an input longer than the context without it is refused, as is an empty
+//! context length), or on an encoder its first tokens with its special tokens kept (the
+//! tokenizer's right truncation, as sentence-transformers cuts: the `[CLS]` it reads stays);
+//! an input longer than the context without it is refused, as is an empty
 //! one. `encoding_format` `base64` gives each vector's little-endian f32 bytes in base64, as
 //! OpenAI's API does; `dimensions` keeps a vector's first values (normalised again when the
 //! model normalises); `normalize` overrides the model's normalisation. On a generative model
@@ -166,6 +168,12 @@ fn parse_inputs(input: &Value, loaded: &Loaded) -> Result<Vec<InputIn>, ApiError
         Value::Null => return Err(bad_input("`input` is required")),
         _ => return Err(bad_input(INPUT_SHAPE)),
     };
+    // An empty text is refused as OpenAI refuses it, even where the tokenizer would wrap it
+    // in special tokens (an encoder's `[CLS] [SEP]`).
+    let empty = inputs.iter().position(|i| matches!(i, InputIn::Text(t) if t.is_empty()));
+    if let Some(i) = empty {
+        return Err(bad_input(format!("input {i} is empty (no text)")));
+    }
     Ok(inputs)
 }
 
@@ -205,10 +213,15 @@ pub(crate) async fn input_ids(
     // Text is bounded by bytes before tokenizing unless truncation will cut it anyway (the
     // body's limit bounds it then).
     let add_special_tokens = req.add_special_tokens.unwrap_or(true);
-    let mut encoded = if keep.is_some() {
+    let mut encoded = if let Some(k) = keep {
         let bytes = texts.iter().map(String::len).sum();
+        let encoder = loaded.encoder;
         tokenize_admitted(loaded, texts, bytes, "input", move |t, text: &String| {
-            t.encode(text, add_special_tokens)
+            if encoder {
+                t.encode_truncated(text, add_special_tokens, k)
+            } else {
+                t.encode(text, add_special_tokens)
+            }
         })
         .await?
     } else {
@@ -221,8 +234,12 @@ pub(crate) async fn input_ids(
             InputIn::Text(_) => encoded.next().unwrap_or_default(),
             InputIn::Tokens(t) => t,
         };
-        if let Some(k) = keep {
-            tokens.drain(..tokens.len().saturating_sub(k));
+        match keep {
+            Some(k) if loaded.encoder => tokens.truncate(k),
+            Some(k) => {
+                tokens.drain(..tokens.len().saturating_sub(k));
+            }
+            None => {}
         }
         if tokens.is_empty() {
             return Err(bad_input(format!("input {i} is empty (no tokens)")));

@@ -129,9 +129,13 @@ impl TestServer {
         let dir = embedding_fixture(name);
         let options = LoadOptions { pooling: true, ..LoadOptions::default() };
         let loaded = load_model_with(&dir, &options, &Arc::new(Cpu::new(1))).unwrap();
-        // A cross-encoder scores its last token unnormalised; an embedding model takes its
-        // checkpoint's pooler, else vLLM's default.
+        // A cross-encoder scores its last token (an encoder's first) unnormalised; an
+        // embedding model takes its checkpoint's pooler, else vLLM's default.
         let default = match loaded.classifier {
+            Some(_) if loaded.model.config().encoder.is_some() => kiln_engine::PoolerConfig {
+                pooling: kiln_engine::PoolingType::Cls,
+                normalize: false,
+            },
             Some(_) => kiln_engine::PoolerConfig {
                 pooling: kiln_engine::PoolingType::Last,
                 normalize: false,

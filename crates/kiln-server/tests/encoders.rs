@@ -1,0 +1,100 @@
+//! Encoder models through HTTP (`tests/fixtures/embedding`, made by
+//! `scripts/fixtures/make_encoder_fixtures.py`): BERT and XLM-RoBERTa embedding models give
+//! sentence-transformers' vectors on `/v1/embeddings`, each input's the same alone as among
+//! others; their cross-encoders give `CrossEncoder`'s scores on `/score` and `/rerank`;
+//! `truncate_prompt_tokens` keeps an encoder's first tokens and its `[CLS]` / `[SEP]`; inputs
+//! past the 128 positions, or empty, are refused by name.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{TestServer, floats, post_ok};
+use serde_json::{Value, json};
+
+fn server(name: &str) -> TestServer {
+    // Below the encoder's 128 positions: the engine raises the step's budget to a whole
+    // prompt by itself.
+    common::pooling_server(name, 128)
+}
+
+fn vectors(r: &Value) -> Vec<Vec<f32>> {
+    r["data"].as_array().unwrap().iter().map(|d| floats(&d["embedding"])).collect()
+}
+
+fn assert_close(got: &[Vec<f32>], want: &Value, what: &str) {
+    let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(diff <= 1e-4, "{what} {i}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn encoder_embeddings_are_sentence_transformers_vectors() {
+    for name in ["bert-mean", "xlmr-cls"] {
+        let s = server(name);
+        let r = common::embedding_reference(name);
+        let texts = &r["texts"];
+        let got = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": texts})));
+        assert_close(&got, &r["embeddings"], name);
+        for (i, text) in texts.as_array().unwrap().iter().enumerate() {
+            let alone = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": text})));
+            assert_eq!(alone[0], got[i], "{name}: input {i} alone");
+        }
+        let by_ids = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": r["prompt_ids"]})));
+        assert_eq!(by_ids, got, "{name}: token ids");
+        let short = post_ok(&s, "/v1/embeddings", &json!({"input": texts, "dimensions": 16}));
+        assert_close(&vectors(&short), &r["embeddings_16"], name);
+    }
+}
+
+#[test]
+fn encoder_truncation_keeps_the_first_tokens_and_the_special_ones() {
+    let s = server("xlmr-cls");
+    let r = common::embedding_reference("xlmr-cls");
+    let ids: Vec<u64> = serde_json::from_value(r["prompt_ids"][3].clone()).unwrap();
+    let text = &r["texts"][3];
+    let cut = post_ok(&s, "/v1/embeddings", &json!({"input": text, "truncate_prompt_tokens": 10}));
+    assert_eq!(cut["usage"]["prompt_tokens"], 10);
+    // `<s>`, the text's first 8 tokens, `</s>`: what the tokenizer's right truncation gives.
+    let mut want_ids = ids[..9].to_vec();
+    want_ids.push(*ids.last().unwrap());
+    let by_ids = post_ok(&s, "/v1/embeddings", &json!({"input": want_ids}));
+    assert_eq!(vectors(&cut), vectors(&by_ids));
+    let long = text.as_str().unwrap().repeat(3);
+    let r = s.post("/v1/embeddings", &json!({"input": long}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("maximum context length is 128"), "{}", r.text());
+    let whole =
+        post_ok(&s, "/v1/embeddings", &json!({"input": long, "truncate_prompt_tokens": -1}));
+    assert_eq!(whole["usage"]["prompt_tokens"], 128);
+    // Refused although the tokenizer would give `<s> </s>`.
+    for input in [json!(""), json!(["x", ""]), json!([[]])] {
+        let r = s.post("/v1/embeddings", &json!({ "input": input }));
+        assert_eq!(r.status, 400, "{input}: {}", r.text());
+        assert!(r.text().contains("is empty"), "{input}: {}", r.text());
+    }
+}
+
+#[test]
+fn encoder_cross_encoders_score_as_sentence_transformers_does() {
+    for name in ["bert-rerank", "xlmr-rerank"] {
+        let s = server(name);
+        let r = common::embedding_reference(name);
+        let want = floats(&r["scores"]);
+        let body = json!({"text_1": r["query"], "text_2": r["documents"]});
+        let got = post_ok(&s, "/score", &body);
+        for (i, w) in want.iter().enumerate() {
+            let g = got["data"][i]["score"].as_f64().unwrap() as f32;
+            assert!((g - w).abs() < 1e-4, "{name} pair {i}: {g} vs {w}");
+        }
+        let ranked =
+            post_ok(&s, "/rerank", &json!({"query": r["query"], "documents": r["documents"]}));
+        let best = want.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        assert_eq!(ranked["results"][0]["index"], best, "{name}: {ranked}");
+        let r = s.post("/v1/embeddings", &json!({"input": "a cross-encoder embeds nothing"}));
+        assert_eq!(r.status, 400, "{name}: {}", r.text());
+    }
+}
