@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Embedding throughput, kiln vs llama.cpp's llama-server --embedding, on the same GGUF of a
-# decoder embedding model, with the same `kiln bench serve --backend openai-embeddings`
+# Embedding throughput, kiln vs llama.cpp's llama-server --embedding, on the same GGUF of an
+# embedding model (a decoder or a BERT encoder), with the same `kiln bench serve --backend openai-embeddings`
 # command: NUM inputs of 128 random-text tokens each, one input per /v1/embeddings request, at
 # concurrency 1 and 16; the servers alternate RUNS times, each alone on the machine, 2 threads.
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench/embeddings.sh MODEL.gguf [RUNS] [OUT_DIR]
 #
 # MODEL.gguf: e.g. `scripts/bench/shape_gguf.py qwen3-embedding-0.6b ...` (Qwen3-Embedding-0.6B's
-# shape, last-token pooling), quantized by llama-quantize. Prints inputs/s per server and run.
+# shape, last-token pooling) or `scripts/bench/encoder_shape_gguf.py bge-small ...` (a BERT
+# encoder, CLS pooling), quantized by llama-quantize. Prints inputs/s per server and run.
 # (NUM=256 inputs per run; CONCURRENCIES="1 16". Every run and level sends other texts, so no
 # input is ever served from a prefix cache.)
 set -euo pipefail

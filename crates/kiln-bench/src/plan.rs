@@ -40,9 +40,12 @@ pub struct ModelShape {
     /// Attention's matmul multiply-adds per token and layer when they are not those of q/k/v/o
     /// projections of `head_dim`-wide heads (latent attention).
     pub attn_macs: Option<usize>,
-    /// FFN width; the MLP is gated (gate, up, down).
+    /// FFN width; the MLP is gated (gate, up, down), an encoder's ungated (up, down).
     pub intermediate: usize,
     pub vocab: usize,
+    /// A bidirectional encoder (BERT): an ungated MLP, and every token of an input attends to
+    /// all of its tokens (a causal prefill's token attends to half of them on average).
+    pub encoder: bool,
     /// Attention window of each layer (`None` = full).
     pub layer_windows: Vec<Option<usize>>,
     pub max_position_embeddings: usize,
@@ -67,7 +70,7 @@ impl ModelShape {
         let (h, q, kv) =
             (self.hidden, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
         let attn = self.attn_macs.unwrap_or(h * q + 2 * h * kv + q * h);
-        let dense = 3 * h * self.intermediate;
+        let dense = if self.encoder { 2 } else { 3 } * h * self.intermediate;
         let (sparse_layers, sparse) = self.experts.as_ref().map_or((0, 0), |e| {
             let shared =
                 if e.shared_intermediate > 0 { 3 * h * e.shared_intermediate + h } else { 0 };
@@ -262,7 +265,8 @@ pub fn decode_estimate(
 
 /// Predicted prefill tokens per second for prompts of `len` tokens.
 pub fn prefill_estimate(shape: &ModelShape, machine: Machine, len: usize) -> f64 {
-    let per_token = 2.0 * shape.block_macs() as f64 + shape.attention_flops(len / 2) as f64;
+    let attended = if shape.encoder { len } else { len / 2 };
+    let per_token = 2.0 * shape.block_macs() as f64 + shape.attention_flops(attended) as f64;
     let lm_head = 2.0 * shape.lm_head_macs() as f64 / len.max(1) as f64;
     machine.peak_ops / (per_token + lm_head)
 }
@@ -286,6 +290,7 @@ mod tests {
             attn_macs: None,
             intermediate: 2048,
             vocab: 262_144,
+            encoder: false,
             layer_windows: (0..18).map(|l| if l % 6 == 5 { None } else { Some(512) }).collect(),
             max_position_embeddings: 32_768,
         }
@@ -339,6 +344,7 @@ mod tests {
             attn_macs: None,
             intermediate: 6144,
             vocab: 151_936,
+            encoder: false,
             layer_windows: vec![None],
             max_position_embeddings: 4096,
         };

@@ -2,7 +2,9 @@
 //! `scripts/fixtures/make_encoder_fixtures.py`): BERT and XLM-RoBERTa embedding models give
 //! sentence-transformers' embeddings, their cross-encoders its `CrossEncoder` scores (a BERT
 //! pair's second text as token type 1); a sequence's output is bitwise the same alone or in a
-//! batch; a sequence split over steps, or loading for generation, is refused.
+//! batch; a sequence split over steps, or loading for generation, is refused. The BERT model as
+//! llama.cpp converts it (`tests/fixtures/gguf_models/bert-mean-f32.gguf`) tokenizes and embeds
+//! as the Hugging Face one.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on broken fixtures by design
 
@@ -91,6 +93,34 @@ fn encoders_embed_as_sentence_transformers_does_and_alone_equals_batched() {
             let alone = hidden_rows(&mut runner, std::slice::from_ref(&ids[i]));
             assert_eq!(&alone[0], rows, "{name} text {i}: alone != batched");
         }
+    }
+}
+
+#[test]
+fn a_bert_gguf_file_tokenizes_and_embeds_as_its_checkpoint() {
+    let path = fixture("../gguf_models/bert-mean-f32.gguf");
+    let config = PoolerConfig::of_model(&path).unwrap().unwrap();
+    assert_eq!(config, PoolerConfig { pooling: PoolingType::Mean, normalize: true });
+    let options = LoadOptions { pooling: true, ..LoadOptions::default() };
+    let mut runner = Runner::with(load_model_with(&path, &options, &cpu()).unwrap());
+    let r = reference("bert-mean");
+    let (ids, want): (Vec<Vec<u32>>, Vec<Vec<f32>>) =
+        (field(&r, "prompt_ids"), field(&r, "embeddings"));
+    let texts: Vec<String> = field(&r, "texts");
+    let tokenizer = &runner.loaded.tokenizer;
+    for (text, want_ids) in texts.iter().zip(&ids) {
+        assert_eq!(&tokenizer.encode(text, true).unwrap(), want_ids, "{text}");
+    }
+    // Accents stripped and upper case lowered, as BERT's normaliser does; [SEP] in the text
+    // is the control token; a pair is `[CLS] a [SEP] b [SEP]`.
+    let hf = kiln_models::load_tokenizer(&fixture("bert-mean")).unwrap();
+    for text in ["Héllo WORLD, the fox!", "a [SEP] b", "ünïcödé 42"] {
+        assert_eq!(tokenizer.encode(text, true).unwrap(), hf.encode(text, true).unwrap());
+    }
+    let pair = tokenizer.encode_pair("the fox", "a dog", true).unwrap();
+    assert_eq!(pair, hf.encode_pair("the fox", "a dog", true).unwrap());
+    for (i, (rows, want)) in hidden_rows(&mut runner, &ids).iter().zip(&want).enumerate() {
+        assert_close(&pooled(config, rows), want, &format!("GGUF text {i}"));
     }
 }
 

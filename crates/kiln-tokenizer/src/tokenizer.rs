@@ -23,6 +23,7 @@ mod spm;
 #[cfg(test)]
 mod tests;
 mod token_bytes;
+mod wpm;
 
 use std::path::Path;
 
@@ -185,13 +186,14 @@ impl Tokenizer {
         let n = vocab.tokens.len() as u32;
         let spm = match vocab.model.as_str() {
             "llama" => true,
-            "gpt2" => false,
+            "gpt2" | "bert" => false,
             other => {
                 return Err(format!(
-                    "unsupported tokenizer.ggml.model `{other}` (supported: llama, gpt2)"
+                    "unsupported tokenizer.ggml.model `{other}` (supported: llama, gpt2, bert)"
                 ));
             }
         };
+        let wpm = vocab.model == "bert";
         if spm {
             let default = |id: u32| (id < n).then_some(id);
             vocab.bos = vocab.bos.or_else(|| default(1));
@@ -200,8 +202,9 @@ impl Tokenizer {
         }
         vocab.check()?;
         let kinds = vocab.kinds();
-        let add_bos = vocab.add_bos.unwrap_or(spm || gpt2::is_llama3(vocab.pre.as_deref()));
-        let append_eos = vocab.eos.filter(|_| vocab.add_eos == Some(true));
+        // A WordPiece vocabulary's [CLS] and [SEP] come from its post-processor.
+        let add_bos = !wpm && vocab.add_bos.unwrap_or(spm || gpt2::is_llama3(vocab.pre.as_deref()));
+        let append_eos = vocab.eos.filter(|_| !wpm && vocab.add_eos == Some(true));
         let eos_token_ids = vocab.eog_ids();
         let backend = if spm {
             let scores = vocab.scores.take().unwrap_or_else(|| vec![0.0; vocab.tokens.len()]);
@@ -212,6 +215,8 @@ impl Tokenizer {
                 vocab.unk,
                 vocab.add_space_prefix.unwrap_or(true),
             )))
+        } else if wpm {
+            Backend::Hf(Box::new(wpm::build(&vocab, &kinds)?))
         } else {
             Backend::Hf(Box::new(gpt2::build(&vocab, &kinds)?))
         };

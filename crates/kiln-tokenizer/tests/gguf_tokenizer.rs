@@ -205,8 +205,12 @@ fn bad_vocabularies_are_errors() {
     v.eos = Some(100_000);
     assert!(err(v).contains("eos_token_id"));
     let mut v = spm_vocab(&PIECES, false);
-    v.model = "bert".into();
-    assert!(err(v).contains("bert"));
+    v.model = "t5".into();
+    assert!(err(v).contains("t5"));
+    // A WordPiece vocabulary too small for BERT's default [CLS] id, without one named.
+    let tokens = vec!["[PAD]".into(), "\u{2581}a".into()];
+    let v = GgufVocab { model: "bert".into(), tokens, ..GgufVocab::default() };
+    assert!(err(v).contains("bos_token_id"));
     let mut v = gpt2_vocab("llama3", "llama-bpe");
     v.pre = Some("made-up".into());
     assert!(err(v).contains("made-up"));

@@ -97,6 +97,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         attn_macs: config.mla.map(|m| latent_attention_macs(&config, &m)),
         intermediate: config.intermediate_size,
         vocab: config.vocab_size,
+        encoder: config.encoder.is_some(),
         layer_windows: config.layer_windows.clone(),
         max_position_embeddings: config.max_position_embeddings,
     };
@@ -107,7 +108,13 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("cannot read the available memory; give --memory"))?,
     };
     let max_model_len = args.max_model_len.unwrap_or(config.max_position_embeddings) as u64;
-    print!("{}", describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype));
+    let mut capacity = describe_capacity(&shape, memory, args.reserve.0, max_model_len, dtype);
+    if pooling {
+        // Loaded for pooling: the LM head (if the checkpoint has one) is never read.
+        let head = format!(" + {:.1} M LM head", shape.lm_head_macs() as f64 / 1e6);
+        capacity = capacity.replacen(&head, " (pooling: no LM head)", 1);
+    }
+    print!("{capacity}");
     let machine = probe_machine(loaded.model.backend().pool(), args);
     if pooling {
         print!("{}", describe_pooling(&shape, machine, args.prefill_len));
@@ -361,6 +368,7 @@ mod tests {
             attn_macs: None,
             intermediate: 2048,
             vocab: 1000,
+            encoder: false,
             layer_windows: vec![None; 18],
             max_position_embeddings: 4096,
         };

@@ -12,7 +12,7 @@
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GgufVocab {
     /// `tokenizer.ggml.model`: `"llama"` (SentencePiece-style BPE with scores and byte
-    /// fallback) or `"gpt2"` (byte-level BPE with merges).
+    /// fallback), `"gpt2"` (byte-level BPE with merges) or `"bert"` (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer of a `"gpt2"` model (`"llama-bpe"`, `"qwen2"`, ...).
     pub pre: Option<String>,
@@ -31,6 +31,11 @@ pub struct GgufVocab {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (llama.cpp's spelling): BERT's `[SEP]`.
+    pub sep: Option<u32>,
+    /// `tokenizer.ggml.normalizer.lowercase` / `.strip_accents` (`"bert"` vocabularies).
+    pub lowercase: Option<bool>,
+    pub strip_accents: Option<bool>,
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
@@ -115,6 +120,7 @@ impl GgufVocab {
             ("eom", self.eom),
             ("unknown", self.unk),
             ("padding", self.pad),
+            ("seperator", self.sep),
         ];
         for (key, id) in ids {
             if let Some(id) = id
