@@ -1,7 +1,8 @@
 //! Encoder models through HTTP (`tests/fixtures/embedding`, made by
 //! `scripts/fixtures/make_encoder_fixtures.py`): BERT and XLM-RoBERTa embedding models give
 //! sentence-transformers' vectors on `/v1/embeddings`, each input's the same alone as among
-//! others; their cross-encoders give `CrossEncoder`'s scores on `/score` and `/rerank`;
+//! others; their cross-encoders give `CrossEncoder`'s scores on `/score` and `/rerank`, also
+//! with the pairs cut by `truncate_prompt_tokens` (transformers' `longest_first`);
 //! `truncate_prompt_tokens` keeps an encoder's first tokens and its `[CLS]` / `[SEP]`; inputs
 //! past the 128 positions, or empty, are refused by name.
 
@@ -83,18 +84,51 @@ fn encoder_cross_encoders_score_as_sentence_transformers_does() {
     for name in ["bert-rerank", "xlmr-rerank"] {
         let s = server(name);
         let r = common::embedding_reference(name);
+        let (query, documents) = (&r["query"], &r["documents"]);
         let want = floats(&r["scores"]);
-        let body = json!({"text_1": r["query"], "text_2": r["documents"]});
-        let got = post_ok(&s, "/score", &body);
+        let got = post_ok(&s, "/score", &json!({"text_1": query, "text_2": documents}));
         for (i, w) in want.iter().enumerate() {
             let g = got["data"][i]["score"].as_f64().unwrap() as f32;
             assert!((g - w).abs() < 1e-4, "{name} pair {i}: {g} vs {w}");
         }
-        let ranked =
-            post_ok(&s, "/rerank", &json!({"query": r["query"], "documents": r["documents"]}));
+        let ranked = post_ok(&s, "/rerank", &json!({"query": query, "documents": documents}));
         let best = want.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
         assert_eq!(ranked["results"][0]["index"], best, "{name}: {ranked}");
-        let r = s.post("/v1/embeddings", &json!({"input": "a cross-encoder embeds nothing"}));
-        assert_eq!(r.status, 400, "{name}: {}", r.text());
+        let refused = s.post("/v1/embeddings", &json!({"input": "a cross-encoder embeds nothing"}));
+        assert_eq!(refused.status, 400, "{name}: {}", refused.text());
+        // Pairs cut to 24 tokens: the scores of the pairs transformers cuts the same way.
+        let k = &r["truncate_prompt_tokens"];
+        let tokens: usize = r["truncated_pair_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_array().unwrap().len())
+            .sum();
+        let body = json!({"text_1": query, "text_2": documents, "truncate_prompt_tokens": k});
+        let cut = post_ok(&s, "/score", &body);
+        assert_eq!(cut["usage"]["prompt_tokens"], tokens, "{name}");
+        for (i, w) in floats(&r["truncated_scores"]).iter().enumerate() {
+            let g = cut["data"][i]["score"].as_f64().unwrap() as f32;
+            assert!((g - w).abs() < 1e-4, "{name} cut pair {i}: {g} vs {w}");
+        }
+        let body = json!({"query": query, "documents": documents, "truncate_prompt_tokens": k});
+        let ranked = post_ok(&s, "/rerank", &body);
+        assert_eq!(ranked["usage"]["total_tokens"], tokens, "{name}");
     }
+}
+
+#[test]
+fn an_embedding_model_scores_truncated_texts_by_cosine() {
+    // Each text cut as /v1/embeddings cuts an input: the cosine of those vectors.
+    let s = server("xlmr-cls");
+    let r = common::embedding_reference("xlmr-cls");
+    let texts = &r["texts"];
+    let body = json!({"text_1": texts[0], "text_2": texts[3], "truncate_prompt_tokens": 10});
+    let score = post_ok(&s, "/score", &body)["data"][0]["score"].as_f64().unwrap() as f32;
+    let cut = json!({"input": [texts[0], texts[3]], "truncate_prompt_tokens": 10});
+    let v = vectors(&post_ok(&s, "/v1/embeddings", &cut));
+    let dot: f32 = v[0].iter().zip(&v[1]).map(|(a, b)| a * b).sum();
+    let norms = v[0].iter().map(|x| x * x).sum::<f32>().sqrt()
+        * v[1].iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((score - dot / norms).abs() < 1e-6, "{score} vs {}", dot / norms);
 }

@@ -100,8 +100,18 @@ fn bad_requests_and_wrong_models_are_refused() {
         ("/score", json!({"text_1": "a", "text_2": [1]}), "list of strings"),
         (
             "/score",
-            json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 3}),
-            "unknown field",
+            json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}),
+            "truncate_prompt_tokens",
+        ),
+        (
+            "/score",
+            json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 1000}),
+            "truncate_prompt_tokens",
+        ),
+        (
+            "/score",
+            json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": "3"}),
+            "expected i64",
         ),
         ("/score", json!({"text_1": "a", "text_2": "b".repeat(2000)}), "maximum context length"),
         ("/rerank", json!({"documents": ["a"]}), "`query` is required"),

@@ -318,6 +318,50 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// [`Tokenizer::encode_pair`] of at most `max_len` tokens, cut as transformers'
+    /// `tokenizer(first, second, truncation=True, max_length=max_len)` cuts (`longest_first`:
+    /// the longer text loses tokens from its end until both fit beside the pair template's
+    /// special tokens, which stay whole).
+    pub fn encode_pair_truncated(
+        &self,
+        first: &str,
+        second: &str,
+        add_special_tokens: bool,
+        max_len: usize,
+    ) -> Result<Vec<u32>, String> {
+        use tokenizers::PostProcessor as _;
+        use tokenizers::utils::truncation::{
+            TruncationDirection, TruncationParams, TruncationStrategy, truncate_encodings,
+        };
+        let Backend::Hf(t) = &self.backend else {
+            return self.encode_pair(first, second, add_special_tokens);
+        };
+        let added = match (add_special_tokens, t.get_post_processor()) {
+            (true, Some(p)) => p.added_tokens(true),
+            _ => 0,
+        };
+        let room = max_len.checked_sub(added).filter(|r| *r > 1).ok_or_else(|| {
+            format!(
+                "{max_len} tokens leave no room for two texts beside the {added} special tokens"
+            )
+        })?;
+        let encode = |text: &str| t.encode(text, false).map_err(|e| e.to_string());
+        let params = TruncationParams {
+            max_length: room,
+            strategy: TruncationStrategy::LongestFirst,
+            stride: 0,
+            direction: TruncationDirection::Right,
+        };
+        let (a, b) = truncate_encodings(encode(first)?, Some(encode(second)?), &params)
+            .map_err(|e| e.to_string())?;
+        let ids = t.post_process(a, b, add_special_tokens).map_err(|e| e.to_string())?;
+        let mut ids = ids.get_ids().to_vec();
+        if add_special_tokens {
+            self.add_bos_eos(&mut ids);
+        }
+        Ok(ids)
+    }
+
     /// Prepends BOS when `add_bos_token` asks for one that is not there yet; appends a GGUF
     /// `add_eos_token` EOS.
     fn add_bos_eos(&self, ids: &mut Vec<u32>) {

@@ -177,6 +177,22 @@ fn parse_inputs(input: &Value, loaded: &Loaded) -> Result<Vec<InputIn>, ApiError
     Ok(inputs)
 }
 
+/// The tokens `truncate_prompt_tokens` keeps (`-1`: the context, `max_len`); `None` when the
+/// request does not truncate.
+pub(crate) fn truncation(value: Option<i64>, max_len: usize) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(-1) => Ok(Some(max_len)),
+        Some(k) if k >= 1 && usize::try_from(k).is_ok_and(|k| k <= max_len) => {
+            Ok(usize::try_from(k).ok())
+        }
+        Some(k) => Err(ApiError::bad_param(
+            "truncate_prompt_tokens",
+            format!("`truncate_prompt_tokens` must be -1 or 1 to {max_len}, got {k}"),
+        )),
+    }
+}
+
 /// The request's inputs as token ids, truncated and checked against the context.
 pub(crate) async fn input_ids(
     loaded: &Arc<Loaded>,
@@ -190,19 +206,7 @@ pub(crate) async fn input_ids(
         None => parse_inputs(&req.input, loaded)?,
     };
     let max_len = loaded.limits.max_model_len;
-    let keep = match req.truncate_prompt_tokens {
-        None => None,
-        Some(-1) => Some(max_len),
-        Some(k) if k >= 1 && usize::try_from(k).is_ok_and(|k| k <= max_len) => {
-            usize::try_from(k).ok()
-        }
-        Some(k) => {
-            return Err(ApiError::bad_param(
-                "truncate_prompt_tokens",
-                format!("`truncate_prompt_tokens` must be -1 or 1 to {max_len}, got {k}"),
-            ));
-        }
-    };
+    let keep = truncation(req.truncate_prompt_tokens, max_len)?;
     let texts: Vec<String> = inputs
         .iter()
         .filter_map(|i| match i {

@@ -7,8 +7,10 @@
 //! classifier's logit through a sigmoid, as sentence-transformers' `CrossEncoder` and vLLM give
 //! it. An embedding model scores a pair by the cosine of the two texts' embeddings (vLLM's
 //! rule). Each pair or text is one engine request, batched by the scheduler like any prompt. A
-//! generative model answers vLLM's 400. Pairs longer than the context are refused (no
-//! truncation of pairs yet: `truncate_prompt_tokens` is an unknown field here).
+//! generative model answers vLLM's 400. Pairs longer than the context are refused unless
+//! `truncate_prompt_tokens` cuts them (-1: to the context): a pair as transformers'
+//! `longest_first` truncation cuts one (the longer text loses its last tokens, the special
+//! tokens stay), each text of an embedding model as `/v1/embeddings` cuts an input.
 
 use std::sync::Arc;
 
@@ -20,7 +22,7 @@ use kiln_engine::PoolingParams;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::embeddings::{MAX_INPUTS, PoolJob, pool_all};
+use super::embeddings::{MAX_INPUTS, PoolJob, pool_all, truncation};
 use super::{resolve_model, tokenize, tokenize_admitted};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -39,6 +41,8 @@ pub struct ScoreRequest {
     text_2: Value,
     #[serde(default)]
     priority: Option<i64>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 /// `POST /rerank`.
@@ -59,6 +63,8 @@ pub struct RerankRequest {
     return_documents: Option<bool>,
     #[serde(default)]
     priority: Option<i64>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 pub async fn score(
@@ -117,7 +123,7 @@ fn scoring_model(state: &ServerState, api: &str) -> Result<Arc<Loaded>, ApiError
 async fn score_pairs(
     state: &Arc<ServerState>,
     loaded: &Arc<Loaded>,
-    (model, priority): (Option<&str>, i64),
+    (model, priority, truncate): (Option<&str>, i64, Option<i64>),
     pairs: &[(&str, &str)],
 ) -> Result<(Vec<f32>, usize), ApiError> {
     let adapter = resolve_model(state, model).await?;
@@ -128,6 +134,7 @@ async fn score_pairs(
         param,
     };
     let max_len = loaded.limits.max_model_len;
+    let keep = truncation(truncate, max_len)?;
     let too_long = |param: &str, n: usize| {
         ApiError::bad_param(
             param,
@@ -139,7 +146,7 @@ async fn score_pairs(
         )
     };
     if loaded.cross_encoder {
-        let ids = encode_pairs(loaded, pairs).await?;
+        let ids = encode_pairs(loaded, pairs, keep).await?;
         if let Some(long) = ids.iter().find(|p| p.len() > max_len) {
             return Err(too_long("text_2", long.len()));
         }
@@ -155,7 +162,23 @@ async fn score_pairs(
     firsts.dedup();
     let texts: Vec<String> =
         firsts.iter().chain(pairs.iter().map(|p| &p.1)).map(|t| (*t).to_owned()).collect();
-    let ids = tokenize(loaded, texts, true).await?;
+    let ids = match keep {
+        None => tokenize(loaded, texts, true).await?,
+        Some(k) => {
+            let (bytes, encoder) = (texts.iter().map(String::len).sum(), loaded.encoder);
+            let mut ids = tokenize_admitted(loaded, texts, bytes, "text_2", move |t, text| {
+                if encoder { t.encode_truncated(text, true, k) } else { t.encode(text, true) }
+            })
+            .await?;
+            if !encoder {
+                // A decoder keeps an input's last tokens, as /v1/embeddings does.
+                for tokens in &mut ids {
+                    tokens.drain(..tokens.len().saturating_sub(k));
+                }
+            }
+            ids
+        }
+    };
     if let Some(long) = ids.iter().find(|p| p.len() > max_len) {
         return Err(too_long("text_2", long.len()));
     }
@@ -176,20 +199,32 @@ async fn score_pairs(
     Ok((scores, tokens))
 }
 
-/// Each pair's token ids, as the tokenizer encodes a pair (special tokens added).
+/// Each pair's token ids, as the tokenizer encodes a pair (special tokens added), cut to
+/// `keep` tokens when given (module docs).
 async fn encode_pairs(
     loaded: &Arc<Loaded>,
     pairs: &[(&str, &str)],
+    keep: Option<usize>,
 ) -> Result<Vec<Vec<TokenId>>, ApiError> {
-    for (a, b) in pairs {
-        loaded.tokenize_gate.check_fits(a.len() + b.len(), loaded.limits.max_model_len)?;
+    if keep.is_none() {
+        // Without truncation, text too long in bytes for the context is refused untokenized.
+        for (a, b) in pairs {
+            loaded.tokenize_gate.check_fits(a.len() + b.len(), loaded.limits.max_model_len)?;
+        }
     }
     let bytes = pairs.iter().map(|(a, b)| a.len() + b.len()).sum();
     let owned: Vec<(String, String)> =
         pairs.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect();
-    tokenize_admitted(loaded, owned, bytes, "text_2", |t, (a, b): &(String, String)| {
-        t.encode_pair(a, b, true)
-    })
+    tokenize_admitted(
+        loaded,
+        owned,
+        bytes,
+        "text_2",
+        move |t, (a, b): &(String, String)| match keep {
+            Some(k) => t.encode_pair_truncated(a, b, true, k),
+            None => t.encode_pair(a, b, true),
+        },
+    )
     .await
 }
 
@@ -216,7 +251,8 @@ async fn handle_score(state: Arc<ServerState>, req: ScoreRequest) -> Result<Resp
             ));
         }
     };
-    let model_and_priority = (req.model.as_deref(), req.priority.unwrap_or(0));
+    let model_and_priority =
+        (req.model.as_deref(), req.priority.unwrap_or(0), req.truncate_prompt_tokens);
     let (scores, tokens) = score_pairs(&state, &loaded, model_and_priority, &pairs).await?;
     let data: Vec<Value> = scores
         .iter()
@@ -252,7 +288,8 @@ async fn handle_rerank(state: Arc<ServerState>, req: RerankRequest) -> Result<Re
         }
     };
     let pairs: Vec<(&str, &str)> = documents.iter().map(|d| (query, d.as_str())).collect();
-    let model_and_priority = (req.model.as_deref(), req.priority.unwrap_or(0));
+    let model_and_priority =
+        (req.model.as_deref(), req.priority.unwrap_or(0), req.truncate_prompt_tokens);
     let (scores, tokens) = score_pairs(&state, &loaded, model_and_priority, &pairs).await?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Best first; equal scores keep the documents' order.
