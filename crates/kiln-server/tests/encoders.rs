@@ -71,6 +71,10 @@ fn encoder_truncation_keeps_the_first_tokens_and_the_special_ones() {
     let whole =
         post_ok(&s, "/v1/embeddings", &json!({"input": long, "truncate_prompt_tokens": -1}));
     assert_eq!(whole["usage"]["prompt_tokens"], 128);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = s.post("/v1/embeddings", &chat);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("not chat messages"), "{}", r.text());
     // Refused although the tokenizer would give `<s> </s>`.
     for input in [json!(""), json!(["x", ""]), json!([[]])] {
         let r = s.post("/v1/embeddings", &json!({ "input": input }));

@@ -567,7 +567,9 @@ fn start<B: kiln_models::Backend>(
     let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
     let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
-    tracing::info!("chat template: {}", ready.template.source_name());
+    if !encoder {
+        tracing::info!("chat template: {}", ready.template.source_name());
+    }
     ready.metrics.set_cache_config(&CacheConfigInfo {
         block_size,
         cache_dtype: args.kv_cache_dtype.name().to_owned(),

@@ -202,6 +202,12 @@ pub(crate) async fn input_ids(
         Some(_) if !req.input.is_null() => {
             return Err(bad_input("give `input` or `messages`, not both"));
         }
+        Some(_) if loaded.encoder => {
+            return Err(ApiError::bad_param(
+                "messages",
+                "an encoder (BERT, XLM-RoBERTa) embeds text, not chat messages: give `input`",
+            ));
+        }
         Some(messages) => vec![InputIn::Tokens(chat_ids(loaded, req, messages).await?)],
         None => parse_inputs(&req.input, loaded)?,
     };
