@@ -195,3 +195,42 @@ fn an_encoder_runs_whole_sequences_for_pooling_only() {
     let Err(e) = load_model(&fixture("bert-mean"), &cpu()) else { panic!("loaded to generate") };
     assert!(e.to_string().contains("serves pooling only"), "{e}");
 }
+
+/// A change to a `config.json`.
+type Patch = fn(&mut Value);
+
+/// `name`'s files in a temporary directory, with `patch` applied to its `config.json`.
+fn patched(name: &str, patch: impl Fn(&mut Value)) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("kiln-encoder-").tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let path = dir.path().join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    patch(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn encoder_configs_kiln_does_not_run_are_refused_by_name() {
+    let options = LoadOptions { pooling: true, ..LoadOptions::default() };
+    let cases: [(&str, Patch, &str); 6] = [
+        ("bert-mean", |c| c["position_embedding_type"] = "relative_key".into(), "relative_key"),
+        ("bert-mean", |c| c["is_decoder"] = true.into(), "is_decoder"),
+        ("bert-mean", |c| c["hidden_act"] = "relu".into(), "relu"),
+        ("bert-mean", |c| c["intermediate_size"] = 48.into(), "intermediate.dense.weight"),
+        ("bert-mean", |c| c["type_vocab_size"] = 3.into(), "token_type_embeddings"),
+        ("xlmr-cls", |c| c["max_position_embeddings"] = 2.into(), "max_position_embeddings"),
+    ];
+    for (name, patch, needle) in cases {
+        let dir = patched(name, patch);
+        let Err(e) = load_model_with(dir.path(), &options, &cpu()) else {
+            panic!("{name} with {needle}: loaded");
+        };
+        assert!(e.to_string().contains(needle), "{name}: {e}");
+    }
+}

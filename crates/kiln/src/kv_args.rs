@@ -86,9 +86,10 @@ impl HumanCount {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct KvCacheArgs {
-    /// Tokens per KV cache block: a power of two up to 256.
-    #[arg(long, default_value_t = EngineConfig::default().block_size)]
-    pub block_size: usize,
+    /// Tokens per KV cache block: a power of two up to 256 (default 16; 64 for an encoder,
+    /// whose blocks live for one step: fewer, longer blocks make its attention faster).
+    #[arg(long)]
+    pub block_size: Option<usize>,
     /// KV cache size in bytes (e.g. 4GiB, 512MiB, 2G).
     #[arg(long, conflicts_with_all = ["memory_utilization", "kv_cache_memory_bytes"])]
     pub kv_cache_memory: Option<Bytes>,
@@ -149,7 +150,18 @@ pub struct KvSizing {
     pub bytes_per_block: usize,
 }
 
+/// The block size of an encoder's cache unless `--block-size` says otherwise: its blocks hold a
+/// sequence for one step only, and longer blocks cost its attention fewer block switches (a
+/// bge-small-shaped encoder: +18 % inputs/s over blocks of 16).
+pub const ENCODER_BLOCK_SIZE: usize = 64;
+
 impl KvCacheArgs {
+    /// `--block-size`, else 16 (64 for an encoder, [`ENCODER_BLOCK_SIZE`]).
+    pub fn block_size(&self, encoder: bool) -> usize {
+        let default = if encoder { ENCODER_BLOCK_SIZE } else { EngineConfig::default().block_size };
+        self.block_size.unwrap_or(default)
+    }
+
     /// The second KV tier the flags ask for (`None`: none); `--preemption-mode swap` needs one.
     pub fn tier(&self) -> anyhow::Result<Option<KvTierConfig>> {
         let tier = match (&self.kv_offload_dir, self.swap_space) {
@@ -180,12 +192,12 @@ impl KvCacheArgs {
     /// The cache must hold at least one request of `max_model_len` tokens.
     pub fn resolve(
         &self,
-        bytes_per_block: usize,
+        (block_size, bytes_per_block): (usize, usize),
         max_model_len: usize,
         available: impl FnOnce() -> Option<u64>,
         default_blocks: usize,
     ) -> anyhow::Result<KvSizing> {
-        kiln_models::check_block_size(self.block_size).map_err(|e| anyhow!("--block-size {e}"))?;
+        kiln_models::check_block_size(block_size).map_err(|e| anyhow!("--block-size {e}"))?;
         let per_block = bytes_per_block.max(1) as u64;
         let num_blocks = if let Some(n) = self.num_kv_blocks {
             n
@@ -204,13 +216,12 @@ impl KvCacheArgs {
         } else {
             default_blocks
         };
-        let needed = max_model_len.div_ceil(self.block_size);
+        let needed = max_model_len.div_ceil(block_size);
         if num_blocks < needed {
             bail!(
-                "the KV cache ({num_blocks} blocks of {} tokens) cannot hold one request of \
+                "the KV cache ({num_blocks} blocks of {block_size} tokens) cannot hold one request of \
                  max_model_len = {max_model_len} tokens ({needed} blocks); give it more memory \
-                 or lower --max-model-len",
-                self.block_size
+                 or lower --max-model-len"
             );
         }
         Ok(KvSizing { num_blocks, bytes_per_block })
@@ -245,7 +256,7 @@ mod tests {
 
     fn args() -> KvCacheArgs {
         KvCacheArgs {
-            block_size: 16,
+            block_size: None,
             kv_cache_memory: None,
             kv_cache_memory_bytes: None,
             memory_utilization: None,
@@ -308,27 +319,33 @@ mod tests {
     fn one_rule_decides_the_blocks() {
         let none = || None;
         let mut a = args();
-        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 100);
+        assert_eq!(a.resolve((16, 1024), 256, none, 100).unwrap().num_blocks, 100);
         a.kv_cache_memory = Some(Bytes(1 << 20));
-        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 1024);
+        assert_eq!(a.resolve((16, 1024), 256, none, 100).unwrap().num_blocks, 1024);
         a.num_kv_blocks = Some(50);
-        assert_eq!(a.resolve(1024, 256, none, 100).unwrap().num_blocks, 50);
+        assert_eq!(a.resolve((16, 1024), 256, none, 100).unwrap().num_blocks, 50);
         let mut a = args();
         a.memory_utilization = Some(0.5);
-        assert_eq!(a.resolve(1000, 256, || Some(1_000_000), 1).unwrap().num_blocks, 500);
-        assert!(a.resolve(1000, 256, none, 1).unwrap_err().to_string().contains("available"));
+        assert_eq!(a.resolve((16, 1000), 256, || Some(1_000_000), 1).unwrap().num_blocks, 500);
+        assert!(a.resolve((16, 1000), 256, none, 1).unwrap_err().to_string().contains("available"));
         a.memory_utilization = Some(1.5);
-        assert!(a.resolve(1000, 256, || Some(1), 1).unwrap_err().to_string().contains("(0, 1]"));
+        assert!(
+            a.resolve((16, 1000), 256, || Some(1), 1).unwrap_err().to_string().contains("(0, 1]")
+        );
     }
 
     #[test]
     fn too_small_a_cache_is_an_error() {
         let mut a = args();
         a.num_kv_blocks = Some(15);
-        let e = a.resolve(1024, 256, || None, 1).unwrap_err().to_string();
+        let e = a.resolve((16, 1024), 256, || None, 1).unwrap_err().to_string();
         assert!(e.contains("cannot hold one request") && e.contains("16 blocks"), "{e}");
-        a.block_size = 12;
-        assert!(a.resolve(1024, 256, || None, 1).unwrap_err().to_string().contains("--block-size"));
+        assert!(
+            a.resolve((12, 1024), 256, || None, 1)
+                .unwrap_err()
+                .to_string()
+                .contains("--block-size")
+        );
     }
 
     #[test]

@@ -432,7 +432,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
             let shape = crate::device::cuda::ProfileShape {
                 max_num_batched_tokens: args.scheduler.max_num_batched_tokens,
                 max_num_seqs: args.scheduler.max_num_seqs,
-                block_size: args.kv.block_size,
+                block_size: args.kv.block_size(false),
                 kv_cache_dtype: args.kv_cache_dtype,
             };
             if args.speculative.as_ref().is_some_and(|s| s.draft_model_name().is_some()) {
@@ -479,7 +479,8 @@ fn start<B: kiln_models::Backend>(
     default_bytes: u64,
 ) -> anyhow::Result<Loaded> {
     let model = &loaded.model;
-    let block_size = args.kv.block_size;
+    let encoder = model.config().encoder.is_some();
+    let block_size = args.kv.block_size(encoder);
     let draft_bytes_per_token =
         draft.as_ref().map_or(0, |d| d.kv_layout().bytes_per_token(args.kv_cache_dtype));
     let bytes_per_block = (model.kv_layout().bytes_per_token(args.kv_cache_dtype)
@@ -491,7 +492,8 @@ fn start<B: kiln_models::Backend>(
         .kv
         .max_model_len
         .map_or_else(|| model_max.min(default_blocks.max(1) * block_size), HumanCount::as_usize);
-    let sizing = args.kv.resolve(bytes_per_block, max_model_len, || free, default_blocks)?;
+    let sizing =
+        args.kv.resolve((block_size, bytes_per_block), max_model_len, || free, default_blocks)?;
     tracing::info!(
         "{} ({} elements)",
         sizing.describe(block_size, max_model_len),
@@ -516,7 +518,6 @@ fn start<B: kiln_models::Backend>(
             .with_context(|| format!("--tokenizer: loading {}", path.display()))?;
     }
     let generation_defaults = args.vllm.generation_defaults(generation_defaults)?;
-    let encoder = model.config().encoder.is_some();
     let scheduler = scheduler_for_pooling(args, pooler, (classifier.is_some(), encoder))?;
     let mut engine = EngineConfig {
         block_size,
@@ -567,9 +568,8 @@ fn start<B: kiln_models::Backend>(
     let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
     let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
-    if !encoder {
-        tracing::info!("chat template: {}", ready.template.source_name());
-    }
+    // An encoder embeds text, never chat.
+    (!encoder).then(|| tracing::info!("chat template: {}", ready.template.source_name()));
     ready.metrics.set_cache_config(&CacheConfigInfo {
         block_size,
         cache_dtype: args.kv_cache_dtype.name().to_owned(),

@@ -61,7 +61,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
             args.input_len + args.output_len
         );
     }
-    let block_size = args.kv.block_size;
+    let block_size = args.kv.block_size(model.config().encoder.is_some());
     let dtype = args.engine.kv_cache_dtype;
     // A draft model's cache has as many blocks as the target's: a block costs both.
     let draft_bytes_per_token = draft.as_ref().map_or(0, |d| d.kv_layout().bytes_per_token(dtype));
@@ -72,7 +72,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     let weight_bytes =
         (model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())) as u64;
     let sizing = args.kv.resolve(
-        bytes_per_block,
+        (block_size, bytes_per_block),
         max_model_len,
         || available_memory().map(|a| a.saturating_sub(weight_bytes)),
         wanted.min(cap).max(max_model_len.div_ceil(block_size)),
