@@ -197,13 +197,15 @@ impl Scheduler {
     }
 
     /// Sets the token budget and running cap of the next steps, each clamped to `1..=` its
-    /// configured value; returns the limits now in force. Running requests above a lowered cap
-    /// keep running (nothing is preempted); admissions wait until they are below it.
+    /// configured value (the budget, with `whole_prompts`, to no less than `max_model_len`, so
+    /// a whole prompt always fits); returns the limits now in force. Running requests above a
+    /// lowered cap keep running (nothing is preempted); admissions wait until they are below it.
     pub fn set_limits(&mut self, limits: StepLimits) -> StepLimits {
+        let configured = self.config.max_num_batched_tokens;
+        let floor =
+            if self.config.whole_prompts { self.config.max_model_len.min(configured) } else { 1 };
         self.limits = StepLimits {
-            max_num_batched_tokens: limits
-                .max_num_batched_tokens
-                .clamp(1, self.config.max_num_batched_tokens),
+            max_num_batched_tokens: limits.max_num_batched_tokens.clamp(floor, configured),
             max_num_seqs: limits.max_num_seqs.clamp(1, self.config.max_num_seqs),
         };
         self.limits

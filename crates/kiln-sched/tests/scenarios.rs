@@ -58,6 +58,16 @@ fn whole_prompts_are_never_chunked_and_wait_for_a_step_with_room() {
     assert_eq!(steps[0], [(RequestId(1), 20)]);
     assert_eq!(steps[1], [(RequestId(2), 30)]);
     assert_eq!(run.finished.len(), 2);
+    // A controller lowering the budget cannot starve a whole prompt: the budget stays at
+    // least the longest prompt allowed.
+    let cfg =
+        SchedulerConfig { whole_prompts: true, enable_prefix_caching: false, ..config(40, 8) };
+    let mut s = scheduler(SchedulerConfig { max_model_len: 32, ..cfg }, 4, 64);
+    let limits =
+        s.set_limits(kiln_sched::StepLimits { max_num_batched_tokens: 1, max_num_seqs: 8 });
+    assert_eq!(limits.max_num_batched_tokens, 32);
+    s.add(req(3, toks(200..230), 1)).unwrap();
+    assert_eq!(s.schedule().num_scheduled_tokens, 30);
 }
 
 #[test]
