@@ -265,17 +265,7 @@ impl<B: Backend> DecoderModel<B> {
     /// The cache must match the model, the batch must be valid for both.
     fn check_batch(&self, batch: &ForwardBatch, kv: &B::KvStore) -> Result<(), ForwardError> {
         let c = &self.config;
-        let spec = self.backend.kv_spec(kv);
-        if spec.layout != self.kv_layout() || spec.block_size != batch.block_size() {
-            return Err(ForwardError::KvLayout(format!(
-                "cache {:?} with block size {}, model needs {:?} with block size {}",
-                spec.layout,
-                spec.block_size,
-                self.kv_layout(),
-                batch.block_size()
-            )));
-        }
-        batch.validate(c.vocab_size, spec.num_blocks)?;
+        crate::model::check_cache_and_batch(self, batch, kv)?;
         if !batch.hidden_output() && !self.has_head {
             return Err(ForwardError::Batch(
                 "the model was loaded for pooling (no LM head): its steps give hidden states"

@@ -136,17 +136,7 @@ impl<B: Backend> EncoderModel<B> {
     }
 
     fn check_batch(&self, batch: &ForwardBatch, kv: &B::KvStore) -> Result<(), ForwardError> {
-        let spec = self.backend.kv_spec(kv);
-        if spec.layout != self.kv_layout() || spec.block_size != batch.block_size() {
-            return Err(ForwardError::KvLayout(format!(
-                "cache {:?} with block size {}, model needs {:?} with block size {}",
-                spec.layout,
-                spec.block_size,
-                self.kv_layout(),
-                batch.block_size()
-            )));
-        }
-        batch.validate(self.config.vocab_size, spec.num_blocks)?;
+        crate::model::check_cache_and_batch(self, batch, kv)?;
         if !batch.hidden_output() {
             return Err(ForwardError::Batch(
                 "an encoder has no LM head: its steps give hidden states".into(),

@@ -53,6 +53,26 @@ pub trait Model<B: Backend>: Send + Sync {
     ) -> Result<(), ForwardError>;
 }
 
+/// The checks every model's step starts with: the cache has `model`'s layout and the batch's
+/// block size, and the batch is valid for the model's vocabulary and the cache's blocks.
+pub(crate) fn check_cache_and_batch<B: Backend>(
+    model: &dyn Model<B>,
+    batch: &ForwardBatch,
+    kv: &B::KvStore,
+) -> Result<(), ForwardError> {
+    let spec = model.backend().kv_spec(kv);
+    let layout = model.kv_layout();
+    if spec.layout != layout || spec.block_size != batch.block_size() {
+        return Err(ForwardError::KvLayout(format!(
+            "cache {:?} with block size {}, model needs {layout:?} with block size {}",
+            spec.layout,
+            spec.block_size,
+            batch.block_size()
+        )));
+    }
+    batch.validate(model.config().vocab_size, spec.num_blocks)
+}
+
 /// What a step driver needs of a model, with the backend erased: one virtual call per step.
 pub trait StepModel: Send {
     fn config(&self) -> &ModelConfig;

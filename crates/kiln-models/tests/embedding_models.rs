@@ -10,16 +10,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Runner, cpu};
+use common::{Runner, assert_vector_close, cpu};
 use kiln_models::gguf::GgufValue;
 use kiln_models::{
     LoadOptions, LogitsWanted, PoolAccumulator, PoolerConfig, PoolingType, load_model,
     load_model_with,
 };
 use serde_json::Value;
-
-/// Max |ours - sentence-transformers| per component.
-const TOLERANCE: f32 = 1e-4;
 
 struct Reference {
     prompt_ids: Vec<Vec<u32>>,
@@ -95,16 +92,6 @@ fn embed(
     pools.iter().map(|p| p.finish(config.normalize, None).unwrap()).collect()
 }
 
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: width");
-    let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-    let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
-    let norms = got.iter().map(|x| x * x).sum::<f32>().sqrt()
-        * want.iter().map(|x| x * x).sum::<f32>().sqrt();
-    assert!(diff <= TOLERANCE, "{what}: max |diff| {diff}");
-    assert!(dot / norms >= 0.99999, "{what}: cosine {}", dot / norms);
-}
-
 #[test]
 fn pooler_configs_come_from_the_checkpoints() {
     let last = PoolerConfig::of_model(&fixture("qwen3-embed")).unwrap().unwrap();
@@ -130,7 +117,7 @@ fn embeddings_match_sentence_transformers() {
         let mut runner = pooling_runner(name);
         let got = embed(&mut runner, config, &want.prompt_ids, usize::MAX);
         for (i, (g, w)) in got.iter().zip(&want.embeddings).enumerate() {
-            assert_close(g, w, &format!("{name} text {i}"));
+            assert_vector_close(g, w, &format!("{name} text {i}"));
         }
         // `dimensions`: the first values, normalised again where the model normalises.
         for (i, ids) in want.prompt_ids.iter().enumerate() {
@@ -139,7 +126,11 @@ fn embeddings_match_sentence_transformers() {
             let rows = embed_rows(&mut runner, ids);
             pool.add(0, &rows).unwrap();
             let short = pool.finish(config.normalize, Some(want.dimensions)).unwrap();
-            assert_close(&short, &want.embeddings_short[i], &format!("{name} text {i}, 16 dims"));
+            assert_vector_close(
+                &short,
+                &want.embeddings_short[i],
+                &format!("{name} text {i}, 16 dims"),
+            );
         }
     }
 }
@@ -210,7 +201,7 @@ fn a_gguf_with_a_pooling_type_gives_the_same_vectors() {
     let want = reference("qwen3-embed");
     let got = embed(&mut runner, config, &want.prompt_ids, usize::MAX);
     for (i, (g, w)) in got.iter().zip(&want.embeddings).enumerate() {
-        assert_close(g, w, &format!("GGUF text {i}"));
+        assert_vector_close(g, w, &format!("GGUF text {i}"));
     }
     // Mean and CLS by number; rank (4) is refused by name; none (0) declares no pooler.
     for (value, want) in [(1, Some(PoolingType::Mean)), (2, Some(PoolingType::Cls)), (0, None)] {

@@ -13,16 +13,13 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{Runner, cpu};
+use common::{EMBEDDING_TOLERANCE, Runner, assert_vector_close, cpu};
 use kiln_kernels::Reference;
 use kiln_models::{
     LoadOptions, LogitsWanted, PoolAccumulator, PoolerConfig, PoolingType, load_model,
     load_model_with,
 };
 use serde_json::Value;
-
-/// Max |ours - sentence-transformers| per component.
-const TOLERANCE: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/embedding").join(name)
@@ -63,16 +60,6 @@ fn pooled(config: PoolerConfig, rows: &[Vec<f32>]) -> Vec<f32> {
     pool.finish(config.normalize, None).unwrap()
 }
 
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: width");
-    let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-    let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
-    let norms = got.iter().map(|x| x * x).sum::<f32>().sqrt()
-        * want.iter().map(|x| x * x).sum::<f32>().sqrt();
-    assert!(diff <= TOLERANCE, "{what}: max |diff| {diff}");
-    assert!(dot / norms >= 0.99999, "{what}: cosine {}", dot / norms);
-}
-
 #[test]
 fn encoders_embed_as_sentence_transformers_does_and_alone_equals_batched() {
     for (name, pooling) in [("bert-mean", PoolingType::Mean), ("xlmr-cls", PoolingType::Cls)] {
@@ -89,7 +76,7 @@ fn encoders_embed_as_sentence_transformers_does_and_alone_equals_batched() {
         let batched = hidden_rows(&mut runner, &ids);
         for (i, (rows, want)) in batched.iter().zip(&want).enumerate() {
             let got = pooled(config, rows);
-            assert_close(&got, want, &format!("{name} text {i}"));
+            assert_vector_close(&got, want, &format!("{name} text {i}"));
             let alone = hidden_rows(&mut runner, std::slice::from_ref(&ids[i]));
             assert_eq!(&alone[0], rows, "{name} text {i}: alone != batched");
         }
@@ -120,7 +107,7 @@ fn a_bert_gguf_file_tokenizes_and_embeds_as_its_checkpoint() {
     let pair = tokenizer.encode_pair("the fox", "a dog", true).unwrap();
     assert_eq!(pair, hf.encode_pair("the fox", "a dog", true).unwrap());
     for (i, (rows, want)) in hidden_rows(&mut runner, &ids).iter().zip(&want).enumerate() {
-        assert_close(&pooled(config, rows), want, &format!("GGUF text {i}"));
+        assert_vector_close(&pooled(config, rows), want, &format!("GGUF text {i}"));
     }
 }
 
@@ -135,7 +122,11 @@ fn the_reference_backend_runs_encoders_too() {
             (field(&r, "prompt_ids"), field(&r, "embeddings"));
         let config = PoolerConfig::of_model(&fixture(name)).unwrap().unwrap();
         for (i, (rows, want)) in hidden_rows(&mut runner, &ids).iter().zip(&want).enumerate() {
-            assert_close(&pooled(config, rows), want, &format!("{name} text {i} (reference)"));
+            assert_vector_close(
+                &pooled(config, rows),
+                want,
+                &format!("{name} text {i} (reference)"),
+            );
         }
     }
 }
@@ -157,7 +148,10 @@ fn cross_encoders_score_as_sentence_transformers_does() {
         let cls = PoolerConfig { pooling: PoolingType::Cls, normalize: false };
         for (i, (rows, want)) in rows.iter().zip(&want).enumerate() {
             let score = head.scores(&pooled(cls, rows));
-            assert!((score[0] - want).abs() <= TOLERANCE, "{name} pair {i}: {score:?} vs {want}");
+            assert!(
+                (score[0] - want).abs() <= EMBEDDING_TOLERANCE,
+                "{name} pair {i}: {score:?} vs {want}"
+            );
         }
     }
 }

@@ -10,7 +10,7 @@
 mod common;
 
 use base64::Engine as _;
-use common::{TestServer, default_config};
+use common::{TestServer, assert_rows_close, data_vectors, default_config};
 use serde_json::{Value, json};
 
 fn reference(name: &str) -> Value {
@@ -21,33 +21,10 @@ fn server(name: &str) -> TestServer {
     common::pooling_server(name, 64)
 }
 
-fn vectors(r: &Value, key: &str) -> Vec<Vec<f32>> {
-    r["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            assert_eq!(d["index"], i);
-            d[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
-        })
-        .collect()
-}
-
 fn embed(s: &TestServer, body: &Value) -> Value {
     let r = s.post("/v1/embeddings", body);
     assert_eq!(r.status, 200, "{body}: {}", r.text());
     r.json()
-}
-
-fn assert_close(got: &[Vec<f32>], want: &Value, what: &str) {
-    let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g.len(), w.len(), "{what} {i}");
-        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-        assert!(diff <= 1e-4, "{what} {i}: max |diff| {diff}");
-    }
 }
 
 #[test]
@@ -70,13 +47,14 @@ fn embeddings_are_sentence_transformers_vectors_in_every_form() {
             r["usage"],
             json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0})
         );
-        let got = vectors(&r, "embedding");
-        assert_close(&got, &reference["embeddings"], name);
+        let got = data_vectors(&r, "embedding");
+        assert_rows_close(&got, &reference["embeddings"], name);
         // Token ids give the same vectors; so does each input alone, bit for bit.
-        let by_ids = vectors(&embed(&s, &json!({"input": reference["prompt_ids"]})), "embedding");
+        let by_ids =
+            data_vectors(&embed(&s, &json!({"input": reference["prompt_ids"]})), "embedding");
         assert_eq!(by_ids, got, "{name}: token ids");
         for (i, text) in texts.as_array().unwrap().iter().enumerate() {
-            let alone = vectors(&embed(&s, &json!({"input": text})), "embedding");
+            let alone = data_vectors(&embed(&s, &json!({"input": text})), "embedding");
             assert_eq!(alone[0], got[i], "{name}: input {i} alone");
         }
         // base64: the little-endian f32 bytes of the same vectors.
@@ -92,14 +70,14 @@ fn embeddings_are_sentence_transformers_vectors_in_every_form() {
         // `dimensions`: sentence-transformers' `truncate_dim` (normalised again where the
         // model normalises).
         let short = embed(&s, &json!({"input": texts, "dimensions": 16}));
-        assert_close(&vectors(&short, "embedding"), &reference["embeddings_16"], name);
+        assert_rows_close(&data_vectors(&short, "embedding"), &reference["embeddings_16"], name);
         // /pooling: vLLM's shape, the same vectors.
         let r = s.post("/pooling", &json!({"input": texts}));
         assert_eq!(r.status, 200, "{}", r.text());
         let pooled = r.json();
         assert!(pooled["id"].as_str().unwrap().starts_with("pool-"));
         assert_eq!(pooled["data"][0]["object"], "pooling");
-        assert_eq!(vectors(&pooled, "data"), got, "{name}: /pooling");
+        assert_eq!(data_vectors(&pooled, "data"), got, "{name}: /pooling");
     }
 }
 
@@ -117,10 +95,10 @@ fn messages_are_rendered_by_the_chat_template() {
     let ids = render.json()["token_ids"].clone();
     let by_messages = embed(&s, &json!({"messages": messages}));
     let by_ids = embed(&s, &json!({"input": ids}));
-    assert_eq!(vectors(&by_messages, "embedding"), vectors(&by_ids, "embedding"));
+    assert_eq!(data_vectors(&by_messages, "embedding"), data_vectors(&by_ids, "embedding"));
     assert_eq!(by_messages["usage"]["prompt_tokens"], ids.as_array().unwrap().len());
     let opened = embed(&s, &json!({"messages": messages, "add_generation_prompt": true}));
-    assert_ne!(vectors(&opened, "embedding"), vectors(&by_ids, "embedding"));
+    assert_ne!(data_vectors(&opened, "embedding"), data_vectors(&by_ids, "embedding"));
     for (body, needle) in [
         (json!({"messages": messages, "input": "x"}), "not both"),
         (json!({"messages": []}), "must not be empty"),
@@ -136,9 +114,9 @@ fn normalize_and_truncation() {
     let s = server("llama3-mean");
     let reference = reference("llama3-mean");
     let text = &reference["texts"][3];
-    let raw = vectors(&embed(&s, &json!({"input": text})), "embedding").remove(0);
+    let raw = data_vectors(&embed(&s, &json!({"input": text})), "embedding").remove(0);
     let unit =
-        vectors(&embed(&s, &json!({"input": text, "normalize": true})), "embedding").remove(0);
+        data_vectors(&embed(&s, &json!({"input": text, "normalize": true})), "embedding").remove(0);
     let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!(raw.iter().zip(&unit).all(|(r, u)| (r / norm - u).abs() < 1e-6));
     // `truncate_prompt_tokens`: the input's last tokens, as their token ids give.
@@ -147,7 +125,7 @@ fn normalize_and_truncation() {
     let truncated = embed(&s, &json!({"input": text, "truncate_prompt_tokens": 10}));
     assert_eq!(truncated["usage"]["prompt_tokens"], 10);
     let by_tail = embed(&s, &json!({"input": tail}));
-    assert_eq!(vectors(&truncated, "embedding"), vectors(&by_tail, "embedding"));
+    assert_eq!(data_vectors(&truncated, "embedding"), data_vectors(&by_tail, "embedding"));
     // The 56-token text is within the context of 64; 100 copies of it are not, unless cut.
     let long = text.as_str().unwrap().repeat(3);
     let r = s.post("/v1/embeddings", &json!({"input": long}));

@@ -10,26 +10,13 @@
 
 mod common;
 
-use common::{TestServer, floats, post_ok};
-use serde_json::{Value, json};
+use common::{TestServer, assert_rows_close, data_vectors, floats, post_ok};
+use serde_json::json;
 
 fn server(name: &str) -> TestServer {
     // Below the encoder's 128 positions: the engine raises the step's budget to a whole
     // prompt by itself.
     common::pooling_server(name, 128)
-}
-
-fn vectors(r: &Value) -> Vec<Vec<f32>> {
-    r["data"].as_array().unwrap().iter().map(|d| floats(&d["embedding"])).collect()
-}
-
-fn assert_close(got: &[Vec<f32>], want: &Value, what: &str) {
-    let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-        assert!(diff <= 1e-4, "{what} {i}: max |diff| {diff}");
-    }
 }
 
 #[test]
@@ -38,16 +25,21 @@ fn encoder_embeddings_are_sentence_transformers_vectors() {
         let s = server(name);
         let r = common::embedding_reference(name);
         let texts = &r["texts"];
-        let got = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": texts})));
-        assert_close(&got, &r["embeddings"], name);
+        let got =
+            data_vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": texts})), "embedding");
+        assert_rows_close(&got, &r["embeddings"], name);
         for (i, text) in texts.as_array().unwrap().iter().enumerate() {
-            let alone = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": text})));
+            let alone =
+                data_vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": text})), "embedding");
             assert_eq!(alone[0], got[i], "{name}: input {i} alone");
         }
-        let by_ids = vectors(&post_ok(&s, "/v1/embeddings", &json!({"input": r["prompt_ids"]})));
+        let by_ids = data_vectors(
+            &post_ok(&s, "/v1/embeddings", &json!({"input": r["prompt_ids"]})),
+            "embedding",
+        );
         assert_eq!(by_ids, got, "{name}: token ids");
         let short = post_ok(&s, "/v1/embeddings", &json!({"input": texts, "dimensions": 16}));
-        assert_close(&vectors(&short), &r["embeddings_16"], name);
+        assert_rows_close(&data_vectors(&short, "embedding"), &r["embeddings_16"], name);
     }
 }
 
@@ -63,7 +55,7 @@ fn encoder_truncation_keeps_the_first_tokens_and_the_special_ones() {
     let mut want_ids = ids[..9].to_vec();
     want_ids.push(*ids.last().unwrap());
     let by_ids = post_ok(&s, "/v1/embeddings", &json!({"input": want_ids}));
-    assert_eq!(vectors(&cut), vectors(&by_ids));
+    assert_eq!(data_vectors(&cut, "embedding"), data_vectors(&by_ids, "embedding"));
     let long = text.as_str().unwrap().repeat(3);
     let r = s.post("/v1/embeddings", &json!({"input": long}));
     assert_eq!(r.status, 400, "{}", r.text());
@@ -130,7 +122,7 @@ fn an_embedding_model_scores_truncated_texts_by_cosine() {
     let body = json!({"text_1": texts[0], "text_2": texts[3], "truncate_prompt_tokens": 10});
     let score = post_ok(&s, "/score", &body)["data"][0]["score"].as_f64().unwrap() as f32;
     let cut = json!({"input": [texts[0], texts[3]], "truncate_prompt_tokens": 10});
-    let v = vectors(&post_ok(&s, "/v1/embeddings", &cut));
+    let v = data_vectors(&post_ok(&s, "/v1/embeddings", &cut), "embedding");
     let dot: f32 = v[0].iter().zip(&v[1]).map(|(a, b)| a * b).sum();
     let norms = v[0].iter().map(|x| x * x).sum::<f32>().sqrt()
         * v[1].iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -114,11 +114,6 @@ impl Architecture {
         })
     }
 
-    /// Whether this family is an encoder (run by `crate::encoder`, for pooling only).
-    pub fn is_encoder(self) -> bool {
-        matches!(self, Self::Bert | Self::XlmRoberta)
-    }
-
     /// The causal LM whose decoder a sequence-classification `architectures` entry names
     /// (`Qwen3ForSequenceClassification` → `Qwen3ForCausalLM`; an encoder's, its base model):
     /// a cross-encoder reranker.

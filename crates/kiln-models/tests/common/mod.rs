@@ -198,3 +198,17 @@ pub fn argmax(v: &[f32]) -> u32 {
         .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
         .0 as u32
 }
+
+/// Max |ours - sentence-transformers| per component of an embedding or score.
+pub const EMBEDDING_TOLERANCE: f32 = 1e-4;
+
+/// `got` within [`EMBEDDING_TOLERANCE`] of `want` in every component, and at cosine 0.99999.
+pub fn assert_vector_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: width");
+    let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
+    let norms = got.iter().map(|x| x * x).sum::<f32>().sqrt()
+        * want.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!(diff <= EMBEDDING_TOLERANCE, "{what}: max |diff| {diff}");
+    assert!(dot / norms >= 0.99999, "{what}: cosine {}", dot / norms);
+}

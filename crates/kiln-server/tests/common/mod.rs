@@ -31,6 +31,32 @@ pub fn floats(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
+/// Each `data` entry's `key` (`embedding`, or `/pooling`'s `data`) as floats, the entries'
+/// `index` checked to count up from 0.
+pub fn data_vectors(r: &Value, key: &str) -> Vec<Vec<f32>> {
+    r["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            d[key].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        })
+        .collect()
+}
+
+/// Rows within 1e-4 of `want` (a JSON list of lists), widths equal.
+pub fn assert_rows_close(got: &[Vec<f32>], want: &Value, what: &str) {
+    let want: Vec<Vec<f32>> = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what} {i}");
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(diff <= 1e-4, "{what} {i}: max |diff| {diff}");
+    }
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
 }

@@ -26,9 +26,9 @@ use super::gguf_vocab::{GgufVocab, TokenKind};
 const PHANTOM: char = '\u{2581}';
 
 /// llama.cpp's default ids of a `"bert"` vocabulary: `[CLS]`, `[SEP]`, `[UNK]`.
-pub(crate) const DEFAULT_CLS: u32 = 101;
-pub(crate) const DEFAULT_SEP: u32 = 102;
-pub(crate) const DEFAULT_UNK: u32 = 100;
+const DEFAULT_CLS: u32 = 101;
+const DEFAULT_SEP: u32 = 102;
+const DEFAULT_UNK: u32 = 100;
 
 /// Builds the HF tokenizer of a `"bert"` vocabulary; `kinds` has one entry per token.
 pub(crate) fn build(
