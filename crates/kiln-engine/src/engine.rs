@@ -24,6 +24,7 @@ use kiln_sched::{
 
 use crate::handle::OutputSink;
 use crate::hooks::{Hooks, KvEvents, SloControl, TierHook};
+use crate::kv_handoff::{KvHandoffStats, KvPins};
 use crate::kv_tier::{KvTier, KvTierConfig};
 use crate::prefix_store::{self, PrefixStoreError, RestoreSummary};
 use crate::requests::RequestTable;
@@ -36,6 +37,7 @@ mod adapters;
 mod admission;
 mod deliver;
 mod executor;
+mod kv_handoff;
 mod pipelined;
 mod speculation;
 mod step;
@@ -194,6 +196,8 @@ pub struct EngineStats {
     pub swap: SwapStats,
     /// Structured outputs: tokens constrained, masks computed, single tokens checked.
     pub structured: ConstraintStats,
+    /// Prefill/decode disaggregation: KV pinned, exported and imported.
+    pub kv_handoff: KvHandoffStats,
 }
 
 pub struct EngineCore {
@@ -224,6 +228,8 @@ pub struct EngineCore {
     /// Whether the pipelined executor has a step in flight (the counters leave it out, and the
     /// model is away).
     step_in_flight: bool,
+    /// KV pinned for decode workers ([`EngineCore::enable_kv_export`]).
+    kv_pins: KvPins,
 }
 
 /// Work for the engine thread's last moment ([`EngineCore::set_shutdown_hook`]).
@@ -338,6 +344,7 @@ impl EngineCore {
             num_admission_demoted: 0,
             executor: Some(executor),
             step_in_flight: false,
+            kv_pins: KvPins::default(),
         };
         core.refresh_stats();
         Ok(core)
@@ -547,6 +554,8 @@ impl EngineCore {
         self.stats.kv_usage = kv_usage;
         self.stats.prefix_cache = prefix_cache;
         self.stats.num_preemptions = num_preemptions;
+        self.stats.kv_handoff.pins = self.kv_pins.len();
+        self.stats.kv_handoff.pinned_blocks = self.scheduler.kv_cache().num_held();
         self.stats.total_scheduled_tokens = num_scheduled_tokens;
         // With a step in flight, the steps reported so far (its own is counted when reported).
         self.stats.num_steps = num_steps - u64::from(self.step_in_flight);

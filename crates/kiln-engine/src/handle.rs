@@ -14,12 +14,17 @@
 //! refuses new requests of the slot at once and answers once its last request has ended and
 //! the slot is empty.
 
+mod kv;
+
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use kiln_core::{RequestId, SamplingParams, TokenId};
+
+pub use kv::{ExportReply, KvImport, KvPort};
 
 use crate::{EngineCore, EngineError, EngineOutput, EngineStats, LoraAdapter, PreparedRequest};
 
@@ -43,6 +48,8 @@ struct Submission {
     sink: OutputSink,
     /// Told whether the request was accepted; without it a refusal goes to the sink.
     reply: Option<Sender<Result<(), EngineError>>>,
+    /// KV fetched from a prefill worker, imported just before the request is added.
+    import: Option<KvImport>,
 }
 
 /// A submitted request: prepared by the caller, or to be prepared on the engine thread.
@@ -66,6 +73,8 @@ enum Command {
         slot: u32,
         reply: Sender<Result<(), EngineError>>,
     },
+    /// Prefill/decode disaggregation (`handle/kv.rs`).
+    Kv(kv::KvCommand),
     Shutdown,
 }
 
@@ -124,7 +133,7 @@ impl EngineHandle {
         let (reply, reply_rx) = mpsc::channel();
         let sink: OutputSink = Box::new(move |item| outputs_tx.send(item).is_ok());
         let request = Unprepared::Raw { prompt, params };
-        let id = self.send_submit(request, priority, sink, Some(reply))?;
+        let id = self.send_submit(request, priority, sink, Some(reply), None)?;
         reply_rx.recv().map_err(|_| EngineError::Shutdown)??;
         Ok(RequestStream { id, outputs, commands: self.commands.clone(), finished: false })
     }
@@ -138,7 +147,7 @@ impl EngineHandle {
         priority: i64,
         sink: OutputSink,
     ) -> Result<RequestId, EngineError> {
-        self.send_submit(Unprepared::Raw { prompt, params }, priority, sink, None)
+        self.send_submit(Unprepared::Raw { prompt, params }, priority, sink, None, None)
     }
 
     /// [`EngineHandle::submit_with_sink`] for a request prepared off the engine thread (ids
@@ -149,7 +158,20 @@ impl EngineHandle {
         priority: i64,
         sink: OutputSink,
     ) -> Result<RequestId, EngineError> {
-        self.send_submit(Unprepared::Prepared(request), priority, sink, None)
+        self.send_submit(Unprepared::Prepared(request), priority, sink, None, None)
+    }
+
+    /// [`EngineHandle::submit_prepared_with_sink`] for a decode worker's request: `import`
+    /// (its prompt's KV fetched from a prefill worker) goes into the prefix cache first, in
+    /// the same command, so the request's admission finds it.
+    pub fn submit_imported_with_sink(
+        &self,
+        request: PreparedRequest,
+        priority: i64,
+        sink: OutputSink,
+        import: KvImport,
+    ) -> Result<RequestId, EngineError> {
+        self.send_submit(Unprepared::Prepared(request), priority, sink, None, Some(import))
     }
 
     fn send_submit(
@@ -158,12 +180,19 @@ impl EngineHandle {
         priority: i64,
         sink: OutputSink,
         reply: Option<Sender<Result<(), EngineError>>>,
+        import: Option<KvImport>,
     ) -> Result<RequestId, EngineError> {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let submission = Submission { id, request, priority, sink, reply, import };
         self.commands
-            .send(Command::Submit(Box::new(Submission { id, request, priority, sink, reply })))
+            .send(Command::Submit(Box::new(submission)))
             .map_err(|_| EngineError::Shutdown)?;
         Ok(id)
+    }
+
+    /// Sends KV commands to this engine from other threads (prefill/decode disaggregation).
+    pub fn kv_port(&self) -> KvPort {
+        KvPort { commands: self.commands.clone() }
     }
 
     /// Binds `adapter` to `slot` (or empties it: `None`) between steps, without stopping the
@@ -315,15 +344,21 @@ fn run_until_shutdown(
     let mut unbinds = PendingUnbinds::new();
     loop {
         finish_unbinds(core, &mut unbinds, &mut publish);
-        // Idle: sleep until a command arrives.
+        kv::expire(core, &mut publish);
+        // Idle: sleep until a command arrives (or the next KV pin's deadline).
         if !core.has_unfinished() {
-            match commands.recv() {
+            let received = match core.next_kv_pin_deadline() {
+                None => commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(at) => commands.recv_timeout(at.saturating_duration_since(Instant::now())),
+            };
+            match received {
                 Ok(cmd) => {
                     if !handle(core, cmd, &mut unbinds, &mut publish) {
                         return;
                     }
                 }
-                Err(RecvError) => return,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
             }
         }
         loop {
@@ -405,7 +440,14 @@ fn handle(
 ) -> bool {
     match cmd {
         Command::Submit(submission) => {
-            let Submission { id, request, priority, mut sink, reply } = *submission;
+            let Submission { id, request, priority, mut sink, reply, import } = *submission;
+            if let Some(import) = &import {
+                let prompt = match &request {
+                    Unprepared::Raw { prompt, .. } => prompt.as_slice(),
+                    Unprepared::Prepared(r) => r.prompt(),
+                };
+                kv::import(core, prompt, import, publish);
+            }
             let added = match request {
                 Unprepared::Raw { prompt, params } => {
                     core.add_request_with_id(id, prompt, params, priority)
@@ -447,6 +489,7 @@ fn handle(
                 let _ = reply.send(Err(e));
             }
         },
+        Command::Kv(cmd) => kv::handle(core, cmd, publish),
         Command::Shutdown => return false,
     }
     true

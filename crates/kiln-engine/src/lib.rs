@@ -24,6 +24,7 @@ mod forward_thread;
 mod handle;
 mod hooks;
 mod host_pool;
+pub mod kv_handoff;
 pub mod kv_tier;
 mod logprobs;
 mod output;
@@ -41,7 +42,7 @@ pub use engine::{
     AdapterBinding, AdapterSet, AdapterStats, EngineConfig, EngineCore, EngineError, EngineStats,
     KvEventSink, MAX_ADAPTER_SLOT, ShutdownHook,
 };
-pub use handle::{EngineHandle, RequestStream, StreamItem};
+pub use handle::{EngineHandle, ExportReply, KvImport, KvPort, RequestStream, StreamItem};
 pub use host_pool::HostPool;
 pub use kiln_core::Rng;
 pub use kiln_kv::PrefixCacheStats;
@@ -53,6 +54,7 @@ pub use kiln_sched::{
     AddError, ControllerStats, PreemptionMode, RequestOutput, SchedulerConfig, SchedulingPolicy,
     StepLimits, SwapStats,
 };
+pub use kv_handoff::{KvGeometry, KvHandoffError, KvHandoffStats, KvPin};
 pub use kv_tier::{KvTierConfig, KvTierLocation};
 pub use logprobs::{Logprobs, TokenLogprob, logprobs};
 pub use output::{EngineOutput, FirstTokenInfo};

@@ -23,6 +23,9 @@ pub struct EngineOutput {
     /// A pooling request's vector, on its one output (whose token is
     /// [`POOLED_TOKEN`](crate::POOLED_TOKEN), not to be shown).
     pub pooled: Option<Vec<f32>>,
+    /// A request made with [`crate::PreparedRequest::with_kv_export`], on its last output: its
+    /// prompt's KV pinned for a decode worker.
+    pub kv_pin: Option<crate::KvPin>,
 }
 
 /// Facts known when a request produces its first token.

@@ -35,6 +35,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kiln_core::{BlockId, TokenId};
 
 use crate::EngineCore;
+/// The key a file must match: everything that decides what a block's bytes mean.
+use crate::kv_handoff::KvGeometry as Key;
 
 const MAGIC: &[u8; 8] = b"KILNPFX1";
 const VERSION: u32 = 1;
@@ -67,60 +69,9 @@ pub struct RestoreSummary {
     pub skipped: usize,
 }
 
-/// The key a file must match: everything that decides what a block's bytes mean.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Key {
-    model_fingerprint: u64,
-    backend: String,
-    dtype: String,
-    block_size: u32,
-    num_layers: u32,
-    num_kv_heads: u32,
-    head_dim: u32,
-    block_bytes: u64,
-}
-
-impl Key {
-    fn of(core: &EngineCore, model_fingerprint: u64) -> Self {
-        let model = core.model();
-        let spec = model.kv_spec();
-        Self {
-            model_fingerprint,
-            backend: model.backend_name().to_string(),
-            dtype: spec.dtype.name().to_string(),
-            block_size: spec.block_size as u32,
-            num_layers: spec.layout.num_layers as u32,
-            num_kv_heads: spec.layout.num_kv_heads as u32,
-            head_dim: spec.layout.head_dim as u32,
-            block_bytes: model.kv_block_bytes() as u64,
-        }
-    }
-
-    /// The first field where `saved` differs from `self`, described.
-    fn mismatch(&self, saved: &Key) -> Option<String> {
-        let fields: [(&str, String, String); 8] = [
-            (
-                "model file",
-                format!("{:016x}", saved.model_fingerprint),
-                format!("{:016x}", self.model_fingerprint),
-            ),
-            ("backend", saved.backend.clone(), self.backend.clone()),
-            ("KV cache dtype", saved.dtype.clone(), self.dtype.clone()),
-            ("block size", saved.block_size.to_string(), self.block_size.to_string()),
-            ("layers", saved.num_layers.to_string(), self.num_layers.to_string()),
-            ("KV heads", saved.num_kv_heads.to_string(), self.num_kv_heads.to_string()),
-            ("head size", saved.head_dim.to_string(), self.head_dim.to_string()),
-            ("bytes per block", saved.block_bytes.to_string(), self.block_bytes.to_string()),
-        ];
-        fields
-            .into_iter()
-            .find(|(_, a, b)| a != b)
-            .map(|(name, saved, ours)| format!("{name} {saved}, this server has {ours}"))
-    }
-
-    fn record_bytes(&self) -> usize {
-        4 + 4 * self.block_size as usize + self.block_bytes as usize + 4
-    }
+/// The bytes of one record in a file of `key`.
+fn record_bytes(key: &Key) -> usize {
+    4 + 4 * key.block_size as usize + key.block_bytes as usize + 4
 }
 
 fn name_field(name: &str) -> [u8; 16] {
@@ -257,7 +208,7 @@ fn write_blocks(core: &EngineCore, file: File, model_fingerprint: u64) -> std::i
     let mut out = BufWriter::new(file);
     out.write_all(&encode_header(&key, chains.len() as u64))?;
     let pool = core.scheduler().kv_cache().pool();
-    let mut record = Vec::with_capacity(key.record_bytes());
+    let mut record = Vec::with_capacity(record_bytes(&key));
     let mut kv = vec![0u8; key.block_bytes as usize];
     for &(block, parent) in &chains {
         record.clear();
@@ -305,7 +256,7 @@ pub fn restore(
     if let Some(what) = ours.mismatch(&saved) {
         return Err(PrefixStoreError::Foreign(what));
     }
-    let expected = u128::from(num_records) * ours.record_bytes() as u128 + HEADER_BYTES as u128;
+    let expected = u128::from(num_records) * record_bytes(&ours) as u128 + HEADER_BYTES as u128;
     if u128::from(len) != expected {
         return Err(PrefixStoreError::Corrupted(format!(
             "{len} bytes, the header promises {expected} ({num_records} blocks)"
@@ -330,7 +281,7 @@ fn restore_records(
 ) -> Result<RestoreSummary, PrefixStoreError> {
     let vocab_size = core.model().config().vocab_size as u32;
     let bs = key.block_size as usize;
-    let mut record = vec![0u8; key.record_bytes()];
+    let mut record = vec![0u8; record_bytes(key)];
     // Each record's block in this cache (`None`: skipped).
     let mut placed: Vec<Option<BlockId>> = Vec::with_capacity(num_records.min(1 << 20));
     let mut summary = RestoreSummary::default();

@@ -96,6 +96,8 @@ pub struct PreparedRequest {
     adapter_key: Option<u64>,
     /// A pooling request's parameters (`None`: a generation request).
     pooling: Option<PoolingParams>,
+    /// Pin its prompt's KV for a decode worker when it finishes ([`Self::with_kv_export`]).
+    kv_export: bool,
 }
 
 impl PreparedRequest {
@@ -149,6 +151,7 @@ impl PreparedRequest {
             adapter: 0,
             adapter_key: None,
             pooling: None,
+            kv_export: false,
         }
     }
 
@@ -180,6 +183,21 @@ impl PreparedRequest {
     pub fn with_pooling(mut self, pooling: PoolingParams) -> Self {
         self.pooling = Some(pooling);
         self
+    }
+
+    /// Pins its prompt's KV when it finishes, for a decode worker to fetch: its last output
+    /// carries the pin ([`crate::EngineOutput::kv_pin`]). The engine refuses it unless
+    /// [`crate::EngineCore::enable_kv_export`] was called, and for a LoRA adapter's or a
+    /// pooling request.
+    #[must_use]
+    pub fn with_kv_export(mut self) -> Self {
+        self.kv_export = true;
+        self
+    }
+
+    /// Whether it pins its prompt's KV when it finishes.
+    pub fn kv_export(&self) -> bool {
+        self.kv_export
     }
 
     /// A pooling request's parameters (`None`: a generation request).

@@ -79,6 +79,8 @@ pub(crate) struct LiveRequest {
     pub(crate) adapter: u32,
     /// A pooling request's vector being gathered, then finished until reported.
     pub(crate) pool: Option<PoolState>,
+    /// Its prompt, kept to pin its KV when it finishes (`kv_handoff`; `None`: no export).
+    pub(crate) kv_export: Option<Vec<kiln_core::TokenId>>,
 }
 
 impl std::fmt::Debug for LiveRequest {

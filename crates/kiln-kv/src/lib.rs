@@ -17,4 +17,4 @@ mod manager;
 pub use block_pool::{BlockPool, CachedBlockRef, EvictedBlock, KvCacheEvent};
 pub use free_queue::FreeBlockQueue;
 pub use hash::{BlockHash, BlockHashFn, hash_block};
-pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit};
+pub use manager::{ImportedChain, KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit};

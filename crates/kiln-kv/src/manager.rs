@@ -47,7 +47,10 @@ use kiln_core::{BlockId, RequestId, TokenId};
 use crate::block_pool::{BlockPool, CachedBlockRef};
 use crate::hash::{BlockHash, BlockHashFn, chain_root, hash_block};
 
+mod held;
 mod saved;
+
+pub use held::ImportedChain;
 
 /// Sizes and switches of one KV cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,6 +116,8 @@ pub struct KvCacheManager {
     requests: HashMap<RequestId, RequestBlocks>,
     /// The non-zero cache keys of requests ([`KvCacheManager::set_cache_key`]).
     keys: HashMap<RequestId, u64>,
+    /// References held outside any request, per block (`manager/held.rs`).
+    held: HashMap<BlockId, u32>,
     stats: PrefixCacheStats,
 }
 
@@ -130,6 +135,7 @@ impl KvCacheManager {
             hash_fn,
             requests: HashMap::new(),
             keys: HashMap::new(),
+            held: HashMap::new(),
             stats: PrefixCacheStats::default(),
         }
     }
@@ -497,11 +503,14 @@ impl KvCacheManager {
                 }
             }
         }
+        for (&b, &n) in &self.held {
+            refs[b.index()] += n;
+        }
         for (i, &r) in refs.iter().enumerate() {
             let id = BlockId(i as u32);
             if self.pool.ref_count(id) != r {
                 return Err(format!(
-                    "{id:?}: ref count {} but in {r} tables",
+                    "{id:?}: ref count {} but in {r} tables and holds",
                     self.pool.ref_count(id)
                 ));
             }

@@ -70,8 +70,24 @@ impl EngineCore {
             return Err(AddError::InvalidSampling(why).into());
         }
         let pool = self.admit_pooling(request.pooling(), request.params())?;
+        let kv_export = request.kv_export();
+        if kv_export {
+            let why = if !self.kv_pins.enabled() {
+                Some("KV export is off on this server (--kv-role prefill or both turns it on)")
+            } else if slot != 0 {
+                Some("KV export is not supported with a LoRA adapter")
+            } else if pool.is_some() {
+                Some("a pooling request has no KV to export")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(AddError::InvalidSampling(why.into()).into());
+            }
+        }
         let (prompt, params, constraint, adapter) = request.into_parts();
         let num_prompt_tokens = prompt.len();
+        let kv_export = kv_export.then(|| prompt.clone());
         let ttft_ms = self.config.slo.classes.get(&priority).map(|c| c.ttft_ms);
         let tpot_ms = self.config.slo.tpot_ms_for(priority);
         let admitted = self.admit_deadline(priority, num_prompt_tokens);
@@ -94,7 +110,8 @@ impl EngineCore {
         let demoted = request.is_demoted();
         self.scheduler.add(request)?;
         self.num_admission_demoted += u64::from(demoted);
-        let mut live = LiveRequest { constraint, adapter, pool, ..LiveRequest::default() };
+        let mut live =
+            LiveRequest { constraint, adapter, pool, kv_export, ..LiveRequest::default() };
         let now = Instant::now();
         if self.hooks.get::<SloControl>().is_some() {
             live.arrival = Some(Arrival { at: now, ttft_ms, tpot_ms, predicted });

@@ -90,29 +90,33 @@ impl EngineCore {
         start: Instant,
         done: Option<Instant>,
     ) -> Vec<EngineOutput> {
-        let outputs: Vec<EngineOutput> = updates
-            .into_iter()
-            .map(|out| {
-                let live = self.requests.get_mut(out.id);
-                let (extras, first, pooled) = match live {
-                    Some(live) => {
-                        live.first_reported = true;
-                        let pooled = live.pool.as_mut().and_then(|p| p.output.take());
-                        (live.extras.pop_front().unwrap_or_default(), live.first.take(), pooled)
-                    }
-                    None => Default::default(),
-                };
-                EngineOutput {
-                    id: out.id,
-                    new_token: out.new_token,
-                    finish_reason: out.finish_reason,
-                    logprobs: extras.logprobs,
-                    prompt_logprobs: extras.prompt_logprobs,
-                    first,
-                    pooled,
+        let mut outputs: Vec<EngineOutput> = Vec::with_capacity(updates.len());
+        for out in updates {
+            let live = self.requests.get_mut(out.id);
+            let (extras, first, pooled, export) = match live {
+                Some(live) => {
+                    live.first_reported = true;
+                    let pooled = live.pool.as_mut().and_then(|p| p.output.take());
+                    let finished = out.finish_reason.is_some();
+                    let export = if finished { live.kv_export.take() } else { None };
+                    let extras = live.extras.pop_front().unwrap_or_default();
+                    (extras, live.first.take(), pooled, export)
                 }
-            })
-            .collect();
+                None => Default::default(),
+            };
+            // Pinned now, before another step can evict the finished prompt's blocks.
+            let kv_pin = export.map(|prompt| self.pin_prompt(&prompt));
+            outputs.push(EngineOutput {
+                id: out.id,
+                new_token: out.new_token,
+                finish_reason: out.finish_reason,
+                logprobs: extras.logprobs,
+                prompt_logprobs: extras.prompt_logprobs,
+                first,
+                pooled,
+                kv_pin,
+            });
+        }
         self.stats.step_scheduled_tokens = sched_out.num_scheduled_tokens;
         self.stats.total_sampled_tokens += outputs.len() as u64;
         let step_time = done.unwrap_or_else(Instant::now).saturating_duration_since(start);
