@@ -10,7 +10,9 @@
 //!   a block's bytes mean the same on both sides;
 //! - a pin holds the prompt's cached full blocks (those a prefix lookup finds: the prompt's
 //!   last token is never among them) with one reference each, so they are not evicted until
-//!   the pin is released, fetched with `release`, or expires; only pinned blocks are exported;
+//!   the pin is released, fetched with `release`, or expires; only pinned blocks are exported,
+//!   and only to an importer whose prompt they hold token for token from the first block (KV
+//!   computed after another prefix is never handed out);
 //! - an import registers blocks as prefix-cache hits of the importing engine (hashes computed
 //!   there from the prompt's tokens, chained after blocks it already holds) and writes their
 //!   KV before any step runs, so the decode request that follows hits them as if it had
@@ -109,8 +111,10 @@ pub enum KvHandoffError {
     ExportOff,
     #[error("no pinned KV {0}: it was fetched, released or expired")]
     UnknownPin(u64),
-    #[error("block {block} is not pinned by KV {pin}")]
-    NotPinned { pin: u64, block: u32 },
+    #[error("blocks up to {end} asked of KV {pin}, which holds {pinned}")]
+    OutOfRange { pin: u64, end: usize, pinned: usize },
+    #[error("the prompt differs from the one prefilled, at block {block}")]
+    PromptMismatch { block: usize },
     #[error("{0}")]
     BadData(String),
 }

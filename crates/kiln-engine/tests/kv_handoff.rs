@@ -77,7 +77,8 @@ fn a_disaggregated_request_decodes_exactly_as_a_colocated_one() {
             let cached = decode.kv_cached_prefix_blocks(p);
             assert_eq!(cached, if i == 0 { 0 } else { 2 });
             let mut data = Vec::new();
-            prefill.export_kv(pin.id, &pin.blocks[cached..], true, &mut data).unwrap();
+            let range = (cached, pin.blocks.len() - cached);
+            prefill.export_kv(pin.id, p, range, true, &mut data).unwrap();
             assert_eq!(prefill.num_kv_pins(), 0, "fetched with release");
             let imported = decode.import_kv(p, cached, &data).unwrap();
             assert_eq!(imported, pin.blocks.len() - cached);
@@ -104,15 +105,23 @@ fn pins_expire_and_only_pinned_blocks_are_read() {
     let pin = run(&mut core, 0, prepared(&p, 1).with_kv_export()).pop().unwrap().kv_pin.unwrap();
     assert_eq!(core.stats().kv_handoff.pinned_blocks, 3);
     let mut out = Vec::new();
-    let stranger = (0..48).find(|b| !pin.blocks.contains(b)).unwrap();
     assert_eq!(
-        core.export_kv(pin.id, &[pin.blocks[0], stranger], false, &mut out),
-        Err(KvHandoffError::NotPinned { pin: pin.id, block: stranger })
+        core.export_kv(pin.id, &p, (1, 3), false, &mut out),
+        Err(KvHandoffError::OutOfRange { pin: pin.id, end: 4, pinned: 3 })
+    );
+    // Another prompt with the same last blocks: the first block differs, nothing is read.
+    let mut other = p.clone();
+    other[0] = TokenId(p[0].0 + 1);
+    assert_eq!(
+        core.export_kv(pin.id, &other, (2, 1), false, &mut out),
+        Err(KvHandoffError::PromptMismatch { block: 0 })
     );
     assert!(out.is_empty());
+    core.export_kv(pin.id, &p, (0, 3), false, &mut out).unwrap();
+    assert_eq!(out.len(), 3 * core.model().kv_block_bytes());
     assert_eq!(core.expire_kv_pins(Instant::now()), 1);
     assert_eq!(
-        core.export_kv(pin.id, &pin.blocks, true, &mut out),
+        core.export_kv(pin.id, &p, (0, 3), true, &mut out),
         Err(KvHandoffError::UnknownPin(pin.id))
     );
     let stats = core.stats().kv_handoff;

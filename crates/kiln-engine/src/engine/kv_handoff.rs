@@ -43,14 +43,17 @@ impl EngineCore {
         pin
     }
 
-    /// Appends the KV of `blocks` (ids of pin `pin`, in the order given) to `out`, each as
-    /// [`kiln_models::StepModel::read_kv_block`] reads it; with `release`, the pin is released
-    /// afterwards. Refused, with nothing appended, for an unknown pin or a block it does not
-    /// hold.
+    /// Appends the KV of pin `pin`'s blocks `[from, from + count)` (prompt blocks, in order) to
+    /// `out`, each as [`kiln_models::StepModel::read_kv_block`] reads it; with `release`, the
+    /// pin is released afterwards. `prompt` is the importer's prompt: every pinned block up to
+    /// the last one read must hold exactly its tokens, so KV computed after another prefix is
+    /// never handed out. Refused, with nothing appended, for an unknown pin, blocks past the
+    /// pin, or a prompt that differs.
     pub fn export_kv(
         &mut self,
         pin: u64,
-        blocks: &[u32],
+        prompt: &[TokenId],
+        (from, count): (usize, usize),
         release: bool,
         out: &mut Vec<u8>,
     ) -> Result<(), KvHandoffError> {
@@ -58,16 +61,26 @@ impl EngineCore {
             return Err(KvHandoffError::ExportOff);
         }
         let pinned = self.kv_pins.get(pin).ok_or(KvHandoffError::UnknownPin(pin))?;
-        if let Some(&block) = blocks.iter().find(|&&b| !pinned.blocks.contains(&BlockId(b))) {
-            return Err(KvHandoffError::NotPinned { pin, block });
+        let end = from.saturating_add(count);
+        if end > pinned.blocks.len() {
+            return Err(KvHandoffError::OutOfRange { pin, end, pinned: pinned.blocks.len() });
+        }
+        let blocks: Vec<BlockId> = pinned.blocks[..end].to_vec();
+        let bs = self.scheduler.kv_cache().block_size();
+        let pool = self.scheduler.kv_cache().pool();
+        for (i, &b) in blocks.iter().enumerate() {
+            let want = prompt.get(i * bs..(i + 1) * bs);
+            if pool.cached_tokens(b) != want {
+                return Err(KvHandoffError::PromptMismatch { block: i });
+            }
         }
         let block_bytes = self.model().kv_block_bytes();
         let start = out.len();
-        out.resize(start + blocks.len() * block_bytes, 0);
-        for (&b, dst) in blocks.iter().zip(out[start..].chunks_exact_mut(block_bytes)) {
-            self.model().read_kv_block(b as usize, dst);
+        out.resize(start + count * block_bytes, 0);
+        for (&b, dst) in blocks[from..].iter().zip(out[start..].chunks_exact_mut(block_bytes)) {
+            self.model().read_kv_block(b.index(), dst);
         }
-        self.stats.kv_handoff.exported_blocks += blocks.len() as u64;
+        self.stats.kv_handoff.exported_blocks += count as u64;
         if release {
             self.release_kv_pin(pin);
         }

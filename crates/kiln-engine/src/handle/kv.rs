@@ -25,9 +25,18 @@ pub struct KvImport {
 
 /// What the port asks of the engine thread.
 pub(super) enum KvCommand {
-    Export { pin: u64, blocks: Vec<u32>, release: bool, reply: Sender<ExportReply> },
+    Export {
+        pin: u64,
+        prompt: std::sync::Arc<[TokenId]>,
+        blocks: (usize, usize),
+        release: bool,
+        reply: Sender<ExportReply>,
+    },
     Release(u64),
-    CachedBlocks { prompt: Vec<TokenId>, reply: Sender<usize> },
+    CachedBlocks {
+        prompt: Vec<TokenId>,
+        reply: Sender<usize>,
+    },
 }
 
 /// The KV of the blocks asked for, in order, or why not.
@@ -40,11 +49,19 @@ pub struct KvPort {
 }
 
 impl KvPort {
-    /// Reads the KV of `blocks` of pin `pin` (released afterwards with `release`); the
+    /// Reads the KV of pin `pin`'s blocks `[from, from + count)` for an importer whose prompt
+    /// is `prompt` ([`EngineCore::export_kv`]; released afterwards with `release`); the
     /// receiver gets the bytes, or why not (closed: the engine stopped).
-    pub fn export(&self, pin: u64, blocks: Vec<u32>, release: bool) -> Receiver<ExportReply> {
+    pub fn export(
+        &self,
+        pin: u64,
+        prompt: std::sync::Arc<[TokenId]>,
+        blocks: (usize, usize),
+        release: bool,
+    ) -> Receiver<ExportReply> {
         let (reply, rx) = mpsc::channel();
-        let _ = self.commands.send(Command::Kv(KvCommand::Export { pin, blocks, release, reply }));
+        let cmd = KvCommand::Export { pin, prompt, blocks, release, reply };
+        let _ = self.commands.send(Command::Kv(cmd));
         rx
     }
 
@@ -68,10 +85,10 @@ pub(super) fn handle(
     publish: &mut dyn FnMut(&mut EngineCore),
 ) {
     match cmd {
-        KvCommand::Export { pin, blocks, release, reply } => {
+        KvCommand::Export { pin, prompt, blocks, release, reply } => {
             settle(core, publish);
             let mut out = Vec::new();
-            let result = core.export_kv(pin, &blocks, release, &mut out).map(|()| out);
+            let result = core.export_kv(pin, &prompt, blocks, release, &mut out).map(|()| out);
             let _ = reply.send(result);
             if release {
                 publish(core);
