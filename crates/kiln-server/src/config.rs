@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub metrics_prefix: String,
     /// Publish the prefix cache's events for routers (`None`: off).
     pub kv_events: Option<crate::kv_events::KvEventsConfig>,
+    /// Prefill/decode disaggregation (`--kv-role`; `None`: `kv_transfer_params` refused).
+    pub kv_transfer: Option<crate::kv_transfer::KvTransferConfig>,
     /// `max_tokens` of requests that give none (`None`: what is left of the context, vLLM's
     /// default).
     pub max_tokens_default: Option<usize>,
@@ -154,6 +156,7 @@ impl Default for ServerConfig {
             responses_store: crate::responses::store::StoreLimits::default(),
             metrics_prefix: crate::metrics::DEFAULT_PREFIX.to_owned(),
             kv_events: None,
+            kv_transfer: None,
             lora: LoraSettings::default(),
         }
     }

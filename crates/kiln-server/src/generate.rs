@@ -111,6 +111,8 @@ pub struct ChoiceResult {
     /// The stop string that ended the choice, if one did.
     pub stop_string: Option<String>,
     pub prompt_logprobs: Option<PromptLogprobs>,
+    /// A `do_remote_decode` request's pinned KV.
+    pub kv_pin: Option<kiln_engine::KvPin>,
 }
 
 /// Runs all sequences to the end; `n` samples per prompt. When `aborted` resolves first (the
@@ -147,6 +149,9 @@ pub async fn collect_all(
         }
         if delta.prompt_logprobs.is_some() {
             r.prompt_logprobs = delta.prompt_logprobs;
+        }
+        if delta.kv_pin.is_some() {
+            r.kv_pin = delta.kv_pin;
         }
     }
     Ok(results)

@@ -26,6 +26,7 @@ pub mod extract;
 pub mod generate;
 pub mod harmony;
 pub mod kv_events;
+pub mod kv_transfer;
 pub mod lora;
 pub mod metrics;
 pub mod protocol;
@@ -71,6 +72,9 @@ pub struct ServedModel {
     pub tokenizer: Tokenizer,
     pub generation_defaults: GenerationDefaults,
     pub builtin_template: Option<BuiltinTemplate>,
+    /// A fingerprint of the model's files, which KV transfer peers must share (needed with
+    /// `ServerConfig::kv_transfer`).
+    pub model_fingerprint: Option<u64>,
 }
 
 /// Picks the chat template (`chat_template` first, see
@@ -81,7 +85,13 @@ pub fn load(
     model: ServedModel,
     chat_template: Option<&TemplateOverride>,
 ) -> Result<Loaded, String> {
-    let ServedModel { mut core, tokenizer, generation_defaults, builtin_template } = model;
+    let ServedModel {
+        mut core,
+        tokenizer,
+        generation_defaults,
+        builtin_template,
+        model_fingerprint,
+    } = model;
     let template =
         chat_template::load_chat_template_from(&tokenizer, chat_template, builtin_template)
             .map_err(|e| format!("chat template: {e}"))?;
@@ -120,22 +130,8 @@ pub fn load(
     let cross_encoder = core.has_classifier();
     let encoder = core.model().config().encoder.is_some();
     let labels = core.classifier_labels().to_vec();
-    let kv_events = match &config.kv_events {
-        Some(events) => {
-            if !core.scheduler().kv_cache().prefix_caching() {
-                return Err("KV cache events (--kv-events-config) need the prefix cache; \
-                            drop --no-enable-prefix-caching"
-                    .into());
-            }
-            let names = Arc::clone(&lora);
-            let lora_names: kv_events::LoraNames = Arc::new(move |key| names.name_of_key(key));
-            let publisher = kv_events::KvEventPublisher::start(events, block_size, lora_names)?;
-            tracing::info!("KV cache events published on {}", publisher.endpoint());
-            core.set_kv_event_sink(publisher.sink());
-            Some(publisher)
-        }
-        None => None,
-    };
+    let kv_events = start_kv_events(config, &mut core, &lora)?;
+    let kv_geometry = prepare_kv_transfer(config, &mut core, model_fingerprint)?;
     let name = config.served_model_names.first().map_or("kiln", String::as_str);
     let metrics =
         Arc::new(Metrics::with_prefix(&config.metrics_prefix, name, limits.max_model_len));
@@ -161,6 +157,13 @@ pub fn load(
         })),
     )
     .map_err(|e| format!("could not start the engine thread: {e}"))?;
+    let kv_transfer = match (&config.kv_transfer, kv_geometry) {
+        (Some(transfer), Some(geometry)) => {
+            let port = engine.kv_port();
+            Some(kv_transfer::KvTransfer::start(transfer, geometry, port, Arc::clone(&metrics))?)
+        }
+        _ => None,
+    };
     Ok(Loaded {
         engine,
         tokenizer: Arc::new(tokenizer),
@@ -172,6 +175,7 @@ pub fn load(
         created: routes::unix_now(),
         block_size,
         kv_events,
+        kv_transfer,
         tokenize_gate,
         lora,
         pooling,
@@ -180,6 +184,49 @@ pub fn load(
         encoder,
         labels,
     })
+}
+
+/// Starts publishing the prefix cache's events, when configured.
+fn start_kv_events(
+    config: &ServerConfig,
+    core: &mut EngineCore,
+    lora: &Arc<LoraRegistry>,
+) -> Result<Option<kv_events::KvEventPublisher>, String> {
+    let Some(events) = &config.kv_events else { return Ok(None) };
+    if !core.scheduler().kv_cache().prefix_caching() {
+        return Err("KV cache events (--kv-events-config) need the prefix cache; drop \
+                    --no-enable-prefix-caching"
+            .into());
+    }
+    let block_size = core.scheduler().kv_cache().block_size();
+    let names = Arc::clone(lora);
+    let lora_names: kv_events::LoraNames = Arc::new(move |key| names.name_of_key(key));
+    let publisher = kv_events::KvEventPublisher::start(events, block_size, lora_names)?;
+    tracing::info!("KV cache events published on {}", publisher.endpoint());
+    core.set_kv_event_sink(publisher.sink());
+    Ok(Some(publisher))
+}
+
+/// Readies the engine for `--kv-role`, when given: pins for an exporting role, the prefix
+/// cache (which imports land in) for every role; returns the engine's KV geometry.
+fn prepare_kv_transfer(
+    config: &ServerConfig,
+    core: &mut EngineCore,
+    model_fingerprint: Option<u64>,
+) -> Result<Option<kiln_engine::KvGeometry>, String> {
+    let Some(transfer) = &config.kv_transfer else { return Ok(None) };
+    let model_fingerprint =
+        model_fingerprint.ok_or("--kv-role needs a fingerprint of the model's files")?;
+    if !core.scheduler().kv_cache().prefix_caching() {
+        return Err("--kv-role needs the prefix cache; drop --no-enable-prefix-caching".into());
+    }
+    if core.pooling().is_some() {
+        return Err("--kv-role is for generative models, not pooling ones".into());
+    }
+    if matches!(transfer.role, kv_transfer::KvRole::Prefill | kv_transfer::KvRole::Both) {
+        core.enable_kv_export(transfer.pin_timeout).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(core.kv_geometry(model_fingerprint)))
 }
 
 /// The routes, behind (outermost first) the HTTP request counts, CORS, the API key (before

@@ -18,6 +18,9 @@
 //!   - the second KV tier's `kiln:kv_swapped_*_blocks_total`, `kiln:kv_tier_usage_perc` and
 //!     `kiln:num_preemptions_by_mode_total{mode}` (module `swap`);
 //!   - the structured-output counters `kiln:structured_output_*` (module `structured`);
+//!   - prefill/decode disaggregation's `kiln:kv_transfer_*`, `kiln:kv_pinned_blocks` and
+//!     `kiln:kv_pins_expired_total` (module `kv_transfer`; the transfers are counted by the
+//!     server's transfer code as they happen);
 //!   - `kiln:engine_busy_seconds_total` and `kiln:engine_forward_seconds_total` (module `busy`);
 //!   - with LoRA adapters, `kiln:lora_requests_info` when the adapters in use change
 //!     ([`Metrics::on_lora`], module `lora`);
@@ -71,6 +74,7 @@
 
 mod busy;
 pub mod http;
+pub(crate) mod kv_transfer;
 mod lora;
 mod process;
 mod slo;
@@ -235,6 +239,7 @@ struct LastTotals {
     spec_decode: SpecDecodeStats,
     slo: SloTotals,
     swap: kiln_engine::SwapStats,
+    kv_pins_expired: u64,
     structured: kiln_engine::structured::ConstraintStats,
     busy: busy::BusyTotals,
 }
@@ -271,6 +276,8 @@ pub struct Metrics {
     spec_decode: SpecMetrics,
     slo: SloMetrics,
     swap: swap::SwapMetrics,
+    /// Prefill/decode disaggregation (module `kv_transfer`).
+    pub(crate) kv_transfer: kv_transfer::KvTransferMetrics,
     structured: structured::StructuredMetrics,
     busy: busy::BusyMetrics,
     lora: lora::LoraMetrics,
@@ -321,6 +328,7 @@ impl Metrics {
             spec_decode: SpecMetrics::default(),
             slo: SloMetrics::default(),
             swap: swap::SwapMetrics::default(),
+            kv_transfer: kv_transfer::KvTransferMetrics::default(),
             structured: structured::StructuredMetrics::default(),
             busy: busy::BusyMetrics::default(),
             lora: lora::LoraMetrics::default(),
@@ -434,6 +442,7 @@ impl Metrics {
         self.spec_decode.register(r, &p);
         self.slo.register(r, &p);
         self.swap.register(r, &p);
+        self.kv_transfer.register(r, &p);
         self.structured.register(r, &p);
         self.busy.register(r, &p);
         self.lora.register(r, &p);
@@ -523,6 +532,7 @@ impl Metrics {
             self.spec_decode.update(&mut last.spec_decode, &stats.spec_decode);
             self.slo.update(&mut last.slo, stats);
             self.swap.update(&mut last.swap, &stats.swap);
+            self.kv_transfer.update(&mut last.kv_pins_expired, &stats.kv_handoff);
             self.structured.update(&mut last.structured, &stats.structured);
             self.busy.update(&mut last.busy, stats.total_step_time, stats.total_forward_time);
             let new_step = stats.num_steps > last.num_steps;

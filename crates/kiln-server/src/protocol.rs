@@ -50,6 +50,8 @@ pub struct SamplingFields {
     pub n_predict: Option<i64>,
     pub json_schema: Option<Value>,
     pub grammar: Option<Value>,
+    /// vLLM's prefill/decode handoff (`kv_transfer::parse_params`).
+    pub kv_transfer_params: Option<Value>,
     /// Every field no struct above names (checked by `request_fields`: refused when kiln does
     /// not implement it, logged when it is known to change nothing).
     #[serde(flatten)]

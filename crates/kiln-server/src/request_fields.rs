@@ -40,7 +40,6 @@ const REFUSED: &[(&str, &str)] = &[
     ("cache_salt", "`cache_salt` is not supported (the prefix cache is shared)"),
     ("prompt_embeds", "prompt embeddings are not supported (send text or token ids)"),
     ("return_token_ids", "`return_token_ids` is not supported"),
-    ("kv_transfer_params", "KV transfer between servers is not supported"),
     ("vllm_xargs", "`vllm_xargs` is not supported"),
     // vLLM's router sends these on every request (as `false`, and the reasoning ones `true`).
     ("no_stop_trim", "`no_stop_trim` is not supported (stop strings are trimmed)"),

@@ -42,6 +42,8 @@ pub struct Delta {
     pub num_cached_tokens: Option<usize>,
     /// A pooling sequence's one delta: its vector (its token is not shown).
     pub pooled: Option<Vec<f32>>,
+    /// Last delta of a `do_remote_decode` request: its prompt's KV pinned for a decode worker.
+    pub kv_pin: Option<kiln_engine::KvPin>,
 }
 
 /// How to run one sequence: its request prepared for the engine (ids checked against the
@@ -51,6 +53,8 @@ pub struct SequenceSpec {
     pub priority: i64,
     pub stop: Vec<String>,
     pub skip_special_tokens: bool,
+    /// KV fetched from a prefill worker, imported just before the request is admitted.
+    pub import: Option<kiln_engine::KvImport>,
 }
 
 impl SequenceSpec {
@@ -65,8 +69,10 @@ impl SequenceSpec {
         compiled: Option<&CompiledOutput>,
     ) -> Result<Self, ApiError> {
         let params = spec.for_prompt(ids.len(), sample, limits)?;
+        let export = spec.kv_transfer == Some(crate::kv_transfer::TransferAsk::Export);
         let request = PreparedRequest::new(ids.to_vec(), params, limits.vocab_size, compiled)
             .map(|r| r.with_adapter_binding(spec.adapter))
+            .map(|r| if export { r.with_kv_export() } else { r })
             .map_err(|e| match e {
                 PrepareError::TokenOutOfVocab { what, token, vocab_size } => ApiError::bad_param(
                     what,
@@ -83,6 +89,7 @@ impl SequenceSpec {
             priority: spec.priority,
             stop: spec.stop.clone(),
             skip_special_tokens: spec.skip_special_tokens,
+            import: None,
         })
     }
 }
@@ -123,10 +130,14 @@ impl Sequence {
         let pooling = spec.request.pooling().is_some();
         let submitted = Instant::now();
         let sink = Box::new(move |item| tx.send(item).is_ok());
-        let id = loaded
-            .engine
-            .submit_prepared_with_sink(spec.request, spec.priority, sink)
-            .map_err(|_| ApiError::draining())?;
+        let engine = &loaded.engine;
+        let id = match spec.import {
+            Some(import) => {
+                engine.submit_imported_with_sink(spec.request, spec.priority, sink, import)
+            }
+            None => engine.submit_prepared_with_sink(spec.request, spec.priority, sink),
+        }
+        .map_err(|_| ApiError::draining())?;
         Ok(Self {
             id,
             loaded: Arc::clone(loaded),
@@ -239,6 +250,7 @@ impl Sequence {
             prompt_logprobs: out.prompt_logprobs,
             num_cached_tokens: out.first.map(|f| f.num_cached_tokens),
             pooled: None,
+            kv_pin: out.kv_pin,
         }))
     }
 

@@ -37,6 +37,8 @@ pub struct Loaded {
     pub block_size: usize,
     /// The KV events publisher (`None`: events off).
     pub kv_events: Option<crate::kv_events::KvEventPublisher>,
+    /// Prefill/decode disaggregation (`None`: `kv_transfer_params` refused).
+    pub kv_transfer: Option<crate::kv_transfer::KvTransfer>,
     /// Bounds on tokenizing client text (by bytes, and few large texts at once).
     pub tokenize_gate: crate::tokenize_gate::TokenizeGate,
     /// The LoRA adapters served by name.

@@ -48,6 +48,9 @@ pub struct GenerationSpec {
     /// The request's hold on that adapter (`routes::ResolvedAdapter`), kept while the spec
     /// lives.
     pub adapter_lease: Option<std::sync::Arc<crate::lora::AdapterLease>>,
+    /// `kv_transfer_params`: a prefill/decode handoff (checked against the server by the
+    /// route, `kv_transfer::check`).
+    pub kv_transfer: Option<crate::kv_transfer::TransferAsk>,
 }
 
 /// Where a stream reports usage (`stream_options`).
@@ -195,7 +198,26 @@ pub fn spec(
     let mut probe = params.clone();
     probe.max_tokens = max_tokens.unwrap_or(usize::MAX).max(probe.min_tokens).max(1);
     probe.validate().map_err(|e| ApiError::bad_param(e.param, e.to_string()))?;
-    let options = f.stream_options.unwrap_or_default();
+    let kv_transfer = f.kv_transfer_params.as_ref().map(crate::kv_transfer::parse_params);
+    Ok(GenerationSpec {
+        params,
+        max_tokens,
+        n,
+        stop,
+        priority: f.priority.unwrap_or(0),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        stream: f.stream.unwrap_or(false),
+        usage: usage_report(f.stream_options)?,
+        structured_param,
+        adapter: kiln_engine::AdapterBinding::default(),
+        adapter_lease: None,
+        kv_transfer: kv_transfer.transpose()?.flatten(),
+    })
+}
+
+/// Where a stream reports usage (`stream_options`).
+fn usage_report(options: Option<crate::protocol::StreamOptions>) -> Result<UsageReport, ApiError> {
+    let options = options.unwrap_or_default();
     let include_usage = options.include_usage.unwrap_or(false);
     let continuous_usage = options.continuous_usage_stats.unwrap_or(false);
     if continuous_usage && !include_usage {
@@ -205,19 +227,7 @@ pub fn spec(
             "`stream_options.continuous_usage_stats` needs `include_usage: true`",
         ));
     }
-    Ok(GenerationSpec {
-        params,
-        max_tokens,
-        n,
-        stop,
-        priority: f.priority.unwrap_or(0),
-        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
-        stream: f.stream.unwrap_or(false),
-        usage: UsageReport { last_chunk: include_usage, every_chunk: continuous_usage },
-        structured_param,
-        adapter: kiln_engine::AdapterBinding::default(),
-        adapter_lease: None,
-    })
+    Ok(UsageReport { last_chunk: include_usage, every_chunk: continuous_usage })
 }
 
 /// The stop strings, checked: at most [`MAX_STOP_STRINGS`], none empty or longer than

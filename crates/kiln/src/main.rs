@@ -8,6 +8,7 @@ mod engine_args;
 mod generate;
 mod hub;
 mod kv_args;
+mod kv_transfer_args;
 mod lora_args;
 mod memory_fit;
 mod model_arg;

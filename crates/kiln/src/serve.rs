@@ -144,6 +144,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pooling: PoolingArgs,
     #[command(flatten)]
+    kv_transfer: crate::kv_transfer_args::KvTransferArgs,
+    #[command(flatten)]
     vllm: VllmServeArgs,
 }
 
@@ -262,10 +264,12 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
         args.served_model_name.clone()
     };
     let lora = args.lora.settings(&names)?;
+    let api_keys: Vec<String> = args.api_key.iter().filter(|k| !k.is_empty()).cloned().collect();
     Ok(ServerConfig {
         lora,
         served_model_names: names,
-        api_keys: args.api_key.iter().filter(|k| !k.is_empty()).cloned().collect(),
+        kv_transfer: args.kv_transfer.config(&api_keys)?,
+        api_keys,
         max_queued_requests: args.max_queued_requests,
         max_logprobs: args.max_logprobs,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
@@ -537,10 +541,40 @@ fn start<B: kiln_models::Backend>(
         ..EngineConfig::default()
     };
     args.kv.apply_tier(&mut engine)?;
-    let tier = engine.kv_tier.clone();
-    let preemption_mode = engine.preemption_mode;
+    let (tier, preemption_mode) = (engine.kv_tier.clone(), engine.preemption_mode);
     let mut core = EngineCore::with_draft_model(model, draft, engine)?;
-    if args.async_scheduling {
+    log_engine_setup(&core, args.async_scheduling, tier.as_ref(), preemption_mode);
+    if let Some(dir) = &args.prefix_cache_dir {
+        crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, model_path)?;
+    }
+    let model_fingerprint = match &state.config.kv_transfer {
+        Some(_) => Some(crate::prefix_persist::model_fingerprint(model_path)?),
+        None => None,
+    };
+    let served =
+        ServedModel { core, tokenizer, generation_defaults, builtin_template, model_fingerprint };
+    let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    // An encoder embeds text, never chat.
+    (!encoder).then(|| tracing::info!("chat template: {}", ready.template.source_name()));
+    ready.metrics.set_cache_config(&CacheConfigInfo {
+        block_size,
+        cache_dtype: args.kv_cache_dtype.name().to_owned(),
+        enable_prefix_caching: scheduler.enable_prefix_caching,
+        num_blocks: sizing.num_blocks,
+    });
+    ready.metrics.set_model_config(&model_info);
+    Ok(ready)
+}
+
+/// Says how steps run: asynchronous scheduling, and the KV tier.
+fn log_engine_setup(
+    core: &EngineCore,
+    async_scheduling: bool,
+    tier: Option<&kiln_engine::KvTierConfig>,
+    preemption_mode: impl std::fmt::Display,
+) {
+    if async_scheduling {
         tracing::info!(
             "asynchronous scheduling: each step's forward runs on its own thread while the \
              engine plans the next step and hands out the step before's tokens{}",
@@ -562,22 +596,6 @@ fn start<B: kiln_models::Backend>(
             tier.bytes as f64 / f64::from(1 << 20),
         );
     }
-    if let Some(dir) = &args.prefix_cache_dir {
-        crate::prefix_persist::restore_and_save_on_stop(&mut core, dir, model_path)?;
-    }
-    let served = ServedModel { core, tokenizer, generation_defaults, builtin_template };
-    let ready = kiln_server::load(&state.config, served, args.chat_template.as_ref())
-        .map_err(|e| anyhow::anyhow!(e))?;
-    // An encoder embeds text, never chat.
-    (!encoder).then(|| tracing::info!("chat template: {}", ready.template.source_name()));
-    ready.metrics.set_cache_config(&CacheConfigInfo {
-        block_size,
-        cache_dtype: args.kv_cache_dtype.name().to_owned(),
-        enable_prefix_caching: scheduler.enable_prefix_caching,
-        num_blocks: sizing.num_blocks,
-    });
-    ready.metrics.set_model_config(&model_info);
-    Ok(ready)
 }
 
 /// A sequence classifier's head as served: one label is a cross-encoder's score (`/score`,

@@ -417,6 +417,7 @@ mod tests {
             prompt_logprobs: None,
             num_cached_tokens: None,
             pooled: None,
+            kv_pin: None,
         }
     }
 

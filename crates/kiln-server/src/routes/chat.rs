@@ -133,9 +133,10 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
     let Prepared { spec, output, logprobs, ids, max_tokens, reasoning, compiled } =
         prepare(&state, &loaded, req).await?;
     let settings = state.config.tools;
-    let seq_specs = (0..spec.n)
+    let mut seq_specs = (0..spec.n)
         .map(|sample| SequenceSpec::new(&spec, &ids, sample, &limits, compiled.as_ref()))
         .collect::<Result<Vec<_>, ApiError>>()?;
+    crate::kv_transfer::ready_sequences(&loaded, &spec, 1, &mut seq_specs).await?;
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let mut usage = Usage::new(&[ids.len()]);
@@ -165,6 +166,7 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
         ));
     }
     let results = collect_all(seqs, spec.n, &mut usage, state.aborted()).await?;
+    let kv_transfer_params = crate::kv_transfer::response_field(&loaded, &spec, &results);
     let tokenizer = &loaded.tokenizer;
     let choices: Vec<Value> = results
         .into_iter()
@@ -204,7 +206,11 @@ async fn handle(state: Arc<ServerState>, req: ChatRequest) -> Result<Response, A
             choice
         })
         .collect();
-    Ok(Json(envelope.response("chat.completion", &choices, &usage)).into_response())
+    let mut body = envelope.response("chat.completion", &choices, &usage);
+    if let Some(params) = kv_transfer_params {
+        body["kv_transfer_params"] = params;
+    }
+    Ok(Json(body).into_response())
 }
 
 /// The request's tool fields as a plan; a forced call becomes `spec`'s grammar, and a parser

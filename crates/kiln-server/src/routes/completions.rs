@@ -180,6 +180,7 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
             seq_specs.push(SequenceSpec::new(&spec, ids, sample, &limits, compiled.as_ref())?);
         }
     }
+    crate::kv_transfer::ready_sequences(&loaded, &spec, prompt_ids.len(), &mut seq_specs).await?;
     let max_tokens = max_tokens.and_then(|m| usize::try_from(m).ok());
     let seqs = start_all(&state, &loaded, seq_specs, spec.n, max_tokens)?;
     let usage = Usage::new(&prompt_ids.iter().map(Vec::len).collect::<Vec<_>>());
@@ -206,9 +207,14 @@ async fn handle(state: Arc<ServerState>, req: CompletionRequest) -> Result<Respo
     }
     let mut usage = usage;
     let results = collect_all(seqs, spec.n, &mut usage, state.aborted()).await?;
+    let kv_transfer_params = crate::kv_transfer::response_field(&loaded, &spec, &results);
     let echo = echo.then_some(Echo { texts: &echo_texts, prompt_ids: &prompt_ids });
     let choices = choices_json(&loaded, results, &spec, echo, logprobs);
-    Ok(Json(envelope.response("text_completion", &choices, &usage)).into_response())
+    let mut body = envelope.response("text_completion", &choices, &usage);
+    if let Some(params) = kv_transfer_params {
+        body["kv_transfer_params"] = params;
+    }
+    Ok(Json(body).into_response())
 }
 
 /// What `echo` puts before each choice.

@@ -412,6 +412,7 @@ pub(crate) async fn pool_all(
                 .with_adapter_binding(job.adapter)
                 .with_pooling(job.params);
             Ok(SequenceSpec {
+                import: None,
                 request,
                 priority: job.priority,
                 stop: Vec::new(),

@@ -188,6 +188,7 @@ impl TestServer {
             tokenizer,
             generation_defaults,
             builtin_template: None,
+            model_fingerprint: Some(TEST_MODEL_FINGERPRINT),
         };
         let loaded = kiln_server::load(&state.config, served, template).unwrap();
         assert!(state.set_loaded(loaded));
@@ -360,6 +361,9 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
 }
 
 /// Opens the thinking at the generation prompt (as DeepSeek-R1's template does).
+/// The model fingerprint every test server reports (KV transfer peers compare it).
+pub const TEST_MODEL_FINGERPRINT: u64 = 0x6b69_6c6e;
+
 const THINKING_TEMPLATE: &str = "{% for m in messages %}<|start_header_id|>{{ m.role }}\
 <|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}\
 <|start_header_id|>assistant<|end_header_id|>\n\n<think>\n{% endif %}";
