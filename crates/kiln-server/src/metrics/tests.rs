@@ -580,7 +580,7 @@ const VLLM_NAMES: [&str; 29] = [
 
 /// Series vLLM does not have (modules `slo`, `swap`, `structured` and `busy`), exposed under
 /// the configured prefix too.
-const KILN_ONLY_NAMES: [&str; 19] = [
+const KILN_ONLY_NAMES: [&str; 25] = [
     "vllm:model_config_info",
     "vllm:structured_output_tokens_total",
     "vllm:structured_output_masks_total",
@@ -600,6 +600,12 @@ const KILN_ONLY_NAMES: [&str; 19] = [
     "vllm:scheduler_controller_ttft_calibration",
     "vllm:slo_target_misses_total",
     "vllm:slo_admission_total",
+    "vllm:kv_transfer_blocks_total",
+    "vllm:kv_transfer_bytes_total",
+    "vllm:kv_transfer_failures_total",
+    "vllm:kv_transfer_seconds",
+    "vllm:kv_pinned_blocks",
+    "vllm:kv_pins_expired_total",
 ];
 
 #[test]
