@@ -74,7 +74,7 @@
 
 mod busy;
 pub mod http;
-pub(crate) mod kv_transfer;
+pub mod kv_transfer;
 mod lora;
 mod process;
 mod slo;
@@ -227,6 +227,8 @@ pub struct StatsTotals {
     pub prefix_cache_hits: u64,
     /// Speculative-decoding totals as of the last engine step.
     pub spec_decode: SpecDecodeStats,
+    /// Prefill/decode disaggregation's transfers.
+    pub kv_transfer: kv_transfer::KvTransferTotals,
 }
 
 /// Engine totals as of the previous [`Metrics::on_step`].
@@ -619,6 +621,7 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .spec_decode,
+            kv_transfer: self.kv_transfer.totals(),
         }
     }
 

@@ -11,13 +11,15 @@
 //! written when this interval or the one before had tokens. With speculative decoding, an
 //! interval that verified drafts adds vLLM's "SpecDecoding metrics" line (acceptance over the
 //! interval). With LoRA adapters loaded, the line ends with them: how many are loaded and which
-//! run (`, LoRA adapters: 3 loaded, running: sql, chat`).
+//! run (`, LoRA adapters: 3 loaded, running: sql, chat`). With prefill/decode disaggregation,
+//! an interval that moved KV (or failed to) adds a line: `KV transfer: sent 120 blocks (35.2
+//! MiB/s), received 0 blocks (0.0 MiB/s), 0 failures, 16 blocks pinned`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lora::LoraRegistry;
-use crate::metrics::{StatsTotals, spec_decode_log_line};
+use crate::metrics::{StatsTotals, kv_transfer, spec_decode_log_line};
 use crate::state::ServerState;
 
 /// One stats line from the totals at the start and end of an interval of `elapsed`.
@@ -85,6 +87,10 @@ pub async fn run(state: Arc<ServerState>, interval: Duration) {
         if now.spec_decode.num_drafts > prev.spec_decode.num_drafts {
             tracing::info!("{}", spec_decode_log_line(&prev.spec_decode, &now.spec_decode));
         }
+        let secs = (at - prev_at).as_secs_f64();
+        if let Some(line) = kv_transfer::log_line(&prev.kv_transfer, &now.kv_transfer, secs) {
+            tracing::info!("{line}");
+        }
         was_busy = busy;
         before = Some((now, at));
     }
@@ -121,6 +127,25 @@ mod tests {
         // No lookups in the interval: the whole run's rate.
         let idle = StatsTotals { prompt_tokens: 1100, ..now };
         assert!(stats_line(&now, &idle, Duration::from_secs(10)).ends_with("hit rate: 16.7%"));
+    }
+
+    #[test]
+    fn the_kv_transfer_line_appears_when_kv_moved() {
+        use crate::metrics::kv_transfer::{KvTransferTotals, log_line};
+        let before = KvTransferTotals::default();
+        assert_eq!(log_line(&before, &before, 10.0), None);
+        let now = KvTransferTotals {
+            blocks_sent: 120,
+            bytes_sent: 120 << 20,
+            failures: 1,
+            pinned_blocks: 16,
+            ..before
+        };
+        assert_eq!(
+            log_line(&before, &now, 10.0).unwrap(),
+            "KV transfer: sent 120 blocks (12.0 MiB/s), received 0 blocks (0.0 MiB/s), 1 \
+             failures, 16 blocks pinned"
+        );
     }
 
     #[test]

@@ -24,6 +24,37 @@ pub(crate) const RECEIVED: DirectionLabel = [("direction", "received")];
 const SECONDS_BUCKETS: [f64; 12] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
+/// Totals for the periodic stats log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvTransferTotals {
+    pub blocks_sent: u64,
+    pub bytes_sent: u64,
+    pub blocks_received: u64,
+    pub bytes_received: u64,
+    pub failures: u64,
+    pub pinned_blocks: i64,
+}
+
+/// The stats log's KV transfer line over an interval of `secs` seconds (`None`: nothing moved
+/// or failed in it).
+pub fn log_line(before: &KvTransferTotals, now: &KvTransferTotals, secs: f64) -> Option<String> {
+    let d = |a: u64, b: u64| b.saturating_sub(a);
+    let failures = d(before.failures, now.failures);
+    let sent = d(before.blocks_sent, now.blocks_sent);
+    let received = d(before.blocks_received, now.blocks_received);
+    if sent == 0 && received == 0 && failures == 0 {
+        return None;
+    }
+    let mib_s = |a: u64, b: u64| d(a, b) as f64 / f64::from(1 << 20) / secs.max(1e-9);
+    Some(format!(
+        "KV transfer: sent {sent} blocks ({:.1} MiB/s), received {received} blocks ({:.1} \
+         MiB/s), {failures} failures, {} blocks pinned",
+        mib_s(before.bytes_sent, now.bytes_sent),
+        mib_s(before.bytes_received, now.bytes_received),
+        now.pinned_blocks,
+    ))
+}
+
 #[derive(Debug)]
 pub(crate) struct KvTransferMetrics {
     blocks: Family<DirectionLabel, Counter>,
@@ -96,6 +127,18 @@ impl KvTransferMetrics {
     /// A fetch of one request's blocks took `seconds`.
     pub(crate) fn on_fetched(&self, seconds: f64) {
         self.seconds.observe(seconds);
+    }
+
+    pub(crate) fn totals(&self) -> KvTransferTotals {
+        let get = |f: &Family<DirectionLabel, Counter>, d| f.get_or_create(d).get();
+        KvTransferTotals {
+            blocks_sent: get(&self.blocks, &SENT),
+            bytes_sent: get(&self.bytes, &SENT),
+            blocks_received: get(&self.blocks, &RECEIVED),
+            bytes_received: get(&self.bytes, &RECEIVED),
+            failures: get(&self.failures, &SENT) + get(&self.failures, &RECEIVED),
+            pinned_blocks: self.pinned_blocks.get(),
+        }
     }
 
     pub(crate) fn on_failure(&self, direction: &DirectionLabel) {
