@@ -42,7 +42,7 @@ fn every_kustomization_builds_and_validates_against_the_kubernetes_schemas() {
     let validate = venv_with("kubernetes-validate-venv", &[KUBERNETES_VALIDATE]);
     let validate = validate.join("bin/kubernetes-validate");
     let dirs = kustomizations();
-    assert!(dirs.len() >= 3, "base and two overlays expected: {dirs:?}");
+    assert!(dirs.len() >= 4, "base and three overlays expected: {dirs:?}");
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kustomize");
     std::fs::create_dir_all(&out_dir).unwrap();
     for dir in &dirs {
@@ -62,7 +62,7 @@ fn every_kustomization_builds_and_validates_against_the_kubernetes_schemas() {
         assert!(out.status.success(), "{name} does not validate:\n{report}");
         // Every resource was checked against a schema (none skipped as unknown).
         assert_eq!(report.matches(" passed for resource ").count(), kinds, "{name}:\n{report}");
-        check_kiln_deployment(name, &yaml);
+        check_kiln_deployments(name, &yaml);
     }
 }
 
@@ -82,13 +82,56 @@ fn bytes(q: &str) -> u64 {
     panic!("unexpected quantity {q}");
 }
 
-fn check_kiln_deployment(name: &str, yaml: &str) {
+/// Every kiln Deployment of a build (`kiln`; the PD overlay's `kiln-prefill` too) drains in
+/// its grace period, probes `/health`, and fits its memory limit; in the PD overlay both roles
+/// take the shared secret and the router runs vLLM's PD mode.
+fn check_kiln_deployments(name: &str, yaml: &str) {
     let docs: Vec<serde_norway::Value> =
         yaml.split("\n---\n").map(|d| serde_norway::from_str(d).unwrap()).collect();
-    let deployment = docs
+    let deployments: Vec<&serde_norway::Value> = docs
         .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "kiln")
-        .unwrap_or_else(|| panic!("{name}: no kiln Deployment"));
+        .filter(|d| d["kind"] == "Deployment")
+        .filter(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("kiln")))
+        .filter(|d| d["metadata"]["name"] != "kiln-router")
+        .collect();
+    assert!(deployments.iter().any(|d| d["metadata"]["name"] == "kiln"), "{name}: no kiln");
+    for deployment in &deployments {
+        check_kiln_deployment(name, deployment);
+    }
+    let roles: Vec<&str> = deployments
+        .iter()
+        .filter_map(|d| {
+            flag(d["spec"]["template"]["spec"]["containers"][0]["args"].as_sequence()?, "--kv-role")
+        })
+        .collect();
+    if roles.is_empty() {
+        return;
+    }
+    assert_eq!(roles.len(), deployments.len(), "{name}: every kiln Deployment has a role");
+    assert!(roles.contains(&"prefill") && roles.contains(&"decode"), "{name}: {roles:?}");
+    for deployment in &deployments {
+        let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+        let secret =
+            env.as_sequence().unwrap().iter().find(|e| e["name"] == "KILN_KV_TRANSFER_SECRET");
+        assert!(
+            secret.is_some(),
+            "{name}: {} lacks the KV transfer secret",
+            deployment["metadata"]["name"].as_str().unwrap()
+        );
+    }
+    let router = docs
+        .iter()
+        .find(|d| d["metadata"]["name"] == "kiln-router" && d["kind"] == "Deployment")
+        .unwrap();
+    let args = &router["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_sequence().unwrap().iter().any(|a| a == "--vllm-pd-disaggregation"),
+        "{name}: router"
+    );
+}
+
+fn check_kiln_deployment(name: &str, deployment: &serde_norway::Value) {
+    let name = format!("{name}/{}", deployment["metadata"]["name"].as_str().unwrap());
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     let args = container["args"].as_sequence().unwrap();
