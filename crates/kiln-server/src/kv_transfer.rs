@@ -175,6 +175,11 @@ impl KvTransfer {
         remote: &RemotePrefill,
         prompt: &[TokenId],
     ) -> Option<KvImport> {
+        // No more blocks than the prompt has full ones before its last token, whatever the
+        // params claim (they come with the request).
+        let bs = self.geometry.block_size as usize;
+        let num_blocks = remote.num_blocks.min(prompt.len().saturating_sub(1) / bs.max(1));
+        let remote = &RemotePrefill { num_blocks, ..remote.clone() };
         let rx = self.port.cached_blocks(prompt.to_vec());
         let cached = tokio::task::spawn_blocking(move || rx.recv().ok()).await.ok().flatten()?;
         let first = cached.min(remote.num_blocks);

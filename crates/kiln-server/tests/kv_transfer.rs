@@ -220,6 +220,19 @@ fn a_failed_fetch_is_computed_locally() {
 }
 
 #[test]
+fn params_claiming_more_blocks_than_the_prompt_has_fetch_only_the_prompts() {
+    let (p, d, colocated) = (server(KvRole::Prefill), server(KvRole::Decode), server(KvRole::Both));
+    let mut params = prefill(&p, "/v1/completions", &completion(6, None));
+    let blocks = params["remote_block_ids"].as_array().unwrap().len();
+    params["remote_block_ids"] = json!(vec![7; 200_000]);
+    let got = post_ok(&d, "/v1/completions", &completion(6, Some(&params)));
+    let want = post_ok(&colocated, "/v1/completions", &completion(6, None));
+    assert_eq!(got["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
+    assert_eq!(metric(&d, "kv_transfer_blocks_total", "received"), blocks as f64);
+    p.wait_for("the pin released", |p| pinned_blocks(p) == 0.0);
+}
+
+#[test]
 fn unfetched_pins_expire_and_hostile_clients_change_nothing() {
     let p = TestServer::start(transfer_config(KvRole::Prefill, SECRET, Duration::from_millis(300)));
     prefill(&p, "/v1/completions", &completion(8, None));
