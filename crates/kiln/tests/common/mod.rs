@@ -20,6 +20,12 @@ pub fn tiny_model() -> PathBuf {
 pub struct Server(Child);
 
 impl Server {
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
     /// Sends SIGTERM (a graceful stop: drain, then the engine's shutdown work) and waits for
     /// the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
@@ -70,7 +76,21 @@ pub fn start_kiln_serve(args: &[&str]) -> (Server, String) {
 
 /// [`start_kiln_serve`] on loopback port `port` (0: a free one).
 pub fn start_kiln_serve_on(port: u16, args: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    start_kiln_serve_via(&[], port, args)
+}
+
+/// [`start_kiln_serve_on`] run through `prefix` (e.g. `ip netns exec NS`, which execs kiln in
+/// place, so the child is kiln itself); the URL is the one kiln says it listens on.
+pub fn start_kiln_serve_via(prefix: &[&str], port: u16, args: &[&str]) -> (Server, String) {
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_kiln"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_kiln")),
+    };
+    let mut child = command
         .arg("serve")
         .args(args)
         .args(["--port", &port.to_string(), "--api-key", "test-key", "--disable-log-requests"])
