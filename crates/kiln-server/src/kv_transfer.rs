@@ -95,8 +95,8 @@ pub struct KvTransferConfig {
 pub struct KvTransfer {
     role: KvRole,
     engine_id: String,
-    geometry: KvGeometry,
-    secret: Vec<u8>,
+    /// The secret and geometry a fetch proves and expects (shared with release tasks).
+    importer: Arc<fetch::Importer>,
     /// `(remote_host, remote_port)` told to decode workers (exporting roles).
     advertised: Option<(String, u16)>,
     port: KvPort,
@@ -140,8 +140,7 @@ impl KvTransfer {
         Ok(Self {
             role: config.role,
             engine_id,
-            geometry,
-            secret: config.secret.clone(),
+            importer: Arc::new(fetch::Importer { secret: config.secret.clone(), geometry }),
             advertised,
             port,
             metrics,
@@ -177,16 +176,19 @@ impl KvTransfer {
     ) -> Option<KvImport> {
         // No more blocks than the prompt has full ones before its last token, whatever the
         // params claim (they come with the request).
-        let bs = self.geometry.block_size as usize;
+        let bs = self.importer.geometry.block_size as usize;
         let num_blocks = remote.num_blocks.min(prompt.len().saturating_sub(1) / bs.max(1));
         let remote = &RemotePrefill { num_blocks, ..remote.clone() };
         let rx = self.port.cached_blocks(prompt.to_vec());
         let cached = tokio::task::spawn_blocking(move || rx.recv().ok()).await.ok().flatten()?;
         let first = cached.min(remote.num_blocks);
         let start = Instant::now();
-        let importer = fetch::Importer { secret: &self.secret, geometry: &self.geometry };
-        match fetch::fetch(&importer, remote, prompt, first).await {
+        // Armed until the fetch completes (which releases the pin): a failed or abandoned
+        // fetch releases it from a task of its own.
+        let guard = fetch::ReleaseGuard::new(&self.importer, remote);
+        match fetch::fetch(&self.importer, remote, prompt, first).await {
             Ok(data) => {
+                guard.disarm();
                 let blocks = remote.num_blocks - first;
                 self.metrics.kv_transfer.on_moved(&RECEIVED, blocks, data.len());
                 self.metrics.kv_transfer.on_fetched(start.elapsed().as_secs_f64());

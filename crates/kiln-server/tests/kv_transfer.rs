@@ -152,24 +152,52 @@ fn read_frame(stream: &mut TcpStream) -> Message {
 
 /// Set once `dies_mid_transfer` has sent its first block.
 static SENT_A_BLOCK: AtomicBool = AtomicBool::new(false);
+/// Set when `dies_mid_transfer` is asked to release its pin after the failed fetch.
+static RELEASED_AFTER_FAILURE: AtomicBool = AtomicBool::new(false);
+/// Set when `stalls` is asked to release its pin.
+static RELEASED_AFTER_ABORT: AtomicBool = AtomicBool::new(false);
 
-/// Handshakes as a prefill worker that knows the secret, then answers a fetch with one block
-/// and dies.
-fn dies_mid_transfer(mut s: TcpStream) {
+/// Handshakes as a prefill worker that knows the secret; returns the peer's first message
+/// and the block size it announced.
+fn fake_handshake(s: &mut TcpStream) -> (Message, usize) {
     let server_nonce = [7u8; 32];
     s.write_all(&frame(&Message::Challenge { version: wire::VERSION, nonce: server_nonce }))
         .unwrap();
-    let Message::Hello(hello) = read_frame(&mut s) else { panic!("no hello") };
+    let Message::Hello(hello) = read_frame(s) else { panic!("no hello") };
     let mac = wire::server_mac(SECRET, &server_nonce, &hello.nonce);
     s.write_all(&frame(&Message::Welcome { mac })).unwrap();
-    let Message::Fetch(fetch) = read_frame(&mut s) else { panic!("no fetch") };
+    (read_frame(s), hello.geometry.block_bytes as usize)
+}
+
+/// Answers a fetch with one block and dies; counts a later release.
+fn dies_mid_transfer(mut s: TcpStream) {
+    let (message, block_bytes) = fake_handshake(&mut s);
+    let fetch = match message {
+        Message::Fetch(fetch) => fetch,
+        Message::Release { .. } => return RELEASED_AFTER_FAILURE.store(true, Ordering::SeqCst),
+        other => panic!("unexpected {other:?}"),
+    };
     assert!(fetch.count > 1);
-    let block = vec![0u8; hello.geometry.block_bytes as usize];
+    let block = vec![0u8; block_bytes];
     s.write_all(&frame(&Message::Block { index: 0, data: block })).unwrap();
     SENT_A_BLOCK.store(true, Ordering::SeqCst);
     // Half of the next frame, then the connection drops.
     let next = frame(&Message::Block { index: 1, data: vec![0u8; 64] });
     s.write_all(&next[..next.len() / 2]).unwrap();
+}
+
+/// Takes a fetch and never answers it (on a thread of its own); counts a release.
+fn stalls(mut s: TcpStream) {
+    match fake_handshake(&mut s).0 {
+        Message::Fetch(_) => {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(20));
+                drop(s);
+            });
+        }
+        Message::Release { .. } => RELEASED_AFTER_ABORT.store(true, Ordering::SeqCst),
+        other => panic!("unexpected {other:?}"),
+    }
 }
 
 /// A challenge whose checksum is wrong.
@@ -201,6 +229,9 @@ fn a_failed_fetch_is_computed_locally() {
         assert_eq!(metric(&d, "kv_transfer_blocks_total", "received"), 0.0);
     }
     assert!(SENT_A_BLOCK.load(Ordering::SeqCst), "the fake prefill got as far as a block");
+    d.wait_for("the failed fetch's pin released", |_| {
+        RELEASED_AFTER_FAILURE.load(Ordering::SeqCst)
+    });
     assert_eq!(d.get("/health").status, 200);
     // A decode server with another secret is refused by the real prefill worker, and computes.
     let stranger =
@@ -230,6 +261,27 @@ fn params_claiming_more_blocks_than_the_prompt_has_fetch_only_the_prompts() {
     assert_eq!(got["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
     assert_eq!(metric(&d, "kv_transfer_blocks_total", "received"), blocks as f64);
     p.wait_for("the pin released", |p| pinned_blocks(p) == 0.0);
+}
+
+#[test]
+fn a_request_aborted_during_its_fetch_releases_the_pin() {
+    let (p, d) = (server(KvRole::Prefill), server(KvRole::Decode));
+    let (port, _fake) = fake_prefill(stalls);
+    let params = pointed_at(&prefill(&p, "/v1/completions", &completion(6, None)), port);
+    let body = completion(6, Some(&params)).to_string();
+    let mut client = TcpStream::connect(d.addr).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client); // the client gives up while the fetch waits
+    d.wait_for("the abandoned fetch's pin released", |_| {
+        RELEASED_AFTER_ABORT.load(Ordering::SeqCst)
+    });
+    assert_eq!(d.get("/health").status, 200);
 }
 
 #[test]

@@ -6,8 +6,12 @@
 //! [`READ_TIMEOUT`]; blocks must arrive in order, each exactly one block's bytes, and their
 //! count must match the fetch and the `Done`; the server must prove it knows the secret. Any
 //! failure is an error for the caller, which then computes the prompt itself, so a prefill
-//! worker that dies mid-transfer costs the decode worker time, never a wrong token.
+//! worker that dies mid-transfer costs the decode worker time, never a wrong token. A fetch
+//! that does not complete (it failed, or the request was aborted while it ran: the future is
+//! dropped) sends the prefill worker a `Release` of the pin from a task of its own
+//! ([`ReleaseGuard`]), best effort: the pin's timeout covers a prefill worker that is gone.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_core::TokenId;
@@ -25,9 +29,61 @@ pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(120);
 
 /// What the decode side proves and expects.
-pub(crate) struct Importer<'a> {
-    pub secret: &'a [u8],
-    pub geometry: &'a KvGeometry,
+pub(crate) struct Importer {
+    pub secret: Vec<u8>,
+    pub geometry: KvGeometry,
+}
+
+/// Releases a remote pin when dropped armed (see the module docs).
+pub(crate) struct ReleaseGuard {
+    armed: Option<(Arc<Importer>, RemotePrefill)>,
+}
+
+impl ReleaseGuard {
+    pub(crate) fn new(importer: &Arc<Importer>, remote: &RemotePrefill) -> Self {
+        Self { armed: Some((Arc::clone(importer), remote.clone())) }
+    }
+
+    /// The fetch completed: it released the pin itself.
+    pub(crate) fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        let Some((importer, remote)) = self.armed.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        runtime.spawn(async move {
+            let released = timeout(FETCH_DEADLINE, release(&importer, &remote)).await;
+            if !matches!(released, Ok(Ok(()))) {
+                tracing::debug!(
+                    "KV pin {} on {}:{} not released",
+                    remote.pin,
+                    remote.host,
+                    remote.port
+                );
+            }
+        });
+    }
+}
+
+/// Connects to `remote`'s prefill worker and releases its pin.
+async fn release(importer: &Importer, remote: &RemotePrefill) -> Result<(), WireError> {
+    let mut stream = connect(remote).await?;
+    handshake(&mut stream, importer, &remote.engine_id).await?;
+    wire::write(&mut stream, &Message::Release { pin: remote.pin }).await?;
+    Ok(())
+}
+
+async fn connect(remote: &RemotePrefill) -> Result<TcpStream, WireError> {
+    let address = (remote.host.as_str(), remote.port);
+    let stream = match timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+        Ok(connected) => connected?,
+        Err(_) => return Err(timed_out("no connection to the prefill worker")),
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }
 
 fn timed_out(what: &str) -> WireError {
@@ -50,7 +106,7 @@ fn unexpected(m: &Message, wanted: &str) -> WireError {
 /// releases the pin (with `first == remote.num_blocks`: only releases it). Returns the blocks'
 /// bytes in order.
 pub(crate) async fn fetch(
-    importer: &Importer<'_>,
+    importer: &Importer,
     remote: &RemotePrefill,
     prompt: &[TokenId],
     first: usize,
@@ -62,17 +118,12 @@ pub(crate) async fn fetch(
 }
 
 async fn fetch_within(
-    importer: &Importer<'_>,
+    importer: &Importer,
     remote: &RemotePrefill,
     prompt: &[TokenId],
     first: usize,
 ) -> Result<Vec<u8>, WireError> {
-    let address = (remote.host.as_str(), remote.port);
-    let mut stream = match timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
-        Ok(connected) => connected?,
-        Err(_) => return Err(timed_out("no connection to the prefill worker")),
-    };
-    let _ = stream.set_nodelay(true);
+    let mut stream = connect(remote).await?;
     handshake(&mut stream, importer, &remote.engine_id).await?;
     let bs = importer.geometry.block_size as usize;
     let covered = (remote.num_blocks * bs).min(prompt.len());
@@ -111,7 +162,7 @@ async fn fetch_within(
 
 async fn handshake(
     stream: &mut TcpStream,
-    importer: &Importer<'_>,
+    importer: &Importer,
     engine_id: &str,
 ) -> Result<(), WireError> {
     let server_nonce = match read(stream, wire::MAX_CONTROL_PAYLOAD).await? {
@@ -128,14 +179,14 @@ async fn handshake(
     let hello = Hello {
         version: wire::VERSION,
         nonce,
-        mac: wire::client_mac(importer.secret, &server_nonce, &nonce),
+        mac: wire::client_mac(&importer.secret, &server_nonce, &nonce),
         geometry: importer.geometry.clone(),
         engine_id: engine_id.to_owned(),
     };
     wire::write(stream, &Message::Hello(hello)).await?;
     match read(stream, wire::MAX_CONTROL_PAYLOAD).await? {
         Message::Welcome { mac } => {
-            let expected = wire::server_mac(importer.secret, &server_nonce, &nonce);
+            let expected = wire::server_mac(&importer.secret, &server_nonce, &nonce);
             if constant_time_eq(&expected, &mac) {
                 Ok(())
             } else {
