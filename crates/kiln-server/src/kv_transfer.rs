@@ -147,6 +147,16 @@ impl KvTransfer {
         })
     }
 
+    /// This engine's KV geometry, as a handshake presents it.
+    pub fn geometry(&self) -> &KvGeometry {
+        &self.importer.geometry
+    }
+
+    /// The id decode workers name this engine by (`remote_engine_id`).
+    pub fn engine_id(&self) -> &str {
+        &self.engine_id
+    }
+
     /// The transfer listener's port (exporting roles).
     pub fn listen_port(&self) -> Option<u16> {
         self.advertised.as_ref().map(|(_, p)| *p)
@@ -179,13 +189,13 @@ impl KvTransfer {
         let bs = self.importer.geometry.block_size as usize;
         let num_blocks = remote.num_blocks.min(prompt.len().saturating_sub(1) / bs.max(1));
         let remote = &RemotePrefill { num_blocks, ..remote.clone() };
+        // Armed until the fetch completes (which releases the pin): a failed or abandoned
+        // fetch releases it from a task of its own.
+        let guard = fetch::ReleaseGuard::new(&self.importer, remote);
         let rx = self.port.cached_blocks(prompt.to_vec());
         let cached = tokio::task::spawn_blocking(move || rx.recv().ok()).await.ok().flatten()?;
         let first = cached.min(remote.num_blocks);
         let start = Instant::now();
-        // Armed until the fetch completes (which releases the pin): a failed or abandoned
-        // fetch releases it from a task of its own.
-        let guard = fetch::ReleaseGuard::new(&self.importer, remote);
         match fetch::fetch(&self.importer, remote, prompt, first).await {
             Ok(data) => {
                 guard.disarm();

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{TestServer, default_config, post_ok};
+use kiln_engine::{EngineConfig, KvCacheDtype};
 use kiln_server::ServerConfig;
 use kiln_server::kv_transfer::wire::{self, Message};
 use kiln_server::kv_transfer::{KvRole, KvTransferConfig};
@@ -318,6 +319,65 @@ fn unfetched_pins_expire_and_hostile_clients_change_nothing() {
     let params = prefill(&p2, "/v1/completions", &completion(8, None));
     post_ok(&d, "/v1/completions", &completion(8, Some(&params)));
     assert!(metric(&d, "kv_transfer_blocks_total", "received") > 0.0);
+}
+
+/// The listener's refusal of `hello` (after its challenge, whose nonce `hello` gets).
+fn refusal(addr: SocketAddr, mut hello: wire::Hello, secret: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let Message::Challenge { nonce, .. } = read_frame(&mut s) else { panic!("no challenge") };
+    hello.mac = wire::client_mac(secret, &nonce, &hello.nonce);
+    s.write_all(&frame(&Message::Hello(hello))).unwrap();
+    match read_frame(&mut s) {
+        Message::Refused(why) => why,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn handshakes_are_refused_by_name() {
+    let p = server(KvRole::Prefill);
+    let loaded = p.state.ready().unwrap();
+    let transfer = loaded.kv_transfer.as_ref().unwrap();
+    let addr: SocketAddr =
+        format!("127.0.0.1:{}", transfer.listen_port().unwrap()).parse().unwrap();
+    let good = wire::Hello {
+        version: wire::VERSION,
+        nonce: [9; 32],
+        mac: [0; 32],
+        geometry: transfer.geometry().clone(),
+        engine_id: transfer.engine_id().to_owned(),
+    };
+    let with = |f: &dyn Fn(&mut wire::Hello)| {
+        let mut h = good.clone();
+        f(&mut h);
+        h
+    };
+    let cases: [(wire::Hello, &[u8], &str); 5] = [
+        (with(&|h| h.version = 9), SECRET, "protocol version 9, this server speaks 1"),
+        (good.clone(), b"not-the-secret", "authentication failed"),
+        (
+            with(&|h| h.geometry.dtype = "int8".into()),
+            SECRET,
+            "KV cache dtype int8, this server has f16",
+        ),
+        (with(&|h| h.geometry.block_size = 16), SECRET, "block size 16, this server has 4"),
+        (with(&|h| h.engine_id = "kiln-old".into()), SECRET, "engine id \"kiln-old\""),
+    ];
+    for (hello, secret, needle) in cases {
+        let why = refusal(addr, hello, secret);
+        assert!(why.contains(needle), "{needle}: {why}");
+    }
+    // End to end: a decode worker with 8-bit KV against this f16 prefill worker is refused at
+    // the handshake, and computes the prompt itself.
+    let int8 = EngineConfig { kv_cache_dtype: KvCacheDtype::Int8, ..common::engine_config() };
+    let config = transfer_config(KvRole::Decode, SECRET, Duration::from_secs(60));
+    let d = TestServer::start_with(config, int8);
+    let params = prefill(&p, "/v1/completions", &completion(6, None));
+    post_ok(&d, "/v1/completions", &completion(6, Some(&params)));
+    assert_eq!(metric(&d, "kv_transfer_failures_total", "received"), 1.0);
+    assert_eq!(metric(&d, "kv_transfer_blocks_total", "received"), 0.0);
+    p.wait_for("the refusals counted", |p| metric(p, "kv_transfer_failures_total", "sent") >= 6.0);
 }
 
 #[test]
