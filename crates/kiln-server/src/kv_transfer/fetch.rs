@@ -139,19 +139,19 @@ async fn fetch_within(
     let block_bytes = importer.geometry.block_bytes as usize;
     let mut data = Vec::with_capacity(count * block_bytes);
     for expected in 0..count {
-        match read(&mut stream, 4 + block_bytes).await? {
-            Message::Block { index, data: block }
-                if index as usize == expected && block.len() == block_bytes =>
-            {
-                data.extend_from_slice(&block);
-            }
-            Message::Block { index, data: block } => {
+        let read =
+            timeout(READ_TIMEOUT, wire::read_block_into(&mut stream, block_bytes, &mut data));
+        match read.await {
+            Err(_) => return Err(timed_out("the prefill worker stopped answering")),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Ok(index))) if index as usize == expected => {}
+            Ok(Ok(Ok(index))) => {
                 return Err(WireError::Malformed(format!(
-                    "block {index} of {} bytes where block {expected} of {block_bytes} was due",
-                    block.len()
+                    "block {index} where block {expected} was due"
                 )));
             }
-            other => return Err(unexpected(&other, "a block")),
+            Ok(Ok(Err(Message::Refused(why)))) => return Err(WireError::Refused(why)),
+            Ok(Ok(Err(other))) => return Err(unexpected(&other, "a block")),
         }
     }
     match read(&mut stream, wire::MAX_CONTROL_PAYLOAD).await? {

@@ -198,7 +198,10 @@ async fn serve_fetch(
         };
         for (i, block) in data.chunks_exact(block_bytes).enumerate() {
             let index = (from - first + i) as u32;
-            send(out, &Message::Block { index, data: block.to_vec() }).await?;
+            match timeout(IDLE_TIMEOUT, wire::write_block(out, index, block)).await {
+                Ok(written) => written?,
+                Err(_) => return Err(WireError::Io(std::io::ErrorKind::TimedOut.into())),
+            }
         }
         exporter.metrics.kv_transfer.on_moved(&SENT, n, data.len());
         from += n;

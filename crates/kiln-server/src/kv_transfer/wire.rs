@@ -159,31 +159,114 @@ pub async fn write(out: &mut (impl AsyncWrite + Unpin), message: &Message) -> st
     out.write_all(&frame).await
 }
 
-/// Reads one frame whose payload is at most `max` bytes and parses it.
-pub async fn read(input: &mut (impl AsyncRead + Unpin), max: usize) -> Result<Message, WireError> {
+/// Writes a `Block` frame of block `index` straight from `data` (the bytes [`write`] would
+/// write for `Message::Block`, without copying the block).
+pub async fn write_block(
+    out: &mut (impl AsyncWrite + Unpin),
+    index: u32,
+    data: &[u8],
+) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    head[..4].copy_from_slice(&((data.len() + 4) as u32).to_le_bytes());
+    head[4] = BLOCK;
+    head[5..].copy_from_slice(&index.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[4..]);
+    crc.update(data);
+    out.write_all(&head).await?;
+    out.write_all(data).await?;
+    out.write_all(&crc.finalize().to_le_bytes()).await
+}
+
+/// Reads a frame's length and kind; the peer closing the connection first is `Closed`.
+async fn read_head(input: &mut (impl AsyncRead + Unpin)) -> Result<(usize, u8), WireError> {
     let mut head = [0u8; 5];
     match input.read_exact(&mut head).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(WireError::Closed),
-        Err(e) => return Err(e.into()),
+        Ok(_) => Ok((u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize, head[4])),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(WireError::Closed),
+        Err(e) => Err(e.into()),
     }
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+}
+
+/// `read_exact` inside a frame: running out is a truncated frame.
+async fn read_within(
+    input: &mut (impl AsyncRead + Unpin),
+    buf: &mut [u8],
+) -> Result<(), WireError> {
+    input.read_exact(buf).await.map(drop).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => WireError::Malformed("a truncated frame".into()),
+        _ => e.into(),
+    })
+}
+
+/// Reads one frame whose payload is at most `max` bytes and parses it.
+pub async fn read(input: &mut (impl AsyncRead + Unpin), max: usize) -> Result<Message, WireError> {
+    let (len, kind) = read_head(input).await?;
+    read_body(input, len, kind, max).await
+}
+
+async fn read_body(
+    input: &mut (impl AsyncRead + Unpin),
+    len: usize,
+    kind: u8,
+    max: usize,
+) -> Result<Message, WireError> {
     if len > max {
         return Err(WireError::TooLarge { len, max });
     }
     let mut body = vec![0u8; len + 4];
-    input.read_exact(&mut body).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => WireError::Malformed("a truncated frame".into()),
-        _ => e.into(),
-    })?;
+    read_within(input, &mut body).await?;
     let (payload, crc) = body.split_at(len);
     let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&head[4..]);
+    hasher.update(&[kind]);
     hasher.update(payload);
     if hasher.finalize().to_le_bytes() != crc {
         return Err(WireError::Checksum);
     }
-    decode(head[4], payload)
+    decode(kind, payload)
+}
+
+/// Reads one frame on the receiving end of a fetch: a `Block` of exactly `block_bytes` bytes
+/// is appended to `out` (no intermediate copy) and its index returned as `Ok(Ok(index))`; any
+/// other message, at most [`MAX_CONTROL_PAYLOAD`] bytes, as `Ok(Err(message))`. On an error
+/// `out` is as it was.
+pub async fn read_block_into(
+    input: &mut (impl AsyncRead + Unpin),
+    block_bytes: usize,
+    out: &mut Vec<u8>,
+) -> Result<Result<u32, Message>, WireError> {
+    let (len, kind) = read_head(input).await?;
+    if kind != BLOCK {
+        return read_body(input, len, kind, MAX_CONTROL_PAYLOAD).await.map(Err);
+    }
+    if len != block_bytes + 4 {
+        return Err(WireError::Malformed(format!(
+            "a block frame of {len} bytes where {} were due",
+            block_bytes + 4
+        )));
+    }
+    let mut index = [0u8; 4];
+    read_within(input, &mut index).await?;
+    let start = out.len();
+    out.resize(start + block_bytes, 0);
+    let mut crc = [0u8; 4];
+    let read = async {
+        read_within(input, &mut out[start..]).await?;
+        read_within(input, &mut crc).await
+    };
+    if let Err(e) = read.await {
+        out.truncate(start);
+        return Err(e);
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&[BLOCK]);
+    hasher.update(&index);
+    hasher.update(&out[start..]);
+    if hasher.finalize().to_le_bytes() != crc {
+        out.truncate(start);
+        return Err(WireError::Checksum);
+    }
+    Ok(Ok(u32::from_le_bytes(index)))
 }
 
 fn name_field(name: &str) -> [u8; 16] {
@@ -449,6 +532,34 @@ mod tests {
             let _ = write!(s, "{b:02x}");
             s
         })
+    }
+
+    #[tokio::test]
+    async fn blocks_are_written_and_read_in_place() {
+        let data: Vec<u8> = (0..100u8).collect();
+        let mut direct = Vec::new();
+        write_block(&mut direct, 3, &data).await.unwrap();
+        assert_eq!(direct, frame_of(&Message::Block { index: 3, data: data.clone() }).await);
+        let mut out = vec![9u8];
+        let index = read_block_into(&mut direct.as_slice(), 100, &mut out).await.unwrap();
+        assert_eq!((index.unwrap(), &out[1..]), (3, data.as_slice()));
+        // Another message passes through; a corrupted, truncated or mis-sized block leaves
+        // `out` as it was.
+        let done = frame_of(&Message::Done { blocks: 1 }).await;
+        let got = read_block_into(&mut done.as_slice(), 100, &mut out).await.unwrap();
+        assert_eq!(got, Err(Message::Done { blocks: 1 }));
+        let mut bad = direct.clone();
+        bad[50] ^= 4;
+        assert!(matches!(
+            read_block_into(&mut bad.as_slice(), 100, &mut out).await,
+            Err(WireError::Checksum)
+        ));
+        assert!(read_block_into(&mut &direct[..60], 100, &mut out).await.is_err());
+        assert!(matches!(
+            read_block_into(&mut direct.as_slice(), 99, &mut out).await,
+            Err(WireError::Malformed(_))
+        ));
+        assert_eq!(out.len(), 101);
     }
 
     #[test]
