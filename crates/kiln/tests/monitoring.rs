@@ -12,9 +12,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{debian_package, free_port, http, repo, start_kiln_serve, start_server};
+use common::{debian_package, free_port, http, repo, start_kiln_serve, start_server, wait_for};
 
 fn monitoring() -> PathBuf {
     repo().join("deploy/monitoring")
@@ -174,15 +174,6 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     }
     let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     (status, out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned())
-}
-
-/// Polls `done` every 250 ms until it holds; panics after `limit`.
-fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// `(alertname, instance)` of the alerts Prometheus reports firing.

@@ -13,9 +13,9 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Server, free_port, start_kiln_serve_on, tiny_model};
+use common::{Server, free_port, start_kiln_serve_on, tiny_replica_with, wait_for};
 
 /// The router release the tests are written against.
 const VLLM_ROUTER: &str = "vllm-router==0.1.17";
@@ -57,15 +57,6 @@ fn start_router(workers: &[String], policy: &str, model: &str) -> Router {
         post(&router.addr, "/v1/completions", &body).0 == 200
     });
     router
-}
-
-/// Polls `done` every 200 ms until it holds; panics after `limit`.
-fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// A POST as HTTP/1.0 (answered unchunked, streams included), with the replicas' API key;
@@ -121,16 +112,6 @@ fn stream_text(body: &str, field: &str) -> (String, bool) {
 
 fn tiny_replica() -> (Server, String) {
     tiny_replica_with(&[])
-}
-
-/// A replica of the tiny fixture with more flags; returns it with its `host:port`.
-fn tiny_replica_with(extra: &[&str]) -> (Server, String) {
-    let tiny = tiny_model();
-    let mut args = vec!["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
-    args.extend(["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"]);
-    args.extend(extra);
-    let (server, url) = start_kiln_serve_on(0, &args);
-    (server, url.trim_start_matches("http://").to_owned())
 }
 
 #[test]

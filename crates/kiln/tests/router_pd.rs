@@ -10,9 +10,9 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{free_port, http, metric, metric_where, start_kiln_serve_on, tiny_model};
+use common::{free_port, http, metric, metric_where, tiny_replica_with, wait_for};
 
 /// The router release the test is written against (as `router.rs`).
 const VLLM_ROUTER: &str = "vllm-router==0.1.17";
@@ -23,23 +23,6 @@ impl Drop for Router {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn replica(extra: &[&str]) -> (common::Server, String) {
-    let tiny = tiny_model();
-    let mut args = vec!["--model", tiny.to_str().unwrap(), "--served-model-name", "tiny"];
-    args.extend(["--num-kv-blocks", "256", "--max-model-len", "256", "--threads", "1"]);
-    args.extend(extra);
-    let (server, url) = start_kiln_serve_on(0, &args);
-    (server, url.trim_start_matches("http://").to_owned())
-}
-
-fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -58,9 +41,9 @@ fn stream_text(body: &str) -> String {
 
 #[test]
 fn vllms_router_orchestrates_a_kiln_prefill_and_decode_pair() {
-    let (_p, p_addr) = replica(&["--kv-role", "prefill", "--kv-transfer-port", "0"]);
-    let (_d, d_addr) = replica(&["--kv-role", "decode"]);
-    let (_c, c_addr) = replica(&[]);
+    let (_p, p_addr) = tiny_replica_with(&["--kv-role", "prefill", "--kv-transfer-port", "0"]);
+    let (_d, d_addr) = tiny_replica_with(&["--kv-role", "decode"]);
+    let (_c, c_addr) = tiny_replica_with(&[]);
     let venv = common::venv_with("vllm-router-venv", &[VLLM_ROUTER]);
     let port = free_port();
     let child = Command::new(venv.join("bin/vllm-router"))

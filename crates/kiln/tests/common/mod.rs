@@ -68,6 +68,21 @@ pub fn start_server_with(extra: &[&str]) -> (Server, String) {
     start_kiln_serve(&args)
 }
 
+/// [`start_server_with`], returning the server's `host:port` instead of its URL.
+pub fn tiny_replica_with(extra: &[&str]) -> (Server, String) {
+    let (server, url) = start_server_with(extra);
+    (server, url.trim_start_matches("http://").to_owned())
+}
+
+/// Polls `done` every 200 ms until it holds; panics after `limit`.
+pub fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `kiln serve ARGS` on a free loopback port with API key `test-key`; returns it with its
 /// base URL once `/health` is 200 (the default model may take a first fetch).
 pub fn start_kiln_serve(args: &[&str]) -> (Server, String) {
