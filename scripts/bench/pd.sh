@@ -18,7 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${1:-bench-results/pd}"
 mkdir -p "$OUT"
-MODEL="$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)"
+# MODEL=FILE (with ONLY=transfer) measures the transfer on another model, e.g. a real shape
+# written by scripts/bench/shape_gguf.py; N prompts (8).
+MODEL="${MODEL:-$(cargo run -q --release -p kiln-fetch --example fetch_default_model 2>/dev/null)}"
 cargo build --release -q -p kiln
 KILN="${CARGO_TARGET_DIR:-target}/release/kiln"
 VENV="${CARGO_TARGET_DIR:-target}/bench-router-venv"
@@ -69,7 +71,7 @@ mixed() { # label, base url
 
 if [ "${ONLY:-transfer}" = transfer ]; then
   start_pair
-  python3 scripts/bench/pd_transfer.py http://127.0.0.1:8201 http://127.0.0.1:8202 8 1000 \
+  python3 scripts/bench/pd_transfer.py http://127.0.0.1:8201 http://127.0.0.1:8202 "${N:-8}" 1000 \
     | tee "$OUT/transfer.json"
   stop_all
 fi
