@@ -33,12 +33,12 @@ mod thread_pool;
 pub mod vec_ops;
 pub mod vmath;
 
-pub use cpu::{Cpu, CpuKvStore, KvLayer, KvLayerMut};
+pub use cpu::{Cpu, CpuKvStore, FloatMatmul, KvLayer, KvLayerMut};
 pub use kiln_backend as backend;
 pub use kiln_backend::{MappedFile, Storage};
 pub use matmul::{
-    ExpertJob, LinearJob, QuantizeError, WeightData, WeightMatrix, linear, linear_experts,
-    linear_multi,
+    ExpertJob, LinearJob, QuantizeError, WeightData, WeightMatrix, bf16_dot_supported, linear,
+    linear_experts, linear_multi, round_to_bf16,
 };
 pub use prefetch_level::{PREFETCH_ENV, PrefetchLevel};
 pub use quant::{GgmlType, QuantMatrix};

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use kiln_engine::SpeculativeConfig;
 use kiln_fetch::{DEFAULT_MODEL_NAME, FetchConfig, fetch_default_model};
-use kiln_kernels::{Cpu, GgmlType};
+use kiln_kernels::{Cpu, FloatMatmul, GgmlType};
 use kiln_models::{LoadOptions, LoadedModel, load_model_with};
 
+use crate::args::dtype::Dtype;
 use crate::hub::{self, HubConfig, HubId};
 
 /// A loaded draft model for `--speculative-config`'s method `draft_model`.
@@ -24,14 +25,25 @@ pub fn cpu_host_pool(model: &dyn kiln_models::Model<Cpu>) -> kiln_engine::HostPo
     kiln_engine::HostPool::new(model.backend().shared_pool())
 }
 
-pub fn cpu_backend(threads: usize) -> Arc<Cpu> {
-    let backend = Arc::new(Cpu::new(threads));
+pub fn cpu_backend(threads: usize, dtype: Dtype) -> Arc<Cpu> {
+    let bf16_units = kiln_kernels::bf16_dot_supported();
+    if let Some(w) = dtype.warning(bf16_units) {
+        tracing::warn!("{w}");
+    }
+    let float_matmul = dtype.float_matmul(bf16_units);
+    let backend = Arc::new(Cpu::new(threads).with_float_matmul(float_matmul));
     tracing::info!(
-        "CPU backend: {} threads, {} kernels (best here: {}), weight prefetch into {}",
+        "CPU backend: {} threads, {} kernels (best here: {}), weight prefetch into {}, float \
+         matrices {}",
         backend.pool().num_threads(),
         kiln_kernels::CpuIsa::selected(),
         kiln_kernels::CpuIsa::best(),
-        kiln_kernels::PrefetchLevel::selected()
+        kiln_kernels::PrefetchLevel::selected(),
+        match float_matmul {
+            FloatMatmul::F32 => "in f32",
+            FloatMatmul::Bf16Stored => "in bf16 where stored in bf16 (AVX-512 BF16), else f32",
+            FloatMatmul::Bf16 => "converted to bf16 (AVX-512 BF16)",
+        }
     );
     backend
 }
@@ -136,6 +148,11 @@ pub struct ModelArgs {
     /// without the flag too).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
+    /// The precision float matrices multiply in (vLLM's `--dtype`): `auto` runs bf16 weights
+    /// in bf16 (activations rounded to bf16, f32 sums, on AVX-512 BF16) and f32/f16 weights in
+    /// f32; `bfloat16` converts every float matrix to bf16; `float32` keeps all in f32.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: Dtype,
     /// Load for pooling (no LM head; steps give hidden states): set by `kiln serve` when it
     /// serves the model for embeddings, never a flag of its own.
     #[arg(skip)]
@@ -185,7 +202,7 @@ impl ModelArgs {
 
     /// [`ModelArgs::load`] from the path [`ModelArgs::resolve`] gave.
     pub fn load_path(&self, path: &Path, threads: usize) -> anyhow::Result<LoadedModel<Cpu>> {
-        self.load_path_on(path, &cpu_backend(threads))
+        self.load_path_on(path, &cpu_backend(threads, self.dtype))
     }
 
     /// [`ModelArgs::load`], and the draft model `speculative` names (method `draft_model`) on
@@ -195,7 +212,7 @@ impl ModelArgs {
         threads: usize,
         speculative: Option<&SpeculativeConfig>,
     ) -> anyhow::Result<(LoadedModel<Cpu>, Option<DraftModel<Cpu>>)> {
-        let backend = cpu_backend(threads);
+        let backend = cpu_backend(threads, self.dtype);
         let loaded = self.load_path_on(&self.resolve()?, &backend)?;
         let draft = self.load_draft_on(speculative, &backend, &loaded)?;
         Ok((loaded, draft))

@@ -158,9 +158,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Some(w) = args.vllm.dtype_warning() {
-        tracing::warn!("{w}");
-    }
     let config = server_config(args)?;
     let stats_interval = args.vllm.stats_interval()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -418,7 +415,7 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
                 let needed = crate::memory_fit::weight_file_bytes(&model_path)?;
                 crate::memory_fit::check_fits(needed, available_memory(), &model_path)?;
             }
-            let backend = crate::model_arg::cpu_backend(args.threads);
+            let backend = crate::model_arg::cpu_backend(args.threads, args.model.dtype);
             let loaded = model_args.load_path_on(&model_path, &backend)?;
             let draft = args.model.load_draft_on(args.speculative.as_ref(), &backend, &loaded)?;
             let weight_bytes = (loaded.model.weight_bytes()
@@ -433,6 +430,9 @@ fn load(state: &ServerState, args: &LoadArgs) -> anyhow::Result<Loaded> {
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
+            if let Some(w) = args.model.dtype.cuda_warning() {
+                tracing::warn!("{w}");
+            }
             let shape = crate::device::cuda::ProfileShape {
                 max_num_batched_tokens: args.scheduler.max_num_batched_tokens,
                 max_num_seqs: args.scheduler.max_num_seqs,

@@ -4,7 +4,8 @@
 //! Memory is host memory: weights are [`WeightMatrix`] values (float tensors viewed in place in
 //! their memory-mapped files when aligned, block-quantized ones repacked for the int8 kernels),
 //! activation buffers are `Vec<f32>` and views are plain slices, the KV store is
-//! [`CpuKvStore`]. Every op is the kernel the model called before the seam existed, so results
+//! [`CpuKvStore`]. [`FloatMatmul`] says how float matrices multiply (`--dtype`): in f32, or
+//! bf16 ones on the CPU's bf16 units with activations rounded to bf16. Every op is the kernel the model called before the seam existed, so results
 //! are bitwise those of the kernels (tested in the kernels' own modules).
 
 mod kv_store;
@@ -27,12 +28,29 @@ use crate::attention::{
 use crate::host_rows;
 use crate::norm::{layer_norm, residual_norm, rms_norm, rms_norm_inplace};
 use crate::rope::Rope;
-use crate::{SharedMut, ThreadPool, WeightMatrix, linear_multi};
+use crate::{SharedMut, ThreadPool, WeightData, WeightMatrix, linear_multi};
+
+/// How float (f32 / f16 / bf16) weight matrices are multiplied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FloatMatmul {
+    /// Every float matrix in f32: 16-bit weights widened exactly, activations kept in f32
+    /// (`--dtype float32`).
+    #[default]
+    F32,
+    /// bf16 matrices as bf16 dot products of activations rounded to bf16, summed in f32
+    /// ([`crate::WeightMatrix::with_bf16_dots`]); f32 and f16 matrices in f32 (`--dtype auto`,
+    /// as vLLM runs a bf16 checkpoint in bf16).
+    Bf16Stored,
+    /// Every float matrix converted to bf16 as it loads, then as [`FloatMatmul::Bf16Stored`]
+    /// (`--dtype bfloat16`).
+    Bf16,
+}
 
 /// The CPU backend; cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct Cpu {
     pool: Arc<ThreadPool>,
+    float_matmul: FloatMatmul,
 }
 
 impl Cpu {
@@ -42,7 +60,20 @@ impl Cpu {
     }
 
     pub fn with_pool(pool: Arc<ThreadPool>) -> Self {
-        Self { pool }
+        Self { pool, float_matmul: FloatMatmul::F32 }
+    }
+
+    /// This backend with float matrices loaded for `mode` from now on. bf16 dot products run on
+    /// AVX-512 BF16 where [`crate::bf16_dot_supported`], else in scalar code with the same
+    /// result (slow: choose [`FloatMatmul::F32`] there).
+    #[must_use]
+    pub fn with_float_matmul(mut self, mode: FloatMatmul) -> Self {
+        self.float_matmul = mode;
+        self
+    }
+
+    pub fn float_matmul(&self) -> FloatMatmul {
+        self.float_matmul
     }
 
     /// The pool, shared (the engine samples on the kernels' threads).
@@ -87,14 +118,21 @@ impl Backend for Cpu {
         let bytes = tensor.into_bytes();
         let size = LoadTensorError::Size { rows, cols, ty, bytes: bytes.len() };
         let m = WeightMatrix::from_quantized(rows, cols, ty, bytes).ok_or(size)?;
-        match convert {
-            None => Ok(m),
+        let to_bf16 = self.float_matmul == FloatMatmul::Bf16
+            && matches!(m.data(), WeightData::F32(_) | WeightData::F16(_));
+        let convert = if to_bf16 && convert.is_none() { Some(GgmlType::Bf16) } else { convert };
+        let m = match convert {
+            None => m,
             Some(to) => m.quantize(to).map_err(|e| LoadTensorError::Convert {
                 ty: e.ty,
                 cols: e.cols,
                 block: e.block,
-            }),
-        }
+            })?,
+        };
+        Ok(match self.float_matmul {
+            FloatMatmul::F32 => m,
+            FloatMatmul::Bf16Stored | FloatMatmul::Bf16 => m.with_bf16_dots(),
+        })
     }
 
     fn weight_bytes(&self, weight: &WeightMatrix) -> usize {

@@ -15,7 +15,7 @@ use crate::quant::{QuantActs, qgemm_groups};
 use crate::thread_pool::SharedMut;
 use crate::{CpuIsa, SimdLevel, ThreadPool};
 
-use super::{MAX_JOBS, WeightData, WeightMatrix, gemv_rows, rows_per_task};
+use super::{MAX_JOBS, WeightData, WeightMatrix, bf16_dot, float_rows, rows_per_task};
 
 /// One matrix per expert of a [`linear_experts`] call.
 pub struct ExpertJob<'a> {
@@ -118,23 +118,35 @@ pub fn linear_experts(
             });
         }
         let acts: &[[QuantActs; 2]] = acts;
-        let (level, isa) = (SimdLevel::detect(), CpuIsa::selected());
-        pool.run(tasks.len(), |t| {
-            let Task { job, slot, ref rows } = tasks[t];
-            let w = &jobs[job].weights[active[slot]];
-            let seg = seg(slot);
-            // SAFETY: the expert's output rows `seg` start inside `out` (checked above); this
-            // task alone writes their columns `rows`.
-            let out = unsafe { outs[job].at(seg.start * w.rows) };
-            if let WeightData::Quant(q) = &w.data {
-                let a = &acts[slot][usize::from(q.act_block() == 256)];
-                // rows.start is a multiple of 16 (a task's rows are a multiple of 32).
-                qgemm_groups(isa, a, q, rows.start / 16..rows.end.div_ceil(16), out);
-            } else {
-                let xs = &x[seg.start * k..seg.end * k];
-                gemv_rows(level, xs, seg.len(), w, rows.clone(), out);
-            }
-        });
+        let bf16 = jobs.iter().any(|j| active.iter().any(|&e| j.weights[e].bf16_dots));
+        let x = &x[..total * k];
+        let level = SimdLevel::detect();
+        let isa = CpuIsa::selected();
+        // `xb` is `x` rounded to bf16 when a matrix takes bf16 dots, else empty.
+        let run = |xb: &[u16]| {
+            pool.run(tasks.len(), |t| {
+                let Task { job, slot, ref rows } = tasks[t];
+                let w = &jobs[job].weights[active[slot]];
+                let seg = seg(slot);
+                // SAFETY: the expert's output rows `seg` start inside `out` (checked above); this
+                // task alone writes their columns `rows`.
+                let out = unsafe { outs[job].at(seg.start * w.rows) };
+                if let WeightData::Quant(q) = &w.data {
+                    let a = &acts[slot][usize::from(q.act_block() == 256)];
+                    // rows.start is a multiple of 16 (a task's rows are a multiple of 32).
+                    qgemm_groups(isa, a, q, rows.start / 16..rows.end.div_ceil(16), out);
+                } else {
+                    let rows_k = seg.start * k..seg.end * k;
+                    let xbs = xb.get(rows_k.clone()).unwrap_or(&[]);
+                    float_rows(level, (&x[rows_k], xbs), seg.len(), w, rows.clone(), out);
+                }
+            });
+        };
+        if bf16 {
+            bf16_dot::with_rounded(x, run);
+        } else {
+            run(&[]);
+        }
     });
 }
 
@@ -149,8 +161,8 @@ mod tests {
         WeightMatrix::new(rows, cols, WeightData::F32(data.into())).unwrap()
     }
 
-    /// Grouped == one `linear_multi` per expert, bit for bit, for float and quantized
-    /// experts, with empty experts, one-row and many-row (AMX-sized) segments.
+    /// Grouped == one `linear_multi` per expert, bit for bit, for float, bf16-dot and
+    /// quantized experts, with empty experts, one-row and many-row (AMX-sized) segments.
     #[test]
     fn grouped_equals_one_linear_per_expert() {
         let pool = ThreadPool::new(3);
@@ -158,11 +170,17 @@ mod tests {
         let offsets = [0, 1, 1, 19, 21, 40];
         let rows = offsets[experts];
         let x = crate::testing::values(rows * k, 9, 1.0);
-        for ty in [None, Some(GgmlType::Q8_0), Some(GgmlType::Q4K), Some(GgmlType::Q6K)] {
+        let types = [None, Some(GgmlType::Q8_0), Some(GgmlType::Q4K), Some(GgmlType::Q6K)];
+        for ty in types.into_iter().chain([Some(GgmlType::Bf16)]) {
             let make = |seed| {
                 let w: Vec<WeightMatrix> =
                     (0..experts).map(|e| matrix(n, k, seed + e as u64)).collect();
                 match ty {
+                    // bf16 experts multiply as bf16 dot products.
+                    Some(GgmlType::Bf16) => w
+                        .iter()
+                        .map(|w| w.quantize(GgmlType::Bf16).unwrap().with_bf16_dots())
+                        .collect(),
                     Some(ty) => w.iter().map(|w| w.quantize(ty).unwrap()).collect(),
                     None => w,
                 }

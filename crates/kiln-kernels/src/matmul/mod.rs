@@ -14,7 +14,12 @@
 //! `x` is quantized to 8 bits once per call (per activation block size the jobs need, into
 //! per-thread buffers that only grow), then tasks own 16-row groups of weights. Their outputs
 //! obey the same batch invariance.
+//!
+//! bf16 matrices marked [`WeightMatrix::with_bf16_dots`] take [`bf16_dot`] instead: `x` is
+//! rounded to bf16 once per call and multiplied on the CPU's bf16 units in a fixed order, with
+//! the same invariance.
 
+mod bf16_dot;
 mod experts;
 mod gemv;
 
@@ -27,6 +32,7 @@ use crate::thread_pool::SharedMut;
 use crate::{CpuIsa, SimdLevel, ThreadPool};
 use kiln_backend::Storage;
 
+pub use bf16_dot::{bf16_dot_supported, round_to_bf16};
 pub use experts::{ExpertJob, linear_experts};
 pub use gemv::gemv_rows;
 
@@ -79,6 +85,8 @@ pub struct WeightMatrix {
     rows: usize,
     cols: usize,
     data: WeightData,
+    /// bf16 data multiplied by activations rounded to bf16 ([`bf16_dot`]), not widened to f32.
+    bf16_dots: bool,
 }
 
 impl WeightMatrix {
@@ -89,7 +97,26 @@ impl WeightMatrix {
         {
             return None;
         }
-        (rows.checked_mul(cols)? == data.len()).then_some(Self { rows, cols, data })
+        (rows.checked_mul(cols)? == data.len()).then_some(Self {
+            rows,
+            cols,
+            data,
+            bf16_dots: false,
+        })
+    }
+
+    /// This matrix multiplied in bf16 when its data is bf16: activations are rounded to bf16
+    /// and the products summed in f32 on the CPU's bf16 units (`--dtype bfloat16`). Other
+    /// data is unchanged (it keeps the f32 or integer kernels).
+    #[must_use]
+    pub fn with_bf16_dots(mut self) -> Self {
+        self.bf16_dots = matches!(self.data, WeightData::Bf16(_));
+        self
+    }
+
+    /// Whether [`WeightMatrix::with_bf16_dots`] applies.
+    pub fn bf16_dots(&self) -> bool {
+        self.bf16_dots
     }
 
     /// A matrix from GGUF tensor data: `rows` rows of `ty.row_bytes(cols)` bytes. Float types
@@ -275,6 +302,7 @@ pub fn linear_multi(pool: &ThreadPool, x: &[f32], m: usize, jobs: &mut [LinearJo
         assert!(job.bias.is_none_or(|b| b.len() == n), "linear: bias is not [n]");
     }
     assert!(jobs.len() <= MAX_JOBS, "linear_multi: at most {MAX_JOBS} matrices");
+    let bf16 = jobs.iter().any(|j| j.weight.bf16_dots);
     ACTS.with_borrow_mut(|acts| {
         // Quantize x once per activation block size the quantized jobs need.
         for (slot, block) in acts.iter_mut().zip([32, 256]) {
@@ -287,13 +315,35 @@ pub fn linear_multi(pool: &ThreadPool, x: &[f32], m: usize, jobs: &mut [LinearJo
                 slot.quantize(pool, x, m, k, block);
             }
         }
-        run_jobs(pool, x, m, jobs, acts);
+        if bf16 {
+            bf16_dot::with_rounded(x, |xb| run_jobs(pool, (x, xb), m, jobs, acts));
+        } else {
+            run_jobs(pool, (x, &[]), m, jobs, acts);
+        }
     });
+}
+
+/// Columns `rows` of `out[m, n]` for a float matrix `w`: bf16 dot products of `xb` (`x`
+/// rounded to bf16) when the matrix takes them, else the f32 kernel on `x`.
+fn float_rows(
+    level: SimdLevel,
+    (x, xb): (&[f32], &[u16]),
+    m: usize,
+    w: &WeightMatrix,
+    rows: std::ops::Range<usize>,
+    out: SharedMut<f32>,
+) {
+    match &w.data {
+        WeightData::Bf16(s) if w.bf16_dots => {
+            bf16_dot::gemv_rows_bf16(xb, m, s.as_slice(), (w.rows, w.cols), rows, out);
+        }
+        _ => gemv_rows(level, x, m, w, rows, out),
+    }
 }
 
 fn run_jobs(
     pool: &ThreadPool,
-    x: &[f32],
+    (x, xb): (&[f32], &[u16]),
     m: usize,
     jobs: &mut [LinearJob<'_>],
     acts: &[QuantActs; 2],
@@ -326,7 +376,7 @@ fn run_jobs(
             // r0 is a multiple of 16 (task_rows is a multiple of 32).
             qgemm_groups(isa, a, q, r0 / 16..r1.div_ceil(16), out);
         } else {
-            gemv_rows(level, x, m, w, r0..r1, out);
+            float_rows(level, (x, xb), m, w, r0..r1, out);
         }
         if let Some(bias) = job.bias {
             for r in 0..m {

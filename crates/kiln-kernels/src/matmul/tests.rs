@@ -109,3 +109,38 @@ fn mismatched_data_length_is_rejected() {
     assert!(WeightMatrix::new(3, 4, WeightData::F32(vec![0.0; 11].into())).is_none());
     assert!(WeightMatrix::new(usize::MAX, 2, WeightData::F32(vec![].into())).is_none());
 }
+
+/// bf16 weights with bf16 dots: each output is the f64 dot product of the activations rounded
+/// to bf16 with the weights, within f32 summation error, with bias; a row's bits do not depend
+/// on the batch; and f32 / f16 data ignore the flag.
+#[test]
+fn bf16_dots_round_the_activations_and_keep_rows_independent() {
+    let pool = ThreadPool::new(2);
+    for (n, k) in [(5, 17), (70, 129), (130, 640)] {
+        let bias = values(n, 5);
+        let wb: Vec<bf16> = values(n * k, 11).iter().map(|v| bf16::from_f32(*v)).collect();
+        let w_f32: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+        let w = WeightMatrix::new(n, k, WeightData::Bf16(wb.into())).unwrap().with_bf16_dots();
+        assert!(w.bf16_dots());
+        let x = values(40 * k, 3);
+        let xr: Vec<f32> =
+            x.iter().map(|v| f32::from_bits(u32::from(round_to_bf16(*v)) << 16)).collect();
+        let mut first = Vec::new();
+        for m in [1usize, 3, 17, 40] {
+            let want = reference(&xr[..m * k], m, &w_f32, n, k, Some(&bias));
+            let mut out = vec![f32::NAN; m * n];
+            linear(&pool, &x[..m * k], m, &w, Some(&bias), &mut out);
+            assert_close(&out, &want, &format!("bf16 dots m={m} n={n} k={k}"));
+            if m == 1 {
+                first = out[..n].to_vec();
+            }
+            assert_eq!(
+                out[..n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "row 0 changed with m={m}"
+            );
+        }
+    }
+    let f32_matrix = WeightMatrix::new(2, 2, WeightData::F32(vec![1.0; 4].into())).unwrap();
+    assert!(!f32_matrix.with_bf16_dots().bf16_dots());
+}

@@ -21,6 +21,7 @@
 //! Everything else is left to clap (unknown flags are clap's errors).
 
 pub mod config_file;
+pub mod dtype;
 pub mod env;
 pub mod foreign;
 pub mod vllm;

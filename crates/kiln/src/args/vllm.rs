@@ -1,5 +1,6 @@
 //! `kiln serve` flags spelled and meaning as `vllm serve`'s, beyond the engine and KV cache
-//! flags that already share vLLM's names: `--dtype`, `--tokenizer`, `--generation-config`,
+//! flags that already share vLLM's names (`--dtype` is a model flag: [`super::dtype`]):
+//! `--tokenizer`, `--generation-config`,
 //! `--enable-log-requests`, `--config`, and the observability flags (`--metrics-prefix`,
 //! `--log-stats-interval`, `--disable-log-stats`).
 
@@ -8,24 +9,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use kiln_tokenizer::GenerationDefaults;
 
-/// vLLM's `--dtype` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Dtype {
-    Auto,
-    Half,
-    Float16,
-    Bfloat16,
-    Float,
-    Float32,
-}
-
 #[derive(clap::Args, Debug, Clone)]
 pub struct VllmServeArgs {
-    /// Activation dtype (vLLM's `--dtype`). The CPU backend computes in float32 (`auto`,
-    /// `float32`); `half`/`float16`/`bfloat16` are accepted with a warning. Weights keep their
-    /// stored type (`--quantization` converts them).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub dtype: Dtype,
     /// The tokenizer to use instead of the model's: a GGUF file, an HF directory or a Hugging
     /// Face id.
     #[arg(long)]
@@ -75,19 +60,6 @@ impl VllmServeArgs {
             anyhow::bail!("--log-stats-interval must be a positive number of seconds");
         }
         Ok(Some(std::time::Duration::from_secs_f64(self.log_stats_interval)))
-    }
-
-    /// The warning `--dtype` deserves, if any.
-    pub fn dtype_warning(&self) -> Option<String> {
-        match self.dtype {
-            Dtype::Auto | Dtype::Float | Dtype::Float32 => None,
-            d => Some(format!(
-                "--dtype {}: ignored (the CPU backend computes in float32; weights keep their \
-                 stored type, --quantization converts them)",
-                clap::ValueEnum::to_possible_value(&d)
-                    .map_or_else(String::new, |v| v.get_name().to_owned())
-            )),
-        }
     }
 
     /// The sampling defaults for `--generation-config`, given the model's own.
