@@ -188,6 +188,33 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
     }
 
+    /// [`super::hsum16`] of four accumulators at once: each step adds the same lanes of every
+    /// accumulator, gathered by shuffles, so each result is bitwise its own `hsum16`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn hsum16x4(a: &[__m512; 4]) -> [f32; 4] {
+        // l + (l+8): [lo256 of a0 | lo256 of a1] + [hi256 of a0 | hi256 of a1], and a2, a3.
+        let s01 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a[0], a[1]),
+            _mm512_shuffle_f32x4::<0xEE>(a[0], a[1]),
+        );
+        let s23 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a[2], a[3]),
+            _mm512_shuffle_f32x4::<0xEE>(a[2], a[3]),
+        );
+        // +4: 128-bit lane j becomes accumulator j's lanes 0..4 plus its lanes 4..8.
+        let s4 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(s01, s23),
+            _mm512_shuffle_f32x4::<0xDD>(s01, s23),
+        );
+        // +2, then +1, within each 128-bit lane.
+        let s2 = _mm512_add_ps(s4, _mm512_shuffle_ps::<0x4E>(s4, s4));
+        let s1 = _mm512_add_ps(s2, _mm512_shuffle_ps::<0xB1>(s2, s2));
+        // SAFETY: __m512 is 16 plain f32.
+        let v: [f32; 16] = unsafe { std::mem::transmute(s1) };
+        [v[0], v[4], v[8], v[12]]
+    }
+
     /// `out[i] = round_to_bf16(x[i])` with `vcvtneps2bf16`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn round_slice(x: &[f32], out: &mut [u16]) {
@@ -253,8 +280,14 @@ mod x86 {
                 c += CHUNK;
             }
             for (r, acc_r) in acc.iter().enumerate() {
-                for (i, a) in acc_r.iter().enumerate() {
-                    *out.add(r * n + i) = hsum16(*a);
+                if let Ok(four) = <&[__m512; 4]>::try_from(&acc_r[..]) {
+                    for (i, s) in hsum16x4(four).into_iter().enumerate() {
+                        *out.add(r * n + i) = s;
+                    }
+                } else {
+                    for (i, a) in acc_r.iter().enumerate() {
+                        *out.add(r * n + i) = hsum16(*a);
+                    }
                 }
             }
         }
