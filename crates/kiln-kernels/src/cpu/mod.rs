@@ -5,8 +5,9 @@
 //! their memory-mapped files when aligned, block-quantized ones repacked for the int8 kernels),
 //! activation buffers are `Vec<f32>` and views are plain slices, the KV store is
 //! [`CpuKvStore`]. [`FloatMatmul`] says how float matrices multiply (`--dtype`): in f32, or
-//! bf16 ones on the CPU's bf16 units with activations rounded to bf16. Every op is the kernel the model called before the seam existed, so results
-//! are bitwise those of the kernels (tested in the kernels' own modules).
+//! bf16 ones on the CPU's bf16 units with activations rounded to bf16. Every op is the kernel
+//! the model called before the seam existed, so results are bitwise those of the kernels
+//! (tested in the kernels' own modules).
 
 mod kv_store;
 

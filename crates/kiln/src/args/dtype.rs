@@ -2,7 +2,7 @@
 //!
 //! | value | float matrices |
 //! |---|---|
-//! | `auto` (default) | bf16 ones in bf16, as vLLM runs a bf16 checkpoint; f32 and f16 ones in f32 |
+//! | `auto` (default) | bf16 ones in bf16 (as vLLM runs a bf16 checkpoint); others in f32 |
 //! | `bfloat16` | every one converted to bf16 as it loads, then in bf16 |
 //! | `float32`, `float` | every one in f32 (16-bit weights widened exactly) |
 //! | `half`, `float16` | in f32, with a warning: kiln has no f16 arithmetic path |
