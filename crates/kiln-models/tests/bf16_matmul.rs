@@ -72,17 +72,10 @@ fn bf16_batched_chunked_and_decoded_rows_equal_one_shot_bitwise() {
         let mut runner = bf16_runner(name);
         let cases = cases(name, None);
         let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
-        runner.batch.clear();
-        for c in &cases {
-            let table = runner.blocks(c.prompt_ids.len());
-            runner.batch.push_seq(&c.prompt_ids, 0, &table, LogitsWanted::All).unwrap();
-        }
-        let batched = runner.run();
-        let mut row = 0;
-        for (i, want) in alone.iter().enumerate() {
-            let got = &batched[row..row + want.len()];
+        let prompts: Vec<&[u32]> = cases.iter().map(|c| c.prompt_ids.as_slice()).collect();
+        let batched = runner.batched(&prompts);
+        for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
             assert_rows_close(got, want, 0.0, &format!("{name} batched #{i}"));
-            row += want.len();
         }
         // Chunks of 5, then one token at a time, against the one-shot rows.
         let case = cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap();

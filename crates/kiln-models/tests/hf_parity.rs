@@ -45,21 +45,10 @@ fn batch_of_four_gives_each_prompt_its_own_logits() {
         let mut runner = Runner::new(name);
         let cases = cases(name, Some(runner.vocab()));
         let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
-        runner.batch.clear();
-        for c in &cases {
-            let table = runner.blocks(c.prompt_ids.len());
-            runner.batch.push_seq(&c.prompt_ids, 0, &table, LogitsWanted::All).unwrap();
-        }
-        let batched = runner.run();
-        let mut row = 0;
-        for (i, want) in alone.iter().enumerate() {
-            assert_rows_close(
-                &batched[row..row + want.len()],
-                want,
-                BITWISE,
-                &format!("{name} #{i}"),
-            );
-            row += want.len();
+        let prompts: Vec<&[u32]> = cases.iter().map(|c| c.prompt_ids.as_slice()).collect();
+        let batched = runner.batched(&prompts);
+        for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
+            assert_rows_close(got, want, BITWISE, &format!("{name} #{i}"));
         }
     }
 }

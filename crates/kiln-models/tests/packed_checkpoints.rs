@@ -69,17 +69,10 @@ fn batched_and_chunked_equal_alone_bitwise() {
         let mut runner = Runner::new(name);
         let cases = cases(name, None);
         let alone: Vec<_> = cases.iter().map(|c| runner.one_shot(&c.prompt_ids)).collect();
-        runner.batch.clear();
-        for c in &cases {
-            let table = runner.blocks(c.prompt_ids.len());
-            runner.batch.push_seq(&c.prompt_ids, 0, &table, LogitsWanted::All).unwrap();
-        }
-        let batched = runner.run();
-        let mut row = 0;
-        for (i, want) in alone.iter().enumerate() {
-            let got = &batched[row..row + want.len()];
+        let prompts: Vec<&[u32]> = cases.iter().map(|c| c.prompt_ids.as_slice()).collect();
+        let batched = runner.batched(&prompts);
+        for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
             assert_rows_close(got, want, 0.0, &format!("{name} batched #{i}"));
-            row += want.len();
         }
         // The longest prompt in chunks of 3 tokens.
         let prompt = &cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap().prompt_ids;

@@ -328,16 +328,13 @@ mod tests {
 
     /// Values over a wide exponent range, with zeros, subnormals and exact cancellations.
     fn awkward(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let unit = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        crate::testing::values(n, seed, 1.0)
+            .into_iter()
+            .enumerate()
+            .map(|(i, unit)| {
                 match i % 11 {
                     0 => 0.0,
-                    1 => f32::from_bits((s as u32) & 0x807f_ffff), // subnormal
+                    1 => f32::from_bits(unit.to_bits() & 0x807f_ffff), // subnormal (or zero)
                     2 => unit * 1e-38,
                     3 => unit * 1e20,
                     4 => -unit * 1e20,

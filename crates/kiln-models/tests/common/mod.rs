@@ -170,6 +170,18 @@ impl<B: Backend> Runner<B> {
         (0..self.logits.num_rows()).map(|r| self.logits.row(r).to_vec()).collect()
     }
 
+    /// Logits of every position of each sequence, all prefilled in one batch, split back into
+    /// one list of rows per sequence.
+    pub fn batched(&mut self, seqs: &[&[u32]]) -> Vec<Vec<Vec<f32>>> {
+        self.batch.clear();
+        for seq in seqs {
+            let table = self.blocks(seq.len());
+            self.batch.push_seq(seq, 0, &table, LogitsWanted::All).unwrap();
+        }
+        let mut rows = self.run().into_iter();
+        seqs.iter().map(|seq| rows.by_ref().take(seq.len()).collect()).collect()
+    }
+
     /// Logits of every position of `tokens`, in one forward pass.
     pub fn one_shot(&mut self, tokens: &[u32]) -> Vec<Vec<f32>> {
         let table = self.blocks(tokens.len());
